@@ -1,0 +1,114 @@
+// ModelConfig: everything hyserve needs from a checkpoint's config.json, for the
+// three model types it serves (MODEL.md §1). Parsing accepts every spelling the
+// real checkpoints use and refuses unknown types, missing fields and inconsistent
+// sizes with a ConfigError naming the field.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+namespace hyserve {
+
+enum class ModelType { kKimiK3, kKimiLinear, kDeepseekV32 };
+
+// Attention kind of one decoder layer.
+enum class LayerKind {
+  kKda,  // Kimi Delta Attention ("linear_attention")
+  kMla,  // multi-head latent attention ("full_attention"), with the DSA indexer when
+         // the config has index_* fields
+};
+
+// Feed-forward kind of one decoder layer.
+enum class MlpKind { kDense, kMoe };
+
+// Rotary embedding of MLA's rope dims (deepseek_v32). kimi_* are NoPE.
+struct RopeConfig {
+  bool enabled = false;
+  double theta = 10000.0;
+  bool yarn = false;  // rope_scaling.type == "yarn"
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  double mscale = 1.0;
+  double mscale_all_dim = 0.0;
+};
+
+// How routed-expert weights are stored, from quantization_config.
+enum class ExpertFormat { kBf16, kFp8Block, kMxfp4 };
+
+struct ModelConfig {
+  ModelType model_type = ModelType::kKimiK3;
+  std::string model_type_name;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t intermediate_size = 0;  // dense MLP
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1;
+  std::vector<int64_t> eos_token_ids;
+
+  std::vector<LayerKind> layer_kinds;  // [num_hidden_layers]
+  std::vector<MlpKind> mlp_kinds;      // [num_hidden_layers]
+
+  // MLA (full-attention layers).
+  int64_t num_attention_heads = 0;
+  int64_t q_lora_rank = 0;  // 0: plain q_proj
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;
+  double kv_norm_eps = 1e-6;  // kv_a_layernorm / q_a_layernorm eps
+  bool mla_output_gate = false;  // kimi_k3: o *= sigmoid(g_proj(x))
+  RopeConfig rope;
+
+  // DSA indexer; index_n_heads == 0 means dense MLA.
+  int64_t index_n_heads = 0;
+  int64_t index_head_dim = 0;
+  int64_t index_topk = 0;
+  int64_t index_rope_dims = 0;  // deepseek_v32: qk_rope_head_dim; kimi_k3: 0 (NoPE)
+
+  // KDA (linear-attention layers).
+  int64_t linear_num_heads = 0;
+  int64_t linear_head_dim = 0;
+  int64_t linear_conv_kernel = 0;
+
+  // MoE.
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  int64_t num_shared_experts = 0;
+  int64_t moe_intermediate_size = 0;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool norm_topk_prob = true;
+  ExpertFormat expert_format = ExpertFormat::kBf16;
+  // FP8 block scales apply to every linear weight that has a weight_scale_inv
+  // (deepseek's "fp8" quant_method); recorded for reporting.
+  bool fp8_block_weights = false;
+
+  bool has_indexer() const { return index_n_heads > 0; }
+  bool is_kda(int64_t layer) const { return layer_kinds.at(layer) == LayerKind::kKda; }
+  bool is_moe(int64_t layer) const { return mlp_kinds.at(layer) == MlpKind::kMoe; }
+  int64_t num_kda_layers() const;
+  int64_t num_mla_layers() const;
+  int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // Softmax scale of MLA: (dn+dr)^-0.5, times mscale^2 under YaRN.
+  double mla_softmax_scale() const;
+
+  // Parses a config.json object. Throws ConfigError naming the field.
+  static ModelConfig from_json(const nlohmann::json& j);
+  // Reads PATH, a config.json or a folder holding one.
+  static ModelConfig load(const std::filesystem::path& path);
+};
+
+const char* model_type_name(ModelType t);
+
+}  // namespace hyserve
