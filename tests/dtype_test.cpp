@@ -10,8 +10,8 @@ namespace {
 
 TEST(DType, E4M3DecodeKnownValues) {
   EXPECT_EQ(e4m3_to_f32(0x00), 0.0f);
-  EXPECT_EQ(e4m3_to_f32(0x38), 1.0f);       // exp 7, man 0
-  EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);     // largest finite
+  EXPECT_EQ(e4m3_to_f32(0x38), 1.0f);          // exp 7, man 0
+  EXPECT_EQ(e4m3_to_f32(0x7e), 448.0f);        // largest finite
   EXPECT_EQ(e4m3_to_f32(0x01), 0.001953125f);  // smallest subnormal 2^-9
   EXPECT_EQ(e4m3_to_f32(0xb8), -1.0f);
   EXPECT_TRUE(std::isnan(e4m3_to_f32(0x7f)));

@@ -1,7 +1,32 @@
-// hyserve command line (placeholder until the CLI lands).
+// hyserve: command-line entry. `hyserve info`, `hyserve generate`; more to come
+// (serve, bench). Every hyserve::Error becomes one line on stderr and exit code 1.
 #include <cstdio>
+#include <exception>
 
-int main() {
-  std::puts("hyserve");
-  return 0;
+#include <CLI/CLI.hpp>
+
+#include "cli/commands.h"
+#include "util/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"hyserve: inference server for hybrid sparse-attention MoE models"};
+  app.require_subcommand(1);
+  auto info = hyserve::cli::add_info_command(app);
+  auto generate = hyserve::cli::add_generate_command(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    if (app.got_subcommand("info")) return info();
+    if (app.got_subcommand("generate")) return generate();
+  } catch (const hyserve::Error& e) {
+    std::fprintf(stderr, "hyserve: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyserve: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 1;
 }

@@ -8,39 +8,59 @@ namespace hyserve {
 
 int dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kE4M3: return 1;
-    case DType::kE8M0: return 1;
-    case DType::kU8: return 1;
-    case DType::kI8: return 1;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kBool: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kE4M3:
+      return 1;
+    case DType::kE8M0:
+      return 1;
+    case DType::kU8:
+      return 1;
+    case DType::kI8:
+      return 1;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kBool:
+      return 1;
   }
   return 0;
 }
 
 std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "F32";
-    case DType::kF16: return "F16";
-    case DType::kBF16: return "BF16";
-    case DType::kE4M3: return "F8_E4M3";
-    case DType::kE8M0: return "F8_E8M0";
-    case DType::kU8: return "U8";
-    case DType::kI8: return "I8";
-    case DType::kI32: return "I32";
-    case DType::kI64: return "I64";
-    case DType::kBool: return "BOOL";
+    case DType::kF32:
+      return "F32";
+    case DType::kF16:
+      return "F16";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kE4M3:
+      return "F8_E4M3";
+    case DType::kE8M0:
+      return "F8_E8M0";
+    case DType::kU8:
+      return "U8";
+    case DType::kI8:
+      return "I8";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kBool:
+      return "BOOL";
   }
   return "?";
 }
 
 std::optional<DType> parse_dtype(std::string_view name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kE4M3, DType::kE8M0,
-                  DType::kU8, DType::kI8, DType::kI32, DType::kI64, DType::kBool}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kE4M3, DType::kE8M0, DType::kU8,
+                  DType::kI8, DType::kI32, DType::kI64, DType::kBool}) {
     if (dtype_name(t) == name) return t;
   }
   return std::nullopt;
@@ -156,11 +176,16 @@ float load_as_f32(const void* data, DType t, int64_t i) {
       std::memcpy(&h, b + 2 * i, 2);
       return bf16_to_f32(h);
     }
-    case DType::kE4M3: return e4m3_to_f32(b[i]);
-    case DType::kE8M0: return e8m0_to_f32(b[i]);
-    case DType::kU8: return static_cast<float>(b[i]);
-    case DType::kI8: return static_cast<float>(static_cast<int8_t>(b[i]));
-    case DType::kBool: return b[i] ? 1.0f : 0.0f;
+    case DType::kE4M3:
+      return e4m3_to_f32(b[i]);
+    case DType::kE8M0:
+      return e8m0_to_f32(b[i]);
+    case DType::kU8:
+      return static_cast<float>(b[i]);
+    case DType::kI8:
+      return static_cast<float>(static_cast<int8_t>(b[i]));
+    case DType::kBool:
+      return b[i] ? 1.0f : 0.0f;
     case DType::kI32: {
       int32_t v;
       std::memcpy(&v, b + 4 * i, 4);

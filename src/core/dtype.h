@@ -49,7 +49,9 @@ inline uint32_t f32_to_bits(float f) {
   return u;
 }
 
-inline float bf16_to_f32(uint16_t h) { return bits_to_f32(static_cast<uint32_t>(h) << 16); }
+inline float bf16_to_f32(uint16_t h) {
+  return bits_to_f32(static_cast<uint32_t>(h) << 16);
+}
 
 // Round to nearest even; NaN stays NaN.
 inline uint16_t f32_to_bf16(float f) {
@@ -60,7 +62,9 @@ inline uint16_t f32_to_bf16(float f) {
 }
 
 // Rounds an fp32 value through bf16 (what storing an activation in bf16 does).
-inline float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+inline float round_bf16(float f) {
+  return bf16_to_f32(f32_to_bf16(f));
+}
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
@@ -77,7 +81,9 @@ inline float e8m0_to_f32(uint8_t v) {
 
 // The 16 values of e2m1 indexed by the 4-bit code.
 extern const float kE2M1Values[16];
-inline float e2m1_to_f32(uint8_t nibble) { return kE2M1Values[nibble & 0xf]; }
+inline float e2m1_to_f32(uint8_t nibble) {
+  return kE2M1Values[nibble & 0xf];
+}
 // Round to nearest (ties to even code), saturating to +-6.
 uint8_t f32_to_e2m1(float f);
 

@@ -24,8 +24,8 @@ struct Weight {
   int64_t rows = 0;           // output features
   int64_t cols = 0;           // input features
   const void* data = nullptr;
-  const void* scales = nullptr;        // kFp8Block / kMxfp4 only
-  DType scales_dtype = DType::kF32;    // F32 or BF16 for kFp8Block; E8M0 or U8 for kMxfp4
+  const void* scales = nullptr;      // kFp8Block / kMxfp4 only
+  DType scales_dtype = DType::kF32;  // F32 or BF16 for kFp8Block; E8M0 or U8 for kMxfp4
   static constexpr int64_t kFp8BlockSize = 128;
   static constexpr int64_t kMxfp4BlockSize = 32;
 

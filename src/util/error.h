@@ -63,12 +63,12 @@ std::string str_cat(Args&&... args) {
 
 // CHECK(cond, msg...) throws hyserve::InvalidArgument naming the condition.
 // CHECK_AS(ErrorType, cond, msg...) throws the given error type.
-#define HYSERVE_THROW(ErrorType, ...)                                                     \
-  throw ErrorType(::hyserve::detail::with_location(__FILE__, __LINE__,                    \
+#define HYSERVE_THROW(ErrorType, ...)                                  \
+  throw ErrorType(::hyserve::detail::with_location(__FILE__, __LINE__, \
                                                    ::hyserve::detail::concat(__VA_ARGS__)))
 
-#define CHECK_AS(ErrorType, cond, ...)                                           \
-  do {                                                                           \
+#define CHECK_AS(ErrorType, cond, ...)                                               \
+  do {                                                                               \
     if (!(cond)) HYSERVE_THROW(ErrorType, "check failed: " #cond ": ", __VA_ARGS__); \
   } while (0)
 

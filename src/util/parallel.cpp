@@ -117,10 +117,11 @@ Pool& pool() {
 
 }  // namespace
 
-int num_cpu_threads() { return pool().size(); }
+int num_cpu_threads() {
+  return pool().size();
+}
 
-void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn,
-                  int64_t min_chunk) {
+void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn, int64_t min_chunk) {
   if (n <= 0) return;
   min_chunk = std::max<int64_t>(1, min_chunk);
   const int threads = t_in_worker ? 1 : num_cpu_threads();

@@ -1,0 +1,203 @@
+// `hyserve info [PATH] [--json]`: what a checkpoint is, from its config alone: the
+// layers by kind, parameter counts, and cache bytes per token for every cache
+// dtype combination.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "kv/cache_format.h"
+#include "model/config.h"
+#include "model/param_count.h"
+
+namespace hyserve::cli {
+namespace {
+
+std::string with_commas(int64_t v) {
+  const std::string digits = std::to_string(v < 0 ? -v : v);
+  std::string out = v < 0 ? "-" : "";
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out.push_back(',');
+    out.push_back(digits[i]);
+  }
+  return out;
+}
+
+std::string human(int64_t v) {
+  char buf[32];
+  const double d = static_cast<double>(v);
+  if (d >= 1e12) {
+    std::snprintf(buf, sizeof buf, "%.2fT", d / 1e12);
+  } else if (d >= 1e9) {
+    std::snprintf(buf, sizeof buf, "%.1fB", d / 1e9);
+  } else if (d >= 1e6) {
+    std::snprintf(buf, sizeof buf, "%.1fM", d / 1e6);
+  } else {
+    std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(v));
+  }
+  return buf;
+}
+
+// "0-2, 4-6, 8" for the layers whose kind matches.
+std::string ranges(const std::vector<bool>& pick) {
+  std::string out;
+  const int64_t n = static_cast<int64_t>(pick.size());
+  for (int64_t i = 0; i < n;) {
+    if (!pick[i]) {
+      ++i;
+      continue;
+    }
+    int64_t j = i;
+    while (j + 1 < n && pick[j + 1]) ++j;
+    if (!out.empty()) out += ", ";
+    out += j == i ? std::to_string(i) : std::to_string(i) + "-" + std::to_string(j);
+    i = j + 1;
+  }
+  return out.empty() ? "none" : out;
+}
+
+const char* expert_format_name(ExpertFormat f) {
+  switch (f) {
+    case ExpertFormat::kBf16:
+      return "bf16";
+    case ExpertFormat::kFp8Block:
+      return "fp8 128x128 blocks";
+    case ExpertFormat::kMxfp4:
+      return "mxfp4";
+  }
+  return "?";
+}
+
+int run_info(const std::string& path_arg, bool as_json) {
+  const std::filesystem::path path =
+      path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
+  const ModelConfig c = ModelConfig::load(path);
+  const ParamCount p = count_params(c);
+  std::vector<bool> kda(c.num_hidden_layers), mla(c.num_hidden_layers), dense(c.num_hidden_layers);
+  int64_t num_dense = 0;
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    kda[i] = c.is_kda(i);
+    mla[i] = !c.is_kda(i);
+    dense[i] = !c.is_moe(i);
+    num_dense += dense[i];
+  }
+  const std::vector<LatentCacheDtype> latents = {LatentCacheDtype::kBf16, LatentCacheDtype::kFp8,
+                                                 LatentCacheDtype::kFp8WithScales,
+                                                 LatentCacheDtype::kNvfp4};
+  std::vector<IndexCacheDtype> indexes = {IndexCacheDtype::kFp8};
+  if (c.has_indexer() && c.index_head_dim % 32 == 0) indexes.push_back(IndexCacheDtype::kMxfp4);
+
+  struct CacheRow {
+    LatentCacheDtype latent;
+    IndexCacheDtype index;
+    int64_t bytes;
+  };
+  std::vector<CacheRow> rows;
+  if (c.num_mla_layers() > 0) {
+    for (auto l : latents) {
+      if (l == LatentCacheDtype::kFp8WithScales && c.kv_lora_rank % 128 != 0) continue;
+      if (l == LatentCacheDtype::kNvfp4 && c.kv_lora_rank % 16 != 0) continue;
+      for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(c, l, ix)});
+    }
+  }
+  const int64_t kda_state = c.num_kda_layers() > 0 ? kda_state_bytes_per_request(c) : 0;
+
+  if (as_json) {
+    nlohmann::json j;
+    j["path"] = path.string();
+    j["model_type"] = c.model_type_name;
+    j["num_layers"] = c.num_hidden_layers;
+    j["num_kda_layers"] = c.num_kda_layers();
+    j["num_mla_layers"] = c.num_mla_layers();
+    j["indexer"] = c.has_indexer();
+    j["num_dense_mlp_layers"] = num_dense;
+    j["num_moe_layers"] = c.num_hidden_layers - num_dense;
+    j["params_total"] = p.total;
+    j["params_active"] = p.active;
+    j["kda_state_bytes_per_request"] = kda_state;
+    nlohmann::json cache = nlohmann::json::array();
+    for (const auto& r : rows) {
+      cache.push_back({{"latent", latent_cache_dtype_name(r.latent)},
+                       {"index", c.has_indexer() ? index_cache_dtype_name(r.index) : "none"},
+                       {"bytes_per_token", r.bytes}});
+    }
+    j["cache"] = cache;
+    std::printf("%s\n", j.dump(1).c_str());
+    return 0;
+  }
+
+  std::printf("model: %s (%s)\n", path.string().c_str(), c.model_type_name.c_str());
+  std::printf("layers: %lld = %lld KDA + %lld %s\n", static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.num_kda_layers()),
+              static_cast<long long>(c.num_mla_layers()),
+              c.has_indexer() ? "MLA+DSA" : "MLA (dense)");
+  std::printf("  KDA: %s\n", ranges(kda).c_str());
+  std::printf("  MLA: %s\n", ranges(mla).c_str());
+  if (c.num_mla_layers() > 0) {
+    std::printf("  MLA: %lld heads, q_lora %lld, kv_lora %lld, qk %lld+%lld, v %lld, %s%s\n",
+                static_cast<long long>(c.num_attention_heads),
+                static_cast<long long>(c.q_lora_rank), static_cast<long long>(c.kv_lora_rank),
+                static_cast<long long>(c.qk_nope_head_dim),
+                static_cast<long long>(c.qk_rope_head_dim), static_cast<long long>(c.v_head_dim),
+                c.rope.enabled ? (c.rope.yarn ? "YaRN RoPE" : "RoPE") : "NoPE",
+                c.mla_output_gate ? ", output gate" : "");
+  }
+  if (c.has_indexer()) {
+    std::printf("  indexer: %lld heads x %lld, top-%lld\n", static_cast<long long>(c.index_n_heads),
+                static_cast<long long>(c.index_head_dim), static_cast<long long>(c.index_topk));
+  }
+  if (c.num_kda_layers() > 0) {
+    std::printf("  KDA: %lld heads x %lld, conv %lld\n", static_cast<long long>(c.linear_num_heads),
+                static_cast<long long>(c.linear_head_dim),
+                static_cast<long long>(c.linear_conv_kernel));
+  }
+  std::printf("  MLP: dense %s; MoE %s\n", ranges(dense).c_str(),
+              num_dense == c.num_hidden_layers ? "none" : "the rest");
+  if (num_dense < c.num_hidden_layers) {
+    std::printf(
+        "  MoE: %lld experts, %lld active, %lld shared, width %lld, groups %lld/%lld, %s\n",
+        static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
+        static_cast<long long>(c.num_shared_experts),
+        static_cast<long long>(c.moe_intermediate_size), static_cast<long long>(c.topk_group),
+        static_cast<long long>(c.n_group), expert_format_name(c.expert_format));
+  }
+  std::printf("parameters: total %s (%s), active %s (%s)\n", human(p.total).c_str(),
+              with_commas(p.total).c_str(), human(p.active).c_str(), with_commas(p.active).c_str());
+  std::printf(
+      "  embeddings %s, MLA %s, KDA %s, dense MLP %s, routed experts %s, router+shared %s, norms "
+      "%s\n",
+      human(p.embedding).c_str(), human(p.attention_mla).c_str(), human(p.attention_kda).c_str(),
+      human(p.dense_mlp).c_str(), human(p.routed_experts).c_str(), human(p.moe_other).c_str(),
+      human(p.norms).c_str());
+  if (!rows.empty()) {
+    std::printf("cache bytes per token (all %lld full-attention layers, per GPU):\n",
+                static_cast<long long>(c.num_mla_layers()));
+    std::printf("  %-12s %-12s %12s\n", "latent", "index keys", "bytes/token");
+    for (const auto& r : rows) {
+      std::printf("  %-12s %-12s %12s\n", std::string(latent_cache_dtype_name(r.latent)).c_str(),
+                  c.has_indexer() ? std::string(index_cache_dtype_name(r.index)).c_str() : "-",
+                  with_commas(r.bytes).c_str());
+    }
+  }
+  if (kda_state > 0) {
+    std::printf("KDA state per request (all %lld KDA layers, fp32, TP1): %s bytes (%.1f MiB)\n",
+                static_cast<long long>(c.num_kda_layers()), with_commas(kda_state).c_str(),
+                static_cast<double>(kda_state) / (1 << 20));
+  }
+  return 0;
+}
+
+}  // namespace
+
+std::function<int()> add_info_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand("info", "Describe a model from its config.json");
+  auto path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  cmd->add_option("path", *path, "checkpoint folder or config.json (default: the bundled model)");
+  cmd->add_flag("--json", *as_json, "print JSON");
+  return [path, as_json] { return run_info(*path, *as_json); };
+}
+
+}  // namespace hyserve::cli

@@ -1,0 +1,44 @@
+// Per-token and per-request cache footprints for each cache dtype (MODEL.md §6).
+// The block-cache planner and `hyserve info` size everything from these.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "model/config.h"
+
+namespace hyserve {
+
+// How one full-attention layer stores its MLA latent [c (kv_lora) | k_pe (dr)].
+enum class LatentCacheDtype {
+  kBf16,           // 576 bf16
+  kFp8,            // 576 e4m3 with a per-layer scale (K3.1 Pro's format)
+  kFp8WithScales,  // 512 e4m3 + fp32 scale per 128 + bf16 k_pe (FlashMLA's layout)
+  kNvfp4,          // 512 e2m1 + e4m3 scale per 16 + e4m3 k_pe
+};
+
+// How one full-attention layer stores its index key (index_head_dim values).
+enum class IndexCacheDtype {
+  kFp8,    // e4m3 + one fp32 scale
+  kMxfp4,  // e2m1 + one e8m0 scale per 32
+};
+
+std::string_view latent_cache_dtype_name(LatentCacheDtype t);
+std::string_view index_cache_dtype_name(IndexCacheDtype t);
+std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view s);
+std::optional<IndexCacheDtype> parse_index_cache_dtype(std::string_view s);
+
+// Bytes per token per full-attention layer.
+int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t);
+int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t);  // 0 without indexer
+
+// Bytes per token over all full-attention layers (one GPU holds every layer's latent
+// and keys under TP: MLA latents are replicated).
+int64_t cache_bytes_per_token(const ModelConfig& c, LatentCacheDtype latent, IndexCacheDtype index);
+
+// Per-request KDA state over all KDA layers: conv states ((W-1) x 3 x H*K values, in
+// fp32) plus the recurrent matrices (H x K x K fp32), on one GPU with `tp` KDA head shards.
+int64_t kda_state_bytes_per_request(const ModelConfig& c, int64_t tp = 1);
+
+}  // namespace hyserve
