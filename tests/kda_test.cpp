@@ -42,7 +42,7 @@ void expect_close(const std::vector<float>& got, const std::vector<double>& want
   size_t worst_i = 0;
   for (size_t i = 0; i < got.size(); ++i) {
     const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
-    if (!(err <= worst)) {  // also catches NaN
+    if (!std::isnan(worst) && !(err <= worst)) {  // a NaN is the worst and stays so
       worst = err;
       worst_i = i;
     }
