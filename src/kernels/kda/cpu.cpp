@@ -1,0 +1,356 @@
+// CPU reference of the KDA ops (MODEL.md §4): fp32, one plain loop nest per op,
+// parallel over channels (conv), rows (gate, norms) or heads (recurrence). Every
+// output element is computed by one thread in a fixed order, so results do not
+// depend on the thread count or on how a request's tokens are split into calls.
+#include "kernels/kda/cpu.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace hyserve::cpu {
+namespace {
+
+constexpr float kSoftplusThreshold = 20.0f;
+constexpr float kL2NormEps = 1e-6f;
+
+float sigmoid(float x) {
+  return 1.0f / (1.0f + std::exp(-x));
+}
+
+float silu(float x) {
+  return x * sigmoid(x);
+}
+
+float softplus(float x) {
+  return x > kSoftplusThreshold ? x : std::log1p(std::exp(x));
+}
+
+void check_kda_params(const KdaParams& p, const char* op) {
+  CHECK(p.num_tokens >= 0, op, ": num_tokens = ", p.num_tokens);
+  CHECK(p.num_heads > 0, op, ": num_heads = ", p.num_heads);
+  CHECK(p.head_dim > 0, op, ": head_dim = ", p.head_dim);
+  CHECK(p.state != nullptr, op, ": null state");
+  if (p.num_tokens == 0) return;
+  CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr &&
+            p.o != nullptr,
+        op, ": null q, k, v, g, beta or o");
+}
+
+// Row pointers of one head in the [T, H, D] token tensors.
+struct HeadView {
+  const KdaParams& p;
+  int64_t h;
+  int64_t row(int64_t t) const { return (t * p.num_heads + h) * p.head_dim; }
+  const float* q(int64_t t) const { return p.q + row(t); }
+  const float* k(int64_t t) const { return p.k + row(t); }
+  const float* v(int64_t t) const { return p.v + row(t); }
+  const float* g(int64_t t) const { return p.g + row(t); }
+  float beta(int64_t t) const { return p.beta[t * p.num_heads + h]; }
+  float* o(int64_t t) const { return p.o + row(t); }
+  float* state() const { return p.state + h * p.head_dim * p.head_dim; }
+};
+
+// One head over all tokens, token by token. s is [K, V]; kv is scratch [V].
+void recurrent_head(const HeadView& hv, std::vector<float>& kv) {
+  const int64_t dk = hv.p.head_dim;
+  const int64_t dv = hv.p.head_dim;
+  float* s = hv.state();
+  for (int64_t t = 0; t < hv.p.num_tokens; ++t) {
+    const float* q = hv.q(t);
+    const float* k = hv.k(t);
+    const float* v = hv.v(t);
+    const float* g = hv.g(t);
+    const float beta = hv.beta(t);
+    float* o = hv.o(t);
+    for (int64_t d = 0; d < dk; ++d) {
+      const float decay = std::exp(g[d]);
+      for (int64_t e = 0; e < dv; ++e) s[d * dv + e] *= decay;
+    }
+    std::fill(kv.begin(), kv.end(), 0.0f);
+    for (int64_t d = 0; d < dk; ++d) {
+      for (int64_t e = 0; e < dv; ++e) kv[e] += k[d] * s[d * dv + e];
+    }
+    for (int64_t e = 0; e < dv; ++e) kv[e] = beta * (v[e] - kv[e]);
+    for (int64_t d = 0; d < dk; ++d) {
+      for (int64_t e = 0; e < dv; ++e) s[d * dv + e] += k[d] * kv[e];
+    }
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t d = 0; d < dk; ++d) {
+      for (int64_t e = 0; e < dv; ++e) o[e] += q[d] * s[d * dv + e];
+    }
+  }
+}
+
+// Scratch of one chunk of n <= chunk_size tokens (row-major, rows = tokens).
+struct ChunkScratch {
+  std::vector<double> cum_g;  // [n, K] G: inclusive cumsum of g within the chunk
+  std::vector<float> a;       // [n, n] L, then A = (I+L)^-1 diag(beta)
+  std::vector<float> a_qk;    // [n, n] Aqk, lower triangle with the diagonal
+  std::vector<float> w;       // [n, K] W = A (exp(G) * K)
+  std::vector<float> u;       // [n, V] U = A V, then V' = U - W S
+  std::vector<float> inv;     // [n, n] (I+L)^-1
+
+  ChunkScratch(int64_t chunk_size, int64_t dim)
+      : cum_g(chunk_size * dim),
+        a(chunk_size * chunk_size),
+        a_qk(chunk_size * chunk_size),
+        w(chunk_size * dim),
+        u(chunk_size * dim),
+        inv(chunk_size * chunk_size) {}
+};
+
+// One chunk [t0, t0+n) of one head, MODEL.md §4.6. Reads and updates the head's S.
+void chunk_step(const HeadView& hv, int64_t t0, int64_t n, ChunkScratch& sc) {
+  const int64_t dk = hv.p.head_dim;
+  const int64_t dv = hv.p.head_dim;
+  float* s = hv.state();
+  double* cum_g = sc.cum_g.data();
+  float* a = sc.a.data();
+  float* a_qk = sc.a_qk.data();
+  float* w = sc.w.data();
+  float* u = sc.u.data();
+  float* inv = sc.inv.data();
+
+  // G is summed in double: in fp32, after a run of strongly decaying gates |G| is large
+  // (e.g. 32 x -20 = -640, ulp 6e-5) and the small gates that follow lose their low bits,
+  // so G_c - G_j would be off by ~1e-3 where exp(G_c - G_j) is still near 1. Each
+  // exponent is rounded to fp32 only after the subtraction.
+  for (int64_t c = 0; c < n; ++c) {
+    const float* g = hv.g(t0 + c);
+    for (int64_t d = 0; d < dk; ++d) {
+      cum_g[c * dk + d] = (c == 0 ? 0.0 : cum_g[(c - 1) * dk + d]) + g[d];
+    }
+  }
+
+  // L[c,j] = beta_c * sum_d k_c k_j exp(G_c - G_j) (c > j) and
+  // Aqk[c,j] = sum_d q_c k_j exp(G_c - G_j) (c >= j): both only use exp of <= 0.
+  for (int64_t c = 0; c < n; ++c) {
+    const float* q = hv.q(t0 + c);
+    const float* kc = hv.k(t0 + c);
+    const double* gc = cum_g + c * dk;
+    for (int64_t j = 0; j <= c; ++j) {
+      const float* kj = hv.k(t0 + j);
+      const double* gj = cum_g + j * dk;
+      float kk = 0.0f;
+      float qk = 0.0f;
+      for (int64_t d = 0; d < dk; ++d) {
+        const float decay = std::exp(static_cast<float>(gc[d] - gj[d]));
+        kk += kc[d] * kj[d] * decay;
+        qk += q[d] * kj[d] * decay;
+      }
+      a[c * n + j] = j < c ? hv.beta(t0 + c) * kk : 0.0f;
+      a_qk[c * n + j] = qk;
+    }
+  }
+
+  // (I+L)^-1 by forward substitution on the unit lower-triangular system, row by row:
+  // inv[c,j] = [c == j] - sum_{j <= i < c} L[c,i] inv[i,j].
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t j = 0; j < c; ++j) {
+      float acc = 0.0f;
+      for (int64_t i = j; i < c; ++i) acc += a[c * n + i] * inv[i * n + j];
+      inv[c * n + j] = -acc;
+    }
+    inv[c * n + c] = 1.0f;
+  }
+  // A = (I+L)^-1 diag(beta).
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t j = 0; j <= c; ++j) a[c * n + j] = inv[c * n + j] * hv.beta(t0 + j);
+  }
+
+  // W = A (exp(G) * K), U = A V.
+  for (int64_t c = 0; c < n; ++c) {
+    float* wc = w + c * dk;
+    float* uc = u + c * dv;
+    std::fill(wc, wc + dk, 0.0f);
+    std::fill(uc, uc + dv, 0.0f);
+    for (int64_t j = 0; j <= c; ++j) {
+      const float acj = a[c * n + j];
+      const float* kj = hv.k(t0 + j);
+      const float* vj = hv.v(t0 + j);
+      const double* gj = cum_g + j * dk;
+      for (int64_t d = 0; d < dk; ++d) wc[d] += acj * std::exp(static_cast<float>(gj[d])) * kj[d];
+      for (int64_t e = 0; e < dv; ++e) uc[e] += acj * vj[e];
+    }
+  }
+
+  // V' = U - W S (in place in u).
+  for (int64_t c = 0; c < n; ++c) {
+    for (int64_t d = 0; d < dk; ++d) {
+      const float wcd = w[c * dk + d];
+      for (int64_t e = 0; e < dv; ++e) u[c * dv + e] -= wcd * s[d * dv + e];
+    }
+  }
+
+  // O = (Q * exp(G)) S + Aqk V'.
+  for (int64_t c = 0; c < n; ++c) {
+    const float* q = hv.q(t0 + c);
+    const double* gc = cum_g + c * dk;
+    float* o = hv.o(t0 + c);
+    std::fill(o, o + dv, 0.0f);
+    for (int64_t d = 0; d < dk; ++d) {
+      const float qd = q[d] * std::exp(static_cast<float>(gc[d]));
+      for (int64_t e = 0; e < dv; ++e) o[e] += qd * s[d * dv + e];
+    }
+    for (int64_t j = 0; j <= c; ++j) {
+      const float aqk = a_qk[c * n + j];
+      for (int64_t e = 0; e < dv; ++e) o[e] += aqk * u[j * dv + e];
+    }
+  }
+
+  // S = diag(exp(G_last)) S + (exp(G_last - G) * K)^T V'.
+  const double* g_last = cum_g + (n - 1) * dk;
+  for (int64_t d = 0; d < dk; ++d) {
+    float* sd = s + d * dv;
+    const float decay = std::exp(static_cast<float>(g_last[d]));
+    for (int64_t e = 0; e < dv; ++e) sd[e] *= decay;
+    for (int64_t j = 0; j < n; ++j) {
+      const float kjd =
+          hv.k(t0 + j)[d] * std::exp(static_cast<float>(g_last[d] - cum_g[j * dk + d]));
+      for (int64_t e = 0; e < dv; ++e) sd[e] += kjd * u[j * dv + e];
+    }
+  }
+}
+
+}  // namespace
+
+void short_conv_silu(const ShortConvParams& p) {
+  CHECK(p.num_tokens >= 0, "short_conv_silu: num_tokens = ", p.num_tokens);
+  CHECK(p.channels > 0, "short_conv_silu: channels = ", p.channels);
+  CHECK(p.kernel_size > 0, "short_conv_silu: kernel_size = ", p.kernel_size);
+  CHECK(p.kernel_size == 1 || p.conv_state != nullptr, "short_conv_silu: null conv_state");
+  if (p.num_tokens == 0) return;
+  CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr,
+        "short_conv_silu: null x, weight or y");
+  CHECK(p.x != p.y, "short_conv_silu: y must not alias x");
+
+  const int64_t num_tokens = p.num_tokens;
+  const int64_t num_channels = p.channels;
+  const int64_t width = p.kernel_size;
+  const int64_t num_state = width - 1;
+  parallel_for(
+      num_channels,
+      [&](int64_t c_begin, int64_t c_end) {
+        for (int64_t c = c_begin; c < c_end; ++c) {
+          const float* w = p.weight + c * width;
+          // Input at time `src` (negative: from the state), channel c.
+          auto input = [&](int64_t src) {
+            return src < 0 ? p.conv_state[(num_state + src) * num_channels + c]
+                           : p.x[src * num_channels + c];
+          };
+          for (int64_t t = 0; t < num_tokens; ++t) {
+            float acc = 0.0f;
+            for (int64_t i = 0; i < width; ++i) acc += w[i] * input(t - num_state + i);
+            p.y[t * num_channels + c] = silu(acc);
+          }
+          // Row r becomes the input at time T - (W-1) + r; a state source row
+          // (T + r) is never below r, so ascending r reads rows not yet rewritten.
+          for (int64_t r = 0; r < num_state; ++r) {
+            p.conv_state[r * num_channels + c] = input(num_tokens - num_state + r);
+          }
+        }
+      },
+      64);
+}
+
+void kda_gate(const KdaGateParams& p) {
+  CHECK(p.num_tokens >= 0, "kda_gate: num_tokens = ", p.num_tokens);
+  CHECK(p.num_heads > 0, "kda_gate: num_heads = ", p.num_heads);
+  CHECK(p.head_dim > 0, "kda_gate: head_dim = ", p.head_dim);
+  if (p.num_tokens == 0) return;
+  CHECK(p.f != nullptr && p.dt_bias != nullptr && p.a_log != nullptr && p.g != nullptr,
+        "kda_gate: null f, dt_bias, a_log or g");
+
+  const int64_t width = p.num_heads * p.head_dim;
+  parallel_for(
+      p.num_tokens,
+      [&](int64_t t_begin, int64_t t_end) {
+        for (int64_t t = t_begin; t < t_end; ++t) {
+          for (int64_t h = 0; h < p.num_heads; ++h) {
+            const float rate = -std::exp(p.a_log[h]);
+            for (int64_t d = 0; d < p.head_dim; ++d) {
+              const int64_t i = h * p.head_dim + d;
+              p.g[t * width + i] = rate * softplus(p.f[t * width + i] + p.dt_bias[i]);
+            }
+          }
+        }
+      },
+      16);
+}
+
+void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) {
+  CHECK(rows >= 0, "l2norm_rows: rows = ", rows);
+  CHECK(dim > 0, "l2norm_rows: dim = ", dim);
+  if (rows == 0) return;
+  CHECK(x != nullptr, "l2norm_rows: null x");
+
+  parallel_for(
+      rows,
+      [&](int64_t r_begin, int64_t r_end) {
+        for (int64_t r = r_begin; r < r_end; ++r) {
+          float* row = x + r * dim;
+          float sum_sq = 0.0f;
+          for (int64_t d = 0; d < dim; ++d) sum_sq += row[d] * row[d];
+          const float factor = scale / std::sqrt(sum_sq + kL2NormEps);
+          for (int64_t d = 0; d < dim; ++d) row[d] *= factor;
+        }
+      },
+      16);
+}
+
+void kda_recurrent(const KdaParams& p) {
+  check_kda_params(p, "kda_recurrent");
+  if (p.num_tokens == 0) return;
+  parallel_for(p.num_heads, [&](int64_t h_begin, int64_t h_end) {
+    std::vector<float> kv(p.head_dim);
+    for (int64_t h = h_begin; h < h_end; ++h) recurrent_head(HeadView{p, h}, kv);
+  });
+}
+
+void kda_chunked(const KdaParams& p, int64_t chunk_size) {
+  check_kda_params(p, "kda_chunked");
+  CHECK(chunk_size > 0, "kda_chunked: chunk_size = ", chunk_size);
+  if (p.num_tokens == 0) return;
+  parallel_for(p.num_heads, [&](int64_t h_begin, int64_t h_end) {
+    ChunkScratch scratch(chunk_size, p.head_dim);
+    for (int64_t h = h_begin; h < h_end; ++h) {
+      for (int64_t t0 = 0; t0 < p.num_tokens; t0 += chunk_size) {
+        chunk_step(HeadView{p, h}, t0, std::min(chunk_size, p.num_tokens - t0), scratch);
+      }
+    }
+  });
+}
+
+void gated_rms_norm(const GatedRmsNormParams& p) {
+  CHECK(p.num_tokens >= 0, "gated_rms_norm: num_tokens = ", p.num_tokens);
+  CHECK(p.num_heads > 0, "gated_rms_norm: num_heads = ", p.num_heads);
+  CHECK(p.head_dim > 0, "gated_rms_norm: head_dim = ", p.head_dim);
+  CHECK(p.eps >= 0.0f, "gated_rms_norm: eps = ", p.eps);
+  if (p.num_tokens == 0) return;
+  CHECK(p.o != nullptr && p.weight != nullptr && p.gate != nullptr && p.y != nullptr,
+        "gated_rms_norm: null o, weight, gate or y");
+
+  const int64_t dim = p.head_dim;
+  parallel_for(
+      p.num_tokens * p.num_heads,
+      [&](int64_t r_begin, int64_t r_end) {
+        for (int64_t r = r_begin; r < r_end; ++r) {
+          const float* o = p.o + r * dim;
+          const float* gate = p.gate + r * dim;
+          float* y = p.y + r * dim;
+          float sum_sq = 0.0f;
+          for (int64_t e = 0; e < dim; ++e) sum_sq += o[e] * o[e];
+          const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + p.eps);
+          for (int64_t e = 0; e < dim; ++e) {
+            y[e] = o[e] * inv_rms * p.weight[e] * sigmoid(gate[e]);
+          }
+        }
+      },
+      16);
+}
+
+}  // namespace hyserve::cpu
