@@ -1,10 +1,97 @@
+// `hyserve generate [MODEL_DIR] --prompt-ids 1,2,3 --max-tokens N [--temperature T]
+// [--seed S] [--device cpu]`: prefill the prompt, decode N tokens one at a time,
+// print the ids and a hash of the last logits.
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
 #include "cli/commands.h"
+#include "engine/sampler.h"
+#include "model/model.h"
+#include "util/error.h"
 
 namespace hyserve::cli {
+namespace {
+
+struct GenerateArgs {
+  std::string model_dir;
+  std::vector<int64_t> prompt_ids;
+  int64_t max_tokens = 16;
+  float temperature = 0.0f;
+  uint64_t seed = 0;
+  std::string device = "cpu";
+  bool ignore_eos = false;
+  bool indexer_fp8 = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  if (a.device == "cuda") {
+    HYSERVE_THROW(InvalidArgument, "--device cuda: the CUDA backend does not run models yet; use --device cpu");
+  }
+  CHECK(a.device == "cpu", "--device must be cpu or cuda, got '", a.device, "'");
+  CHECK(!a.prompt_ids.empty(), "--prompt-ids needs at least one token id");
+  CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0");
+  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  ModelOptions options;
+  options.indexer_fp8 = a.indexer_fp8;
+  const auto model = Model::load(dir, options);
+  const ModelConfig& c = model->config();
+
+  std::vector<int32_t> prompt;
+  for (int64_t id : a.prompt_ids) {
+    CHECK(id >= 0 && id < c.vocab_size, "--prompt-ids: token id ", id, " is outside the vocabulary [0, ",
+          c.vocab_size, ")");
+    prompt.push_back(static_cast<int32_t>(id));
+  }
+
+  Sampler sampler(SamplingParams{a.temperature, a.seed});
+  SequenceState state = model->new_sequence();
+  std::vector<float> logits;
+  std::vector<int32_t> out;
+  const auto t0 = std::chrono::steady_clock::now();
+  model->forward(prompt, state, logits);
+  const auto t1 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < a.max_tokens; ++i) {
+    const int32_t next = sampler.sample(logits);
+    out.push_back(next);
+    bool eos = false;
+    for (int64_t e : c.eos_token_ids) eos |= e == next;
+    if (eos && !a.ignore_eos) break;
+    if (i + 1 == a.max_tokens) break;
+    model->forward(std::span<const int32_t>(&next, 1), state, logits);
+  }
+  const auto t2 = std::chrono::steady_clock::now();
+  const double prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const double decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+
+  std::printf("model: %s (%s)\n", dir.string().c_str(), c.model_type_name.c_str());
+  std::printf("prompt: %zu tokens, prefill %.1f ms; generated %zu tokens, decode %.1f ms\n",
+              prompt.size(), prefill_ms, out.size(), decode_ms);
+  std::printf("ids:");
+  for (int32_t id : out) std::printf(" %d", id);
+  std::printf("\nlast_logits_xxh64: %s\n", hash_logits(logits).c_str());
+  return 0;
+}
+
+}  // namespace
 
 std::function<int()> add_generate_command(CLI::App& app) {
-  app.add_subcommand("generate", "Generate tokens (not yet available)");
-  return [] { return 1; };
+  auto a = std::make_shared<GenerateArgs>();
+  auto* cmd = app.add_subcommand("generate", "Generate tokens from prompt token ids");
+  cmd->add_option("model", a->model_dir, "checkpoint folder (default: the bundled tiny kimi_k3)");
+  cmd->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, comma separated")
+      ->delimiter(',')
+      ->required();
+  cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
+  cmd->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
+  cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
+  cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after an end-of-sequence token");
+  cmd->add_flag("--indexer-fp8", a->indexer_fp8,
+                "score the DSA indexer on FP8 index keys with the Hadamard rotation");
+  return [a] { return run_generate(*a); };
 }
 
 }  // namespace hyserve::cli

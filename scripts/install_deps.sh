@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs the Debian packages hyserve builds with (when missing). Each is header-only
+# or linked statically, so the binary runs where none of them is installed.
+#   nlohmann-json3-dev  JSON (configs, safetensors headers, HTTP bodies)
+#   libcli11-dev        command line
+#   libxxhash-dev       hashing (logit hashes, prefix-cache block hashes)
+#   libpcre2-dev        regex (tokenizer split patterns)
+#   libgtest-dev        tests
+#   cmake, ninja-build, g++, clang-format
+set -euo pipefail
+pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev libgtest-dev clang-format)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

@@ -1,0 +1,167 @@
+#include "model/weights.h"
+
+#include <string>
+
+#include "util/error.h"
+
+namespace hyserve {
+namespace {
+
+struct LayerLoader {
+  const ModelConfig& c;
+  const Checkpoint& ck;
+  std::string base;  // "model.layers.N."
+
+  std::string name(const std::string& rest) const { return base + rest; }
+
+  Weight weight(const std::string& rest, int64_t rows, int64_t cols) const {
+    return ck.load_weight(name(rest), rows, cols);
+  }
+
+  std::vector<float> vec(const std::string& rest, std::vector<int64_t> shape) const {
+    return ck.load_f32(name(rest), std::move(shape));
+  }
+
+  // A small tensor stored under one of several shapes (e.g. A_log [H] or [1,1,H,1]).
+  std::vector<float> vec_any(const std::string& rest, std::initializer_list<std::vector<int64_t>> shapes) const {
+    const TensorInfo* info = ck.find(name(rest));
+    if (!info) HYSERVE_THROW(CheckpointError, "checkpoint ", ck.dir().string(), ": missing tensor ", name(rest));
+    for (const auto& s : shapes) {
+      if (info->shape == s) return ck.load_f32(name(rest), s);
+    }
+    return ck.load_f32(name(rest), *shapes.begin());  // throws, naming the expected shape
+  }
+
+  bool has(const std::string& rest) const { return ck.contains(name(rest)); }
+};
+
+MlpWeights load_mlp(const LayerLoader& l, const std::string& prefix, const char* gate, const char* up,
+                    const char* down, int64_t hidden, int64_t width) {
+  MlpWeights m;
+  m.gate = l.weight(prefix + gate, width, hidden);
+  m.up = l.weight(prefix + up, width, hidden);
+  m.down = l.weight(prefix + down, hidden, width);
+  return m;
+}
+
+bool has_weight(const LayerLoader& l, const std::string& prefix) {
+  return l.has(prefix + ".weight") || l.has(prefix + ".weight_blocks");
+}
+
+MlaWeights load_mla(const LayerLoader& l) {
+  const ModelConfig& c = l.c;
+  const int64_t d = c.hidden_size, h = c.num_attention_heads;
+  MlaWeights w;
+  const std::string a = "self_attn.";
+  if (c.q_lora_rank > 0) {
+    w.q_a_proj = l.weight(a + "q_a_proj", c.q_lora_rank, d);
+    w.q_a_norm = l.vec(a + "q_a_layernorm.weight", {c.q_lora_rank});
+    w.q_b_proj = l.weight(a + "q_b_proj", h * c.qk_head_dim(), c.q_lora_rank);
+  } else {
+    w.q_proj = l.weight(a + "q_proj", h * c.qk_head_dim(), d);
+  }
+  w.kv_a_proj = l.weight(a + "kv_a_proj_with_mqa", c.kv_lora_rank + c.qk_rope_head_dim, d);
+  w.kv_a_norm = l.vec(a + "kv_a_layernorm.weight", {c.kv_lora_rank});
+  w.kv_b_proj = l.weight(a + "kv_b_proj", h * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+  w.o_proj = l.weight(a + "o_proj", d, h * c.v_head_dim);
+  if (c.mla_output_gate) w.g_proj = l.weight(a + "g_proj", h * c.v_head_dim, d);
+  if (c.has_indexer()) {
+    const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+    const int64_t q_in = c.q_lora_rank > 0 ? c.q_lora_rank : d;
+    const std::string ix = a + "indexer.";
+    w.idx_wq_b = l.weight(ix + "wq_b", hi * di, q_in);
+    w.idx_wk = l.weight(ix + "wk", di, d);
+    w.idx_k_norm_w = l.vec(ix + "k_norm.weight", {di});
+    w.idx_k_norm_b = l.vec(ix + "k_norm.bias", {di});
+    w.idx_weights_proj = l.weight(ix + "weights_proj", hi, d);
+  }
+  return w;
+}
+
+KdaWeights load_kda(const LayerLoader& l) {
+  const ModelConfig& c = l.c;
+  const int64_t d = c.hidden_size, h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
+  const int64_t kw = c.linear_conv_kernel;
+  const std::string a = "self_attn.";
+  KdaWeights w;
+  w.q_proj = l.weight(a + "q_proj", width, d);
+  w.k_proj = l.weight(a + "k_proj", width, d);
+  w.v_proj = l.weight(a + "v_proj", width, d);
+  w.q_conv = l.vec_any(a + "q_conv1d.weight", {{width, 1, kw}, {width, kw}});
+  w.k_conv = l.vec_any(a + "k_conv1d.weight", {{width, 1, kw}, {width, kw}});
+  w.v_conv = l.vec_any(a + "v_conv1d.weight", {{width, 1, kw}, {width, kw}});
+  w.f_a_proj = l.weight(a + "f_a_proj", k, d);
+  w.f_b_proj = l.weight(a + "f_b_proj", width, k);
+  w.b_proj = l.weight(a + "b_proj", h, d);
+  w.g_a_proj = l.weight(a + "g_a_proj", k, d);
+  w.g_b_proj = l.weight(a + "g_b_proj", width, k);
+  w.a_log = l.vec_any(a + "A_log", {{1, 1, h, 1}, {h}});
+  w.dt_bias = l.vec_any(a + "dt_bias", {{width}, {h, k}});
+  w.o_norm = l.vec(a + "o_norm.weight", {k});
+  w.o_proj = l.weight(a + "o_proj", d, width);
+  return w;
+}
+
+MoeWeights load_moe(const LayerLoader& l) {
+  const ModelConfig& c = l.c;
+  const int64_t d = c.hidden_size, width = c.moe_intermediate_size;
+  // kimi_* name the block "block_sparse_moe", deepseek "mlp".
+  const std::string p = l.has("block_sparse_moe.gate.weight") ? "block_sparse_moe." : "mlp.";
+  MoeWeights m;
+  m.gate = l.weight(p + "gate", c.num_experts, d);
+  if (l.has(p + "gate.e_score_correction_bias"))
+    m.score_bias = l.vec(p + "gate.e_score_correction_bias", {c.num_experts});
+  // Experts: experts.E.{w1, w3, w2} (kimi) or experts.E.{gate,up,down}_proj (deepseek).
+  const bool kimi_names = has_weight(l, p + "experts.0.w1");
+  m.experts.reserve(c.num_experts);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string ep = p + "experts." + std::to_string(e) + ".";
+    if (kimi_names) {
+      m.experts.push_back(load_mlp(l, ep, "w1", "w3", "w2", d, width));
+    } else {
+      m.experts.push_back(load_mlp(l, ep, "gate_proj", "up_proj", "down_proj", d, width));
+    }
+  }
+  if (c.num_shared_experts > 0) {
+    m.shared = load_mlp(l, p + "shared_experts.", "gate_proj", "up_proj", "down_proj", d,
+                        width * c.num_shared_experts);
+    m.has_shared = true;
+  }
+  return m;
+}
+
+}  // namespace
+
+ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
+  ModelWeights w;
+  const int64_t d = c.hidden_size;
+  w.embed = ck.load_weight("model.embed_tokens", c.vocab_size, d);
+  if (c.tie_word_embeddings) {
+    w.lm_head = w.embed;
+  } else {
+    w.lm_head = ck.load_weight("lm_head", c.vocab_size, d);
+  }
+  w.final_norm = ck.load_f32("model.norm.weight", {d});
+  w.layers.resize(c.num_hidden_layers);
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerLoader l{c, ck, "model.layers." + std::to_string(i) + "."};
+    LayerWeights& lw = w.layers[i];
+    lw.input_norm = l.vec("input_layernorm.weight", {d});
+    lw.post_norm = l.vec("post_attention_layernorm.weight", {d});
+    if (c.is_kda(i)) {
+      lw.kda = load_kda(l);
+    } else {
+      lw.mla = load_mla(l);
+    }
+    if (c.is_moe(i)) {
+      lw.moe = load_moe(l);
+    } else {
+      // Dense MLP: mlp.* (deepseek, most kimi checkpoints) or block_sparse_moe.*.
+      const std::string p = has_weight(l, "block_sparse_moe.gate_proj") ? "block_sparse_moe." : "mlp.";
+      lw.dense = load_mlp(l, p, "gate_proj", "up_proj", "down_proj", d, c.intermediate_size);
+    }
+  }
+  return w;
+}
+
+}  // namespace hyserve
