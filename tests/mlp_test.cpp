@@ -16,11 +16,14 @@ namespace {
 
 constexpr double kU = 1.0 / (1 << 24);  // fp32 unit roundoff
 
-// A dense matrix and the fp32 values it decodes to.
+// A dense matrix and the fp32 values it decodes to. Move only: w points into the vectors.
 struct TestMatrix {
   std::vector<float> values;
   std::vector<uint16_t> bf16;
   Weight w;
+  TestMatrix() = default;
+  TestMatrix(TestMatrix&&) = default;
+  TestMatrix(const TestMatrix&) = delete;
 };
 
 TestMatrix random_matrix(int64_t rows, int64_t cols, bool as_bf16, std::mt19937& rng) {
@@ -48,7 +51,6 @@ TEST(Mlp, MatchesDoubleLoop) {
     for (int64_t hidden : {1, 3, 65}) {
       for (int64_t inter : {3, 63}) {
         for (int64_t num_tokens : {1, 3, 63, 65}) {
-          // Held in the vectors below, so the Weights stay valid.
           TestMatrix gate = random_matrix(inter, hidden, as_bf16, rng);
           TestMatrix up = random_matrix(inter, hidden, as_bf16, rng);
           TestMatrix down = random_matrix(hidden, inter, as_bf16, rng);

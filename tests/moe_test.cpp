@@ -226,10 +226,14 @@ TEST(Router, RejectsImpossibleGrouping) {
   EXPECT_THROW(route(c), InvalidArgument);
 }
 
-// Owns one expert's dense F32 matrices.
+// Owns one expert's dense F32 matrices. Move only: w points into the vectors.
 struct TestMlp {
   std::vector<float> gate, up, down;
   MlpWeights w;
+  TestMlp() = default;
+  TestMlp(TestMlp&&) = default;
+  TestMlp(const TestMlp&) = delete;
+  TestMlp& operator=(TestMlp&&) = default;
 };
 
 TestMlp random_mlp(int64_t hidden, int64_t inter, std::mt19937& rng) {
