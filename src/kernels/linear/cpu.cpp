@@ -1,0 +1,89 @@
+// CPU reference for linear layers: parallel over blocks of output rows. A block's
+// weight rows are decoded once into a per-range buffer and dotted with every
+// token, so quantized weights cost one decode per call, not one per token.
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/linear/params.h"
+#include "util/error.h"
+#include "util/parallel.h"
+
+namespace hyserve::cpu {
+namespace {
+
+constexpr int64_t kRowBlock = 8;
+constexpr int kLanes = 8;
+
+// fp32 dot product with kLanes interleaved partial sums, combined pairwise. The
+// order depends only on n.
+float dot(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+  }
+  for (int j = 0; i + j < n; ++j) acc[j] += a[i + j] * b[i + j];
+  for (int half = kLanes / 2; half > 0; half /= 2) {
+    for (int j = 0; j < half; ++j) acc[j] += acc[j + half];
+  }
+  return acc[0];
+}
+
+bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a);
+  const auto b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + b_len * sizeof(float) && b0 < a0 + a_len * sizeof(float);
+}
+
+}  // namespace
+
+void linear(const LinearParams& p) {
+  CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "linear: null pointer");
+  CHECK(!p.w->empty() && p.w->rows > 0 && p.w->cols > 0, "linear: weight shape [", p.w->rows, ", ",
+        p.w->cols, "]");
+  CHECK(p.num_tokens >= 0, "linear: num_tokens ", p.num_tokens);
+  const int64_t rows = p.w->rows;
+  const int64_t cols = p.w->cols;
+  const int64_t num_tokens = p.num_tokens;
+  CHECK(!overlaps(p.x, num_tokens * cols, p.y, num_tokens * rows), "linear: y overlaps x");
+  if (num_tokens == 0) return;
+  const int64_t num_blocks = (rows + kRowBlock - 1) / kRowBlock;
+  parallel_for(num_blocks, [&](int64_t block_begin, int64_t block_end) {
+    std::vector<float> w_rows(kRowBlock * cols);  // [kRowBlock, cols]
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      const int64_t r0 = b * kRowBlock;
+      const int64_t n = std::min(kRowBlock, rows - r0);
+      for (int64_t i = 0; i < n; ++i) p.w->dequantize_row(r0 + i, w_rows.data() + i * cols);
+      for (int64_t t = 0; t < num_tokens; ++t) {
+        const float* x = p.x + t * cols;
+        float* y = p.y + t * rows + r0;
+        for (int64_t i = 0; i < n; ++i) {
+          y[i] = dot(x, w_rows.data() + i * cols, cols);
+          if (p.bias != nullptr) y[i] += p.bias[r0 + i];
+        }
+      }
+    }
+  });
+}
+
+void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) {
+  CHECK(n >= 0, "embedding_lookup: n ", n);
+  if (n == 0) return;
+  CHECK(ids != nullptr && out != nullptr, "embedding_lookup: null pointer");
+  CHECK(!table.empty() && table.rows > 0 && table.cols > 0, "embedding_lookup: table shape [",
+        table.rows, ", ", table.cols, "]");
+  for (int64_t i = 0; i < n; ++i) {
+    CHECK(ids[i] >= 0 && ids[i] < table.rows, "embedding_lookup: token id ", ids[i],
+          " at position ", i, " is outside the vocabulary [0, ", table.rows, ")");
+  }
+  const int64_t dim = table.cols;
+  parallel_for(
+      n,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) table.dequantize_row(ids[i], out + i * dim);
+      },
+      16);
+}
+
+}  // namespace hyserve::cpu

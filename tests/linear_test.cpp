@@ -1,0 +1,302 @@
+// linear and embedding_lookup: every weight format against double-precision
+// dense math on the decoded weights, weights built here by quantizing random
+// values; batch invariance (T tokens at once == each token alone, bitwise).
+#include "kernels/linear/params.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "util/error.h"
+
+namespace hyserve::cpu {
+namespace {
+
+enum class Format { kF32, kBF16, kF16, kFp8F32Scales, kFp8Bf16Scales, kMxfp4 };
+
+std::string format_name(Format f) {
+  switch (f) {
+    case Format::kF32:
+      return "F32";
+    case Format::kBF16:
+      return "BF16";
+    case Format::kF16:
+      return "F16";
+    case Format::kFp8F32Scales:
+      return "FP8/F32 scales";
+    case Format::kFp8Bf16Scales:
+      return "FP8/BF16 scales";
+    case Format::kMxfp4:
+      return "MXFP4";
+  }
+  return "?";
+}
+
+// Owns the bytes a Weight points into. Move only: a copy would leave w dangling.
+struct TestWeight {
+  std::vector<uint8_t> data;
+  std::vector<uint8_t> scales;
+  Weight w;
+  TestWeight() = default;
+  TestWeight(TestWeight&&) = default;
+  TestWeight(const TestWeight&) = delete;
+};
+
+template <typename T>
+void append(std::vector<uint8_t>& bytes, T v) {
+  const size_t at = bytes.size();
+  bytes.resize(at + sizeof(T));
+  std::memcpy(bytes.data() + at, &v, sizeof(T));
+}
+
+// FP8: one scale per 128x128 block, amax / 448. MXFP4: one power of two per 32
+// values, the smallest with amax / scale <= 6.
+TestWeight quantize(const std::vector<float>& v, int64_t rows, int64_t cols, Format f) {
+  TestWeight t;
+  t.w.rows = rows;
+  t.w.cols = cols;
+  switch (f) {
+    case Format::kF32:
+    case Format::kBF16:
+    case Format::kF16:
+      for (float x : v) {
+        if (f == Format::kF32) append(t.data, x);
+        if (f == Format::kBF16) append(t.data, f32_to_bf16(x));
+        if (f == Format::kF16) append(t.data, f32_to_f16(x));
+      }
+      t.w.dtype = f == Format::kF32 ? DType::kF32 : f == Format::kBF16 ? DType::kBF16 : DType::kF16;
+      break;
+    case Format::kFp8F32Scales:
+    case Format::kFp8Bf16Scales: {
+      const int64_t grid_rows = (rows + 127) / 128, grid_cols = (cols + 127) / 128;
+      std::vector<float> scale(grid_rows * grid_cols, 0.0f);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          float& s = scale[(r / 128) * grid_cols + c / 128];
+          s = std::max(s, std::fabs(v[r * cols + c]));
+        }
+      }
+      for (float& s : scale) {
+        s = s > 0.0f ? s / 448.0f : 1.0f;
+        if (f == Format::kFp8Bf16Scales) {
+          s = round_bf16(s);
+          append(t.scales, f32_to_bf16(s));
+        } else {
+          append(t.scales, s);
+        }
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          t.data.push_back(f32_to_e4m3(v[r * cols + c] / scale[(r / 128) * grid_cols + c / 128]));
+        }
+      }
+      t.w.format = WeightFormat::kFp8Block;
+      t.w.dtype = DType::kE4M3;
+      t.w.scales_dtype = f == Format::kFp8Bf16Scales ? DType::kBF16 : DType::kF32;
+      break;
+    }
+    case Format::kMxfp4: {
+      t.data.assign(rows * cols / 2, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          float amax = 0.0f;
+          for (int64_t c = b * 32; c < (b + 1) * 32; ++c) {
+            amax = std::max(amax, std::fabs(v[r * cols + c]));
+          }
+          const int e = amax > 0.0f ? static_cast<int>(std::ceil(std::log2(amax / 6.0f))) : 0;
+          t.scales.push_back(static_cast<uint8_t>(e + 127));
+          for (int64_t c = b * 32; c < (b + 1) * 32; ++c) {
+            const uint8_t code = f32_to_e2m1(std::ldexp(v[r * cols + c], -e));
+            t.data[(r * cols + c) / 2] |= c % 2 == 0 ? code : static_cast<uint8_t>(code << 4);
+          }
+        }
+      }
+      t.w.format = WeightFormat::kMxfp4;
+      t.w.dtype = DType::kU8;
+      t.w.scales_dtype = DType::kE8M0;
+      break;
+    }
+  }
+  t.w.data = t.data.data();
+  t.w.scales = t.scales.empty() ? nullptr : t.scales.data();
+  return t;
+}
+
+std::vector<float> random_vector(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<float> decode(const Weight& w) {
+  std::vector<float> out(w.rows * w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) w.dequantize_row(r, out.data() + r * w.cols);
+  return out;
+}
+
+const Format kFormats[] = {Format::kF32,          Format::kBF16,          Format::kF16,
+                           Format::kFp8F32Scales, Format::kFp8Bf16Scales, Format::kMxfp4};
+
+std::vector<int64_t> cols_for(Format f) {
+  if (f == Format::kMxfp4) return {32, 96};
+  return {1, 3, 65, 200};
+}
+
+// The quantizers above produce weights close to their source, so the linear
+// tests below multiply meaningful matrices.
+TEST(Linear, QuantizedWeightsApproximateTheirSource) {
+  std::mt19937 rng(10);
+  for (Format f : kFormats) {
+    const int64_t rows = 130, cols = f == Format::kMxfp4 ? 96 : 200;
+    const auto src = random_vector(rows * cols, rng);
+    const TestWeight t = quantize(src, rows, cols, f);
+    const auto deq = decode(t.w);
+    double rel = 1.0 / 256;
+    if (f == Format::kFp8F32Scales || f == Format::kFp8Bf16Scales) rel = 1.0 / 16;
+    if (f == Format::kMxfp4) rel = 1.0 / 4;
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      // The absolute term covers values far below the block's amax (at most ~5).
+      const double tol = rel * std::fabs(src[i]) + (f == Format::kMxfp4 ? 0.25 : 0.01);
+      ASSERT_LE(std::fabs(deq[i] - src[i]), tol) << format_name(f) << " element " << i;
+    }
+  }
+}
+
+TEST(Linear, MatchesDoubleMathForEveryFormat) {
+  std::mt19937 rng(11);
+  for (Format f : kFormats) {
+    for (int64_t rows : {1, 3, 63, 65, 130}) {
+      for (int64_t cols : cols_for(f)) {
+        for (int64_t num_tokens : {1, 3, 63, 65}) {
+          for (bool with_bias : {false, true}) {
+            const TestWeight t = quantize(random_vector(rows * cols, rng), rows, cols, f);
+            const auto x = random_vector(num_tokens * cols, rng);
+            const auto bias = random_vector(rows, rng);
+            std::vector<float> y(num_tokens * rows, NAN);
+            linear({.x = x.data(),
+                    .w = &t.w,
+                    .y = y.data(),
+                    .num_tokens = num_tokens,
+                    .bias = with_bias ? bias.data() : nullptr});
+            const auto w = decode(t.w);
+            // fp32 summation of cols products: error <= (cols + 2) * 2^-24 * sum |terms|.
+            double worst = 0.0;
+            int64_t worst_t = -1, worst_r = -1;
+            for (int64_t tok = 0; tok < num_tokens; ++tok) {
+              for (int64_t r = 0; r < rows; ++r) {
+                double ref = with_bias ? bias[r] : 0.0;
+                double mag = std::fabs(ref);
+                for (int64_t c = 0; c < cols; ++c) {
+                  ref += static_cast<double>(x[tok * cols + c]) * w[r * cols + c];
+                  mag += std::fabs(static_cast<double>(x[tok * cols + c]) * w[r * cols + c]);
+                }
+                const double tol = (cols + 2) * std::ldexp(1.0, -24) * mag + 1e-30;
+                const double ratio = std::fabs(y[tok * rows + r] - ref) / tol;
+                if (!(ratio <= worst)) {
+                  worst = ratio;
+                  worst_t = tok;
+                  worst_r = r;
+                }
+              }
+            }
+            EXPECT_LE(worst, 1.0) << format_name(f) << " rows " << rows << " cols " << cols
+                                  << " tokens " << num_tokens << " bias " << with_bias
+                                  << ": worst error/tolerance at token " << worst_t << ", row "
+                                  << worst_r;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Linear, BatchOfTokensEqualsEachTokenAloneBitwise) {
+  std::mt19937 rng(12);
+  for (Format f : kFormats) {
+    const int64_t rows = 65, cols = f == Format::kMxfp4 ? 96 : 200, num_tokens = 65;
+    const TestWeight t = quantize(random_vector(rows * cols, rng), rows, cols, f);
+    const auto x = random_vector(num_tokens * cols, rng);
+    const auto bias = random_vector(rows, rng);
+    std::vector<float> batch(num_tokens * rows);
+    linear({.x = x.data(),
+            .w = &t.w,
+            .y = batch.data(),
+            .num_tokens = num_tokens,
+            .bias = bias.data()});
+    for (int64_t tok = 0; tok < num_tokens; ++tok) {
+      std::vector<float> alone(rows);
+      linear({.x = x.data() + tok * cols,
+              .w = &t.w,
+              .y = alone.data(),
+              .num_tokens = 1,
+              .bias = bias.data()});
+      ASSERT_EQ(std::memcmp(alone.data(), batch.data() + tok * rows, rows * sizeof(float)), 0)
+          << format_name(f) << " token " << tok;
+    }
+  }
+}
+
+TEST(Linear, ZeroTokensWritesNothing) {
+  std::mt19937 rng(13);
+  const TestWeight t = quantize(random_vector(6, rng), 2, 3, Format::kF32);
+  const float x = 0.0f;
+  float y = 7.0f;
+  linear({.x = &x, .w = &t.w, .y = &y, .num_tokens = 0});
+  EXPECT_EQ(y, 7.0f);
+}
+
+TEST(Linear, RejectsAliasingAndBadArguments) {
+  std::mt19937 rng(14);
+  const TestWeight t = quantize(random_vector(9, rng), 3, 3, Format::kF32);
+  std::vector<float> buf(12);
+  EXPECT_THROW(linear({.x = buf.data(), .w = &t.w, .y = buf.data(), .num_tokens = 2}),
+               InvalidArgument);
+  EXPECT_THROW(linear({.x = buf.data(), .w = &t.w, .y = buf.data() + 5, .num_tokens = 2}),
+               InvalidArgument);
+  EXPECT_NO_THROW(linear({.x = buf.data(), .w = &t.w, .y = buf.data() + 6, .num_tokens = 2}));
+  EXPECT_THROW(linear({.x = buf.data(), .w = nullptr, .y = buf.data() + 6, .num_tokens = 2}),
+               InvalidArgument);
+  EXPECT_THROW(linear({.x = buf.data(), .w = &t.w, .y = buf.data() + 6, .num_tokens = -1}),
+               InvalidArgument);
+}
+
+TEST(Embedding, GathersDecodedRows) {
+  std::mt19937 rng(15);
+  for (Format f : {Format::kF32, Format::kBF16, Format::kFp8F32Scales, Format::kMxfp4}) {
+    const int64_t vocab = 130, dim = f == Format::kMxfp4 ? 64 : 65;
+    const TestWeight t = quantize(random_vector(vocab * dim, rng), vocab, dim, f);
+    const auto table = decode(t.w);
+    const std::vector<int32_t> ids = {0, 129, 5, 5, 128, 64};
+    std::vector<float> out(ids.size() * dim);
+    embedding_lookup(t.w, ids.data(), static_cast<int64_t>(ids.size()), out.data());
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(std::memcmp(out.data() + i * dim, table.data() + ids[i] * dim, dim * sizeof(float)),
+                0)
+          << format_name(f) << " position " << i;
+    }
+  }
+}
+
+TEST(Embedding, OutOfRangeIdIsNamed) {
+  std::mt19937 rng(16);
+  const TestWeight t = quantize(random_vector(12, rng), 4, 3, Format::kF32);
+  std::vector<float> out(6);
+  for (int32_t bad : {4, -1, 1000}) {
+    const int32_t ids[2] = {1, bad};
+    try {
+      embedding_lookup(t.w, ids, 2, out.data());
+      ADD_FAILURE() << "no error for id " << bad;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("token id " + std::to_string(bad)), std::string::npos)
+          << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hyserve::cpu
