@@ -1,0 +1,40 @@
+// Parameters of MLA attention over the latent cache (MODEL.md §2.5-2.6), dense causal
+// or restricted to the DSA indexer's top-k keys (§3.7). One signature, two CPU forms
+// (cpu.h): expanded (K, V built per head from the latent) and absorbed (kv_b folded
+// into the query and the output). Both must agree.
+//
+//   latent row s:  [ c_s (kv_lora, normalized) | k_pe_s (dr, roped) ]
+//   q row (t, h):  [ q_nope (dn)                | q_pe (dr, roped)   ]
+//   kv_b rows of head h: [h*(dn+dv), h*(dn+dv)+dn) = W_UK, the next dv rows = W_UV
+//
+// Key s is visible to query t iff s <= q_pos[t] (and s < num_keys). With topk, query t
+// attends exactly over the listed positions (softmax over that set); -1 slots are empty.
+// A query with no key gets out = 0 and lse = -inf.
+#pragma once
+
+#include <cstdint>
+
+#include "core/weight.h"
+
+namespace hyserve {
+
+struct MlaAttentionParams {
+  const float* q = nullptr;        // [T, H, dn + dr]
+  const float* latent = nullptr;   // [S, kv_lora + dr]
+  const Weight* kv_b = nullptr;    // [H*(dn+dv), kv_lora] kv_b_proj, any Weight format
+  const int64_t* q_pos = nullptr;  // [T] position of each query
+  const int32_t* topk = nullptr;   // [T, topk_width] key positions, -1 = empty; null = dense
+  int64_t topk_width = 0;          // slots per query when topk is set
+  float* out = nullptr;            // [T, H, dv]
+  float* lse = nullptr;            // [T, H] ln sum exp of the scaled logits; may be null
+  int64_t num_tokens = 0;          // T >= 0
+  int64_t num_keys = 0;            // S >= 0
+  int64_t num_heads = 0;           // H
+  int64_t dn = 0;                  // qk_nope_head_dim
+  int64_t dr = 0;                  // qk_rope_head_dim (present even when NoPE)
+  int64_t dv = 0;                  // v_head_dim
+  int64_t kv_lora = 0;             // kv_lora_rank
+  float softmax_scale = 0.0f;      // (dn+dr)^-0.5, times mscale^2 with YaRN
+};
+
+}  // namespace hyserve
