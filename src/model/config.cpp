@@ -208,7 +208,7 @@ void parse_rope(const Fields& f, ModelConfig& c) {
   c.rope.original_max_position_embeddings = *orig;
   c.rope.beta_fast = src.opt_double({"beta_fast"}).value_or(32.0);
   c.rope.beta_slow = src.opt_double({"beta_slow"}).value_or(1.0);
-  c.rope.mscale = src.opt_double({"mscale"}).value_or(1.0);
+  c.rope.mscale = src.opt_double({"mscale"}).value_or(0.0);
   c.rope.mscale_all_dim = src.opt_double({"mscale_all_dim"}).value_or(0.0);
 }
 

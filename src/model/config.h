@@ -34,8 +34,8 @@ struct RopeConfig {
   int64_t original_max_position_embeddings = 0;
   double beta_fast = 32.0;
   double beta_slow = 1.0;
-  double mscale = 1.0;
-  double mscale_all_dim = 0.0;
+  double mscale = 0.0;          // 0: absent
+  double mscale_all_dim = 0.0;  // 0: absent
 };
 
 // How routed-expert weights are stored, from quantization_config.

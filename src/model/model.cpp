@@ -4,14 +4,14 @@
 #include <cmath>
 #include <limits>
 
-#include "kernels/indexer/params.h"
+#include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
 #include "kernels/linear/params.h"
-#include "kernels/mla/params.h"
+#include "kernels/mla/cpu.h"
 #include "kernels/mlp/params.h"
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"
-#include "kernels/rope/params.h"
+#include "kernels/rope/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -38,7 +38,7 @@ Buffer linear(const float* x, int64_t num_tokens, const Weight& w) {
 }
 
 void rms_norm(const float* x, const std::vector<float>& w, int64_t rows, int64_t dim, double eps,
-              float* y, int64_t stride_unused = 0) {
+              float* y) {
   cpu::RmsNormParams p;
   p.x = x;
   p.weight = w.data();
@@ -51,12 +51,34 @@ void rms_norm(const float* x, const std::vector<float>& w, int64_t rows, int64_t
 
 float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
 
-// Copies columns [col, col + width) of a [rows, stride] matrix.
-Buffer columns(const float* x, int64_t rows, int64_t stride, int64_t col, int64_t width) {
-  Buffer out(static_cast<size_t>(rows * width));
-  for (int64_t r = 0; r < rows; ++r)
-    std::copy_n(x + r * stride + col, width, out.data() + r * width);
-  return out;
+// In-place rotation of dims [offset, offset + rotary_dim) of each of `heads` heads.
+void rope(const RopeTable& table, bool neox, float* x, const std::vector<int64_t>& pos,
+          int64_t heads, int64_t head_stride, int64_t offset) {
+  RopeParams p;
+  p.x = x;
+  p.positions = pos.data();
+  p.num_tokens = static_cast<int64_t>(pos.size());
+  p.num_heads = heads;
+  p.head_stride = head_stride;
+  p.offset = offset;
+  if (neox) {
+    cpu::apply_rope_neox(table, p);
+  } else {
+    cpu::apply_rope_interleaved(table, p);
+  }
+}
+
+RopeTable make_rope_table(const ModelConfig& c) {
+  if (!c.rope.enabled) return {};
+  if (!c.rope.yarn) return RopeTable::plain(c.qk_rope_head_dim, c.rope.theta);
+  YarnParams y;
+  y.factor = c.rope.factor;
+  y.original_max_position_embeddings = c.rope.original_max_position_embeddings;
+  y.beta_fast = c.rope.beta_fast;
+  y.beta_slow = c.rope.beta_slow;
+  y.mscale = c.rope.mscale;
+  y.mscale_all_dim = c.rope.mscale_all_dim;
+  return RopeTable::yarn(c.qk_rope_head_dim, c.rope.theta, y);
 }
 
 }  // namespace
@@ -64,6 +86,7 @@ Buffer columns(const float* x, int64_t rows, int64_t stride, int64_t col, int64_
 Model::Model(ModelConfig config, Checkpoint checkpoint, ModelOptions options)
     : config_(std::move(config)), checkpoint_(std::move(checkpoint)), options_(options) {
   weights_ = load_weights(config_, checkpoint_);
+  rope_ = make_rope_table(config_);
 }
 
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOptions options) {
@@ -175,9 +198,8 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t star
 
   // 3. RoPE on q_pe and k_pe (deepseek_v32); kimi_* are NoPE.
   if (c.rope.enabled) {
-    const cpu::RopeTable& table = rope_table();
-    cpu::apply_rope_interleaved(q.data(), t * h, dqk, dn, dr, pos.data(), h, table);
-    cpu::apply_rope_interleaved(ckv.data(), t, kv + dr, kv, dr, pos.data(), 1, table);
+    rope(rope_, /*neox=*/false, q.data(), pos, h, dqk, dn);
+    rope(rope_, /*neox=*/false, ckv.data(), pos, 1, kv + dr, kv);
   }
   dump(prefix + "q", q.data(), t, h * dqk);
   dump(prefix + "latent", ckv.data(), t, kv + dr);
@@ -192,7 +214,7 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t star
 
   // 6. Attention over the cached latents (expanded for prefill, absorbed for decode).
   Buffer o(static_cast<size_t>(t * h * dv));
-  cpu::MlaAttentionParams p;
+  MlaAttentionParams p;
   p.q = q.data();
   p.latent = cache.latent.data();
   p.kv_b = &w.kv_b_proj;
@@ -222,6 +244,91 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t star
     for (size_t j = 0; j < o.size(); ++j) o[j] *= sigmoid(g[j]);
   }
   linear(o.data(), t, w.o_proj, out);
+}
+
+std::vector<int32_t> Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
+                                         int64_t start, MlaLayerCache& cache) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+  const std::string prefix = "layers." + std::to_string(layer) + ".indexer.";
+  std::vector<int64_t> pos(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) pos[i] = start + i;
+
+  // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
+  Buffer qi = linear(q_in, t, w.idx_wq_b);
+  Buffer ki = linear(x, t, w.idx_wk);
+  cpu::LayerNormParams ln;
+  ln.x = ki.data();
+  ln.weight = w.idx_k_norm_w.data();
+  ln.bias = w.idx_k_norm_b.data();
+  ln.y = ki.data();
+  ln.num_rows = t;
+  ln.dim = di;
+  ln.eps = 1e-6f;
+  cpu::layer_norm(ln);
+  // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
+  if (c.index_rope_dims > 0) {
+    rope(rope_, /*neox=*/true, qi.data(), pos, hi, di, 0);
+    rope(rope_, /*neox=*/true, ki.data(), pos, 1, di, 0);
+  }
+  // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
+  Buffer hw = linear(x, t, w.idx_weights_proj);
+  const float wscale = 1.0f / std::sqrt(static_cast<float>(hi * di));
+  for (float& v : hw) v *= wscale;
+
+  // 3./4. FP8 path: Hadamard on both sides, keys cached quantized. Else fp32 keys.
+  if (options_.indexer_fp8) {
+    cpu::hadamard_rotate(qi.data(), t * hi, di);
+    cpu::hadamard_rotate(ki.data(), t, di);
+    const size_t old = cache.index_key_scales.size();
+    cache.index_keys_fp8.resize((old + t) * di);
+    cache.index_key_scales.resize(old + t);
+    cpu::quantize_fp8_ue8m0(ki.data(), t, di, cache.index_keys_fp8.data() + old * di,
+                            cache.index_key_scales.data() + old);
+  } else {
+    cache.index_keys.insert(cache.index_keys.end(), ki.begin(), ki.end());
+  }
+  dump(prefix + "q", qi.data(), t, hi * di);
+  dump(prefix + "k", ki.data(), t, di);
+
+  // 6./7. Score the queries in chunks (bounded buffer), keep the causal top-k.
+  const int64_t s = start + t;
+  const int64_t k = c.index_topk;
+  std::vector<int32_t> selected(static_cast<size_t>(t * k));
+  const int64_t chunk = std::min(t, kIndexerQueryChunk);
+  Buffer scores(static_cast<size_t>(chunk * s));
+  for (int64_t b = 0; b < t; b += chunk) {
+    const int64_t n = std::min(chunk, t - b);
+    if (options_.indexer_fp8) {
+      IndexerFp8CacheScoreParams p;
+      p.q = qi.data() + b * hi * di;
+      p.k_fp8 = cache.index_keys_fp8.data();
+      p.k_scales = cache.index_key_scales.data();
+      p.head_weights = hw.data() + b * hi;
+      p.q_pos = pos.data() + b;
+      p.scores = scores.data();
+      p.num_tokens = n;
+      p.num_keys = s;
+      p.num_heads = hi;
+      p.head_dim = di;
+      cpu::indexer_scores_fp8_cache(p);
+    } else {
+      IndexerScoreParams p;
+      p.q = qi.data() + b * hi * di;
+      p.k = cache.index_keys.data();
+      p.head_weights = hw.data() + b * hi;
+      p.q_pos = pos.data() + b;
+      p.scores = scores.data();
+      p.num_tokens = n;
+      p.num_keys = s;
+      p.num_heads = hi;
+      p.head_dim = di;
+      cpu::indexer_scores(p);
+    }
+    cpu::causal_topk(scores.data(), pos.data() + b, n, s, k, selected.data() + b * k);
+  }
+  return selected;
 }
 
 void Model::kda_attention(int64_t layer, const float* x, int64_t t, KdaLayerState& st,
@@ -335,7 +442,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   r.scaling_factor = static_cast<float>(c.routed_scaling_factor);
   r.expert_ids = ids.data();
   r.expert_weights = weights.data();
-  cpu::route(r);
+  cpu::route_experts(r);
 
   cpu::MoeParams m;
   m.x = x;

@@ -89,7 +89,7 @@ class Model {
   Checkpoint checkpoint_;
   ModelOptions options_;
   ModelWeights weights_;
-  cpu::RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
+  RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
   DumpFn dump_;
 };
 
