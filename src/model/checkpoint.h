@@ -1,0 +1,69 @@
+// Checkpoint: every tensor of a model folder, memory-mapped, with per-tensor validation.
+//
+// A folder holds one of (checked in this order):
+//   model.safetensors.index.json   {"weight_map": {tensor: shard file}}; each shard opened once
+//   model.safetensors              a single file
+//   *.safetensors                  unindexed shards, opened in sorted order
+// A tensor name may occur in only one file. Every failure is a CheckpointError naming the
+// file (or the folder) and the tensor.
+#pragma once
+
+#include <filesystem>
+#include <initializer_list>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/weight.h"
+#include "model/safetensors.h"
+
+namespace hyserve {
+
+class Checkpoint {
+ public:
+  static Checkpoint open(const std::filesystem::path& dir);
+
+  Checkpoint(Checkpoint&&) noexcept = default;
+  Checkpoint& operator=(Checkpoint&&) noexcept = default;
+  Checkpoint(const Checkpoint&) = delete;
+  Checkpoint& operator=(const Checkpoint&) = delete;
+
+  // nullptr when absent.
+  const TensorInfo* find(std::string_view name) const;
+  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  // All tensor names, sorted.
+  std::vector<std::string> names() const;
+  const std::filesystem::path& dir() const { return dir_; }
+
+  // The tensor, checked to have one of the allowed dtypes (empty: any of F32/F16/BF16)
+  // and exactly this shape.
+  const TensorInfo& require(std::string_view name, std::initializer_list<DType> allowed,
+                            std::vector<int64_t> shape) const;
+
+  // A float tensor (F32/F16/BF16) of this shape, converted to fp32: norms, biases, A_log,
+  // dt_bias.
+  std::vector<float> load_f32(std::string_view name, std::vector<int64_t> shape) const;
+
+  // The matrix [rows, cols] stored under prefix, in whichever format the tensors show:
+  //   prefix.weight F32/F16/BF16 [rows, cols]                                   -> kDense
+  //   prefix.weight F8_E4M3 [rows, cols]
+  //     + prefix.weight_scale_inv F32/BF16 [ceil(rows/128), ceil(cols/128)]    -> kFp8Block
+  //   prefix.weight_blocks U8 [rows, cols/32, 16]
+  //     + prefix.weight_scales U8/F8_E8M0 [rows, cols/32]                       -> kMxfp4
+  // The Weight points into the mmap: it is valid while this Checkpoint lives.
+  Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const;
+
+ private:
+  Checkpoint() = default;
+  // Indexes every tensor of files_, refusing names that occur in two files.
+  void index_tensors();
+
+  std::filesystem::path dir_;
+  // The mappings; tensors_ points into their TensorInfo vectors, which moving keeps in place.
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, const TensorInfo*, std::less<>> tensors_;
+};
+
+}  // namespace hyserve
