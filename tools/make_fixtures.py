@@ -1,0 +1,506 @@
+"""Builds hyserve's golden fixtures, deterministically (re-running reproduces every file byte for byte).
+
+  models/tiny-kimi-k3/                 tiny kimi_k3 (BF16, MXFP4 routed experts), golden from
+                                       tools/kimi_k3_reference.py -> tests/fixtures/kimi_k3_tiny/
+  tests/fixtures/kimi_linear_tiny/     tiny kimi_linear saved by transformers, golden from transformers
+  tests/fixtures/deepseek_v32_tiny/    tiny deepseek_v32 (YaRN, DSA) saved by transformers, golden from transformers
+  tests/fixtures/deepseek_v32_fp8_tiny/ the same weights with FP8 e4m3 128x128-block decoder linears
+
+Every HF golden is also recomputed by kimi_k3_reference.py (written from MODEL.md); the max abs
+difference goes to meta.json. A fixture is accepted when the min top1-top2 gap over greedy steps is
+>= 1e-3 and the router / indexer top-k margins are >= 1e-5; otherwise the next seed is tried.
+
+Usage: /work/venv/bin/python tools/make_fixtures.py   (from the repository root)
+"""
+
+import json
+import math
+import os
+import shutil
+import sys
+import tempfile
+
+import torch
+from safetensors.torch import load_file, save_file
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+import fla.ops.kda  # noqa: E402
+from fla.ops.kda.naive import naive_recurrent_kda  # noqa: E402
+
+import kimi_k3_reference as ref  # noqa: E402
+
+PROMPT_LENGTHS = [5, 17, 40]
+NUM_GREEDY = 32
+MIN_GAP = 1e-3
+MIN_MARGIN = 1e-5
+MAX_ATTEMPTS = 20
+
+
+# ----------------------------------------------------------------------------------------------
+# transformers' KDA on CPU: fla's chunk_kda / fused_recurrent_kda are Triton kernels. transformers
+# binds them at import time of modeling_kimi_linear (integrations.hub_kernels.
+# use_kernel_func_from_hub_with_fallback looks up fla.ops.kda.<name>), so we replace them with
+# fla's pure-PyTorch naive_recurrent_kda before that import.
+
+
+def cpu_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+            use_qk_l2norm_in_kernel=False, **kwargs):
+    if use_qk_l2norm_in_kernel:
+        q, k = ref.l2norm(q.float()), ref.l2norm(k.float())
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                               output_final_state=output_final_state)
+
+
+fla.ops.kda.chunk_kda = cpu_kda
+fla.ops.kda.fused_recurrent_kda = cpu_kda
+
+from transformers import (  # noqa: E402
+    DeepseekV32Config,
+    DeepseekV32ForCausalLM,
+    KimiLinearConfig,
+    KimiLinearForCausalLM,
+)
+
+# ----------------------------------------------------------------------------------------------
+# Deterministic initialization (by tensor name, in sorted order, from one seeded generator)
+
+
+def init_tensor(name, shape, gen):
+    """Values chosen so that logits are well spread (top1-top2 gaps far above fp32 noise)."""
+
+    def normal(std):
+        return torch.randn(shape, generator=gen, dtype=torch.float32) * std
+
+    def uniform(a, b):
+        return torch.rand(shape, generator=gen, dtype=torch.float32) * (b - a) + a
+
+    if "embed_tokens" in name:
+        return normal(1.0)
+    if name.endswith("A_log"):
+        return uniform(1.0, 8.0).log()
+    if name.endswith("dt_bias"):
+        dt = uniform(math.log(1e-3), math.log(1e-1)).exp()
+        return dt + torch.log(-torch.expm1(-dt))  # inverse softplus
+    if name.endswith("e_score_correction_bias"):
+        return normal(0.05)
+    if name.endswith(".bias"):
+        return normal(0.1)
+    if len(shape) == 1:  # norm weights
+        return 1.0 + normal(0.1)
+    if "conv1d" in name:
+        return normal(0.5)
+    fan_in = shape[-1]
+    if "lm_head" in name:
+        return normal(4.0 / math.sqrt(fan_in))
+    if name.endswith("gate.weight"):  # router
+        return normal(2.0 / math.sqrt(fan_in))
+    return normal(1.0 / math.sqrt(fan_in))
+
+
+def bf16_round(x):
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+# ----------------------------------------------------------------------------------------------
+# Quantizers
+
+
+def f32_to_e2m1_codes(x):
+    """Round to the nearest e2m1 value (ties to the even code), return 4-bit codes."""
+    mags = torch.tensor(ref.E2M1_VALUES[:8])
+    dist = (x.abs()[..., None] - mags).abs()
+    code = dist.argmin(-1)  # argmin returns the first (lower, even-mantissa) code on ties
+    best = dist.gather(-1, code[..., None])[..., 0]
+    tie_up = (dist[..., 1:] == best[..., None])
+    # prefer the even code among two equidistant neighbours
+    for c in range(7):
+        both = (code == c) & tie_up[..., c] & (c % 2 == 1)
+        code = torch.where(both, torch.full_like(code, c + 1), code)
+    sign = ((x < 0) & (code != 0)).to(torch.int64) << 3
+    return code | sign
+
+
+def quantize_mxfp4(w):
+    """w fp32 [rows, cols] -> (blocks U8 [rows, cols/32, 16], scales U8 [rows, cols/32])."""
+    rows, cols = w.shape
+    assert cols % 32 == 0
+    blocks = w.view(rows, cols // 32, 32)
+    amax = blocks.abs().amax(-1)
+    exp = torch.ceil(torch.log2(amax.double() / 6.0)).clamp(-127, 127)
+    exp = torch.where(amax > 0, exp, torch.full_like(exp, -127))
+    scales = (exp + 127).to(torch.uint8)
+    codes = f32_to_e2m1_codes(blocks / torch.pow(2.0, exp).float()[..., None])
+    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
+    return packed.contiguous(), scales.contiguous()
+
+
+def quantize_fp8_block(w, block=128):
+    """w fp32 [rows, cols] -> (e4m3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)])."""
+    rows, cols = w.shape
+    nr, nc = -(-rows // block), -(-cols // block)
+    q = torch.empty(rows, cols, dtype=torch.float8_e4m3fn)
+    scale_inv = torch.empty(nr, nc, dtype=torch.float32)
+    for i in range(nr):
+        for j in range(nc):
+            tile = w[i * block : (i + 1) * block, j * block : (j + 1) * block]
+            scale = tile.abs().max() / 448.0
+            scale = scale if scale > 0 else torch.tensor(1.0)
+            scale_inv[i, j] = scale
+            q[i * block : (i + 1) * block, j * block : (j + 1) * block] = (tile / scale).clamp(-448, 448).to(
+                torch.float8_e4m3fn
+            )
+    return q, scale_inv
+
+
+# ----------------------------------------------------------------------------------------------
+# Goldens
+
+
+def make_prompts(vocab):
+    prompts = []
+    for i, n in enumerate(PROMPT_LENGTHS):
+        gen = torch.Generator().manual_seed(1000 + i)
+        prompts.append(torch.randint(0, vocab, (n,), generator=gen, dtype=torch.int64))
+    return prompts
+
+
+def compute_goldens(forward, prompts):
+    """forward(ids: LongTensor [T]) -> fp32 logits [T, V]. Full recompute at every greedy step."""
+    tensors, gaps = {}, []
+    for i, ids in enumerate(prompts):
+        tensors[f"prompt_{i}_ids"] = ids.clone()
+        tensors[f"prompt_{i}_logits"] = forward(ids).float().contiguous()
+        seq, greedy, greedy_logits, min_gap = ids.clone(), [], [], math.inf
+        for _ in range(NUM_GREEDY):
+            last = forward(seq)[-1].float()
+            top2 = torch.topk(last, 2).values
+            min_gap = min(min_gap, (top2[0] - top2[1]).item())
+            token = int(torch.argmax(last).item())
+            greedy.append(token)
+            greedy_logits.append(last)
+            seq = torch.cat([seq, torch.tensor([token], dtype=torch.int64)])
+        tensors[f"prompt_{i}_greedy_ids"] = torch.tensor(greedy, dtype=torch.int64)
+        tensors[f"prompt_{i}_greedy_logits"] = torch.stack(greedy_logits).contiguous()
+        gaps.append(min_gap)
+    return tensors, gaps
+
+
+def reference_check(folder, prompts, golden):
+    """Runs kimi_k3_reference on `folder` over every golden sequence; returns (max abs diff, stats)."""
+    model = ref.Model(folder)
+    worst = 0.0
+    for i, ids in enumerate(prompts):
+        full = torch.cat([ids, golden[f"prompt_{i}_greedy_ids"]])
+        logits = model.forward(full)
+        n = ids.shape[0]
+        worst = max(worst, (logits[:n] - golden[f"prompt_{i}_logits"]).abs().max().item())
+        worst = max(worst, (logits[n - 1 : n - 1 + NUM_GREEDY] - golden[f"prompt_{i}_greedy_logits"]).abs().max().item())
+    return worst, model.stats.to_dict()
+
+
+def accept(gaps, stats):
+    return (
+        min(gaps) >= MIN_GAP
+        and stats["min_router_margin"] >= MIN_MARGIN
+        and stats["min_indexer_rel_margin"] >= MIN_MARGIN
+    )
+
+
+def write_golden(out_dir, golden, meta):
+    os.makedirs(out_dir, exist_ok=True)
+    save_file(golden, os.path.join(out_dir, "golden.safetensors"))
+    with open(os.path.join(out_dir, "meta.json"), "w") as f:
+        json.dump(meta, f, indent=1, sort_keys=True)
+        f.write("\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# a. kimi_k3
+
+
+KIMI_K3_CONFIG = {
+    "architectures": ["KimiK3ForCausalLM"],
+    "model_type": "kimi_k3",
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "num_hidden_layers": 6,
+    "layer_types": ["linear_attention", "linear_attention", "full_attention",
+                    "linear_attention", "linear_attention", "full_attention"],
+    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse", "sparse"],
+    "rms_norm_eps": 1e-05,
+    "tie_word_embeddings": False,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+    "max_position_embeddings": 4096,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "mla_use_nope": True,
+    "mla_output_gate": True,
+    "linear_num_heads": 2,
+    "linear_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_experts": 8,
+    "num_experts_per_token": 2,
+    "num_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "moe_router_activation_func": "sigmoid",
+    "moe_renormalize": True,
+    "routed_scaling_factor": 2.5,
+    "num_expert_group": 1,
+    "topk_group": 1,
+    "index_n_heads": 4,
+    "index_head_dim": 32,
+    "index_topk": 8,
+    "quantization_config": {"quant_method": "mxfp4", "modules": "routed_experts"},
+    "torch_dtype": "bfloat16",
+}
+
+
+def kimi_k3_shapes(c):
+    D, V = c["hidden_size"], c["vocab_size"]
+    H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
+    qr, kr = c["q_lora_rank"], c["kv_lora_rank"]
+    Hk, K, ck = c["linear_num_heads"], c["linear_head_dim"], c["linear_conv_kernel_dim"]
+    Hi, di = c["index_n_heads"], c["index_head_dim"]
+    E, I, Id = c["num_experts"], c["moe_intermediate_size"], c["intermediate_size"]
+    Is = I * c["num_shared_experts"]
+    shapes = {"model.embed_tokens.weight": [V, D], "model.norm.weight": [D], "lm_head.weight": [V, D]}
+    for i in range(c["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = [D]
+        shapes[p + "post_attention_layernorm.weight"] = [D]
+        a = p + "self_attn."
+        if c["layer_types"][i] == "linear_attention":
+            for n in "qkv":
+                shapes[a + f"{n}_proj.weight"] = [Hk * K, D]
+                shapes[a + f"{n}_conv1d.weight"] = [Hk * K, 1, ck]
+            shapes.update({
+                a + "f_a_proj.weight": [K, D], a + "f_b_proj.weight": [Hk * K, K], a + "b_proj.weight": [Hk, D],
+                a + "g_a_proj.weight": [K, D], a + "g_b_proj.weight": [Hk * K, K], a + "A_log": [1, 1, Hk, 1],
+                a + "dt_bias": [Hk * K], a + "o_norm.weight": [K], a + "o_proj.weight": [D, Hk * K],
+            })
+        else:
+            shapes.update({
+                a + "q_a_proj.weight": [qr, D], a + "q_a_layernorm.weight": [qr],
+                a + "q_b_proj.weight": [H * (dn + dr), qr], a + "kv_a_proj_with_mqa.weight": [kr + dr, D],
+                a + "kv_a_layernorm.weight": [kr], a + "kv_b_proj.weight": [H * (dn + dv), kr],
+                a + "o_proj.weight": [D, H * dv], a + "g_proj.weight": [H * dv, D],
+                a + "indexer.wq_b.weight": [Hi * di, qr], a + "indexer.wk.weight": [di, D],
+                a + "indexer.k_norm.weight": [di], a + "indexer.k_norm.bias": [di],
+                a + "indexer.weights_proj.weight": [Hi, D],
+            })
+        if c["mlp_layer_types"][i] == "dense":
+            m = p + "mlp."
+            shapes.update({m + "gate_proj.weight": [Id, D], m + "up_proj.weight": [Id, D], m + "down_proj.weight": [D, Id]})
+        else:
+            m = p + "block_sparse_moe."
+            shapes.update({m + "gate.weight": [E, D], m + "gate.e_score_correction_bias": [E]})
+            for e in range(E):
+                shapes.update({m + f"experts.{e}.w1.weight": [I, D], m + f"experts.{e}.w3.weight": [I, D],
+                               m + f"experts.{e}.w2.weight": [D, I]})
+            s = m + "shared_experts."
+            shapes.update({s + "gate_proj.weight": [Is, D], s + "up_proj.weight": [Is, D], s + "down_proj.weight": [D, Is]})
+    return shapes
+
+
+def build_kimi_k3(seed, model_dir):
+    c = KIMI_K3_CONFIG
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for name, shape in sorted(kimi_k3_shapes(c).items()):
+        value = init_tensor(name, shape, gen)
+        if ".experts." in name:
+            blocks, scales = quantize_mxfp4(value)
+            prefix = name[: -len(".weight")]
+            tensors[prefix + ".weight_blocks"] = blocks
+            tensors[prefix + ".weight_scales"] = scales
+        elif name.endswith(("A_log", "dt_bias", "e_score_correction_bias")):
+            tensors[name] = value.contiguous()
+        else:
+            tensors[name] = value.to(torch.bfloat16).contiguous()
+    if os.path.exists(model_dir):
+        shutil.rmtree(model_dir)
+    os.makedirs(model_dir)
+    save_file(tensors, os.path.join(model_dir, "model.safetensors"))
+    with open(os.path.join(model_dir, "config.json"), "w") as f:
+        json.dump(c, f, indent=1)
+        f.write("\n")
+
+
+def make_kimi_k3():
+    model_dir = os.path.join(ROOT, "models", "tiny-kimi-k3")
+    out_dir = os.path.join(ROOT, "tests", "fixtures", "kimi_k3_tiny")
+    prompts = make_prompts(KIMI_K3_CONFIG["vocab_size"])
+    for attempt in range(MAX_ATTEMPTS):
+        seed = 3000 + attempt
+        build_kimi_k3(seed, model_dir)
+        model = ref.Model(model_dir)
+        golden, gaps = compute_goldens(lambda ids: model.forward(ids), prompts)
+        stats = model.stats.to_dict()
+        print(f"kimi_k3 seed {seed}: gaps {gaps} stats {stats}")
+        if accept(gaps, stats):
+            break
+    else:
+        raise RuntimeError("kimi_k3: no acceptable seed")
+    meta = {"model": "models/tiny-kimi-k3", "source": "tools/kimi_k3_reference.py", "seed": seed,
+            "prompt_min_top1_top2_gap": gaps, **stats}
+    write_golden(out_dir, golden, meta)
+    with open(os.path.join(out_dir, "README.md"), "w") as f:
+        f.write("Golden logits of the bundled model models/tiny-kimi-k3 (computed by tools/kimi_k3_reference.py).\n")
+
+
+# ----------------------------------------------------------------------------------------------
+# b/c/d. transformers models
+
+
+def init_hf_model(model, seed):
+    gen = torch.Generator().manual_seed(seed)
+    state = model.state_dict()
+    with torch.no_grad():
+        for name in sorted(state):
+            value = init_tensor(name, list(state[name].shape), gen)
+            state[name].copy_(bf16_round(value))
+
+
+def hf_forward(model):
+    def forward(ids):
+        with torch.no_grad():
+            return model(input_ids=ids[None], use_cache=False).logits[0].float()
+    return forward
+
+
+def load_hf(cls, folder):
+    model = cls.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    model.eval()
+    return model
+
+
+def kimi_linear_config():
+    return KimiLinearConfig(
+        vocab_size=1024, hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=5,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, num_local_experts=8, num_experts_per_tok=2, n_shared_experts=1,
+        n_group=1, topk_group=1, routed_scaling_factor=2.446, rms_norm_eps=1e-5,
+        layer_types=["linear_attention", "linear_attention", "full_attention", "linear_attention", "full_attention"],
+        mlp_layer_types=["dense", "sparse", "sparse", "sparse", "sparse"], linear_num_heads=2, linear_head_dim=32,
+        linear_conv_kernel_dim=4, pad_token_id=None, bos_token_id=1, eos_token_id=2,
+    )
+
+
+def deepseek_v32_config():
+    return DeepseekV32Config(
+        vocab_size=1024, hidden_size=160, intermediate_size=192, moe_intermediate_size=32, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
+        qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
+        n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, rms_norm_eps=1e-6,
+        index_n_heads=4, index_head_dim=32, index_topk=8, max_position_embeddings=128,
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                         "original_max_position_embeddings": 32, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "beta_fast": 32, "beta_slow": 1},
+        pad_token_id=None, bos_token_id=1, eos_token_id=2,
+    )
+
+
+def save_hf(cls, config, seed, folder):
+    model = cls(config)
+    init_hf_model(model, seed)
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    model.to(torch.bfloat16).save_pretrained(folder)
+
+
+def fp8_quantize_folder(src, dst):
+    """Copies src to dst with every 2-D decoder-layer linear (except the router gate and the indexer's
+    weights_proj) as FP8 e4m3 + weight_scale_inv."""
+    tensors = load_file(os.path.join(src, "model.safetensors"))
+    out = {}
+    for name, value in sorted(tensors.items()):
+        quantize = (name.startswith("model.layers.") and name.endswith(".weight") and value.dim() == 2
+                    and not name.endswith("mlp.gate.weight") and "weights_proj" not in name)
+        if quantize:
+            q, s = quantize_fp8_block(value.float())
+            out[name] = q
+            out[name[: -len(".weight")] + ".weight_scale_inv"] = s
+        else:
+            out[name] = value
+    if os.path.exists(dst):
+        shutil.rmtree(dst)
+    os.makedirs(dst)
+    save_file(out, os.path.join(dst, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(src, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = {"quant_method": "fp8", "weight_block_size": [128, 128], "fmt": "e4m3"}
+    with open(os.path.join(dst, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def dequantized_copy(folder, tmp):
+    """A plain fp32 copy of a quantized folder (no quantization_config) that transformers can load."""
+    save_file({k: v.contiguous() for k, v in ref.load_tensors(folder).items()}, os.path.join(tmp, "model.safetensors"),
+              metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config.pop("quantization_config")
+    with open(os.path.join(tmp, "config.json"), "w") as f:
+        json.dump(config, f)
+
+
+def make_hf_fixture(name, cls, config_fn, base_seed, fp8_name=None):
+    folder = os.path.join(ROOT, "tests", "fixtures", name)
+    prompts = make_prompts(config_fn().vocab_size)
+    for attempt in range(MAX_ATTEMPTS):
+        seed = base_seed + attempt
+        save_hf(cls, config_fn(), seed, folder)
+        golden, gaps = compute_goldens(hf_forward(load_hf(cls, folder)), prompts)
+        diff, stats = reference_check(folder, prompts, golden)
+        print(f"{name} seed {seed}: gaps {gaps} stats {stats} ref diff {diff:.3g}")
+        ok = accept(gaps, stats) and diff < 1e-3
+        if ok and fp8_name:
+            fp8_folder = os.path.join(ROOT, "tests", "fixtures", fp8_name)
+            fp8_quantize_folder(folder, fp8_folder)
+            with tempfile.TemporaryDirectory() as tmp:
+                dequantized_copy(fp8_folder, tmp)
+                fp8_golden, fp8_gaps = compute_goldens(hf_forward(load_hf(cls, tmp)), prompts)
+            fp8_diff, fp8_stats = reference_check(fp8_folder, prompts, fp8_golden)
+            print(f"{fp8_name} seed {seed}: gaps {fp8_gaps} stats {fp8_stats} ref diff {fp8_diff:.3g}")
+            ok = accept(fp8_gaps, fp8_stats) and fp8_diff < 1e-3
+        if ok:
+            break
+    else:
+        raise RuntimeError(f"{name}: no acceptable seed")
+    write_golden(folder, golden, {"source": f"transformers {cls.__name__} (eager, fp32)", "seed": seed,
+                                  "prompt_min_top1_top2_gap": gaps, "max_abs_diff_vs_kimi_k3_reference": diff,
+                                  **stats})
+    if fp8_name:
+        write_golden(fp8_folder, fp8_golden, {
+            "source": f"transformers {cls.__name__} (eager, fp32) with the FP8 weights dequantized", "seed": seed,
+            "prompt_min_top1_top2_gap": fp8_gaps, "max_abs_diff_vs_kimi_k3_reference": fp8_diff, **fp8_stats})
+
+
+def main():
+    torch.set_num_threads(1)  # summation order independent of the machine
+    which = sys.argv[1:] or ["kimi_k3", "kimi_linear", "deepseek_v32"]
+    if "kimi_k3" in which:
+        make_kimi_k3()
+    if "kimi_linear" in which:
+        make_hf_fixture("kimi_linear_tiny", KimiLinearForCausalLM, kimi_linear_config, 4000)
+    if "deepseek_v32" in which:
+        make_hf_fixture("deepseek_v32_tiny", DeepseekV32ForCausalLM, deepseek_v32_config, 5000,
+                        fp8_name="deepseek_v32_fp8_tiny")
+
+
+if __name__ == "__main__":
+    main()
