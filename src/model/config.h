@@ -65,7 +65,7 @@ struct ModelConfig {
   int64_t qk_nope_head_dim = 0;
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
-  double kv_norm_eps = 1e-6;     // kv_a_layernorm / q_a_layernorm eps
+  double kv_norm_eps = 1e-6;  // kv_a_layernorm / q_a_layernorm eps
   bool mla_output_gate = false;  // kimi_k3: o *= sigmoid(g_proj(x))
   RopeConfig rope;
 
