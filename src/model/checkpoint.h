@@ -4,8 +4,8 @@
 //   model.safetensors.index.json   {"weight_map": {tensor: shard file}}; each shard opened once
 //   model.safetensors              a single file
 //   *.safetensors                  unindexed shards, opened in sorted order
-// A tensor name may occur in only one file. Every failure is a CheckpointError naming the
-// file (or the folder) and the tensor.
+// A tensor name may occur in only one file; a shard's tensors beyond its index entries are kept.
+// Every failure is a CheckpointError naming the file (or the folder) and the tensor.
 #pragma once
 
 #include <filesystem>
@@ -53,6 +53,7 @@ class Checkpoint {
   //   prefix.weight_blocks U8 [rows, cols/32, 16]
   //     + prefix.weight_scales U8/F8_E8M0 [rows, cols/32]                       -> kMxfp4
   // The Weight points into the mmap: it is valid while this Checkpoint lives.
+  // rows and cols must be positive (InvalidArgument otherwise).
   Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const;
 
  private:

@@ -237,7 +237,7 @@ SafetensorsFile SafetensorsFile::open(const std::filesystem::path& path) {
   const auto size = static_cast<size_t>(st.st_size);
   if (size < kLengthBytes) {
     ::close(fd);
-    check_min_size(size, file);
+    check_min_size(size, file);  // throws; mmap refuses an empty file
   }
   void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   const int map_errno = errno;
