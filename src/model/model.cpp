@@ -23,7 +23,7 @@ constexpr int64_t kIndexerQueryChunk = 256;
 using Buffer = std::vector<float>;
 
 void linear(const float* x, int64_t num_tokens, const Weight& w, float* y) {
-  cpu::LinearParams p;
+  LinearParams p;
   p.x = x;
   p.w = &w;
   p.y = y;
@@ -39,7 +39,7 @@ Buffer linear(const float* x, int64_t num_tokens, const Weight& w) {
 
 void rms_norm(const float* x, const std::vector<float>& w, int64_t rows, int64_t dim, double eps,
               float* y) {
-  cpu::RmsNormParams p;
+  RmsNormParams p;
   p.x = x;
   p.weight = w.data();
   p.y = y;
@@ -258,7 +258,7 @@ std::vector<int32_t> Model::index_select(int64_t layer, const float* x, const fl
   // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
   Buffer qi = linear(q_in, t, w.idx_wq_b);
   Buffer ki = linear(x, t, w.idx_wk);
-  cpu::LayerNormParams ln;
+  LayerNormParams ln;
   ln.x = ki.data();
   ln.weight = w.idx_k_norm_w.data();
   ln.bias = w.idx_k_norm_b.data();
@@ -418,7 +418,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   if (!c.is_moe(layer)) {
-    cpu::MlpParams p;
+    MlpParams p;
     p.x = x;
     p.w = &lw.dense;
     p.y = out;
@@ -429,7 +429,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   const int64_t k = c.num_experts_per_tok;
   std::vector<int32_t> ids(static_cast<size_t>(t * k));
   Buffer weights(static_cast<size_t>(t * k));
-  cpu::RouterParams r;
+  RouterParams r;
   r.x = x;
   r.gate = &lw.moe.gate;
   r.bias = lw.moe.score_bias.empty() ? nullptr : lw.moe.score_bias.data();
@@ -444,7 +444,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   r.expert_weights = weights.data();
   cpu::route_experts(r);
 
-  cpu::MoeParams m;
+  MoeParams m;
   m.x = x;
   m.num_tokens = t;
   m.hidden = c.hidden_size;

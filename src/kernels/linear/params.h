@@ -7,7 +7,7 @@
 
 #include "core/weight.h"
 
-namespace hyserve::cpu {
+namespace hyserve {
 
 // y = x W^T (+ bias). Each output is one fp32 dot product over w->cols in a fixed
 // order, so a token's result is bitwise the same whatever batch it is in.
@@ -20,10 +20,12 @@ struct LinearParams {
   const float* bias = nullptr;  // [w->rows], or null
 };
 
-void linear(const LinearParams& p);
-
 // out[i] = table[ids[i]], decoded to fp32. Throws naming the id when one is out of range.
+namespace cpu {
+
+void linear(const LinearParams& p);
 void embedding_lookup(const Weight& table /* [vocab, dim] */, const int32_t* ids /* [n] */,
                       int64_t n, float* out /* [n, dim] */);
 
-}  // namespace hyserve::cpu
+}  // namespace cpu
+}  // namespace hyserve

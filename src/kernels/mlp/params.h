@@ -6,7 +6,7 @@
 
 #include "core/weight.h"
 
-namespace hyserve::cpu {
+namespace hyserve {
 
 struct MlpWeights {
   Weight gate;  // [I, D]
@@ -22,9 +22,11 @@ struct MlpParams {
 };
 
 // silu(v) = v / (1 + exp(-v)).
-void mlp(const MlpParams& p);
-
 // Throws unless gate/up are [I, D] and down is [D, I] for one I.
+namespace cpu {
+
+void mlp(const MlpParams& p);
 void check_mlp_weights(const MlpWeights& w, int64_t hidden);
 
-}  // namespace hyserve::cpu
+}  // namespace cpu
+}  // namespace hyserve

@@ -7,7 +7,7 @@
 #include "core/weight.h"
 #include "kernels/mlp/params.h"
 
-namespace hyserve::cpu {
+namespace hyserve {
 
 // s = sigmoid(x gate^T); s' = s + bias. With n_group > 1 the experts form n_group
 // groups of E/n_group consecutive experts; a group scores the sum of its top-2 s'
@@ -30,8 +30,6 @@ struct RouterParams {
   float* expert_weights = nullptr;  // [num_tokens, top_k] out
 };
 
-void route_experts(const RouterParams& p);
-
 // Tokens are grouped by expert, so each expert's weights are decoded once per
 // call. y[t] accumulates w_i * expert(x[t]) in slot order i, then shared(x[t]);
 // the result does not depend on the thread count or on the other tokens.
@@ -48,6 +46,10 @@ struct MoeParams {
   float* y = nullptr;                  // [num_tokens, hidden]; may equal x
 };
 
+namespace cpu {
+
+void route_experts(const RouterParams& p);
 void moe(const MoeParams& p);
 
-}  // namespace hyserve::cpu
+}  // namespace cpu
+}  // namespace hyserve

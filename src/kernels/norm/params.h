@@ -5,7 +5,7 @@
 
 #include <cstdint>
 
-namespace hyserve::cpu {
+namespace hyserve {
 
 // y = x / sqrt(mean(x^2) + eps) * weight, per row. y may equal x (in place).
 struct RmsNormParams {
@@ -29,7 +29,10 @@ struct LayerNormParams {
   float eps = 1e-6f;
 };
 
+namespace cpu {
+
 void rms_norm(const RmsNormParams& p);
 void layer_norm(const LayerNormParams& p);
 
-}  // namespace hyserve::cpu
+}  // namespace cpu
+}  // namespace hyserve
