@@ -13,6 +13,7 @@ difference goes to meta.json. A fixture is accepted when the min top1-top2 gap o
 Usage: /work/venv/bin/python tools/make_fixtures.py   (from the repository root)
 """
 
+import collections
 import json
 import math
 import os
@@ -64,6 +65,31 @@ from transformers import (  # noqa: E402
     KimiLinearConfig,
     KimiLinearForCausalLM,
 )
+from transformers.models.deepseek_v32 import modeling_deepseek_v32  # noqa: E402
+
+# transformers' DSA indexer selects keys with torch.topk, whose order among equal scores is
+# unspecified; exact ties are common (keys where every head's relu(q.k) is 0 score exactly 0).
+# MODEL.md 3.8 fixes "lower position wins", so inside the indexer's forward topk is replaced by a
+# stable descending sort. Nothing else of transformers' forward changes.
+TopK = collections.namedtuple("TopK", ["values", "indices"])
+
+
+def stable_topk(self, k, dim=-1, largest=True, sorted=True):
+    order = torch.sort(self, dim=dim, descending=largest, stable=True)
+    return TopK(order.values.narrow(dim, 0, k), order.indices.narrow(dim, 0, k))
+
+
+def indexer_forward_with_stable_topk(self, *args, **kwargs):
+    saved = torch.Tensor.topk
+    torch.Tensor.topk = stable_topk
+    try:
+        return INDEXER_FORWARD(self, *args, **kwargs)
+    finally:
+        torch.Tensor.topk = saved
+
+
+INDEXER_FORWARD = modeling_deepseek_v32.DeepseekV32Indexer.forward
+modeling_deepseek_v32.DeepseekV32Indexer.forward = indexer_forward_with_stable_topk
 
 # ----------------------------------------------------------------------------------------------
 # Deterministic initialization (by tensor name, in sorted order, from one seeded generator)
@@ -213,8 +239,9 @@ def accept(gaps, stats):
 def write_golden(out_dir, golden, meta):
     os.makedirs(out_dir, exist_ok=True)
     save_file(golden, os.path.join(out_dir, "golden.safetensors"))
+    meta = {k: (None if isinstance(v, float) and math.isinf(v) else v) for k, v in meta.items()}
     with open(os.path.join(out_dir, "meta.json"), "w") as f:
-        json.dump(meta, f, indent=1, sort_keys=True)
+        json.dump(meta, f, indent=1, sort_keys=True, allow_nan=False)
         f.write("\n")
 
 
@@ -401,7 +428,7 @@ def kimi_linear_config():
 
 def deepseek_v32_config():
     return DeepseekV32Config(
-        vocab_size=1024, hidden_size=160, intermediate_size=192, moe_intermediate_size=32, num_hidden_layers=3,
+        vocab_size=1024, hidden_size=144, intermediate_size=192, moe_intermediate_size=16, num_hidden_layers=3,
         num_attention_heads=4, num_key_value_heads=4, q_lora_rank=32, kv_lora_rank=32, qk_nope_head_dim=16,
         qk_rope_head_dim=8, v_head_dim=16, n_routed_experts=16, num_experts_per_tok=4, n_shared_experts=1,
         n_group=4, topk_group=2, first_k_dense_replace=1, routed_scaling_factor=2.5, rms_norm_eps=1e-6,
