@@ -138,12 +138,18 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest,
-                         testing::Values(Fixture{"kimi_k3", "models/tiny-kimi-k3",
-                                                 "tests/fixtures/kimi_k3_tiny"}),
-                         [](const testing::TestParamInfo<Fixture>& param_info) {
-                           return std::string(param_info.param.name);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Fixtures, GoldenTest,
+    testing::Values(Fixture{"kimi_k3", "models/tiny-kimi-k3", "tests/fixtures/kimi_k3_tiny"},
+                    Fixture{"kimi_linear", "tests/fixtures/kimi_linear_tiny",
+                            "tests/fixtures/kimi_linear_tiny"},
+                    Fixture{"deepseek_v32", "tests/fixtures/deepseek_v32_tiny",
+                            "tests/fixtures/deepseek_v32_tiny"},
+                    Fixture{"deepseek_v32_fp8", "tests/fixtures/deepseek_v32_fp8_tiny",
+                            "tests/fixtures/deepseek_v32_fp8_tiny"}),
+    [](const testing::TestParamInfo<Fixture>& param_info) {
+      return std::string(param_info.param.name);
+    });
 
 }  // namespace
 }  // namespace hyserve

@@ -28,12 +28,14 @@ struct GenerateArgs {
 
 int run_generate(const GenerateArgs& a) {
   if (a.device == "cuda") {
-    HYSERVE_THROW(InvalidArgument, "--device cuda: the CUDA backend does not run models yet; use --device cpu");
+    HYSERVE_THROW(InvalidArgument,
+                  "--device cuda: the CUDA backend does not run models yet; use --device cpu");
   }
   CHECK(a.device == "cpu", "--device must be cpu or cuda, got '", a.device, "'");
   CHECK(!a.prompt_ids.empty(), "--prompt-ids needs at least one token id");
   CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0");
-  const std::filesystem::path dir = a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  const std::filesystem::path dir =
+      a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions options;
   options.indexer_fp8 = a.indexer_fp8;
   const auto model = Model::load(dir, options);
@@ -41,8 +43,8 @@ int run_generate(const GenerateArgs& a) {
 
   std::vector<int32_t> prompt;
   for (int64_t id : a.prompt_ids) {
-    CHECK(id >= 0 && id < c.vocab_size, "--prompt-ids: token id ", id, " is outside the vocabulary [0, ",
-          c.vocab_size, ")");
+    CHECK(id >= 0 && id < c.vocab_size, "--prompt-ids: token id ", id,
+          " is outside the vocabulary [0, ", c.vocab_size, ")");
     prompt.push_back(static_cast<int32_t>(id));
   }
 

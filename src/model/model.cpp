@@ -49,7 +49,9 @@ void rms_norm(const float* x, const std::vector<float>& w, int64_t rows, int64_t
   cpu::rms_norm(p);
 }
 
-float sigmoid(float v) { return 1.0f / (1.0f + std::exp(-v)); }
+float sigmoid(float v) {
+  return 1.0f / (1.0f + std::exp(-v));
+}
 
 // In-place rotation of dims [offset, offset + rotary_dim) of each of `heads` heads.
 void rope(const RopeTable& table, bool neox, float* x, const std::vector<int64_t>& pos,
@@ -117,8 +119,8 @@ void Model::dump(std::string_view name, const float* data, int64_t rows, int64_t
   if (dump_) dump_(name, data, rows, cols);
 }
 
-void Model::forward(std::span<const int32_t> tokens, SequenceState& state, std::vector<float>& logits,
-                    bool all_positions) const {
+void Model::forward(std::span<const int32_t> tokens, SequenceState& state,
+                    std::vector<float>& logits, bool all_positions) const {
   const ModelConfig& c = config_;
   const int64_t t = static_cast<int64_t>(tokens.size());
   const int64_t d = c.hidden_size;
@@ -126,8 +128,8 @@ void Model::forward(std::span<const int32_t> tokens, SequenceState& state, std::
   CHECK(static_cast<int64_t>(state.kda.size()) == c.num_hidden_layers,
         "sequence state was made for another model");
   for (int64_t i = 0; i < t; ++i) {
-    CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i],
-          " at position ", i, " is outside the vocabulary [0, ", c.vocab_size, ")");
+    CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i], " at position ", i,
+          " is outside the vocabulary [0, ", c.vocab_size, ")");
   }
   const int64_t start = state.num_tokens;
 
@@ -210,7 +212,8 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t star
 
   // DSA indexer: top-k past positions per query.
   std::vector<int32_t> topk;
-  if (c.has_indexer()) topk = index_select(layer, x, q_lat.empty() ? x : q_lat.data(), t, start, cache);
+  if (c.has_indexer())
+    topk = index_select(layer, x, q_lat.empty() ? x : q_lat.data(), t, start, cache);
 
   // 6. Attention over the cached latents (expanded for prefill, absorbed for decode).
   Buffer o(static_cast<size_t>(t * h * dv));
@@ -246,8 +249,8 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t star
   linear(o.data(), t, w.o_proj, out);
 }
 
-std::vector<int32_t> Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
-                                         int64_t start, MlaLayerCache& cache) const {
+std::vector<int32_t> Model::index_select(int64_t layer, const float* x, const float* q_in,
+                                         int64_t t, int64_t start, MlaLayerCache& cache) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
@@ -339,7 +342,8 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, KdaLayerStat
   const std::string prefix = "layers." + std::to_string(layer) + ".";
 
   // 1. q, k, v = silu(causal_conv(proj(x))), carrying the conv states.
-  auto conv = [&](const Weight& proj, const std::vector<float>& weight, std::vector<float>& conv_state) {
+  auto conv = [&](const Weight& proj, const std::vector<float>& weight,
+                  std::vector<float>& conv_state) {
     const Buffer raw = linear(x, t, proj);
     Buffer y(raw.size());
     ShortConvParams p;

@@ -34,21 +34,21 @@ struct KdaLayerState {
 };
 
 struct MlaLayerCache {
-  std::vector<float> latent;          // [S, kv_lora + dr]: c (normalized) | k_pe (roped)
-  std::vector<float> index_keys;      // [S, di] fp32 path (after k_norm, rope)
+  std::vector<float> latent;            // [S, kv_lora + dr]: c (normalized) | k_pe (roped)
+  std::vector<float> index_keys;        // [S, di] fp32 path (after k_norm, rope)
   std::vector<uint8_t> index_keys_fp8;  // [S, di] e4m3, FP8 path (after Hadamard)
   std::vector<float> index_key_scales;  // [S] FP8 path
 };
 
 struct SequenceState {
-  int64_t num_tokens = 0;           // tokens already processed (next position)
-  std::vector<KdaLayerState> kda;   // [num_layers], used by KDA layers
-  std::vector<MlaLayerCache> mla;   // [num_layers], used by full-attention layers
+  int64_t num_tokens = 0;          // tokens already processed (next position)
+  std::vector<KdaLayerState> kda;  // [num_layers], used by KDA layers
+  std::vector<MlaLayerCache> mla;  // [num_layers], used by full-attention layers
 };
 
 // Receives named intermediates ("layers.3.attn_out", shape [rows, cols]) when set.
-using DumpFn = std::function<void(std::string_view name, const float* data, int64_t rows,
-                                  int64_t cols)>;
+using DumpFn =
+    std::function<void(std::string_view name, const float* data, int64_t rows, int64_t cols)>;
 
 class Model {
  public:

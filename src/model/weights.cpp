@@ -23,9 +23,12 @@ struct LayerLoader {
   }
 
   // A small tensor stored under one of several shapes (e.g. A_log [H] or [1,1,H,1]).
-  std::vector<float> vec_any(const std::string& rest, std::initializer_list<std::vector<int64_t>> shapes) const {
+  std::vector<float> vec_any(const std::string& rest,
+                             std::initializer_list<std::vector<int64_t>> shapes) const {
     const TensorInfo* info = ck.find(name(rest));
-    if (!info) HYSERVE_THROW(CheckpointError, "checkpoint ", ck.dir().string(), ": missing tensor ", name(rest));
+    if (!info)
+      HYSERVE_THROW(CheckpointError, "checkpoint ", ck.dir().string(), ": missing tensor ",
+                    name(rest));
     for (const auto& s : shapes) {
       if (info->shape == s) return ck.load_f32(name(rest), s);
     }
@@ -35,8 +38,8 @@ struct LayerLoader {
   bool has(const std::string& rest) const { return ck.contains(name(rest)); }
 };
 
-MlpWeights load_mlp(const LayerLoader& l, const std::string& prefix, const char* gate, const char* up,
-                    const char* down, int64_t hidden, int64_t width) {
+MlpWeights load_mlp(const LayerLoader& l, const std::string& prefix, const char* gate,
+                    const char* up, const char* down, int64_t hidden, int64_t width) {
   MlpWeights m;
   m.gate = l.weight(prefix + gate, width, hidden);
   m.up = l.weight(prefix + up, width, hidden);
@@ -157,7 +160,8 @@ ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
       lw.moe = load_moe(l);
     } else {
       // Dense MLP: mlp.* (deepseek, most kimi checkpoints) or block_sparse_moe.*.
-      const std::string p = has_weight(l, "block_sparse_moe.gate_proj") ? "block_sparse_moe." : "mlp.";
+      const std::string p =
+          has_weight(l, "block_sparse_moe.gate_proj") ? "block_sparse_moe." : "mlp.";
       lw.dense = load_mlp(l, p, "gate_proj", "up_proj", "down_proj", d, c.intermediate_size);
     }
   }

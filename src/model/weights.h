@@ -15,42 +15,42 @@
 namespace hyserve {
 
 struct MlaWeights {
-  Weight q_proj;                  // [H*(dn+dr), D] when q_lora_rank == 0
-  Weight q_a_proj;                // [q_lora, D]
-  std::vector<float> q_a_norm;    // [q_lora]
-  Weight q_b_proj;                // [H*(dn+dr), q_lora]
-  Weight kv_a_proj;               // [kv_lora + dr, D]
-  std::vector<float> kv_a_norm;   // [kv_lora]
-  Weight kv_b_proj;               // [H*(dn+dv), kv_lora]
-  Weight o_proj;                  // [D, H*dv]
-  Weight g_proj;                  // [H*dv, D] kimi_k3 output gate, else empty
+  Weight q_proj;                 // [H*(dn+dr), D] when q_lora_rank == 0
+  Weight q_a_proj;               // [q_lora, D]
+  std::vector<float> q_a_norm;   // [q_lora]
+  Weight q_b_proj;               // [H*(dn+dr), q_lora]
+  Weight kv_a_proj;              // [kv_lora + dr, D]
+  std::vector<float> kv_a_norm;  // [kv_lora]
+  Weight kv_b_proj;              // [H*(dn+dv), kv_lora]
+  Weight o_proj;                 // [D, H*dv]
+  Weight g_proj;                 // [H*dv, D] kimi_k3 output gate, else empty
   // DSA indexer (empty without index_* fields).
-  Weight idx_wq_b;                // [Hi*di, q_lora or D]
-  Weight idx_wk;                  // [di, D]
+  Weight idx_wq_b;                  // [Hi*di, q_lora or D]
+  Weight idx_wk;                    // [di, D]
   std::vector<float> idx_k_norm_w;  // [di]
   std::vector<float> idx_k_norm_b;  // [di]
-  Weight idx_weights_proj;        // [Hi, D]
+  Weight idx_weights_proj;          // [Hi, D]
 };
 
 struct KdaWeights {
-  Weight q_proj, k_proj, v_proj;         // [H*K, D]
+  Weight q_proj, k_proj, v_proj;              // [H*K, D]
   std::vector<float> q_conv, k_conv, v_conv;  // [H*K, W]
-  Weight f_a_proj;                       // [K, D]
-  Weight f_b_proj;                       // [H*K, K]
-  Weight b_proj;                         // [H, D]
-  Weight g_a_proj;                       // [K, D]
-  Weight g_b_proj;                       // [H*K, K]
-  std::vector<float> a_log;              // [H]
-  std::vector<float> dt_bias;            // [H*K]
-  std::vector<float> o_norm;             // [K]
-  Weight o_proj;                         // [D, H*K]
+  Weight f_a_proj;                            // [K, D]
+  Weight f_b_proj;                            // [H*K, K]
+  Weight b_proj;                              // [H, D]
+  Weight g_a_proj;                            // [K, D]
+  Weight g_b_proj;                            // [H*K, K]
+  std::vector<float> a_log;                   // [H]
+  std::vector<float> dt_bias;                 // [H*K]
+  std::vector<float> o_norm;                  // [K]
+  Weight o_proj;                              // [D, H*K]
 };
 
 struct MoeWeights {
-  Weight gate;                     // [E, D] router
-  std::vector<float> score_bias;   // [E] e_score_correction_bias (empty: none)
+  Weight gate;                      // [E, D] router
+  std::vector<float> score_bias;    // [E] e_score_correction_bias (empty: none)
   std::vector<MlpWeights> experts;  // [E]
-  MlpWeights shared;               // all shared experts as one MLP (empty when none)
+  MlpWeights shared;                // all shared experts as one MLP (empty when none)
   bool has_shared = false;
 };
 
