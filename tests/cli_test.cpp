@@ -1,0 +1,117 @@
+// The hyserve binary itself: `info` and `generate` as a user runs them.
+#include <array>
+#include <cstdio>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace hyserve {
+namespace {
+
+struct RunResult {
+  int exit_code;
+  std::string output;  // stdout + stderr
+};
+
+RunResult run(const std::string& args) {
+  const std::string cmd = std::string(HYSERVE_BINARY) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) return {-1, "popen failed"};
+  std::string out;
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+std::string shared_configs() {
+  return std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs";
+}
+
+bool has_shared_configs() {
+  FILE* f = std::fopen((shared_configs() + "/kimi-k3.1-pro.json").c_str(), "r");
+  if (f) std::fclose(f);
+  return f != nullptr;
+}
+
+TEST(Cli, InfoOnKimiK31ProShowsCacheBytes) {
+  if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
+  const RunResult r = run("info " + shared_configs() + "/kimi-k3.1-pro.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("93 = 69 KDA + 24 MLA+DSA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fp8          fp8                16,992"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("nvfp4        mxfp4              10,080"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("total 2.78T"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InfoOnKimiK3ShowsDenseMlaCache) {
+  if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
+  const RunResult r = run("info " + shared_configs() + "/kimi-k3.json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("13,824"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("MLA (dense)"), std::string::npos) << r.output;
+}
+
+TEST(Cli, InfoJsonOnBundledModel) {
+  const RunResult r = run("info --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"model_type\": \"kimi_k3\""), std::string::npos) << r.output;
+}
+
+TEST(Cli, InfoRefusesUnknownModelTypeNamingTheField) {
+  const std::string dir = testing::TempDir() + "/hyserve_cli_bad";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  FILE* f = std::fopen((dir + "/config.json").c_str(), "w");
+  std::fputs("{\"model_type\": \"llama\", \"vocab_size\": 10}", f);
+  std::fclose(f);
+  const RunResult r = run("info " + dir);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("model_type"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("llama"), std::string::npos) << r.output;
+}
+
+TEST(Cli, GenerateGreedyOnBundledModelIsReproducible) {
+  const RunResult a = run("generate --prompt-ids 1,2,3,4,5 --max-tokens 8");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const auto ids_line = [](const std::string& out) {
+    const size_t p = out.find("ids:");
+    return p == std::string::npos ? std::string() : out.substr(p, out.find('\n', p) - p);
+  };
+  const std::string ids = ids_line(a.output);
+  ASSERT_FALSE(ids.empty()) << a.output;
+  int count = 0;
+  for (char ch : ids) count += ch == ' ';
+  EXPECT_EQ(count, 8) << ids;
+  EXPECT_NE(a.output.find("last_logits_xxh64: "), std::string::npos);
+  const RunResult b = run("generate --prompt-ids 1,2,3,4,5 --max-tokens 8");
+  EXPECT_EQ(a.output.substr(a.output.find("ids:")), b.output.substr(b.output.find("ids:")));
+}
+
+TEST(Cli, GenerateSeedReproducesSampledTokens) {
+  const RunResult a =
+      run("generate --prompt-ids 7,8,9 --max-tokens 12 --temperature 1.0 --seed 42");
+  const RunResult b =
+      run("generate --prompt-ids 7,8,9 --max-tokens 12 --temperature 1.0 --seed 42");
+  const RunResult c =
+      run("generate --prompt-ids 7,8,9 --max-tokens 12 --temperature 1.0 --seed 43");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  const auto tail = [](const RunResult& r) { return r.output.substr(r.output.find("ids:")); };
+  EXPECT_EQ(tail(a), tail(b));
+  EXPECT_NE(tail(a), tail(c));
+}
+
+TEST(Cli, GenerateRefusesBadInputClearly) {
+  RunResult r = run("generate --prompt-ids 1,999999 --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("999999"), std::string::npos) << r.output;
+  r = run("generate /nonexistent/model --prompt-ids 1 --max-tokens 2");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("/nonexistent/model"), std::string::npos) << r.output;
+  r = run("generate --prompt-ids 1 --device tpu");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+}
+
+}  // namespace
+}  // namespace hyserve
