@@ -2,16 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
+#include <cstring>
+#include <string>
 
-#include "kernels/indexer/cpu.h"
-#include "kernels/kda/cpu.h"
-#include "kernels/linear/params.h"
-#include "kernels/mla/cpu.h"
-#include "kernels/mlp/params.h"
-#include "kernels/moe/params.h"
-#include "kernels/norm/params.h"
-#include "kernels/rope/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -19,56 +12,6 @@ namespace {
 
 // Queries per indexer scoring pass: bounds the score buffer to kIndexerQueryChunk x S.
 constexpr int64_t kIndexerQueryChunk = 256;
-
-using Buffer = std::vector<float>;
-
-void linear(const float* x, int64_t num_tokens, const Weight& w, float* y) {
-  LinearParams p;
-  p.x = x;
-  p.w = &w;
-  p.y = y;
-  p.num_tokens = num_tokens;
-  cpu::linear(p);
-}
-
-Buffer linear(const float* x, int64_t num_tokens, const Weight& w) {
-  Buffer y(static_cast<size_t>(num_tokens * w.rows));
-  linear(x, num_tokens, w, y.data());
-  return y;
-}
-
-void rms_norm(const float* x, const std::vector<float>& w, int64_t rows, int64_t dim, double eps,
-              float* y) {
-  RmsNormParams p;
-  p.x = x;
-  p.weight = w.data();
-  p.y = y;
-  p.num_rows = rows;
-  p.dim = dim;
-  p.eps = static_cast<float>(eps);
-  cpu::rms_norm(p);
-}
-
-float sigmoid(float v) {
-  return 1.0f / (1.0f + std::exp(-v));
-}
-
-// In-place rotation of dims [offset, offset + rotary_dim) of each of `heads` heads.
-void rope(const RopeTable& table, bool neox, float* x, const std::vector<int64_t>& pos,
-          int64_t heads, int64_t head_stride, int64_t offset) {
-  RopeParams p;
-  p.x = x;
-  p.positions = pos.data();
-  p.num_tokens = static_cast<int64_t>(pos.size());
-  p.num_heads = heads;
-  p.head_stride = head_stride;
-  p.offset = offset;
-  if (neox) {
-    cpu::apply_rope_neox(table, p);
-  } else {
-    cpu::apply_rope_interleaved(table, p);
-  }
-}
 
 RopeTable make_rope_table(const ModelConfig& c) {
   if (!c.rope.enabled) return {};
@@ -83,339 +26,489 @@ RopeTable make_rope_table(const ModelConfig& c) {
   return RopeTable::yarn(c.qk_rope_head_dim, c.rope.theta, y);
 }
 
+size_t weight_scale_bytes(const Weight& w) {
+  switch (w.format) {
+    case WeightFormat::kDense:
+      return 0;
+    case WeightFormat::kFp8Block:
+      return static_cast<size_t>(((w.rows + 127) / 128) * ((w.cols + 127) / 128) *
+                                 dtype_size(w.scales_dtype));
+    case WeightFormat::kMxfp4:
+      return static_cast<size_t>(w.rows * (w.cols / 32));
+  }
+  return 0;
+}
+
+size_t weight_data_bytes(const Weight& w) {
+  if (w.format == WeightFormat::kMxfp4) return static_cast<size_t>(w.rows * w.cols / 2);
+  return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
+}
+
+std::string layer_name(int64_t layer, const char* what) {
+  return "layers." + std::to_string(layer) + "." + what;
+}
+
 }  // namespace
 
-Model::Model(ModelConfig config, Checkpoint checkpoint, ModelOptions options)
-    : config_(std::move(config)), checkpoint_(std::move(checkpoint)), options_(options) {
-  weights_ = load_weights(config_, checkpoint_);
+Model::Model(ModelConfig config, Checkpoint checkpoint, ModelOptions options,
+             std::unique_ptr<Backend> backend)
+    : config_(std::move(config)),
+      checkpoint_(std::move(checkpoint)),
+      options_(options),
+      backend_(std::move(backend)),
+      workspace_(backend_.get()) {
+  host_weights_ = load_weights(config_, checkpoint_);
+  weights_ = host_weights_.views;
+  if (backend_->kind() != DeviceKind::kCpu) {
+    // Copy every tensor into backend memory and point the views there.
+    for_each_tensor(
+        weights_,
+        [&](Weight& w) {
+          BackendBuffer data(backend_.get(), weight_data_bytes(w));
+          backend_->upload(data.data(), w.data, data.size());
+          w.data = data.data();
+          weight_buffers_.push_back(std::move(data));
+          if (const size_t sb = weight_scale_bytes(w)) {
+            BackendBuffer scales(backend_.get(), sb);
+            backend_->upload(scales.data(), w.scales, sb);
+            w.scales = scales.data();
+            weight_buffers_.push_back(std::move(scales));
+          }
+        },
+        [&](Vec& v) {
+          BackendBuffer data(backend_.get(), static_cast<size_t>(v.size) * 4);
+          backend_->upload(data.data(), v.data, data.size());
+          v.data = data.as<float>();
+          weight_buffers_.push_back(std::move(data));
+        });
+    if (config_.tie_word_embeddings) weights_.lm_head = weights_.embed;
+    backend_->synchronize();
+  }
   rope_ = make_rope_table(config_);
 }
 
-std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOptions options) {
+Model::~Model() = default;
+
+std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOptions options,
+                                   std::unique_ptr<Backend> backend) {
   ModelConfig config = ModelConfig::load(dir);
   Checkpoint checkpoint = Checkpoint::open(dir);
-  return std::unique_ptr<Model>(new Model(std::move(config), std::move(checkpoint), options));
+  if (!backend) backend = make_cpu_backend();
+  return std::unique_ptr<Model>(
+      new Model(std::move(config), std::move(checkpoint), options, std::move(backend)));
 }
 
-SequenceState Model::new_sequence() const {
+SequenceState Model::new_sequence(int64_t capacity) const {
   const ModelConfig& c = config_;
+  Backend* b = backend_.get();
   SequenceState s;
   s.kda.resize(c.num_hidden_layers);
   s.mla.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
     if (!c.is_kda(i)) continue;
     const size_t width = static_cast<size_t>(c.linear_num_heads * c.linear_head_dim);
-    const size_t conv = static_cast<size_t>(c.linear_conv_kernel - 1) * width;
-    KdaLayerState& k = s.kda[i];
-    k.conv_q.assign(conv, 0.0f);
-    k.conv_k.assign(conv, 0.0f);
-    k.conv_v.assign(conv, 0.0f);
-    k.recurrent.assign(width * static_cast<size_t>(c.linear_head_dim), 0.0f);
+    const size_t conv_bytes = static_cast<size_t>(c.linear_conv_kernel - 1) * width * 4;
+    SequenceState::Kda& k = s.kda[i];
+    k.conv_q = BackendBuffer(b, conv_bytes);
+    k.conv_k = BackendBuffer(b, conv_bytes);
+    k.conv_v = BackendBuffer(b, conv_bytes);
+    k.recurrent = BackendBuffer(b, width * static_cast<size_t>(c.linear_head_dim) * 4);
   }
+  reserve(s, std::max<int64_t>(capacity, 16));
   return s;
 }
 
+void Model::reserve(SequenceState& s, int64_t tokens) const {
+  if (tokens <= s.capacity) return;
+  const ModelConfig& c = config_;
+  const int64_t cap = std::max(tokens, 2 * s.capacity);
+  Backend* b = backend_.get();
+  // A bigger buffer holding the old one's `used` bytes.
+  auto grow = [&](BackendBuffer& buf, size_t bytes_per_token) {
+    BackendBuffer bigger(b, static_cast<size_t>(cap) * bytes_per_token);
+    if (s.num_tokens > 0)
+      b->copy(bigger.data(), buf.data(), static_cast<size_t>(s.num_tokens) * bytes_per_token);
+    buf = std::move(bigger);
+  };
+  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+    if (c.is_kda(i)) continue;
+    SequenceState::Mla& m = s.mla[i];
+    grow(m.latent, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim) * 4);
+    if (c.has_indexer()) {
+      if (options_.indexer_fp8) {
+        grow(m.index_keys_fp8, static_cast<size_t>(c.index_head_dim));
+        grow(m.index_key_scales, 4);
+      } else {
+        grow(m.index_keys, static_cast<size_t>(c.index_head_dim) * 4);
+      }
+    }
+  }
+  s.capacity = cap;
+}
+
 void Model::dump(std::string_view name, const float* data, int64_t rows, int64_t cols) const {
-  if (dump_) dump_(name, data, rows, cols);
+  if (!dump_) return;
+  if (backend_->kind() == DeviceKind::kCpu) {
+    dump_(name, data, rows, cols);
+    return;
+  }
+  std::vector<float> host(static_cast<size_t>(rows * cols));
+  backend_->download(host.data(), data, host.size() * 4);
+  dump_(name, host.data(), rows, cols);
+}
+
+void Model::linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const {
+  LinearParams p;
+  p.x = x;
+  p.w = &w;
+  p.y = y;
+  p.num_tokens = num_tokens;
+  backend_->linear(p);
+}
+
+float* Model::linear(const float* x, int64_t num_tokens, const Weight& w) const {
+  float* y = workspace_.floats(num_tokens * w.rows);
+  linear_into(x, num_tokens, w, y);
+  return y;
+}
+
+void Model::rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
+                     float* y) const {
+  RmsNormParams p;
+  p.x = x;
+  p.weight = w.data;
+  p.y = y;
+  p.num_rows = rows;
+  p.dim = dim;
+  p.eps = static_cast<float>(eps);
+  backend_->rms_norm(p);
 }
 
 void Model::forward(std::span<const int32_t> tokens, SequenceState& state,
                     std::vector<float>& logits, bool all_positions) const {
-  const ModelConfig& c = config_;
-  const int64_t t = static_cast<int64_t>(tokens.size());
-  const int64_t d = c.hidden_size;
-  CHECK(t > 0, "forward needs at least one token");
-  CHECK(static_cast<int64_t>(state.kda.size()) == c.num_hidden_layers,
-        "sequence state was made for another model");
-  for (int64_t i = 0; i < t; ++i) {
-    CHECK(tokens[i] >= 0 && tokens[i] < c.vocab_size, "token id ", tokens[i], " at position ", i,
-          " is outside the vocabulary [0, ", c.vocab_size, ")");
-  }
-  const int64_t start = state.num_tokens;
-
-  // h = embed_tokens(ids)
-  Buffer h(static_cast<size_t>(t * d));
-  cpu::embedding_lookup(weights_.embed, tokens.data(), t, h.data());
-  dump("embed", h.data(), t, d);
-
-  Buffer x(h.size()), out(h.size());
-  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
-    const LayerWeights& lw = weights_.layers[layer];
-    const std::string prefix = "layers." + std::to_string(layer) + ".";
-    // h = h + attn(rms(h))
-    rms_norm(h.data(), lw.input_norm, t, d, c.rms_norm_eps, x.data());
-    if (c.is_kda(layer)) {
-      kda_attention(layer, x.data(), t, state.kda[layer], out.data());
-    } else {
-      mla_attention(layer, x.data(), t, start, state.mla[layer], out.data());
-    }
-    dump(prefix + "attn_out", out.data(), t, d);
-    for (size_t j = 0; j < h.size(); ++j) h[j] += out[j];
-    // h = h + mlp(rms(h))
-    rms_norm(h.data(), lw.post_norm, t, d, c.rms_norm_eps, x.data());
-    feed_forward(layer, x.data(), t, out.data());
-    dump(prefix + "mlp_out", out.data(), t, d);
-    for (size_t j = 0; j < h.size(); ++j) h[j] += out[j];
-    dump(prefix + "hidden", h.data(), t, d);
-  }
-  state.num_tokens += t;
-
-  // logits = lm_head(rms(h)), for every position or the last.
-  const int64_t first = all_positions ? 0 : t - 1;
-  const int64_t n = t - first;
-  rms_norm(h.data() + first * d, weights_.final_norm, n, d, c.rms_norm_eps, x.data());
-  logits.resize(static_cast<size_t>(n * c.vocab_size));
-  linear(x.data(), n, weights_.lm_head, logits.data());
-  dump("logits", logits.data(), n, c.vocab_size);
+  const SequenceInput in{&state, tokens, all_positions};
+  forward(std::span<const SequenceInput>(&in, 1), logits);
 }
 
-void Model::mla_attention(int64_t layer, const float* x, int64_t t, int64_t start,
-                          MlaLayerCache& cache, float* out) const {
+void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size;
+  CHECK(!batch.empty(), "forward needs at least one sequence");
+
+  // Host-side layout of the batch: token offsets, ids, positions, logit rows.
+  std::vector<int64_t> offset(batch.size() + 1, 0);
+  std::vector<int32_t> ids;
+  std::vector<int64_t> pos;
+  int64_t num_rows = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const SequenceInput& in = batch[i];
+    CHECK(in.state != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+    CHECK(static_cast<int64_t>(in.state->kda.size()) == c.num_hidden_layers,
+          "sequence state was made for another model");
+    for (size_t j = 0; j < in.tokens.size(); ++j) {
+      CHECK(in.tokens[j] >= 0 && in.tokens[j] < c.vocab_size, "token id ", in.tokens[j],
+            " at position ", j, " is outside the vocabulary [0, ", c.vocab_size, ")");
+      ids.push_back(in.tokens[j]);
+      pos.push_back(in.state->num_tokens + static_cast<int64_t>(j));
+    }
+    offset[i + 1] = offset[i] + static_cast<int64_t>(in.tokens.size());
+    num_rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
+    reserve(*in.state, in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
+  }
+  const int64_t t = offset.back();
+
+  workspace_.reset();
+  int32_t* ids_dev = workspace_.ints(t);
+  int64_t* pos_dev = workspace_.longs(t);
+  backend_->upload(ids_dev, ids.data(), ids.size() * 4);
+  backend_->upload(pos_dev, pos.data(), pos.size() * 8);
+
+  // h = embed_tokens(ids)
+  float* h = workspace_.floats(t * d);
+  float* x = workspace_.floats(t * d);
+  float* out = workspace_.floats(t * d);
+  backend_->embedding_lookup(weights_.embed, ids_dev, t, h);
+  dump("embed", h, t, d);
+
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const LayerWeights& lw = weights_.layers[layer];
+    // h = h + attn(rms(h)), attention per sequence.
+    rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t o = offset[i], n = offset[i + 1] - offset[i];
+      const Workspace::Mark mark = workspace_.mark();
+      if (c.is_kda(layer)) {
+        kda_attention(layer, x + o * d, n, *batch[i].state, out + o * d);
+      } else {
+        mla_attention(layer, x + o * d, n, pos_dev + o, *batch[i].state, out + o * d);
+      }
+      workspace_.rewind(mark);
+    }
+    dump(layer_name(layer, "attn_out"), out, t, d);
+    backend_->add(h, out, t * d);
+    // h = h + mlp(rms(h)), over the whole batch.
+    rms_norm(h, lw.post_norm, t, d, c.rms_norm_eps, x);
+    const Workspace::Mark mark = workspace_.mark();
+    feed_forward(layer, x, t, out);
+    workspace_.rewind(mark);
+    dump(layer_name(layer, "mlp_out"), out, t, d);
+    backend_->add(h, out, t * d);
+    dump(layer_name(layer, "hidden"), h, t, d);
+  }
+  for (const SequenceInput& in : batch)
+    in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
+
+  // logits = lm_head(rms(h)) for the rows asked for.
+  float* rows = workspace_.floats(num_rows * d);
+  int64_t r = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = offset[i + 1] - offset[i];
+    const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
+    const int64_t count = batch[i].all_logits ? n : 1;
+    backend_->copy(rows + r * d, h + first * d, static_cast<size_t>(count * d) * 4);
+    r += count;
+  }
+  rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
+  float* logits_dev = linear(rows, num_rows, weights_.lm_head);
+  dump("logits", logits_dev, num_rows, c.vocab_size);
+  logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
+  backend_->download(logits.data(), logits_dev, logits.size() * 4);
+}
+
+void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
+                          SequenceState& state, float* out) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
+  SequenceState::Mla& cache = state.mla[layer];
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
-  const std::string prefix = "layers." + std::to_string(layer) + ".";
-
-  std::vector<int64_t> pos(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) pos[i] = start + i;
+  const int64_t start = state.num_tokens;
 
   // 1. q = q_b_proj(rms(q_a_proj(x))) or q_proj(x): [T, H, dn+dr]
-  Buffer q_lat;  // [T, q_lora], the indexer's query input
-  Buffer q;
+  const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
+  float* q;
   if (c.q_lora_rank > 0) {
-    q_lat = linear(x, t, w.q_a_proj);
-    rms_norm(q_lat.data(), w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, q_lat.data());
-    q = linear(q_lat.data(), t, w.q_b_proj);
+    float* qa = linear(x, t, w.q_a_proj);
+    rms_norm(qa, w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, qa);
+    q_lat = qa;
+    q = linear(qa, t, w.q_b_proj);
   } else {
     q = linear(x, t, w.q_proj);
   }
 
-  // 2. [c | k_pe] = kv_a_proj_with_mqa(x); c = rms(c)
-  Buffer ckv = linear(x, t, w.kv_a_proj);  // [T, kv + dr]
-  for (int64_t i = 0; i < t; ++i) {
-    float* row = ckv.data() + i * (kv + dr);
-    rms_norm(row, w.kv_a_norm, 1, kv, c.kv_norm_eps, row);
+  // 2. [c | k_pe] = kv_a_proj_with_mqa(x), written straight into the latent cache
+  //    rows of the new tokens; c = rms(c).
+  const int64_t width = kv + dr;
+  float* ckv = cache.latent.as<float>() + start * width;  // [T, kv + dr]
+  linear_into(x, t, w.kv_a_proj, ckv);
+  {
+    float* cn = workspace_.floats(t * kv);
+    backend_->copy_columns(cn, ckv, t, width, 0, kv);
+    rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
+    for (int64_t i = 0; i < t; ++i)
+      backend_->copy(ckv + i * width, cn + i * kv, static_cast<size_t>(kv) * 4);
   }
 
-  // 3. RoPE on q_pe and k_pe (deepseek_v32); kimi_* are NoPE.
+  // 3. RoPE on q_pe and k_pe (deepseek_v32, interleaved pairs); kimi_* are NoPE.
   if (c.rope.enabled) {
-    rope(rope_, /*neox=*/false, q.data(), pos, h, dqk, dn);
-    rope(rope_, /*neox=*/false, ckv.data(), pos, 1, kv + dr, kv);
+    RopeParams rq{q, pos, t, h, dqk, dn};
+    backend_->rope(rope_, rq, /*neox=*/false);
+    RopeParams rk{ckv, pos, t, 1, width, kv};
+    backend_->rope(rope_, rk, /*neox=*/false);
   }
-  dump(prefix + "q", q.data(), t, h * dqk);
-  dump(prefix + "latent", ckv.data(), t, kv + dr);
-
-  // 5. Append the latent [c | k_pe] of the new tokens.
-  cache.latent.insert(cache.latent.end(), ckv.begin(), ckv.end());
-  const int64_t s = start + t;
+  dump(layer_name(layer, "q"), q, t, h * dqk);
+  dump(layer_name(layer, "latent"), ckv, t, width);
 
   // DSA indexer: top-k past positions per query.
-  std::vector<int32_t> topk;
-  if (c.has_indexer())
-    topk = index_select(layer, x, q_lat.empty() ? x : q_lat.data(), t, start, cache);
+  const int32_t* topk = c.has_indexer() ? index_select(layer, x, q_lat, t, pos, state) : nullptr;
 
   // 6. Attention over the cached latents (expanded for prefill, absorbed for decode).
-  Buffer o(static_cast<size_t>(t * h * dv));
+  float* o = workspace_.floats(t * h * dv);
   MlaAttentionParams p;
-  p.q = q.data();
-  p.latent = cache.latent.data();
+  p.q = q;
+  p.latent = cache.latent.as<float>();
   p.kv_b = &w.kv_b_proj;
-  p.q_pos = pos.data();
-  p.topk = topk.empty() ? nullptr : topk.data();
-  p.topk_width = topk.empty() ? 0 : c.index_topk;
-  p.out = o.data();
-  p.lse = nullptr;
+  p.q_pos = pos;
+  p.topk = topk;
+  p.topk_width = topk ? c.index_topk : 0;
+  p.out = o;
   p.num_tokens = t;
-  p.num_keys = s;
+  p.num_keys = start + t;
   p.num_heads = h;
   p.dn = dn;
   p.dr = dr;
   p.dv = dv;
   p.kv_lora = kv;
   p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
-  if (t > 1) {
-    cpu::mla_attention_expanded(p);
-  } else {
-    cpu::mla_attention_absorbed(p);
-  }
-  dump(prefix + "attn", o.data(), t, h * dv);
+  backend_->mla_attention(p, /*absorbed=*/t == 1);
+  dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) {
-    const Buffer g = linear(x, t, w.g_proj);
-    for (size_t j = 0; j < o.size(); ++j) o[j] *= sigmoid(g[j]);
-  }
-  linear(o.data(), t, w.o_proj, out);
+  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
+  linear_into(o, t, w.o_proj, out);
 }
 
-std::vector<int32_t> Model::index_select(int64_t layer, const float* x, const float* q_in,
-                                         int64_t t, int64_t start, MlaLayerCache& cache) const {
+int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
+                             const int64_t* pos, SequenceState& state) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
+  SequenceState::Mla& cache = state.mla[layer];
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-  const std::string prefix = "layers." + std::to_string(layer) + ".indexer.";
-  std::vector<int64_t> pos(static_cast<size_t>(t));
-  for (int64_t i = 0; i < t; ++i) pos[i] = start + i;
+  const int64_t start = state.num_tokens;
 
   // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
-  Buffer qi = linear(q_in, t, w.idx_wq_b);
-  Buffer ki = linear(x, t, w.idx_wk);
+  float* qi = linear(q_in, t, w.idx_wq_b);
+  float* ki = linear(x, t, w.idx_wk);
   LayerNormParams ln;
-  ln.x = ki.data();
-  ln.weight = w.idx_k_norm_w.data();
-  ln.bias = w.idx_k_norm_b.data();
-  ln.y = ki.data();
+  ln.x = ki;
+  ln.weight = w.idx_k_norm_w.data;
+  ln.bias = w.idx_k_norm_b.data;
+  ln.y = ki;
   ln.num_rows = t;
   ln.dim = di;
   ln.eps = 1e-6f;
-  cpu::layer_norm(ln);
+  backend_->layer_norm(ln);
   // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
   if (c.index_rope_dims > 0) {
-    rope(rope_, /*neox=*/true, qi.data(), pos, hi, di, 0);
-    rope(rope_, /*neox=*/true, ki.data(), pos, 1, di, 0);
+    RopeParams rq{qi, pos, t, hi, di, 0};
+    backend_->rope(rope_, rq, /*neox=*/true);
+    RopeParams rk{ki, pos, t, 1, di, 0};
+    backend_->rope(rope_, rk, /*neox=*/true);
   }
   // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
-  Buffer hw = linear(x, t, w.idx_weights_proj);
-  const float wscale = 1.0f / std::sqrt(static_cast<float>(hi * di));
-  for (float& v : hw) v *= wscale;
+  float* hw = linear(x, t, w.idx_weights_proj);
+  backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
 
   // 3./4. FP8 path: Hadamard on both sides, keys cached quantized. Else fp32 keys.
   if (options_.indexer_fp8) {
-    cpu::hadamard_rotate(qi.data(), t * hi, di);
-    cpu::hadamard_rotate(ki.data(), t, di);
-    const size_t old = cache.index_key_scales.size();
-    cache.index_keys_fp8.resize((old + t) * di);
-    cache.index_key_scales.resize(old + t);
-    cpu::quantize_fp8_ue8m0(ki.data(), t, di, cache.index_keys_fp8.data() + old * di,
-                            cache.index_key_scales.data() + old);
+    backend_->hadamard_rotate(qi, t * hi, di);
+    backend_->hadamard_rotate(ki, t, di);
+    backend_->quantize_fp8_ue8m0(ki, t, di, cache.index_keys_fp8.as<uint8_t>() + start * di,
+                                 cache.index_key_scales.as<float>() + start);
   } else {
-    cache.index_keys.insert(cache.index_keys.end(), ki.begin(), ki.end());
+    backend_->copy(cache.index_keys.as<float>() + start * di, ki, static_cast<size_t>(t * di) * 4);
   }
-  dump(prefix + "q", qi.data(), t, hi * di);
-  dump(prefix + "k", ki.data(), t, di);
+  dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
+  dump(layer_name(layer, "indexer.k"), ki, t, di);
 
   // 6./7. Score the queries in chunks (bounded buffer), keep the causal top-k.
   const int64_t s = start + t;
   const int64_t k = c.index_topk;
-  std::vector<int32_t> selected(static_cast<size_t>(t * k));
+  int32_t* selected = workspace_.ints(t * k);
   const int64_t chunk = std::min(t, kIndexerQueryChunk);
-  Buffer scores(static_cast<size_t>(chunk * s));
+  float* scores = workspace_.floats(chunk * s);
   for (int64_t b = 0; b < t; b += chunk) {
     const int64_t n = std::min(chunk, t - b);
     if (options_.indexer_fp8) {
       IndexerFp8CacheScoreParams p;
-      p.q = qi.data() + b * hi * di;
-      p.k_fp8 = cache.index_keys_fp8.data();
-      p.k_scales = cache.index_key_scales.data();
-      p.head_weights = hw.data() + b * hi;
-      p.q_pos = pos.data() + b;
-      p.scores = scores.data();
+      p.q = qi + b * hi * di;
+      p.k_fp8 = cache.index_keys_fp8.as<uint8_t>();
+      p.k_scales = cache.index_key_scales.as<float>();
+      p.head_weights = hw + b * hi;
+      p.q_pos = pos + b;
+      p.scores = scores;
       p.num_tokens = n;
       p.num_keys = s;
       p.num_heads = hi;
       p.head_dim = di;
-      cpu::indexer_scores_fp8_cache(p);
+      backend_->indexer_scores_fp8_cache(p);
     } else {
       IndexerScoreParams p;
-      p.q = qi.data() + b * hi * di;
-      p.k = cache.index_keys.data();
-      p.head_weights = hw.data() + b * hi;
-      p.q_pos = pos.data() + b;
-      p.scores = scores.data();
+      p.q = qi + b * hi * di;
+      p.k = cache.index_keys.as<float>();
+      p.head_weights = hw + b * hi;
+      p.q_pos = pos + b;
+      p.scores = scores;
       p.num_tokens = n;
       p.num_keys = s;
       p.num_heads = hi;
       p.head_dim = di;
-      cpu::indexer_scores(p);
+      backend_->indexer_scores(p);
     }
-    cpu::causal_topk(scores.data(), pos.data() + b, n, s, k, selected.data() + b * k);
+    backend_->causal_topk(scores, pos + b, n, s, k, selected + b * k);
   }
   return selected;
 }
 
-void Model::kda_attention(int64_t layer, const float* x, int64_t t, KdaLayerState& st,
+void Model::kda_attention(int64_t layer, const float* x, int64_t t, SequenceState& state,
                           float* out) const {
   const ModelConfig& c = config_;
   const KdaWeights& w = weights_.layers[layer].kda;
+  SequenceState::Kda& st = state.kda[layer];
   const int64_t h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
-  const std::string prefix = "layers." + std::to_string(layer) + ".";
 
   // 1. q, k, v = silu(causal_conv(proj(x))), carrying the conv states.
-  auto conv = [&](const Weight& proj, const std::vector<float>& weight,
-                  std::vector<float>& conv_state) {
-    const Buffer raw = linear(x, t, proj);
-    Buffer y(raw.size());
+  auto conv = [&](const Weight& proj, const Vec& weight, BackendBuffer& conv_state) {
+    const float* raw = linear(x, t, proj);
+    float* y = workspace_.floats(t * width);
     ShortConvParams p;
-    p.x = raw.data();
-    p.weight = weight.data();
-    p.conv_state = conv_state.data();
-    p.y = y.data();
+    p.x = raw;
+    p.weight = weight.data;
+    p.conv_state = conv_state.as<float>();
+    p.y = y;
     p.num_tokens = t;
     p.channels = width;
     p.kernel_size = c.linear_conv_kernel;
-    cpu::short_conv_silu(p);
+    backend_->short_conv_silu(p);
     return y;
   };
-  Buffer q = conv(w.q_proj, w.q_conv, st.conv_q);
-  Buffer kk = conv(w.k_proj, w.k_conv, st.conv_k);
-  Buffer v = conv(w.v_proj, w.v_conv, st.conv_v);
+  float* q = conv(w.q_proj, w.q_conv, st.conv_q);
+  float* kk = conv(w.k_proj, w.k_conv, st.conv_k);
+  float* v = conv(w.v_proj, w.v_conv, st.conv_v);
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)
-  const Buffer fa = linear(x, t, w.f_a_proj);
-  Buffer g = linear(fa.data(), t, w.f_b_proj);
+  float* g = linear(linear(x, t, w.f_a_proj), t, w.f_b_proj);
   KdaGateParams gp;
-  gp.f = g.data();
-  gp.dt_bias = w.dt_bias.data();
-  gp.a_log = w.a_log.data();
-  gp.g = g.data();
+  gp.f = g;
+  gp.dt_bias = w.dt_bias.data;
+  gp.a_log = w.a_log.data;
+  gp.g = g;
   gp.num_tokens = t;
   gp.num_heads = h;
   gp.head_dim = k;
-  cpu::kda_gate(gp);
+  backend_->kda_gate(gp);
 
   // 3. beta = sigmoid(b_proj(x))
-  Buffer beta = linear(x, t, w.b_proj);
-  for (float& b : beta) b = sigmoid(b);
+  float* beta = linear(x, t, w.b_proj);
+  backend_->sigmoid(beta, t * h);
 
   // 4. q = l2norm(q) * K^-0.5, k = l2norm(k)
-  cpu::l2norm_rows(q.data(), t * h, k, 1.0f / std::sqrt(static_cast<float>(k)));
-  cpu::l2norm_rows(kk.data(), t * h, k, 1.0f);
+  backend_->l2norm_rows(q, t * h, k, 1.0f / std::sqrt(static_cast<float>(k)));
+  backend_->l2norm_rows(kk, t * h, k, 1.0f);
 
   // 5./6. The delta-rule recurrence: chunked for prefill, recurrent for decode.
-  Buffer o(static_cast<size_t>(t * width));
+  float* o = workspace_.floats(t * width);
   KdaParams p;
-  p.q = q.data();
-  p.k = kk.data();
-  p.v = v.data();
-  p.g = g.data();
-  p.beta = beta.data();
-  p.state = st.recurrent.data();
-  p.o = o.data();
+  p.q = q;
+  p.k = kk;
+  p.v = v;
+  p.g = g;
+  p.beta = beta;
+  p.state = st.recurrent.as<float>();
+  p.o = o;
   p.num_tokens = t;
   p.num_heads = h;
   p.head_dim = k;
   if (t > 1) {
-    cpu::kda_chunked(p);
+    backend_->kda_chunked(p);
   } else {
-    cpu::kda_recurrent(p);
+    backend_->kda_recurrent(p);
   }
-  dump(prefix + "kda_core", o.data(), t, width);
+  dump(layer_name(layer, "kda_core"), o, t, width);
 
   // 7. o = rmsnorm(o) * o_norm * sigmoid(g_b(g_a(x))); o_proj
-  const Buffer ga = linear(x, t, w.g_a_proj);
-  const Buffer gate = linear(ga.data(), t, w.g_b_proj);
+  const float* gate = linear(linear(x, t, w.g_a_proj), t, w.g_b_proj);
   GatedRmsNormParams np;
-  np.o = o.data();
-  np.weight = w.o_norm.data();
-  np.gate = gate.data();
-  np.y = o.data();
+  np.o = o;
+  np.weight = w.o_norm.data;
+  np.gate = gate;
+  np.y = o;
   np.eps = static_cast<float>(c.rms_norm_eps);
   np.num_tokens = t;
   np.num_heads = h;
   np.head_dim = k;
-  cpu::gated_rms_norm(np);
-  linear(o.data(), t, w.o_proj, out);
+  backend_->gated_rms_norm(np);
+  linear_into(o, t, w.o_proj, out);
 }
 
 void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) const {
@@ -427,16 +520,16 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
     p.w = &lw.dense;
     p.y = out;
     p.num_tokens = t;
-    cpu::mlp(p);
+    backend_->mlp(p);
     return;
   }
   const int64_t k = c.num_experts_per_tok;
-  std::vector<int32_t> ids(static_cast<size_t>(t * k));
-  Buffer weights(static_cast<size_t>(t * k));
+  int32_t* ids = workspace_.ints(t * k);
+  float* weights = workspace_.floats(t * k);
   RouterParams r;
   r.x = x;
   r.gate = &lw.moe.gate;
-  r.bias = lw.moe.score_bias.empty() ? nullptr : lw.moe.score_bias.data();
+  r.bias = lw.moe.score_bias.data;
   r.num_tokens = t;
   r.num_experts = c.num_experts;
   r.top_k = k;
@@ -444,9 +537,9 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   r.topk_group = c.topk_group;
   r.renormalize = c.norm_topk_prob;
   r.scaling_factor = static_cast<float>(c.routed_scaling_factor);
-  r.expert_ids = ids.data();
-  r.expert_weights = weights.data();
-  cpu::route_experts(r);
+  r.expert_ids = ids;
+  r.expert_weights = weights;
+  backend_->route_experts(r);
 
   MoeParams m;
   m.x = x;
@@ -454,12 +547,12 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   m.hidden = c.hidden_size;
   m.experts = lw.moe.experts.data();
   m.num_experts = c.num_experts;
-  m.expert_ids = ids.data();
-  m.expert_weights = weights.data();
+  m.expert_ids = ids;
+  m.expert_weights = weights;
   m.top_k = k;
   m.shared = lw.moe.has_shared ? &lw.moe.shared : nullptr;
   m.y = out;
-  cpu::moe(m);
+  backend_->moe(m);
 }
 
 }  // namespace hyserve

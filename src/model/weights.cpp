@@ -7,9 +7,16 @@
 namespace hyserve {
 namespace {
 
+// Keeps an fp32 copy and returns its view.
+Vec keep(std::deque<std::vector<float>>& owned, std::vector<float> v) {
+  owned.push_back(std::move(v));
+  return Vec{owned.back().data(), static_cast<int64_t>(owned.back().size())};
+}
+
 struct LayerLoader {
   const ModelConfig& c;
   const Checkpoint& ck;
+  std::deque<std::vector<float>>& owned;
   std::string base;  // "model.layers.N."
 
   std::string name(const std::string& rest) const { return base + rest; }
@@ -18,21 +25,20 @@ struct LayerLoader {
     return ck.load_weight(name(rest), rows, cols);
   }
 
-  std::vector<float> vec(const std::string& rest, std::vector<int64_t> shape) const {
-    return ck.load_f32(name(rest), std::move(shape));
+  Vec vec(const std::string& rest, std::vector<int64_t> shape) const {
+    return keep(owned, ck.load_f32(name(rest), std::move(shape)));
   }
 
   // A small tensor stored under one of several shapes (e.g. A_log [H] or [1,1,H,1]).
-  std::vector<float> vec_any(const std::string& rest,
-                             std::initializer_list<std::vector<int64_t>> shapes) const {
+  Vec vec_any(const std::string& rest, std::initializer_list<std::vector<int64_t>> shapes) const {
     const TensorInfo* info = ck.find(name(rest));
     if (!info)
       HYSERVE_THROW(CheckpointError, "checkpoint ", ck.dir().string(), ": missing tensor ",
                     name(rest));
     for (const auto& s : shapes) {
-      if (info->shape == s) return ck.load_f32(name(rest), s);
+      if (info->shape == s) return keep(owned, ck.load_f32(name(rest), s));
     }
-    return ck.load_f32(name(rest), *shapes.begin());  // throws, naming the expected shape
+    return keep(owned, ck.load_f32(name(rest), *shapes.begin()));  // throws, naming the shape
   }
 
   bool has(const std::string& rest) const { return ck.contains(name(rest)); }
@@ -135,8 +141,9 @@ MoeWeights load_moe(const LayerLoader& l) {
 
 }  // namespace
 
-ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
-  ModelWeights w;
+LoadedWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
+  LoadedWeights loaded;
+  ModelWeights& w = loaded.views;
   const int64_t d = c.hidden_size;
   w.embed = ck.load_weight("model.embed_tokens", c.vocab_size, d);
   if (c.tie_word_embeddings) {
@@ -144,10 +151,10 @@ ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
   } else {
     w.lm_head = ck.load_weight("lm_head", c.vocab_size, d);
   }
-  w.final_norm = ck.load_f32("model.norm.weight", {d});
+  w.final_norm = keep(loaded.owned, ck.load_f32("model.norm.weight", {d}));
   w.layers.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    const LayerLoader l{c, ck, "model.layers." + std::to_string(i) + "."};
+    const LayerLoader l{c, ck, loaded.owned, "model.layers." + std::to_string(i) + "."};
     LayerWeights& lw = w.layers[i];
     lw.input_norm = l.vec("input_layernorm.weight", {d});
     lw.post_norm = l.vec("post_attention_layernorm.weight", {d});
@@ -165,7 +172,7 @@ ModelWeights load_weights(const ModelConfig& c, const Checkpoint& ck) {
       lw.dense = load_mlp(l, p, "gate_proj", "up_proj", "down_proj", d, c.intermediate_size);
     }
   }
-  return w;
+  return loaded;
 }
 
 }  // namespace hyserve

@@ -1,0 +1,108 @@
+// Backend: what the forward pass needs from a device: memory, copies, and the ops of
+// MODEL.md behind their Params structs. The model code (model.cpp) is written once
+// against this interface; CpuBackend runs the fp32 reference ops, the CUDA backend
+// (src/engine/cuda/) launches the CUDA kernels on its stream.
+//
+// Pointers in Params and in buffers are in the backend's memory (host memory for the
+// CPU, device memory for CUDA). Weights are the backend's copies (see ModelWeights).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "core/weight.h"
+#include "kernels/indexer/params.h"
+#include "kernels/kda/params.h"
+#include "kernels/linear/params.h"
+#include "kernels/mla/params.h"
+#include "kernels/mlp/params.h"
+#include "kernels/moe/params.h"
+#include "kernels/norm/params.h"
+#include "kernels/rope/params.h"
+
+namespace hyserve {
+
+enum class DeviceKind { kCpu, kCuda };
+
+class Backend;
+
+// One allocation in a backend's memory, freed on destruction. Setup only: the
+// forward pass itself never allocates.
+class BackendBuffer {
+ public:
+  BackendBuffer() = default;
+  BackendBuffer(Backend* backend, size_t num_bytes);
+  ~BackendBuffer();
+  BackendBuffer(BackendBuffer&& o) noexcept;
+  BackendBuffer& operator=(BackendBuffer&& o) noexcept;
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+
+  void* data() const { return ptr_; }
+  size_t size() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  Backend* backend_ = nullptr;
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual DeviceKind kind() const = 0;
+
+  // Memory (setup time). allocate() returns zeroed memory.
+  virtual void* allocate(size_t num_bytes) = 0;
+  virtual void release(void* ptr) = 0;
+  // Ordered with the ops: device-to-device, host-to-device, device-to-host.
+  virtual void copy(void* dst, const void* src, size_t num_bytes) = 0;
+  virtual void upload(void* dst, const void* host_src, size_t num_bytes) = 0;
+  virtual void download(void* host_dst, const void* src, size_t num_bytes) = 0;
+  virtual void fill_zero(void* dst, size_t num_bytes) = 0;
+  // Waits until every op issued so far is done.
+  virtual void synchronize() = 0;
+
+  // Ops (MODEL.md); each forwards to the device's kernel for that Params struct.
+  virtual void linear(const LinearParams& p) = 0;
+  virtual void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
+  virtual void rms_norm(const RmsNormParams& p) = 0;
+  virtual void layer_norm(const LayerNormParams& p) = 0;
+  virtual void rope(const RopeTable& table, const RopeParams& p, bool neox) = 0;
+  virtual void mla_attention(const MlaAttentionParams& p, bool absorbed) = 0;
+  virtual void hadamard_rotate(float* x, int64_t rows, int64_t dim) = 0;
+  virtual void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
+                                  float* scales) = 0;
+  virtual void indexer_scores(const IndexerScoreParams& p) = 0;
+  virtual void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) = 0;
+  virtual void causal_topk(const float* scores, const int64_t* q_pos, int64_t num_queries,
+                           int64_t num_keys, int64_t topk, int32_t* out) = 0;
+  virtual void short_conv_silu(const ShortConvParams& p) = 0;
+  virtual void kda_gate(const KdaGateParams& p) = 0;
+  virtual void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) = 0;
+  virtual void kda_recurrent(const KdaParams& p) = 0;
+  virtual void kda_chunked(const KdaParams& p) = 0;
+  virtual void gated_rms_norm(const GatedRmsNormParams& p) = 0;
+  virtual void mlp(const MlpParams& p) = 0;
+  virtual void route_experts(const RouterParams& p) = 0;
+  virtual void moe(const MoeParams& p) = 0;
+
+  // Elementwise helpers over n floats.
+  virtual void add(float* y, const float* x, int64_t n) = 0;          // y += x
+  virtual void sigmoid_mul(float* y, const float* g, int64_t n) = 0;  // y *= sigmoid(g)
+  virtual void sigmoid(float* x, int64_t n) = 0;                      // x = sigmoid(x)
+  virtual void scale(float* x, float s, int64_t n) = 0;               // x *= s
+  // dst[r, :] = src[r, col : col + width] for r < rows (strided column block copy).
+  virtual void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride,
+                            int64_t col, int64_t width) = 0;
+};
+
+// The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).
+std::unique_ptr<Backend> make_cpu_backend();
+
+}  // namespace hyserve

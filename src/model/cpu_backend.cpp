@@ -1,0 +1,130 @@
+// CpuBackend: host memory and the fp32 reference ops.
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "kernels/indexer/cpu.h"
+#include "kernels/kda/cpu.h"
+#include "kernels/mla/cpu.h"
+#include "kernels/rope/cpu.h"
+#include "model/backend.h"
+#include "util/error.h"
+
+namespace hyserve {
+
+BackendBuffer::BackendBuffer(Backend* backend, size_t num_bytes)
+    : backend_(backend), bytes_(num_bytes) {
+  if (num_bytes > 0) ptr_ = backend->allocate(num_bytes);
+}
+
+BackendBuffer::~BackendBuffer() {
+  if (ptr_) backend_->release(ptr_);
+}
+
+BackendBuffer::BackendBuffer(BackendBuffer&& o) noexcept
+    : backend_(o.backend_),
+      ptr_(std::exchange(o.ptr_, nullptr)),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+
+BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
+  if (this != &o) {
+    if (ptr_) backend_->release(ptr_);
+    backend_ = o.backend_;
+    ptr_ = std::exchange(o.ptr_, nullptr);
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+namespace {
+
+class CpuBackend final : public Backend {
+ public:
+  DeviceKind kind() const override { return DeviceKind::kCpu; }
+
+  void* allocate(size_t num_bytes) override {
+    void* p = std::calloc(1, num_bytes);
+    CHECK(p != nullptr, "out of host memory allocating ", num_bytes, " bytes");
+    return p;
+  }
+  void release(void* ptr) override { std::free(ptr); }
+  void copy(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
+  void upload(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
+  void download(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
+  void fill_zero(void* dst, size_t n) override { std::memset(dst, 0, n); }
+  void synchronize() override {}
+
+  void linear(const LinearParams& p) override { cpu::linear(p); }
+  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
+    cpu::embedding_lookup(table, ids, n, out);
+  }
+  void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
+  void layer_norm(const LayerNormParams& p) override { cpu::layer_norm(p); }
+  void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
+    if (neox) {
+      cpu::apply_rope_neox(table, p);
+    } else {
+      cpu::apply_rope_interleaved(table, p);
+    }
+  }
+  void mla_attention(const MlaAttentionParams& p, bool absorbed) override {
+    if (absorbed) {
+      cpu::mla_attention_absorbed(p);
+    } else {
+      cpu::mla_attention_expanded(p);
+    }
+  }
+  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override {
+    cpu::hadamard_rotate(x, rows, dim);
+  }
+  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
+                          float* scales) override {
+    cpu::quantize_fp8_ue8m0(x, rows, dim, q, scales);
+  }
+  void indexer_scores(const IndexerScoreParams& p) override { cpu::indexer_scores(p); }
+  void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override {
+    cpu::indexer_scores_fp8_cache(p);
+  }
+  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
+                   int32_t* out) override {
+    cpu::causal_topk(scores, q_pos, t, s, k, out);
+  }
+  void short_conv_silu(const ShortConvParams& p) override { cpu::short_conv_silu(p); }
+  void kda_gate(const KdaGateParams& p) override { cpu::kda_gate(p); }
+  void l2norm_rows(float* x, int64_t rows, int64_t dim, float s) override {
+    cpu::l2norm_rows(x, rows, dim, s);
+  }
+  void kda_recurrent(const KdaParams& p) override { cpu::kda_recurrent(p); }
+  void kda_chunked(const KdaParams& p) override { cpu::kda_chunked(p); }
+  void gated_rms_norm(const GatedRmsNormParams& p) override { cpu::gated_rms_norm(p); }
+  void mlp(const MlpParams& p) override { cpu::mlp(p); }
+  void route_experts(const RouterParams& p) override { cpu::route_experts(p); }
+  void moe(const MoeParams& p) override { cpu::moe(p); }
+
+  void add(float* y, const float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+  }
+  void sigmoid_mul(float* y, const float* g, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+  }
+  void sigmoid(float* x, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
+  }
+  void scale(float* x, float s, int64_t n) override {
+    for (int64_t i = 0; i < n; ++i) x[i] *= s;
+  }
+  void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
+                    int64_t width) override {
+    for (int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * width, src + r * src_stride + col, static_cast<size_t>(width) * 4);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend() {
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace hyserve

@@ -1,0 +1,52 @@
+// Workspace: the forward pass's scratch memory, a bump allocator over backend
+// memory. reset() at the start of a forward; mark()/rewind() free what a
+// per-sequence step took. It grows by adding blocks (never moving earlier ones)
+// until freeze(); after that a request beyond capacity is an error, so a frozen
+// workspace (CUDA graphs, the hot path) never allocates.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "model/backend.h"
+
+namespace hyserve {
+
+class Workspace {
+ public:
+  explicit Workspace(Backend* backend) : backend_(backend) {}
+
+  struct Mark {
+    size_t block;
+    size_t offset;
+  };
+
+  void reset();
+  Mark mark() const { return {current_, offset_}; }
+  void rewind(Mark m);
+
+  float* floats(int64_t n) { return static_cast<float*>(take(static_cast<size_t>(n) * 4)); }
+  int32_t* ints(int64_t n) { return static_cast<int32_t*>(take(static_cast<size_t>(n) * 4)); }
+  int64_t* longs(int64_t n) { return static_cast<int64_t*>(take(static_cast<size_t>(n) * 8)); }
+  uint8_t* bytes(int64_t n) { return static_cast<uint8_t*>(take(static_cast<size_t>(n))); }
+
+  // Merges the blocks into one of the peak size seen, then forbids growth.
+  void freeze();
+  bool frozen() const { return frozen_; }
+  size_t capacity_bytes() const;
+  size_t peak_bytes() const { return peak_; }
+
+ private:
+  void* take(size_t num_bytes);
+
+  Backend* backend_;
+  std::vector<BackendBuffer> blocks_;
+  size_t current_ = 0;  // block in use
+  size_t offset_ = 0;   // bytes used in it
+  size_t used_ = 0;     // bytes used since reset (all blocks)
+  size_t peak_ = 0;
+  bool frozen_ = false;
+};
+
+}  // namespace hyserve
