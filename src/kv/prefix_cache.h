@@ -68,7 +68,8 @@ class PrefixCache {
   // A new snapshot block (reference count 1) for the boundary ending in the block hashed
   // `block_hash`, registered in the cache: the caller copies the KDA state into it, then
   // frees it. nullopt when a snapshot for that boundary exists already, when the model has
-  // no KDA layers, or when no block is free now.
+  // no KDA layers, or when no block is free now. It is findable at once: the engine must
+  // enqueue the copy into it before any later restore from it (same stream: in order).
   std::optional<int32_t> store_snapshot(const BlockHash& block_hash);
   bool has_snapshot(const BlockHash& block_hash) const;
 
