@@ -53,6 +53,21 @@ TEST(Cli, InfoOnKimiK3ShowsDenseMlaCache) {
   EXPECT_NE(r.output.find("MLA (dense)"), std::string::npos) << r.output;
 }
 
+TEST(Cli, InfoPrintsTheCachePlan) {
+  if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
+  RunResult r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory 141GB --tp 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 8192-token blocks x 16,992 B/token (tests/cache_plan_test.cpp has the hand computation).
+  EXPECT_NE(r.output.find("row: 139,198,464 B"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
+  r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory 141GB --tp 16 --dcp 8");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("full contexts fit"), std::string::npos) << r.output;
+  r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory lots");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--gpu-memory"), std::string::npos) << r.output;
+}
+
 TEST(Cli, InfoJsonOnBundledModel) {
   const RunResult r = run("info --json");
   ASSERT_EQ(r.exit_code, 0) << r.output;

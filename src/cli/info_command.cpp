@@ -1,6 +1,7 @@
 // `hyserve info [PATH] [--json]`: what a checkpoint is, from its config alone: the
 // layers by kind, parameter counts, and cache bytes per token for every cache
 // dtype combination.
+#include <cctype>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -9,8 +10,10 @@
 
 #include "cli/commands.h"
 #include "kv/cache_format.h"
+#include "kv/cache_plan.h"
 #include "model/config.h"
 #include "model/param_count.h"
+#include "util/error.h"
 
 namespace hyserve::cli {
 namespace {
@@ -70,7 +73,75 @@ const char* expert_format_name(ExpertFormat f) {
   return "?";
 }
 
-int run_info(const std::string& path_arg, bool as_json) {
+struct PlanArgs {
+  std::string gpu_memory;  // e.g. "141GB"; empty: no plan
+  int64_t tp = 1;
+  int64_t dcp = 1;
+  std::string kv_cache_dtype = "fp8";
+  std::string index_cache_dtype = "fp8";
+  double gpu_memory_utilization = 0.9;
+  std::string reserve = "8GiB";
+};
+
+// "141GB", "141GiB", "1.5TB", "123456" (bytes).
+int64_t parse_bytes(const std::string& s, const char* flag) {
+  size_t used = 0;
+  double v = 0.0;
+  try {
+    v = std::stod(s, &used);
+  } catch (const std::exception&) {
+    HYSERVE_THROW(InvalidArgument, flag, ": cannot read a size from '", s, "'");
+  }
+  std::string unit = s.substr(used);
+  for (char& ch : unit) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+  double mult = 1.0;
+  if (unit.empty() || unit == "B") {
+    mult = 1.0;
+  } else if (unit == "KB") {
+    mult = 1e3;
+  } else if (unit == "MB") {
+    mult = 1e6;
+  } else if (unit == "GB") {
+    mult = 1e9;
+  } else if (unit == "TB") {
+    mult = 1e12;
+  } else if (unit == "KIB") {
+    mult = 1024.0;
+  } else if (unit == "MIB") {
+    mult = 1024.0 * 1024;
+  } else if (unit == "GIB") {
+    mult = 1024.0 * 1024 * 1024;
+  } else {
+    HYSERVE_THROW(InvalidArgument, flag, ": unknown unit in '", s,
+                  "' (B, KB, MB, GB, TB, KiB, MiB, GiB)");
+  }
+  CHECK(v >= 0, flag, " must not be negative");
+  return static_cast<int64_t>(v * mult);
+}
+
+void print_plan(const ModelConfig& c, const PlanArgs& a) {
+  CachePlanOptions o;
+  const auto latent =
+      parse_latent_cache_dtype(a.kv_cache_dtype == "auto" ? "fp8" : a.kv_cache_dtype);
+  CHECK(latent.has_value(), "--kv-cache-dtype must be auto, bf16, fp8, fp8_ds_mla or nvfp4, got '",
+        a.kv_cache_dtype, "'");
+  const auto index = parse_index_cache_dtype(a.index_cache_dtype);
+  CHECK(index.has_value(), "--index-cache-dtype must be fp8 or mxfp4, got '", a.index_cache_dtype,
+        "'");
+  o.latent = *latent;
+  o.index = *index;
+  o.tp = a.tp;
+  o.dcp = a.dcp;
+  const CachePlan plan = plan_cache(c, o);
+  MemoryBudget b;
+  b.gpu_memory_bytes = parse_bytes(a.gpu_memory, "--gpu-memory");
+  b.gpu_memory_utilization = a.gpu_memory_utilization;
+  b.weight_bytes = estimate_weight_bytes_per_gpu(c, a.tp).total();
+  b.reserve_bytes = parse_bytes(a.reserve, "--reserve");
+  std::printf("%s", format_cache_plan(plan, plan_memory(plan, b)).c_str());
+}
+
+int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_args) {
   const std::filesystem::path path =
       path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
   const ModelConfig c = ModelConfig::load(path);
@@ -181,6 +252,10 @@ int run_info(const std::string& path_arg, bool as_json) {
                   with_commas(r.bytes).c_str());
     }
   }
+  if (!plan_args.gpu_memory.empty()) {
+    std::printf("\n");
+    print_plan(c, plan_args);
+  }
   if (kda_state > 0) {
     std::printf("KDA state per request (all %lld KDA layers, fp32, TP1): %s bytes (%.1f MiB)\n",
                 static_cast<long long>(c.num_kda_layers()), with_commas(kda_state).c_str(),
@@ -197,7 +272,24 @@ std::function<int()> add_info_command(CLI::App& app) {
   auto as_json = std::make_shared<bool>(false);
   cmd->add_option("path", *path, "checkpoint folder or config.json (default: the bundled model)");
   cmd->add_flag("--json", *as_json, "print JSON");
-  return [path, as_json] { return run_info(*path, *as_json); };
+  auto plan = std::make_shared<PlanArgs>();
+  cmd->add_option("--gpu-memory", plan->gpu_memory,
+                  "GPU memory per device (e.g. 141GB): print the cache plan for it");
+  cmd->add_option("--tp,--tensor-parallel-size", plan->tp, "tensor-parallel size")
+      ->capture_default_str();
+  cmd->add_option("--dcp,--decode-context-parallel-size", plan->dcp, "decode-context-parallel size")
+      ->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", plan->kv_cache_dtype, "auto, bf16, fp8, fp8_ds_mla, nvfp4")
+      ->capture_default_str();
+  cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, "fp8 or mxfp4")
+      ->capture_default_str();
+  cmd->add_option("--gpu-memory-utilization", plan->gpu_memory_utilization,
+                  "fraction of GPU memory hyserve may use")
+      ->capture_default_str();
+  cmd->add_option("--reserve", plan->reserve,
+                  "memory kept for activations, workspaces and CUDA graphs")
+      ->capture_default_str();
+  return [path, as_json, plan] { return run_info(*path, *as_json, *plan); };
 }
 
 }  // namespace hyserve::cli
