@@ -1,0 +1,347 @@
+// CUDA KDA ops against the CPU reference: conv (with state), gate, l2norm, gated
+// RMSNorm, and both recurrence forms (GPU chunked against CPU chunked and CPU
+// recurrent, GPU recurrent against CPU recurrent), on awkward T, H and head_dim.
+#include "kernels/kda/cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_test_util.h"
+#include "kernels/kda/cpu.h"
+
+namespace hyserve {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::to_device;
+using cuda::to_host;
+
+void sync() {
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// Passes when max |got - want| <= rel_tol * max |want|; names the worst element.
+testing::AssertionResult close_to_scale(const std::vector<float>& got,
+                                        const std::vector<float>& want, double rel_tol) {
+  if (got.size() != want.size()) {
+    return testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  }
+  double scale = 1e-30;
+  for (float w : want) scale = std::max(scale, std::fabs(static_cast<double>(w)));
+  double worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    if (std::isnan(got[i]) || err > worst) {
+      worst = std::isnan(got[i]) ? INFINITY : err;
+      at = i;
+    }
+  }
+  if (worst <= rel_tol * scale) return testing::AssertionSuccess();
+  return testing::AssertionFailure()
+         << "worst element " << at << ": got " << got[at] << ", want " << want[at]
+         << " (max |want| " << scale << ", relative " << worst / scale << " > " << rel_tol << ")";
+}
+
+std::vector<float> normal(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Elementwise fp32 ops: the GPU uses expf/log1pf/sqrtf and FMA, a few ulps from the
+// CPU's std:: functions; 1e-5 relative + 1e-6 absolute (values are O(1)).
+constexpr float kElemAbs = 1e-6f;
+constexpr float kElemRel = 1e-5f;
+
+TEST(GpuKda, ShortConvMatchesCpuAndCarriesState) {
+  REQUIRE_GPU();
+  uint32_t seed = 1;
+  for (const int64_t channels : {1, 3, 65, 321}) {
+    for (const int64_t width : {1, 4}) {
+      for (const int64_t num_tokens : {0, 1, 3, 63, 65, 321}) {
+        std::mt19937 rng(++seed);
+        const std::vector<float> x = normal(num_tokens * channels, rng);
+        const std::vector<float> w = normal(channels * width, rng, 0.5f);
+        std::vector<float> state = normal((width - 1) * channels, rng);
+        std::vector<float> y(num_tokens * channels);
+        DeviceBuffer d_x = to_device(x), d_w = to_device(w), d_state = to_device(state),
+                     d_y(sizeof(float) * y.size());
+        ShortConvParams p{.x = x.data(),
+                          .weight = w.data(),
+                          .conv_state = width > 1 ? state.data() : nullptr,
+                          .y = y.data(),
+                          .num_tokens = num_tokens,
+                          .channels = channels,
+                          .kernel_size = width};
+        cpu::short_conv_silu(p);
+        p.x = d_x.as<float>();
+        p.weight = d_w.as<float>();
+        p.conv_state = width > 1 ? d_state.as<float>() : nullptr;
+        p.y = d_y.as<float>();
+        cuda::short_conv_silu(p, nullptr);
+        sync();
+        const std::string name = "C " + std::to_string(channels) + ", W " + std::to_string(width) +
+                                 ", T " + std::to_string(num_tokens);
+        EXPECT_TRUE(test::all_close(to_host<float>(d_y, y.size()), y, kElemAbs, kElemRel)) << name;
+        // The state is copied inputs: exact.
+        EXPECT_EQ(to_host<float>(d_state, state.size()), state) << name;
+      }
+    }
+  }
+}
+
+TEST(GpuKda, GateMatchesCpuAcrossTheSoftplusThreshold) {
+  REQUIRE_GPU();
+  uint32_t seed = 10;
+  for (const int64_t num_tokens : {0, 1, 3, 65}) {
+    for (const int64_t num_heads : {1, 3}) {
+      for (const int64_t head_dim : {32, 128}) {
+        const int64_t n = num_tokens * num_heads * head_dim;
+        const std::vector<float> f = test::random_floats(n, ++seed, -30.0f, 30.0f);
+        const std::vector<float> bias = test::random_floats(num_heads * head_dim, ++seed);
+        const std::vector<float> a_log = test::random_floats(num_heads, ++seed, 0.0f, 2.0f);
+        std::vector<float> g(n);
+        DeviceBuffer d_f = to_device(f), d_b = to_device(bias), d_a = to_device(a_log),
+                     d_g(sizeof(float) * n);
+        KdaGateParams p{.f = f.data(),
+                        .dt_bias = bias.data(),
+                        .a_log = a_log.data(),
+                        .g = g.data(),
+                        .num_tokens = num_tokens,
+                        .num_heads = num_heads,
+                        .head_dim = head_dim};
+        cpu::kda_gate(p);
+        p.f = d_f.as<float>();
+        p.dt_bias = d_b.as<float>();
+        p.a_log = d_a.as<float>();
+        p.g = d_g.as<float>();
+        cuda::kda_gate(p, nullptr);
+        sync();
+        EXPECT_TRUE(test::all_close(to_host<float>(d_g, n), g, kElemAbs, kElemRel))
+            << "T " << num_tokens << ", H " << num_heads << ", K " << head_dim;
+      }
+    }
+  }
+}
+
+TEST(GpuKda, L2NormMatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 20;
+  for (const int64_t rows : {0, 1, 3, 65, 321}) {
+    for (const int64_t dim : {1, 32, 128}) {
+      std::vector<float> x = test::random_floats(rows * dim, ++seed, -2.0f, 2.0f);
+      if (rows > 2) std::fill_n(x.begin() + dim, dim, 0.0f);  // an all-zero row: eps only
+      DeviceBuffer d_x = to_device(x);
+      const float scale = 1.0f / std::sqrt(static_cast<float>(dim));
+      cpu::l2norm_rows(x.data(), rows, dim, scale);
+      cuda::l2norm_rows(d_x.as<float>(), rows, dim, scale, nullptr);
+      sync();
+      EXPECT_TRUE(test::all_close(to_host<float>(d_x, x.size()), x, kElemAbs, kElemRel))
+          << "rows " << rows << ", dim " << dim;
+    }
+  }
+}
+
+TEST(GpuKda, GatedRmsNormMatchesCpuAndRunsInPlace) {
+  REQUIRE_GPU();
+  uint32_t seed = 30;
+  for (const int64_t num_tokens : {0, 1, 3, 65}) {
+    for (const int64_t num_heads : {1, 3}) {
+      for (const int64_t head_dim : {32, 128}) {
+        const int64_t n = num_tokens * num_heads * head_dim;
+        const std::vector<float> o = test::random_floats(n, ++seed, -3.0f, 3.0f);
+        const std::vector<float> w = test::random_floats(head_dim, ++seed, 0.5f, 1.5f);
+        const std::vector<float> gate = test::random_floats(n, ++seed, -6.0f, 6.0f);
+        std::vector<float> y(n);
+        GatedRmsNormParams p{.o = o.data(),
+                             .weight = w.data(),
+                             .gate = gate.data(),
+                             .y = y.data(),
+                             .eps = 1e-5f,
+                             .num_tokens = num_tokens,
+                             .num_heads = num_heads,
+                             .head_dim = head_dim};
+        cpu::gated_rms_norm(p);
+        DeviceBuffer d_o = to_device(o), d_w = to_device(w), d_gate = to_device(gate);
+        p.o = d_o.as<float>();
+        p.weight = d_w.as<float>();
+        p.gate = d_gate.as<float>();
+        p.y = d_o.as<float>();  // in place
+        cuda::gated_rms_norm(p, nullptr);
+        sync();
+        EXPECT_TRUE(test::all_close(to_host<float>(d_o, n), y, kElemAbs, kElemRel))
+            << "T " << num_tokens << ", H " << num_heads << ", V " << head_dim;
+      }
+    }
+  }
+}
+
+// Inputs as the layer produces them: q, k l2-normed (q scaled by K^-0.5), gates mixing
+// near-zero, moderate and -20 decays, beta in (0, 1), a nonzero initial state.
+struct KdaInputs {
+  int64_t num_tokens, num_heads, head_dim;
+  std::vector<float> q, k, v, g, beta, state;
+};
+
+KdaInputs random_inputs(int64_t num_tokens, int64_t num_heads, int64_t head_dim, uint32_t seed) {
+  std::mt19937 rng(seed);
+  KdaInputs in{num_tokens, num_heads, head_dim, {}, {}, {}, {}, {}, {}};
+  const int64_t n = num_tokens * num_heads * head_dim;
+  in.q = normal(n, rng);
+  in.k = normal(n, rng);
+  in.v = normal(n, rng);
+  cpu::l2norm_rows(in.q.data(), num_tokens * num_heads, head_dim,
+                   1.0f / std::sqrt(static_cast<float>(head_dim)));
+  cpu::l2norm_rows(in.k.data(), num_tokens * num_heads, head_dim, 1.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  in.g.resize(n);
+  for (float& g : in.g) {
+    const float kind = unit(rng);
+    g = kind < 0.35f ? -0.02f * unit(rng) : (kind < 0.9f ? -5.0f * unit(rng) : -20.0f);
+  }
+  in.beta.resize(num_tokens * num_heads);
+  for (float& b : in.beta) b = 1.0f / (1.0f + std::exp(-3.0f * (unit(rng) - 0.5f)));
+  in.state = normal(num_heads * head_dim * head_dim, rng, 0.5f);
+  return in;
+}
+
+struct KdaResult {
+  std::vector<float> o, state;
+};
+
+KdaParams params_of(const KdaInputs& in, const float* q, const float* k, const float* v,
+                    const float* g, const float* beta, float* state, float* o) {
+  return {.q = q,
+          .k = k,
+          .v = v,
+          .g = g,
+          .beta = beta,
+          .state = state,
+          .o = o,
+          .num_tokens = in.num_tokens,
+          .num_heads = in.num_heads,
+          .head_dim = in.head_dim};
+}
+
+KdaResult run_cpu(const KdaInputs& in, bool chunked) {
+  KdaResult r{std::vector<float>(in.v.size()), in.state};
+  const KdaParams p = params_of(in, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
+                                in.beta.data(), r.state.data(), r.o.data());
+  if (chunked) {
+    cpu::kda_chunked(p);
+  } else {
+    cpu::kda_recurrent(p);
+  }
+  return r;
+}
+
+KdaResult run_gpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
+  DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g),
+               beta = to_device(in.beta), state = to_device(in.state),
+               o(sizeof(float) * in.v.size());
+  const KdaParams p = params_of(in, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(),
+                                beta.as<float>(), state.as<float>(), o.as<float>());
+  if (chunked) {
+    cuda::kda_chunked(p, nullptr, chunk_size);
+  } else {
+    cuda::kda_recurrent(p, nullptr);
+  }
+  sync();
+  return {to_host<float>(o, in.v.size()), to_host<float>(state, in.state.size())};
+}
+
+std::string shape_name(const KdaInputs& in) {
+  return "T=" + std::to_string(in.num_tokens) + " H=" + std::to_string(in.num_heads) +
+         " K=" + std::to_string(in.head_dim);
+}
+
+// Recurrence: fp32 with the same operation order per element as the CPU, but FMA and
+// expf; errors grow with T through the state. 1e-5 of the largest magnitude (the CPU
+// test's budget against double). GPU chunked against CPU recurrent: 2e-5 (two forms).
+constexpr double kSameFormTol = 1e-5;
+constexpr double kCrossFormTol = 2e-5;
+
+TEST(GpuKda, RecurrentMatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 100;
+  for (const int64_t head_dim : {32, 48, 128}) {
+    for (const int64_t num_heads : {1, 3}) {
+      for (const int64_t num_tokens : {0, 1, 3, 63, 65, 321}) {
+        const KdaInputs in = random_inputs(num_tokens, num_heads, head_dim, ++seed);
+        const KdaResult want = run_cpu(in, false);
+        const KdaResult got = run_gpu(in, false);
+        EXPECT_TRUE(close_to_scale(got.o, want.o, kSameFormTol)) << "o " << shape_name(in);
+        EXPECT_TRUE(close_to_scale(got.state, want.state, kSameFormTol))
+            << "state " << shape_name(in);
+      }
+    }
+  }
+}
+
+TEST(GpuKda, ChunkedMatchesCpuChunkedAndRecurrent) {
+  REQUIRE_GPU();
+  uint32_t seed = 200;
+  for (const int64_t head_dim : {32, 48, 128}) {
+    for (const int64_t num_heads : {1, 3}) {
+      for (const int64_t num_tokens : {0, 1, 3, 63, 64, 65, 321}) {
+        const KdaInputs in = random_inputs(num_tokens, num_heads, head_dim, ++seed);
+        const KdaResult chunked = run_cpu(in, true);
+        const KdaResult recurrent = run_cpu(in, false);
+        const KdaResult got = run_gpu(in, true);
+        const std::string name = shape_name(in);
+        EXPECT_TRUE(close_to_scale(got.o, chunked.o, kSameFormTol)) << "vs chunked o " << name;
+        EXPECT_TRUE(close_to_scale(got.state, chunked.state, kSameFormTol))
+            << "vs chunked state " << name;
+        EXPECT_TRUE(close_to_scale(got.o, recurrent.o, kCrossFormTol)) << "vs recurrent o " << name;
+        EXPECT_TRUE(close_to_scale(got.state, recurrent.state, kCrossFormTol))
+            << "vs recurrent state " << name;
+      }
+    }
+  }
+}
+
+TEST(GpuKda, ChunkedAnyChunkSizeMatchesRecurrent) {
+  REQUIRE_GPU();
+  const KdaInputs in = random_inputs(130, 3, 32, 300);
+  const KdaResult want = run_cpu(in, false);
+  for (const int64_t chunk_size : {1, 7, 16, 64}) {
+    const KdaResult got = run_gpu(in, true, chunk_size);
+    EXPECT_TRUE(close_to_scale(got.o, want.o, kCrossFormTol)) << "chunk " << chunk_size;
+    EXPECT_TRUE(close_to_scale(got.state, want.state, kCrossFormTol)) << "chunk " << chunk_size;
+  }
+}
+
+// -20 on every channel for half of each chunk: G reaches -640 inside a chunk (the case
+// the double cumsum is for).
+TEST(GpuKda, ChunkedStableWhenCumulativeDecayUnderflows) {
+  REQUIRE_GPU();
+  KdaInputs in = random_inputs(160, 3, 128, 301);
+  for (int64_t t = 0; t < in.num_tokens; ++t) {
+    const float g = (t % 64) < 32 ? -20.0f : -1e-3f;
+    std::fill_n(in.g.begin() + t * in.num_heads * in.head_dim, in.num_heads * in.head_dim, g);
+  }
+  const KdaResult want = run_cpu(in, false);
+  const KdaResult got = run_gpu(in, true);
+  EXPECT_TRUE(close_to_scale(got.o, want.o, kCrossFormTol));
+  EXPECT_TRUE(close_to_scale(got.state, want.state, kCrossFormTol));
+}
+
+TEST(GpuKda, RefusesHeadDimOver128) {
+  REQUIRE_GPU();
+  float dummy = 0.0f;
+  KdaParams p{.state = &dummy, .num_tokens = 0, .num_heads = 1, .head_dim = 256};
+  EXPECT_THROW(cuda::kda_recurrent(p, nullptr), InvalidArgument);
+  EXPECT_THROW(cuda::kda_chunked(p, nullptr), InvalidArgument);
+  p.head_dim = 32;
+  EXPECT_THROW(cuda::kda_chunked(p, nullptr, 65), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace hyserve
