@@ -19,6 +19,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/sampler.h"
+#include "golden_util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 
@@ -31,67 +32,12 @@ constexpr int kNumPrompts = 3;
 
 namespace fs = std::filesystem;
 
-struct Fixture {
-  const char* name;
-  const char* model_dir;   // relative to the source tree
-  const char* golden_dir;  // holds golden.safetensors
-};
+using test::GoldenFixture;
 
-std::vector<float> floats(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) throw std::runtime_error("golden tensor missing: " + name);
-  std::vector<float> out(static_cast<size_t>(t->num_elements()));
-  convert_to_f32(t->data, t->dtype, out.data(), t->num_elements());
-  return out;
-}
-
-std::vector<int32_t> ids(const SafetensorsFile& f, const std::string& name) {
-  const TensorInfo* t = f.find(name);
-  if (!t) throw std::runtime_error("golden tensor missing: " + name);
-  std::vector<int32_t> out;
-  for (int64_t i = 0; i < t->num_elements(); ++i)
-    out.push_back(static_cast<int32_t>(load_as_f32(t->data, t->dtype, i)));
-  return out;
-}
-
-// Compares [rows, vocab] logits; reports the worst element.
-void expect_close(const std::vector<float>& ours, const float* ref, int64_t rows, int64_t vocab,
-                  const std::string& what) {
-  ASSERT_EQ(static_cast<int64_t>(ours.size()), rows * vocab) << what;
-  float max_ref = 0.0f;
-  for (int64_t i = 0; i < rows * vocab; ++i) max_ref = std::max(max_ref, std::fabs(ref[i]));
-  const float tol = kAbsTol + kRelTol * max_ref;
-  float worst = -1.0f;
-  int64_t at = 0;
-  for (int64_t i = 0; i < rows * vocab; ++i) {
-    const float err = std::fabs(ours[i] - ref[i]);
-    if (!(err <= worst) || std::isnan(err)) {
-      worst = err;
-      at = i;
-    }
-  }
-  EXPECT_LE(worst, tol) << what << ": worst |diff| " << worst << " at row " << at / vocab
-                        << " token " << at % vocab << " (ours " << ours[at] << ", ref " << ref[at]
-                        << "), tolerance " << tol;
-}
-
-float top2_gap(const float* row, int64_t vocab) {
-  float a = -INFINITY, b = -INFINITY;
-  for (int64_t i = 0; i < vocab; ++i) {
-    if (row[i] > a) {
-      b = a;
-      a = row[i];
-    } else if (row[i] > b) {
-      b = row[i];
-    }
-  }
-  return a - b;
-}
-
-class GoldenTest : public testing::TestWithParam<Fixture> {};
+class GoldenTest : public testing::TestWithParam<GoldenFixture> {};
 
 TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
-  const Fixture& fx = GetParam();
+  const GoldenFixture& fx = GetParam();
   const fs::path root(HYSERVE_SOURCE_DIR);
   const fs::path golden_path = root / fx.golden_dir / "golden.safetensors";
   ASSERT_TRUE(fs::exists(golden_path)) << golden_path;
@@ -101,10 +47,10 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
 
   for (int p = 0; p < kNumPrompts; ++p) {
     const std::string key = "prompt_" + std::to_string(p) + "_";
-    const std::vector<int32_t> prompt = ids(golden, key + "ids");
-    const std::vector<float> ref_prefill = floats(golden, key + "logits");
-    const std::vector<int32_t> greedy = ids(golden, key + "greedy_ids");
-    const std::vector<float> ref_decode = floats(golden, key + "greedy_logits");
+    const std::vector<int32_t> prompt = test::golden_ids(golden, key + "ids");
+    const std::vector<float> ref_prefill = test::golden_floats(golden, key + "logits");
+    const std::vector<int32_t> greedy = test::golden_ids(golden, key + "greedy_ids");
+    const std::vector<float> ref_decode = test::golden_floats(golden, key + "greedy_logits");
     const int64_t n = static_cast<int64_t>(prompt.size());
     const int64_t steps = static_cast<int64_t>(greedy.size());
 
@@ -112,7 +58,8 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
     SequenceState state = model->new_sequence();
     std::vector<float> logits;
     model->forward(prompt, state, logits, /*all_positions=*/true);
-    expect_close(logits, ref_prefill.data(), n, vocab, key + "prefill");
+    test::expect_logits_close(logits, ref_prefill.data(), n, vocab, kAbsTol, kRelTol,
+                              key + "prefill");
 
     // Decode: step j's logits come after prompt + greedy[:j].
     std::vector<float> step(logits.end() - vocab, logits.end());
@@ -120,8 +67,9 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
     for (int64_t j = 0; j < steps; ++j) {
       if (j > 0) model->forward(std::span<const int32_t>(&greedy[j - 1], 1), state, step);
       const float* ref = ref_decode.data() + j * vocab;
-      expect_close(step, ref, 1, vocab, key + "decode step " + std::to_string(j));
-      if (top2_gap(ref, vocab) > kAbsTol + kRelTol * 20.0f) {
+      test::expect_logits_close(step, ref, 1, vocab, kAbsTol, kRelTol,
+                                key + "decode step " + std::to_string(j));
+      if (test::top2_gap(ref, vocab) > kAbsTol + kRelTol * 20.0f) {
         EXPECT_EQ(argmax(step), greedy[j]) << key << "greedy step " << j;
       }
       decoded.insert(decoded.end(), step.begin(), step.end());
@@ -134,22 +82,15 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
     std::vector<float> long_logits;
     model->forward(all, long_state, long_logits, /*all_positions=*/true);
     const std::vector<float> tail(long_logits.end() - steps * vocab, long_logits.end());
-    expect_close(tail, decoded.data(), steps, vocab, key + "one long prefill vs decode");
+    test::expect_logits_close(tail, decoded.data(), steps, vocab, kAbsTol, kRelTol,
+                              key + "one long prefill vs decode");
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Fixtures, GoldenTest,
-    testing::Values(Fixture{"kimi_k3", "models/tiny-kimi-k3", "tests/fixtures/kimi_k3_tiny"},
-                    Fixture{"kimi_linear", "tests/fixtures/kimi_linear_tiny",
-                            "tests/fixtures/kimi_linear_tiny"},
-                    Fixture{"deepseek_v32", "tests/fixtures/deepseek_v32_tiny",
-                            "tests/fixtures/deepseek_v32_tiny"},
-                    Fixture{"deepseek_v32_fp8", "tests/fixtures/deepseek_v32_fp8_tiny",
-                            "tests/fixtures/deepseek_v32_fp8_tiny"}),
-    [](const testing::TestParamInfo<Fixture>& param_info) {
-      return std::string(param_info.param.name);
-    });
+INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, testing::ValuesIn(test::kGoldenFixtures),
+                         [](const testing::TestParamInfo<GoldenFixture>& param_info) {
+                           return std::string(param_info.param.name);
+                         });
 
 }  // namespace
 }  // namespace hyserve

@@ -1,5 +1,5 @@
 // `hyserve generate [MODEL_DIR] --prompt-ids 1,2,3 --max-tokens N [--temperature T]
-// [--seed S] [--device cpu]`: prefill the prompt, decode N tokens one at a time,
+// [--seed S] [--device cpu|cuda]`: prefill the prompt, decode N tokens one at a time,
 // print the ids and a hash of the last logits.
 #include <chrono>
 #include <cstdio>
@@ -27,18 +27,16 @@ struct GenerateArgs {
 };
 
 int run_generate(const GenerateArgs& a) {
-  if (a.device == "cuda") {
-    HYSERVE_THROW(InvalidArgument,
-                  "--device cuda: the CUDA backend does not run models yet; use --device cpu");
-  }
-  CHECK(a.device == "cpu", "--device must be cpu or cuda, got '", a.device, "'");
+  CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device,
+        "'");
   CHECK(!a.prompt_ids.empty(), "--prompt-ids needs at least one token id");
   CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0");
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions options;
   options.indexer_fp8 = a.indexer_fp8;
-  const auto model = Model::load(dir, options);
+  const auto model =
+      Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig& c = model->config();
 
   std::vector<int32_t> prompt;

@@ -67,6 +67,11 @@ class Backend {
   virtual void fill_zero(void* dst, size_t num_bytes) = 0;
   // Waits until every op issued so far is done.
   virtual void synchronize() = 0;
+  // After freeze() the backend allocates nothing (CUDA graphs replay safely); an op
+  // that would need more scratch memory than it had throws.
+  virtual void freeze() {}
+  // The device stream ops are issued on (cudaStream_t for CUDA), or null.
+  virtual void* native_stream() const { return nullptr; }
 
   // Ops (MODEL.md); each forwards to the device's kernel for that Params struct.
   virtual void linear(const LinearParams& p) = 0;
@@ -104,5 +109,10 @@ class Backend {
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).
 std::unique_ptr<Backend> make_cpu_backend();
+// The CUDA kernels on GPU `device` (src/engine/cuda/). Throws when the build has no
+// CUDA backend or the device does not exist.
+std::unique_ptr<Backend> make_cuda_backend(int device = 0);
+// Whether this build includes the CUDA backend.
+bool cuda_backend_built();
 
 }  // namespace hyserve

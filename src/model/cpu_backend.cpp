@@ -127,4 +127,18 @@ std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();
 }
 
+#if !defined(HYSERVE_WITH_CUDA) || !defined(HYSERVE_CUDA_BACKEND_READY)
+std::unique_ptr<Backend> make_cuda_backend(int) {
+  HYSERVE_THROW(InvalidArgument,
+                "this hyserve was built without the CUDA backend (HYSERVE_CUDA=OFF)");
+}
+bool cuda_backend_built() {
+  return false;
+}
+#else
+bool cuda_backend_built() {
+  return true;
+}
+#endif
+
 }  // namespace hyserve
