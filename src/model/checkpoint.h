@@ -18,10 +18,11 @@
 #include "core/dtype.h"
 #include "core/weight.h"
 #include "model/safetensors.h"
+#include "model/tensor_source.h"
 
 namespace hyserve {
 
-class Checkpoint {
+class Checkpoint final : public TensorSource {
  public:
   static Checkpoint open(const std::filesystem::path& dir);
 
@@ -31,11 +32,11 @@ class Checkpoint {
   Checkpoint& operator=(const Checkpoint&) = delete;
 
   // nullptr when absent.
-  const TensorInfo* find(std::string_view name) const;
-  bool contains(std::string_view name) const { return find(name) != nullptr; }
+  const TensorInfo* find(std::string_view name) const override;
+  bool contains(std::string_view name) const override { return find(name) != nullptr; }
   // All tensor names, sorted.
   std::vector<std::string> names() const;
-  const std::filesystem::path& dir() const { return dir_; }
+  const std::filesystem::path& dir() const override { return dir_; }
 
   // The tensor, checked to have one of the allowed dtypes (empty: any of F32/F16/BF16)
   // and exactly this shape.
@@ -44,7 +45,7 @@ class Checkpoint {
 
   // A float tensor (F32/F16/BF16) of this shape, converted to fp32: norms, biases, A_log,
   // dt_bias.
-  std::vector<float> load_f32(std::string_view name, std::vector<int64_t> shape) const;
+  std::vector<float> load_f32(std::string_view name, std::vector<int64_t> shape) const override;
 
   // The matrix [rows, cols] stored under prefix, in whichever format the tensors show:
   //   prefix.weight F32/F16/BF16 [rows, cols]                                   -> kDense
@@ -54,7 +55,7 @@ class Checkpoint {
   //     + prefix.weight_scales U8/F8_E8M0 [rows, cols/32]                       -> kMxfp4
   // The Weight points into the mmap: it is valid while this Checkpoint lives.
   // rows and cols must be positive (InvalidArgument otherwise).
-  Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const;
+  Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const override;
 
  private:
   Checkpoint() = default;

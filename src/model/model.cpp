@@ -50,14 +50,14 @@ std::string layer_name(int64_t layer, const char* what) {
 
 }  // namespace
 
-Model::Model(ModelConfig config, Checkpoint checkpoint, ModelOptions options,
+Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
              std::unique_ptr<Backend> backend)
     : config_(std::move(config)),
-      checkpoint_(std::move(checkpoint)),
+      source_(std::move(source)),
       options_(options),
       backend_(std::move(backend)),
       workspace_(backend_.get()) {
-  host_weights_ = load_weights(config_, checkpoint_);
+  host_weights_ = load_weights(config_, *source_);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.
@@ -92,10 +92,15 @@ Model::~Model() = default;
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOptions options,
                                    std::unique_ptr<Backend> backend) {
   ModelConfig config = ModelConfig::load(dir);
-  Checkpoint checkpoint = Checkpoint::open(dir);
+  auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
+  return create(std::move(config), std::move(checkpoint), options, std::move(backend));
+}
+
+std::unique_ptr<Model> Model::create(ModelConfig config, std::unique_ptr<TensorSource> source,
+                                     ModelOptions options, std::unique_ptr<Backend> backend) {
   if (!backend) backend = make_cpu_backend();
   return std::unique_ptr<Model>(
-      new Model(std::move(config), std::move(checkpoint), options, std::move(backend)));
+      new Model(std::move(config), std::move(source), options, std::move(backend)));
 }
 
 SequenceState Model::new_sequence(int64_t capacity) const {

@@ -69,6 +69,10 @@ class Model {
   // when none is given; the model then owns it).
   static std::unique_ptr<Model> load(const std::filesystem::path& dir, ModelOptions options = {},
                                      std::unique_ptr<Backend> backend = nullptr);
+  // A model whose tensors come from any source (e.g. RandomWeights for benchmarks).
+  static std::unique_ptr<Model> create(ModelConfig config, std::unique_ptr<TensorSource> source,
+                                       ModelOptions options = {},
+                                       std::unique_ptr<Backend> backend = nullptr);
   ~Model();
 
   const ModelConfig& config() const { return config_; }
@@ -94,7 +98,7 @@ class Model {
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
 
  private:
-  Model(ModelConfig config, Checkpoint checkpoint, ModelOptions options,
+  Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
         std::unique_ptr<Backend> backend);
 
   // Each takes x = rms(h) of one sequence's tokens [T, D] and writes [T, D].
@@ -115,7 +119,7 @@ class Model {
   void dump(std::string_view name, const float* data, int64_t rows, int64_t cols) const;
 
   ModelConfig config_;
-  Checkpoint checkpoint_;
+  std::unique_ptr<TensorSource> source_;  // keeps the host tensors (mmaps) alive
   ModelOptions options_;
   std::unique_ptr<Backend> backend_;
   LoadedWeights host_weights_;

@@ -12,8 +12,8 @@
 
 #include "core/weight.h"
 #include "kernels/mlp/params.h"
-#include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/tensor_source.h"
 
 namespace hyserve {
 
@@ -88,8 +88,8 @@ struct LoadedWeights {
 
 // Finds and checks every tensor the config implies. Throws CheckpointError naming
 // the file and tensor on the first missing / misshapen / mistyped one. The
-// checkpoint must outlive the weights.
-LoadedWeights load_weights(const ModelConfig& config, const Checkpoint& checkpoint);
+// source must outlive the weights.
+LoadedWeights load_weights(const ModelConfig& config, const TensorSource& source);
 
 // Calls on_weight(Weight&) for every non-empty matrix and on_vec(Vec&) for every
 // non-empty small tensor of w, in a fixed order.
