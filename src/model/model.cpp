@@ -232,12 +232,14 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   float* h = workspace_.floats(t * d);
   float* x = workspace_.floats(t * d);
   float* out = workspace_.floats(t * d);
+  trace("embed");
   backend_->embedding_lookup(weights_.embed, ids_dev, t, h);
   dump("embed", h, t, d);
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& lw = weights_.layers[layer];
     // h = h + attn(rms(h)), attention per sequence.
+    trace(layer_name(layer, "attention"));
     rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
     for (size_t i = 0; i < batch.size(); ++i) {
       const int64_t o = offset[i], n = offset[i + 1] - offset[i];
@@ -252,6 +254,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     dump(layer_name(layer, "attn_out"), out, t, d);
     backend_->add(h, out, t * d);
     // h = h + mlp(rms(h)), over the whole batch.
+    trace(layer_name(layer, "mlp"));
     rms_norm(h, lw.post_norm, t, d, c.rms_norm_eps, x);
     const Workspace::Mark mark = workspace_.mark();
     feed_forward(layer, x, t, out);
@@ -264,6 +267,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
 
   // logits = lm_head(rms(h)) for the rows asked for.
+  trace("lm_head");
   float* rows = workspace_.floats(num_rows * d);
   int64_t r = 0;
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -96,6 +96,9 @@ class Model {
   Workspace& workspace() const { return workspace_; }
 
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
+  // Called with the name of each section as it starts ("embed", "layers.3.attention",
+  // "layers.3.mlp", "lm_head"): profilers attribute the ops that follow to it.
+  void set_trace(std::function<void(std::string_view section)> fn) { trace_ = std::move(fn); }
 
  private:
   Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
@@ -117,6 +120,9 @@ class Model {
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
                 float* y) const;
   void dump(std::string_view name, const float* data, int64_t rows, int64_t cols) const;
+  void trace(std::string_view section) const {
+    if (trace_) trace_(section);
+  }
 
   ModelConfig config_;
   std::unique_ptr<TensorSource> source_;  // keeps the host tensors (mmaps) alive
@@ -128,6 +134,7 @@ class Model {
   RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
   mutable Workspace workspace_;
   DumpFn dump_;
+  std::function<void(std::string_view)> trace_;
 };
 
 }  // namespace hyserve

@@ -1,0 +1,203 @@
+#include "timing_backend.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "util/cuda_check.h"
+
+namespace hyserve::bench {
+
+TimingBackend::TimingBackend(std::unique_ptr<Backend> inner)
+    : inner_(std::move(inner)), stream_(static_cast<cudaStream_t>(inner_->native_stream())) {}
+
+TimingBackend::~TimingBackend() {
+  for (cudaEvent_t e : events_) cudaEventDestroy(e);
+}
+
+void TimingBackend::begin() {
+  records_.clear();
+  recording_ = true;
+}
+
+std::vector<OpRecord> TimingBackend::end() {
+  recording_ = false;
+  CUDA_CHECK(cudaStreamSynchronize(stream_));
+  for (size_t i = 0; i < records_.size(); ++i) {
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events_[2 * i], events_[2 * i + 1]));
+    records_[i].time_us = ms * 1000.0f;
+  }
+  return std::move(records_);
+}
+
+template <typename F>
+void TimingBackend::timed(const char* op, double bytes, double flops, F&& run) {
+  if (!recording_) {
+    run();
+    return;
+  }
+  const size_t i = records_.size();
+  while (events_.size() < 2 * (i + 1)) {
+    cudaEvent_t e;
+    CUDA_CHECK(cudaEventCreate(&e));
+    events_.push_back(e);
+  }
+  CUDA_CHECK(cudaEventRecord(events_[2 * i], stream_));
+  run();
+  CUDA_CHECK(cudaEventRecord(events_[2 * i + 1], stream_));
+  records_.push_back({section_, op, bytes, flops, 0.0f});
+}
+
+// Bytes: every byte an op must read or write at least once (weights in their stored
+// format, fp32 activations, the cache rows it attends over). FLOPs: multiply-adds x 2.
+
+void TimingBackend::copy(void* d, const void* s, size_t n) {
+  timed("copy", 2.0 * n, 0, [&] { inner_->copy(d, s, n); });
+}
+
+void TimingBackend::linear(const LinearParams& p) {
+  const double t = p.num_tokens, r = p.w->rows, c = p.w->cols;
+  timed("linear", p.w->storage_bytes() + 4 * t * (r + c), 2 * t * r * c,
+        [&] { inner_->linear(p); });
+}
+
+void TimingBackend::embedding_lookup(const Weight& w, const int32_t* ids, int64_t n, float* out) {
+  timed("embedding", n * w.cols * 6.0, 0, [&] { inner_->embedding_lookup(w, ids, n, out); });
+}
+
+void TimingBackend::rms_norm(const RmsNormParams& p) {
+  timed("rms_norm", 8.0 * p.num_rows * p.dim, 4.0 * p.num_rows * p.dim,
+        [&] { inner_->rms_norm(p); });
+}
+
+void TimingBackend::layer_norm(const LayerNormParams& p) {
+  timed("layer_norm", 8.0 * p.num_rows * p.dim, 6.0 * p.num_rows * p.dim,
+        [&] { inner_->layer_norm(p); });
+}
+
+void TimingBackend::rope(const RopeTable& table, const RopeParams& p, bool neox) {
+  timed("rope", 8.0 * p.num_tokens * p.num_heads * table.rotary_dim,
+        6.0 * p.num_tokens * p.num_heads * table.rotary_dim,
+        [&] { inner_->rope(table, p, neox); });
+}
+
+void TimingBackend::mla_attention(const MlaAttentionParams& p, bool absorbed) {
+  // Keys per query: the top-k set, or every causal key (decode: all S).
+  const double t = p.num_tokens, s = p.num_keys, row = p.kv_lora + p.dr;
+  const double keys = p.topk ? std::min<double>(p.topk_width, s) * t : t * (s - (t - 1) / 2.0);
+  const double rows_read = p.topk ? std::min(s, keys) : s;
+  const double kvb = p.kv_b->storage_bytes();
+  const double absorb = 2.0 * t * p.num_heads * p.kv_lora * (p.dn + p.dv);
+  timed("mla_attention", rows_read * row * 4 + kvb + 4 * t * p.num_heads * (p.dn + p.dr + p.dv),
+        2.0 * p.num_heads * keys * (row + p.kv_lora) + absorb,
+        [&] { inner_->mla_attention(p, absorbed); });
+}
+
+void TimingBackend::hadamard_rotate(float* x, int64_t rows, int64_t dim) {
+  timed("hadamard", 8.0 * rows * dim, rows * dim * std::log2(static_cast<double>(dim)),
+        [&] { inner_->hadamard_rotate(x, rows, dim); });
+}
+
+void TimingBackend::quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
+                                       float* scales) {
+  timed("quantize_fp8", 5.0 * rows * dim, 2.0 * rows * dim,
+        [&] { inner_->quantize_fp8_ue8m0(x, rows, dim, q, scales); });
+}
+
+void TimingBackend::indexer_scores(const IndexerScoreParams& p) {
+  const double t = p.num_tokens, s = p.num_keys, h = p.num_heads, d = p.head_dim;
+  timed("indexer_scores", s * d * 4 + t * h * d * 4 + t * s * 4, 2 * t * h * s * d,
+        [&] { inner_->indexer_scores(p); });
+}
+
+void TimingBackend::indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
+  const double t = p.num_tokens, s = p.num_keys, h = p.num_heads, d = p.head_dim;
+  timed("indexer_scores_fp8", s * (d + 4) + t * h * d * 4 + t * s * 4, 2 * t * h * s * d,
+        [&] { inner_->indexer_scores_fp8_cache(p); });
+}
+
+void TimingBackend::causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s,
+                                int64_t k, int32_t* out) {
+  timed("topk", 4.0 * t * s + 4.0 * t * k, 0,
+        [&] { inner_->causal_topk(scores, q_pos, t, s, k, out); });
+}
+
+void TimingBackend::short_conv_silu(const ShortConvParams& p) {
+  timed("short_conv", 8.0 * p.num_tokens * p.channels,
+        2.0 * p.num_tokens * p.channels * p.kernel_size, [&] { inner_->short_conv_silu(p); });
+}
+
+void TimingBackend::kda_gate(const KdaGateParams& p) {
+  const double n = static_cast<double>(p.num_tokens) * p.num_heads * p.head_dim;
+  timed("kda_gate", 8.0 * n, 10.0 * n, [&] { inner_->kda_gate(p); });
+}
+
+void TimingBackend::l2norm_rows(float* x, int64_t rows, int64_t dim, float s) {
+  timed("l2norm", 8.0 * rows * dim, 3.0 * rows * dim,
+        [&] { inner_->l2norm_rows(x, rows, dim, s); });
+}
+
+void TimingBackend::kda_recurrent(const KdaParams& p) {
+  const double t = p.num_tokens, h = p.num_heads, k = p.head_dim;
+  timed("kda_recurrent", 2 * h * k * k * 4 + t * h * (4 * k + 1) * 4, t * h * k * k * 8,
+        [&] { inner_->kda_recurrent(p); });
+}
+
+void TimingBackend::kda_chunked(const KdaParams& p) {
+  const double t = p.num_tokens, h = p.num_heads, k = p.head_dim;
+  timed("kda_chunked", 2 * h * k * k * 4 + t * h * (5 * k + 1) * 4,
+        t * h * (8 * k * k + 4 * 64 * k), [&] { inner_->kda_chunked(p); });
+}
+
+void TimingBackend::gated_rms_norm(const GatedRmsNormParams& p) {
+  const double n = static_cast<double>(p.num_tokens) * p.num_heads * p.head_dim;
+  timed("gated_rms_norm", 12.0 * n, 8.0 * n, [&] { inner_->gated_rms_norm(p); });
+}
+
+void TimingBackend::mlp(const MlpParams& p) {
+  const double t = p.num_tokens, d = p.w->down.rows, i = p.w->down.cols;
+  const double wb = p.w->gate.storage_bytes() + p.w->up.storage_bytes() + p.w->down.storage_bytes();
+  timed("mlp", wb + 8 * t * d, 6 * t * d * i, [&] { inner_->mlp(p); });
+}
+
+void TimingBackend::route_experts(const RouterParams& p) {
+  const double t = p.num_tokens, e = p.num_experts, d = p.gate->cols;
+  timed("router", p.gate->storage_bytes() + 4 * t * d, 2 * t * e * d,
+        [&] { inner_->route_experts(p); });
+}
+
+void TimingBackend::moe(const MoeParams& p) {
+  // Expected distinct experts among T*k uniform picks: E (1 - (1 - k/E)^T).
+  const MlpWeights& e0 = p.experts[0];
+  const double t = p.num_tokens, e = p.num_experts, k = p.top_k;
+  const double distinct = e * (1 - std::pow(1 - k / e, t));
+  const double expert_bytes = e0.gate.storage_bytes() + e0.up.storage_bytes() + e0.down.storage_bytes();
+  const double d = e0.down.rows, i = e0.down.cols;
+  double bytes = distinct * expert_bytes + 8 * t * d, flops = 6 * t * k * d * i;
+  if (p.shared) {
+    bytes += p.shared->gate.storage_bytes() + p.shared->up.storage_bytes() +
+             p.shared->down.storage_bytes();
+    flops += 6 * t * d * p.shared->down.cols;
+  }
+  timed("moe", bytes, flops, [&] { inner_->moe(p); });
+}
+
+void TimingBackend::add(float* y, const float* x, int64_t n) {
+  timed("add", 12.0 * n, n, [&] { inner_->add(y, x, n); });
+}
+void TimingBackend::sigmoid_mul(float* y, const float* g, int64_t n) {
+  timed("sigmoid_mul", 12.0 * n, 4.0 * n, [&] { inner_->sigmoid_mul(y, g, n); });
+}
+void TimingBackend::sigmoid(float* x, int64_t n) {
+  timed("sigmoid", 8.0 * n, 4.0 * n, [&] { inner_->sigmoid(x, n); });
+}
+void TimingBackend::scale(float* x, float s, int64_t n) {
+  timed("scale", 8.0 * n, n, [&] { inner_->scale(x, s, n); });
+}
+void TimingBackend::copy_columns(float* dst, const float* src, int64_t rows, int64_t stride,
+                                 int64_t col, int64_t width) {
+  timed("copy_columns", 8.0 * rows * width, 0,
+        [&] { inner_->copy_columns(dst, src, rows, stride, col, width); });
+}
+
+}  // namespace hyserve::bench

@@ -1,0 +1,89 @@
+// TimingBackend: a Backend decorator for benchmarks. It forwards every op to a CUDA
+// backend and brackets it with CUDA events, recording the op's name, the model
+// section it ran in (Model::set_trace), and the bytes it must move and the FLOPs it
+// must do (counted from its Params, documented per op in timing_backend.cpp).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/backend.h"
+
+namespace hyserve::bench {
+
+struct OpRecord {
+  std::string section;
+  std::string op;
+  double bytes = 0;
+  double flops = 0;
+  float time_us = 0;
+};
+
+class TimingBackend final : public Backend {
+ public:
+  explicit TimingBackend(std::unique_ptr<Backend> inner);
+  ~TimingBackend() override;
+
+  // Starts recording; section names come from set_section().
+  void begin();
+  // Waits for the stream and returns the records since begin().
+  std::vector<OpRecord> end();
+  void set_section(std::string_view s) { section_ = s; }
+
+  DeviceKind kind() const override { return inner_->kind(); }
+  void* allocate(size_t n) override { return inner_->allocate(n); }
+  void release(void* p) override { inner_->release(p); }
+  void copy(void* d, const void* s, size_t n) override;
+  void upload(void* d, const void* s, size_t n) override { inner_->upload(d, s, n); }
+  void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
+  void fill_zero(void* d, size_t n) override { inner_->fill_zero(d, n); }
+  void synchronize() override { inner_->synchronize(); }
+  void freeze() override { inner_->freeze(); }
+  void* native_stream() const override { return inner_->native_stream(); }
+
+  void linear(const LinearParams& p) override;
+  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;
+  void rms_norm(const RmsNormParams& p) override;
+  void layer_norm(const LayerNormParams& p) override;
+  void rope(const RopeTable& table, const RopeParams& p, bool neox) override;
+  void mla_attention(const MlaAttentionParams& p, bool absorbed) override;
+  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override;
+  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
+                          float* scales) override;
+  void indexer_scores(const IndexerScoreParams& p) override;
+  void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override;
+  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
+                   int32_t* out) override;
+  void short_conv_silu(const ShortConvParams& p) override;
+  void kda_gate(const KdaGateParams& p) override;
+  void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) override;
+  void kda_recurrent(const KdaParams& p) override;
+  void kda_chunked(const KdaParams& p) override;
+  void gated_rms_norm(const GatedRmsNormParams& p) override;
+  void mlp(const MlpParams& p) override;
+  void route_experts(const RouterParams& p) override;
+  void moe(const MoeParams& p) override;
+  void add(float* y, const float* x, int64_t n) override;
+  void sigmoid_mul(float* y, const float* g, int64_t n) override;
+  void sigmoid(float* x, int64_t n) override;
+  void scale(float* x, float s, int64_t n) override;
+  void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
+                    int64_t width) override;
+
+ private:
+  template <typename F>
+  void timed(const char* op, double bytes, double flops, F&& run);
+
+  std::unique_ptr<Backend> inner_;
+  cudaStream_t stream_;
+  std::vector<cudaEvent_t> events_;  // 2 per record, reused
+  std::vector<OpRecord> records_;
+  std::string section_;
+  bool recording_ = false;
+};
+
+}  // namespace hyserve::bench
