@@ -15,8 +15,14 @@ under tests/fixtures/tokenizer/:
   gpt2/expected.json
 
 expected.json: {"vocab_size", "special": {content: id}, "encode_special": [[ids]] (special
-tokens parsed), "encode_plain": [[ids]] (special tokens are plain text), "decode":
-[{"ids", "skip_special", "text"}] (text = the package's decode, invalid UTF-8 as U+FFFD)}.
+tokens parsed), "encode_plain": [[ids]] (special tokens are plain text), "pieces": [[str]]
+(the pre-tokenizer's pieces of each whole string), "decode": [{"ids", "skip_special",
+"text"}] (text = the package's decode, invalid UTF-8 as U+FFFD)}.
+
+A small vocabulary hides split differences (no token spans the boundary that a wrong split
+would move), hence "pieces": from tokenizers' pre_tokenize_str, and for Kimi from the
+`regex` module (V1, which reads `&&`), checked against tiktoken's own split by encoding
+with a probe vocabulary made of exactly those pieces.
 
 Deterministic: fixed seeds; a re-run reproduces every file byte for byte.
 Usage: /work/venv/bin/python tools/make_tokenizer_fixtures.py
@@ -27,6 +33,7 @@ import json
 import random
 from pathlib import Path
 
+import regex
 import tiktoken
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -227,6 +234,20 @@ def write_json(path, obj):
     path.write_text(json.dumps(obj, ensure_ascii=True, separators=(",", ":")) + "\n")
 
 
+def kimi_pieces(strings):
+    pattern = regex.compile(KIMI_PAT, flags=regex.V1)
+    pieces = [pattern.findall(s) for s in strings]
+    probe_ranks = {bytes([b]): b for b in range(256)}
+    for piece in (p.encode() for ps in pieces for p in ps):
+        probe_ranks.setdefault(piece, len(probe_ranks))
+    probe = tiktoken.Encoding(name="probe", pat_str=KIMI_PAT, mergeable_ranks=probe_ranks,
+                              special_tokens={})
+    for s, ps in zip(strings, pieces):
+        if probe.encode_ordinary(s) != [probe_ranks[p.encode()] for p in ps]:
+            raise SystemExit(f"regex and tiktoken split {s!r} differently")
+    return pieces
+
+
 def make_kimi(corpus, strings):
     split = pre_tokenizers.Split(Regex(KIMI_PAT), behavior="isolated", invert=False)
     tok = train_bpe(corpus, pre_tokenizers.Sequence(
@@ -261,6 +282,7 @@ def make_kimi(corpus, strings):
         "special": specials,
         "encode_special": [enc.encode(s, allowed_special="all") for s in strings],
         "encode_plain": [enc.encode(s, disallowed_special=()) for s in strings],
+        "pieces": kimi_pieces(strings),
         "decode": decode,
     })
 
@@ -271,6 +293,7 @@ def expected_hf(tok, strings, seed):
         return tok.encode(s, add_special_tokens=False).ids
 
     specials = {t.content: i for i, t in tok.get_added_tokens_decoder().items()}
+    dec = byte_decoder()
     rng = random.Random(seed)
     decode = []
     for ids in random_id_lists(rng, tok.get_vocab_size(), sorted(specials.values())):
@@ -282,6 +305,8 @@ def expected_hf(tok, strings, seed):
         "special": specials,
         "encode_special": [encode(s, False) for s in strings],
         "encode_plain": [encode(s, True) for s in strings],
+        "pieces": [[bytes(dec[c] for c in piece).decode() for piece, _ in
+                    tok.pre_tokenizer.pre_tokenize_str(s)] for s in strings],
         "decode": decode,
     }
     tok.encode_special_tokens = False

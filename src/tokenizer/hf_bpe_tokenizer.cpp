@@ -309,8 +309,9 @@ void HfBpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& 
   ids.insert(ids.end(), symbols.begin(), symbols.end());
 }
 
-void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& ids) const {
-  std::vector<std::string_view> pieces = {text};
+std::vector<std::string_view> HfBpeTokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string_view> pieces;
+  if (!text.empty()) pieces.push_back(text);
   for (const auto& split : splits_) {
     std::vector<std::string_view> next;
     for (std::string_view piece : pieces) {
@@ -324,9 +325,7 @@ void HfBpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>&
     }
     pieces = std::move(next);
   }
-  for (std::string_view piece : pieces) {
-    if (!piece.empty()) encode_piece(piece, ids);
-  }
+  return pieces;
 }
 
 std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool allow_special) const {
@@ -364,7 +363,7 @@ std::vector<int32_t> HfBpeTokenizer::encode(std::string_view text, bool allow_sp
     if (segment.id >= 0) {
       ids.push_back(segment.id);
     } else {
-      encode_segment(segment.text, ids);
+      for (std::string_view piece : pre_tokenize(segment.text)) encode_piece(piece, ids);
     }
   }
   return ids;

@@ -45,6 +45,10 @@ class HfBpeTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
 
+  // The pieces BPE runs on for text without added tokens (tokenizers'
+  // pre_tokenizer.pre_tokenize_str, as bytes rather than byte-level characters).
+  std::vector<std::string_view> pre_tokenize(std::string_view text) const;
+
  private:
   struct StringHash {
     using is_transparent = void;
@@ -61,7 +65,6 @@ class HfBpeTokenizer final : public Tokenizer {
   };
 
   HfBpeTokenizer() = default;
-  void encode_segment(std::string_view text, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
 
   std::vector<Token> tokens_;  // [vocab_size] by id

@@ -220,10 +220,16 @@ void TiktokenTokenizer::encode_piece(std::string_view piece, std::vector<int32_t
   for (const auto& [begin, end] : parts) ids.push_back(rank_of(piece.substr(begin, end - begin)));
 }
 
-void TiktokenTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const {
+std::vector<std::string_view> TiktokenTokenizer::pre_tokenize(std::string_view text) const {
+  std::vector<std::string_view> pieces;
   for (const auto& [begin, end] : split_regex_.find_all(text)) {
-    encode_piece(text.substr(begin, end - begin), ids);
+    pieces.push_back(text.substr(begin, end - begin));
   }
+  return pieces;
+}
+
+void TiktokenTokenizer::encode_ordinary(std::string_view text, std::vector<int32_t>& ids) const {
+  for (std::string_view piece : pre_tokenize(text)) encode_piece(piece, ids);
 }
 
 std::vector<int32_t> TiktokenTokenizer::encode(std::string_view text, bool allow_special) const {

@@ -63,6 +63,10 @@ class TiktokenTokenizer final : public Tokenizer {
   bool is_special(int32_t id) const override;
   int64_t vocab_size() const override { return num_base_ + kNumReservedSpecial; }
 
+  // The pieces BPE runs on for ordinary text (no special-token handling): the split regex's
+  // matches (text between matches is dropped, as in tiktoken; Kimi's regex matches everything).
+  std::vector<std::string_view> pre_tokenize(std::string_view text) const;
+
   // N: the number of ranks in tiktoken.model.
   int32_t num_base_tokens() const { return num_base_; }
 
