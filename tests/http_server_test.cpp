@@ -687,6 +687,11 @@ TEST(HttpMessageTest, ParsesRequestHead) {
   EXPECT_EQ(request.headers.get("x-dup"), "1");
   EXPECT_EQ(request.headers.get_all("X-DUP"), (std::vector<std::string_view>{"1", "2"}));
   EXPECT_FALSE(request.headers.has("Accept"));
+
+  const HttpRequest absolute = parse_request_head("GET HTTP://host:8000/v1/models?x=1 HTTP/1.0\n");
+  EXPECT_EQ(absolute.path, "/v1/models");
+  EXPECT_EQ(absolute.query_param("x"), "1");
+  EXPECT_EQ(absolute.minor_version, 0);
 }
 
 TEST(HttpMessageTest, RejectsMalformedHeads) {

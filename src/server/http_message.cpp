@@ -170,7 +170,15 @@ HttpRequest parse_request_head(std::string_view head) {
   const std::string_view target = request_line.substr(sp1 + 1, sp2 - sp1 - 1);
   const std::string_view version = request_line.substr(sp2 + 1);
   if (!is_token(method)) bad_request("malformed request method");
-  if (target.empty() || target.front() != '/') bad_request("request target must be an origin path");
+  // The absolute form ("http://host/path", as sent to proxies) routes like its path.
+  std::string_view origin = target;
+  if (const auto scheme_end = target.find("://");
+      scheme_end != std::string_view::npos && (iequals(target.substr(0, scheme_end), "http") ||
+                                               iequals(target.substr(0, scheme_end), "https"))) {
+    const auto slash = target.find('/', scheme_end + 3);
+    origin = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+  }
+  if (origin.empty() || origin.front() != '/') bad_request("request target must be a path");
   for (char c : target)
     if (static_cast<unsigned char>(c) <= 0x20 || c == 0x7f) bad_request("bad request target");
   if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.' ||
@@ -181,9 +189,9 @@ HttpRequest parse_request_head(std::string_view head) {
   request.method = std::string(method);
   request.target = std::string(target);
   request.minor_version = version[7] - '0';
-  const auto question = target.find('?');
-  request.path = percent_decode(target.substr(0, question), false);
-  if (question != std::string_view::npos) parse_query(target.substr(question + 1), request);
+  const auto question = origin.find('?');
+  request.path = percent_decode(origin.substr(0, question), false);
+  if (question != std::string_view::npos) parse_query(origin.substr(question + 1), request);
 
   // field-line = field-name ":" OWS field-value OWS; no obs-fold, no space before ':'.
   while (!head.empty()) {

@@ -18,6 +18,7 @@
 #include <cstring>
 #include <ctime>
 #include <optional>
+#include <system_error>
 #include <utility>
 
 namespace hyserve {
@@ -498,17 +499,33 @@ void HttpServer::accept_loop() {
     connection->remote_address = format_address(peer, peer_length);
     Connection* raw = connection.get();
     connections_.push_back(std::move(connection));
-    raw->thread = std::thread([this, raw] {
-      serve_connection(*raw);
-      {
-        std::lock_guard done_lock(mutex_);
-        close(raw->fd);
-        raw->fd = -1;
-        raw->done = true;
-      }
-      changed_.notify_all();
-    });
+    try {
+      raw->thread = std::thread([this, raw] { run_connection(*raw); });
+    } catch (const std::system_error& e) {
+      connections_.pop_back();
+      lock.unlock();
+      HttpResponseWriter writer(fd, 1, false);
+      writer.send_error(503, str_cat("cannot start a connection thread: ", e.what()));
+      shutdown(fd, SHUT_WR);
+      close(fd);
+    }
   }
+}
+
+void HttpServer::run_connection(Connection& connection) {
+  try {
+    serve_connection(connection);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyserve: connection %s failed: %s\n", connection.remote_address.c_str(),
+                 e.what());
+  }
+  {
+    std::lock_guard lock(mutex_);
+    close(connection.fd);
+    connection.fd = -1;
+    connection.done = true;
+  }
+  changed_.notify_all();
 }
 
 void HttpServer::reap_finished_connections(bool all) {

@@ -129,6 +129,8 @@ class HttpServer {
   struct Connection;
 
   void accept_loop();
+  // The connection thread: serve_connection, then close the socket and mark it done.
+  void run_connection(Connection& connection);
   void serve_connection(Connection& connection);
   void dispatch(const HttpRequest& request, HttpResponseWriter& writer);
   void reap_finished_connections(bool all);
