@@ -83,6 +83,11 @@ class HttpResponseWriter {
   std::atomic<bool> failed_{false};  // a write failed: the peer is gone or stuck
 };
 
+// Answers one request through the writer. A handler that throws HttpError gets that status
+// and message as an OpenAI error; any other exception gets 500 (and a log line on stderr);
+// one that returns without responding gets 500. A throw after start_stream() cuts the stream
+// short. A streaming handler must return soon after write_chunk() fails or
+// client_disconnected() turns true: stop() joins its thread.
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponseWriter&)>;
 
 struct HttpServerOptions {
