@@ -77,8 +77,7 @@ void TimingBackend::layer_norm(const LayerNormParams& p) {
 
 void TimingBackend::rope(const RopeTable& table, const RopeParams& p, bool neox) {
   timed("rope", 8.0 * p.num_tokens * p.num_heads * table.rotary_dim,
-        6.0 * p.num_tokens * p.num_heads * table.rotary_dim,
-        [&] { inner_->rope(table, p, neox); });
+        6.0 * p.num_tokens * p.num_heads * table.rotary_dim, [&] { inner_->rope(table, p, neox); });
 }
 
 void TimingBackend::mla_attention(const MlaAttentionParams& p, bool absorbed) {
@@ -171,7 +170,8 @@ void TimingBackend::moe(const MoeParams& p) {
   const MlpWeights& e0 = p.experts[0];
   const double t = p.num_tokens, e = p.num_experts, k = p.top_k;
   const double distinct = e * (1 - std::pow(1 - k / e, t));
-  const double expert_bytes = e0.gate.storage_bytes() + e0.up.storage_bytes() + e0.down.storage_bytes();
+  const double expert_bytes =
+      e0.gate.storage_bytes() + e0.up.storage_bytes() + e0.down.storage_bytes();
   const double d = e0.down.rows, i = e0.down.cols;
   double bytes = distinct * expert_bytes + 8 * t * d, flops = 6 * t * k * d * i;
   if (p.shared) {

@@ -1,0 +1,291 @@
+// hyserve_layer_bench: one KDA layer, one MLA+DSA layer and one MoE layer at the true
+// dimensions of a config (default ../shared/configs/kimi-k3.1-pro.json), random weights
+// (RandomWeights: bf16 matrices, MXFP4 experts as the config says), on one GPU.
+//
+// Cases: decode at batch 1, 8, 64 with --context past tokens per sequence (caches filled
+// with random data), and a prefill of --prefill tokens. For each case it prints one JSON
+// line per model section (KDA attention, dense MLP, MLA+DSA attention, MoE, embed, lm_head)
+// and per op within it: median time over --iters runs, bytes that must move, FLOPs,
+// achieved GB/s and TFLOP/s, and their ratios to the device-to-device copy bandwidth and
+// the bf16 GEMM rate measured at the start of the same run.
+//
+// The synthetic model has two decoder layers: layer 0 = KDA + dense MLP (as K3.1 Pro's
+// first layer), layer 1 = MLA with the DSA indexer + MoE. Caches: fp32 latent, FP8 index
+// keys (the current engine's formats).
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/cuda/device_buffer.h"
+#include "model/model.h"
+#include "model/random_weights.h"
+#include "timing_backend.h"
+#include "util/cuda_check.h"
+
+namespace hyserve::bench {
+namespace {
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0f : v[v.size() / 2];
+}
+
+// Device-to-device copy bandwidth, bytes read + written per second.
+double measure_copy_bandwidth() {
+  const size_t n = size_t{2} << 30;
+  cuda::DeviceBuffer a(n), b(n);
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 25; ++i) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 5) ms.push_back(t);
+  }
+  return 2.0 * n / (median(ms) * 1e-3);
+}
+
+// bf16 GEMM 8192^3 with fp32 accumulation (cuBLAS), FLOP/s.
+double measure_gemm_rate() {
+  const int n = 8192;
+  cuda::DeviceBuffer a(size_t{2} * n * n), b(size_t{2} * n * n), c(size_t{2} * n * n);
+  CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.size()));
+  CUDA_CHECK(cudaMemset(b.data(), 0x3c, b.size()));
+  cublasHandle_t h;
+  CUBLAS_CHECK(cublasCreate(&h));
+  const float alpha = 1.0f, beta = 0.0f;
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 25; ++i) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF,
+                              n, b.data(), CUDA_R_16BF, n, &beta, c.data(), CUDA_R_16BF, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 5) ms.push_back(t);
+  }
+  cublasDestroy(h);
+  return 2.0 * n * n * static_cast<double>(n) / (median(ms) * 1e-3);
+}
+
+// Fills a state's caches for `context` past tokens with random data of the right kind.
+void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19937_64& rng) {
+  const ModelConfig& c = model.config();
+  Backend& b = model.backend();
+  model.reserve(s, context + 64);
+  auto random_floats = [&](size_t n, float amp) {
+    std::vector<float> v(n);
+    std::uniform_real_distribution<float> d(-amp, amp);
+    for (float& x : v) x = d(rng);
+    return v;
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.is_kda(l)) {
+      SequenceState::Kda& k = s.kda[l];
+      const auto st = random_floats(k.recurrent.size() / 4, 0.05f);
+      b.upload(k.recurrent.data(), st.data(), k.recurrent.size());
+      continue;
+    }
+    SequenceState::Mla& m = s.mla[l];
+    const auto lat =
+        random_floats(static_cast<size_t>(context * (c.kv_lora_rank + c.qk_rope_head_dim)), 1.0f);
+    b.upload(m.latent.data(), lat.data(), lat.size() * 4);
+    if (m.index_keys_fp8.size()) {
+      std::vector<uint8_t> codes(static_cast<size_t>(context * c.index_head_dim));
+      for (auto& x : codes) x = static_cast<uint8_t>(rng() & 0x77);  // finite e4m3 codes
+      b.upload(m.index_keys_fp8.data(), codes.data(), codes.size());
+      const std::vector<float> scales(static_cast<size_t>(context), 1.0f / 64);
+      b.upload(m.index_key_scales.data(), scales.data(), scales.size() * 4);
+    }
+  }
+  s.num_tokens = context;
+  b.synchronize();
+}
+
+struct Peaks {
+  double copy_bytes_per_s;
+  double gemm_flops_per_s;
+};
+
+// Runs `step` iters times and prints one JSON line per section and per (section, op).
+void report(const std::string& case_name, int64_t batch, int64_t context, int64_t tokens,
+            TimingBackend& timing, const Peaks& peaks, int iters,
+            const std::function<void()>& step) {
+  std::map<std::pair<std::string, std::string>, std::vector<float>> times;
+  std::map<std::pair<std::string, std::string>, OpRecord> totals;
+  std::map<std::string, std::vector<float>> section_times;
+  std::vector<float> step_times;
+  for (int i = 0; i < iters + 2; ++i) {
+    timing.begin();
+    step();
+    const std::vector<OpRecord> recs = timing.end();
+    if (i < 2) continue;  // warm-up
+    std::map<std::pair<std::string, std::string>, float> sum;
+    std::map<std::string, float> section_sum;
+    float total = 0;
+    for (const OpRecord& r : recs) {
+      const auto key = std::make_pair(r.section, r.op);
+      sum[key] += r.time_us;
+      section_sum[r.section] += r.time_us;
+      total += r.time_us;
+      if (i == 2) {
+        OpRecord& t = totals[key];
+        t.section = r.section;
+        t.op = r.op;
+        t.bytes += r.bytes;
+        t.flops += r.flops;
+      }
+    }
+    for (auto& [k, v] : sum) times[k].push_back(v);
+    for (auto& [k, v] : section_sum) section_times[k].push_back(v);
+    step_times.push_back(total);
+  }
+  auto emit = [&](const std::string& section, const std::string& op, float us, double bytes,
+                  double flops) {
+    nlohmann::json j;
+    j["bench"] = "layer";
+    j["case"] = case_name;
+    j["batch"] = batch;
+    j["context"] = context;
+    j["tokens"] = tokens;
+    j["section"] = section;
+    j["op"] = op;
+    j["time_us"] = us;
+    j["bytes"] = bytes;
+    j["flops"] = flops;
+    const double gbps = bytes / (us * 1e-6) / 1e9, tflops = flops / (us * 1e-6) / 1e12;
+    j["gb_per_s"] = gbps;
+    j["tflop_per_s"] = tflops;
+    j["frac_copy_bw"] = gbps * 1e9 / peaks.copy_bytes_per_s;
+    j["frac_gemm"] = tflops * 1e12 / peaks.gemm_flops_per_s;
+    std::printf("%s\n", j.dump().c_str());
+  };
+  std::map<std::string, std::pair<double, double>> section_work;
+  for (auto& [k, t] : totals) {
+    emit(k.first, k.second, median(times[k]), t.bytes, t.flops);
+    section_work[k.first].first += t.bytes;
+    section_work[k.first].second += t.flops;
+  }
+  double all_bytes = 0, all_flops = 0;
+  for (auto& [s, v] : section_times) {
+    emit(s, "total", median(v), section_work[s].first, section_work[s].second);
+    all_bytes += section_work[s].first;
+    all_flops += section_work[s].second;
+  }
+  emit("step", "total", median(step_times), all_bytes, all_flops);
+  std::fflush(stdout);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Layer benchmark at full model dimensions (random weights)"};
+  std::string config_path =
+      std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro.json";
+  int64_t context = 32768, prefill = 4096;
+  std::vector<int64_t> batches = {1, 8, 64};
+  int iters = 10;
+  app.add_option("--config", config_path, "config.json of the model")->capture_default_str();
+  app.add_option("--context", context, "past tokens per sequence in decode")->capture_default_str();
+  app.add_option("--prefill", prefill, "prompt tokens of the prefill case")->capture_default_str();
+  app.add_option("--batches", batches, "decode batch sizes")->delimiter(',');
+  app.add_option("--iters", iters, "timed runs per case")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  const Peaks peaks{measure_copy_bandwidth(), measure_gemm_rate()};
+  {
+    nlohmann::json j;
+    j["bench"] = "peaks";
+    j["copy_gb_per_s"] = peaks.copy_bytes_per_s / 1e9;
+    j["bf16_gemm_tflop_per_s"] = peaks.gemm_flops_per_s / 1e12;
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    j["gpu"] = prop.name;
+    std::printf("%s\n", j.dump().c_str());
+  }
+
+  ModelConfig c = ModelConfig::load(config_path);
+  c.num_hidden_layers = 2;
+  c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
+  c.mlp_kinds = {MlpKind::kDense, MlpKind::kMoe};
+  auto timing_owner = std::make_unique<TimingBackend>(make_cuda_backend(0));
+  TimingBackend& timing = *timing_owner;
+  ModelOptions options;
+  options.indexer_fp8 = true;
+  auto model =
+      Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
+  model->set_trace([&](std::string_view s) {
+    const std::string name(s);
+    if (name == "layers.0.attention") {
+      timing.set_section("kda_attention");
+    } else if (name == "layers.0.mlp") {
+      timing.set_section("dense_mlp");
+    } else if (name == "layers.1.attention") {
+      timing.set_section("mla_dsa_attention");
+    } else if (name == "layers.1.mlp") {
+      timing.set_section("moe");
+    } else {
+      timing.set_section(name);
+    }
+  });
+  std::mt19937_64 rng(5);
+
+  for (int64_t b : batches) {
+    std::vector<SequenceState> states;
+    for (int64_t i = 0; i < b; ++i) {
+      states.push_back(model->new_sequence(context + 64));
+      fill_state(*model, states.back(), context, rng);
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) tokens[i] = static_cast<int32_t>(rng() % c.vocab_size);
+    std::vector<float> logits;
+    report("decode", b, context, b, timing, peaks, iters, [&] {
+      std::vector<SequenceInput> batch;
+      for (int64_t i = 0; i < b; ++i) {
+        states[i].num_tokens = context;  // same context every run
+        batch.push_back({&states[i], std::span<const int32_t>(&tokens[i], 1), false});
+      }
+      model->forward(batch, logits);
+    });
+  }
+  {
+    std::vector<int32_t> prompt(static_cast<size_t>(prefill));
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+    SequenceState s = model->new_sequence(prefill + 64);
+    std::vector<float> logits;
+    report("prefill", 1, 0, prefill, timing, peaks, std::max(2, iters / 3), [&] {
+      s.num_tokens = 0;
+      model->forward(prompt, s, logits);
+    });
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hyserve::bench
+
+int main(int argc, char** argv) {
+  try {
+    return hyserve::bench::run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "hyserve_layer_bench: %s\n", e.what());
+    return 1;
+  }
+}
