@@ -71,8 +71,8 @@ void route_experts(const RouterParams& p, void* workspace, size_t workspace_byte
 
 // Buckets, per-slot activations [max_tokens * top_k, inter] and outputs
 // [max_tokens * top_k, hidden], and the shared expert's output and MLP workspace.
-size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared,
-                           int64_t max_tokens, int64_t top_k);
+size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, int64_t max_tokens,
+                           int64_t top_k);
 
 // p.experts is not read (the experts come from `experts`, which must have
 // p.num_experts experts of hidden size p.hidden); p.shared is a host MlpWeights with

@@ -89,10 +89,10 @@ inline int64_t row_bytes(WFmt f, int64_t cols) {
 
 // Elements per 16-byte chunk.
 template <WFmt F>
-inline constexpr int kChunkElems = F == WFmt::kF32   ? 4
-                                   : F == WFmt::kFp8 ? 16
+inline constexpr int kChunkElems = F == WFmt::kF32     ? 4
+                                   : F == WFmt::kFp8   ? 16
                                    : F == WFmt::kMxfp4 ? 32
-                                                     : 8;
+                                                       : 8;
 
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) {
   return __uint_as_float(h << 16);

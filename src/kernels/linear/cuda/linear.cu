@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
                 float* __restrict__ y, int64_t num_tokens) {
   __shared__ const float* xs[kGemvMaxTokens];
   const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kGemvMaxTokens;
-  const int n = static_cast<int>(num_tokens - t0 < kGemvMaxTokens ? num_tokens - t0 : kGemvMaxTokens);
+  const int n =
+      static_cast<int>(num_tokens - t0 < kGemvMaxTokens ? num_tokens - t0 : kGemvMaxTokens);
   if (threadIdx.x < n) xs[threadIdx.x] = x + (t0 + threadIdx.x) * w.cols;
   __syncthreads();
   const int lane = threadIdx.x % 32;
@@ -62,8 +63,8 @@ __global__ void dequant_rows_kernel(WRef w, int64_t r0, int64_t num_rows,
   }
 }
 
-__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias,
-                                int64_t rows, int64_t n) {
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows,
+                                int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     y[i] += bias[i % rows];
@@ -100,7 +101,8 @@ void launch_gemv(const WRef& w, const LinearParams& p, bool vec, cudaStream_t st
 template <WFmt F>
 void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloat16* out,
                          cudaStream_t stream) {
-  dequant_rows_kernel<F><<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
+  dequant_rows_kernel<F>
+      <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -40,7 +40,7 @@ void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace
         " bytes, ", p.num_tokens, " tokens need ", need);
   const size_t act = activation_bytes(*p.w, p.num_tokens);
   auto* base = static_cast<char*>(workspace);
-  auto* gate = reinterpret_cast<float*>(base);     // [T, I]
+  auto* gate = reinterpret_cast<float*>(base);      // [T, I]
   auto* up = reinterpret_cast<float*>(base + act);  // [T, I]
   void* lin = base + 2 * act;
   const size_t lin_bytes = workspace_bytes - 2 * act;

@@ -10,8 +10,8 @@
 // Steps 4 and 5 launch a memory-bound kernel and a tensor-core kernel over
 // (active expert, row block); each block handles only experts of its kind by token
 // count and returns at once otherwise.
-#include <cub/block/block_scan.cuh>
 #include <mma.h>
+#include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 #include <vector>
@@ -27,9 +27,9 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
 constexpr int kMmaThreads = 128;
-constexpr int kBM = 32;  // tensor-core tile: tokens
-constexpr int kBN = 64;  // tensor-core tile: weight rows (output features)
-constexpr int kBK = 32;  // tensor-core tile: reduction
+constexpr int kBM = 32;         // tensor-core tile: tokens
+constexpr int kBN = 64;         // tensor-core tile: weight rows (output features)
+constexpr int kBK = 32;         // tensor-core tile: reduction
 constexpr int kLdAB = kBK + 8;  // bf16 smem row stride (multiple of 8, 32-byte aligned rows)
 constexpr int kLdC = kBN + 4;   // fp32 smem row stride
 constexpr int kScanThreads = 1024;
@@ -229,10 +229,10 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 template <int kNumW>
 struct MmaSmem {
-  alignas(128) __nv_bfloat16 a[kBM * kLdAB];          // [kBM, kBK] activations
-  alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];   // [kBN, kBK] weight rows per matrix
-  alignas(128) float c[kNumW][kBM * kLdC];            // [kBM, kBN] results per matrix
-  const float* rows[kBM];                             // activation row per tile row, or null
+  alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
+  alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
+  alignas(128) float c[kNumW][kBM * kLdC];           // [kBM, kBN] results per matrix
+  const float* rows[kBM];                            // activation row per tile row, or null
 };
 
 // c[w] = A W_w[n0 : n0 + kBN]^T for the kBM activation rows in s.rows (K = ws[0].cols),
@@ -468,8 +468,8 @@ MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
   return out;
 }
 
-size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared,
-                           int64_t max_tokens, int64_t top_k) {
+size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, int64_t max_tokens,
+                           int64_t top_k) {
   CHECK(max_tokens >= 0 && top_k > 0, "moe_workspace_bytes: max_tokens ", max_tokens, ", top_k ",
         top_k);
   CHECK(experts.num_experts() > 0, "moe_workspace_bytes: experts not uploaded");
@@ -484,17 +484,17 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   CHECK(p.num_tokens >= 0, "moe: num_tokens ", p.num_tokens);
   CHECK(p.hidden > 0 && p.num_experts > 0 && p.top_k > 0, "moe: hidden ", p.hidden,
         ", num_experts ", p.num_experts, ", top_k ", p.top_k);
-  CHECK(experts.num_experts() == p.num_experts && experts.hidden() == p.hidden, "moe: ",
-        experts.num_experts(), " uploaded experts of hidden size ", experts.hidden(), " for ",
-        p.num_experts, " experts of hidden size ", p.hidden);
+  CHECK(experts.num_experts() == p.num_experts && experts.hidden() == p.hidden,
+        "moe: ", experts.num_experts(), " uploaded experts of hidden size ", experts.hidden(),
+        " for ", p.num_experts, " experts of hidden size ", p.hidden);
   if (p.shared != nullptr) cpu::check_mlp_weights(*p.shared, p.hidden);
   CHECK(blas.stream() == stream, "moe: the Blas handle is bound to another stream");
   if (p.num_tokens == 0) return;
   const int64_t num_slots = p.num_tokens * p.top_k;
   CHECK(num_slots <= INT32_MAX, "moe: ", num_slots, " slots are too many");
   const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared);
-  CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ",
-        workspace_bytes, " bytes, ", p.num_tokens, " tokens need ", lay.total);
+  CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ", workspace_bytes,
+        " bytes, ", p.num_tokens, " tokens need ", lay.total);
   auto* base = static_cast<char*>(workspace);
   const auto at = [&](size_t offset) { return base + offset; };
   auto* counts = reinterpret_cast<int32_t*>(at(lay.counts));
@@ -508,14 +508,14 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   float* shared_out = p.shared != nullptr ? reinterpret_cast<float*>(at(lay.shared_out)) : nullptr;
 
   CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(p.num_experts) * 4, stream));
-  count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots,
-                                                             p.num_experts, counts);
+  count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
+                                                             counts);
   CUDA_CHECK_LAUNCH();
   scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, offsets, cursor, active,
                                               num_active);
   CUDA_CHECK_LAUNCH();
-  fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots,
-                                                            p.num_experts, cursor, sorted_slots);
+  fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
+                                                            cursor, sorted_slots);
   CUDA_CHECK_LAUNCH();
 
   const MlpWeights& l = experts.layout();
@@ -548,17 +548,14 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
     if (experts.down_aligned()) {
-      down_small_kernel<F, true>
-          <<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, h,
-                                                                            slot_out);
+      down_small_kernel<F, true><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
+          g, table, b, h, slot_out);
     } else {
-      down_small_kernel<F, false>
-          <<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, h,
-                                                                             slot_out);
+      down_small_kernel<F, false><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
+          g, table, b, h, slot_out);
     }
     CUDA_CHECK_LAUNCH();
-    down_mma_kernel<F><<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h,
-                                                                          slot_out);
+    down_mma_kernel<F><<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
     CUDA_CHECK_LAUNCH();
   });
 

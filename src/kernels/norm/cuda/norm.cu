@@ -32,7 +32,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_kernel(RmsNormParams p) {
   }
   sum_sq = block_sum(sum_sq, tmp, result);
   const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / p.dim + p.eps));
-  for (int64_t i = threadIdx.x; i < p.dim; i += kThreads) y[i] = __fmul_rn(x[i], inv_rms) * p.weight[i];
+  for (int64_t i = threadIdx.x; i < p.dim; i += kThreads)
+    y[i] = __fmul_rn(x[i], inv_rms) * p.weight[i];
 }
 
 __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormParams p) {
@@ -52,7 +53,8 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormParams p)
   const float inv_std = static_cast<float>(1.0 / sqrt(sum_sq / p.dim + p.eps));
   const float mean_f = static_cast<float>(mean);
   for (int64_t i = threadIdx.x; i < p.dim; i += kThreads) {
-    y[i] = __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[i], mean_f), inv_std), p.weight[i]), p.bias[i]);
+    y[i] =
+        __fadd_rn(__fmul_rn(__fmul_rn(__fsub_rn(x[i], mean_f), inv_std), p.weight[i]), p.bias[i]);
   }
 }
 
