@@ -1,0 +1,13 @@
+// CPU reference of the elementwise steps (params.h).
+#pragma once
+
+#include "kernels/elementwise/params.h"
+
+namespace hyserve::cpu {
+
+void residual_add(const ResidualAddParams& p);
+void sigmoid_gate(const SigmoidGateParams& p);
+void silu_mul(const SiluMulParams& p);
+void scale(const ScaleParams& p);
+
+}  // namespace hyserve::cpu

@@ -1,0 +1,39 @@
+// Elementwise steps of the decoder that sit between the big ops: the residual add
+// (MODEL.md §0), the sigmoid output gate (kimi_k3 attention), silu(gate) * up (the
+// gated MLP, §5) and a scale. Flat arrays of n floats; n = 0 does nothing.
+#pragma once
+
+#include <cstdint>
+
+namespace hyserve {
+
+// h[i] += x[i]
+struct ResidualAddParams {
+  float* h = nullptr;        // [n]
+  const float* x = nullptr;  // [n]
+  int64_t n = 0;
+};
+
+// o[i] *= sigmoid(g[i]),  sigmoid(v) = 1 / (1 + exp(-v))
+struct SigmoidGateParams {
+  float* o = nullptr;        // [n]
+  const float* g = nullptr;  // [n]
+  int64_t n = 0;
+};
+
+// out[i] = silu(gate[i]) * up[i],  silu(v) = v / (1 + exp(-v)); out may equal gate or up.
+struct SiluMulParams {
+  const float* gate = nullptr;  // [n]
+  const float* up = nullptr;    // [n]
+  float* out = nullptr;         // [n]
+  int64_t n = 0;
+};
+
+// x[i] *= scale
+struct ScaleParams {
+  float* x = nullptr;  // [n]
+  int64_t n = 0;
+  float scale = 1.0f;
+};
+
+}  // namespace hyserve

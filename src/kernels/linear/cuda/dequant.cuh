@@ -1,0 +1,192 @@
+// Device-side decoding of Weight matrices (core/weight.h), shared by the CUDA linear,
+// MLP and MoE kernels. Every decode here reproduces Weight::dequantize_row exactly:
+// the element codecs are bit manipulations with exact fp32 results, and a quantized
+// element is (raw value) * (its block scale), one fp32 multiply as on the CPU.
+//
+// Two ways in:
+//   element(w, r, k)            one element, any alignment (awkward shapes, tile loads)
+//   decode_chunk<F>(bytes, out) 16 bytes of a row: 4 F32, 8 F16/BF16, 16 FP8, 32 MXFP4
+//                               raw values (before the block scale); chunk_scale() is
+//                               the scale shared by that chunk.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "core/weight.h"
+#include "util/error.h"
+
+namespace hyserve::cuda {
+
+// Storage formats the kernels are templated on.
+enum class WFmt : int { kF32, kF16, kBF16, kFp8, kMxfp4 };
+
+// One matrix as the kernels see it: [rows, cols] in format F, device pointers.
+struct WRef {
+  const uint8_t* data = nullptr;
+  const void* scales = nullptr;  // FP8: [ceil(rows/128), ceil(cols/128)]; MXFP4: [rows, cols/32]
+  int64_t rows = 0;
+  int64_t cols = 0;
+  bool scales_bf16 = false;  // FP8 scales stored as BF16 (else F32)
+};
+
+inline WFmt weight_wfmt(const Weight& w) {
+  switch (w.format) {
+    case WeightFormat::kFp8Block:
+      CHECK(w.dtype == DType::kE4M3, "FP8 weight dtype must be F8_E4M3, got ", dtype_name(w.dtype));
+      CHECK(w.scales != nullptr, "FP8 weight has no scales");
+      CHECK(w.scales_dtype == DType::kF32 || w.scales_dtype == DType::kBF16,
+            "FP8 weight scales must be F32 or BF16, got ", dtype_name(w.scales_dtype));
+      return WFmt::kFp8;
+    case WeightFormat::kMxfp4:
+      CHECK(w.dtype == DType::kU8, "MXFP4 weight dtype must be U8, got ", dtype_name(w.dtype));
+      CHECK(w.scales != nullptr, "MXFP4 weight has no scales");
+      CHECK(w.scales_dtype == DType::kE8M0 || w.scales_dtype == DType::kU8,
+            "MXFP4 weight scales must be F8_E8M0 or U8, got ", dtype_name(w.scales_dtype));
+      CHECK(w.cols % Weight::kMxfp4BlockSize == 0, "MXFP4 weight cols (", w.cols,
+            ") must be a multiple of ", Weight::kMxfp4BlockSize);
+      return WFmt::kMxfp4;
+    case WeightFormat::kDense:
+      break;
+  }
+  switch (w.dtype) {
+    case DType::kF32:
+      return WFmt::kF32;
+    case DType::kF16:
+      return WFmt::kF16;
+    case DType::kBF16:
+      return WFmt::kBF16;
+    default:
+      CHECK(false, "dense weight dtype must be F32, F16 or BF16, got ", dtype_name(w.dtype));
+  }
+  return WFmt::kF32;
+}
+
+inline WRef make_wref(const Weight& w) {
+  CHECK(!w.empty() && w.rows > 0 && w.cols > 0, "weight shape [", w.rows, ", ", w.cols, "]");
+  weight_wfmt(w);
+  return WRef{static_cast<const uint8_t*>(w.data), w.scales, w.rows, w.cols,
+              w.format == WeightFormat::kFp8Block && w.scales_dtype == DType::kBF16};
+}
+
+// Bytes of one stored row.
+inline int64_t row_bytes(WFmt f, int64_t cols) {
+  switch (f) {
+    case WFmt::kF32:
+      return cols * 4;
+    case WFmt::kF16:
+    case WFmt::kBF16:
+      return cols * 2;
+    case WFmt::kFp8:
+      return cols;
+    case WFmt::kMxfp4:
+      return cols / 2;
+  }
+  return 0;
+}
+
+// Elements per 16-byte chunk.
+template <WFmt F>
+inline constexpr int kChunkElems = F == WFmt::kF32     ? 4
+                                   : F == WFmt::kFp8   ? 16
+                                   : F == WFmt::kMxfp4 ? 32
+                                                       : 8;
+
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) {
+  return __uint_as_float(h << 16);
+}
+
+// e4m3 -> fp32, exact: the 7 magnitude bits placed at the top of an fp32 exponent /
+// mantissa and rescaled by 2^(127-7) (also right for subnormals); S.1111.111 is NaN.
+__device__ __forceinline__ float e4m3_to_f32_dev(uint32_t v) {
+  const uint32_t mag = v & 0x7fu;
+  float r = mag == 0x7fu ? __uint_as_float(0x7fc00000u) : __uint_as_float(mag << 20) * 0x1p120f;
+  return (v & 0x80u) ? -r : r;
+}
+
+// e2m1 -> fp32, exact: {0, .5, 1, 1.5, 2, 3, 4, 6} by the same trick with 2^(127-1).
+__device__ __forceinline__ float e2m1_to_f32_dev(uint32_t nibble) {
+  const float r = __uint_as_float((nibble & 0x7u) << 22) * 0x1p126f;
+  return (nibble & 0x8u) ? -r : r;
+}
+
+// e8m0 -> fp32: 2^(v-127); 0 is 2^-127 (subnormal), 0xff is NaN.
+__device__ __forceinline__ float e8m0_to_f32_dev(uint32_t v) {
+  if (v == 0xffu) return __uint_as_float(0x7fc00000u);
+  if (v == 0u) return __uint_as_float(0x00400000u);
+  return __uint_as_float(v << 23);
+}
+
+// Scale of element (r, k): the FP8 128x128 block scale, the MXFP4 per-32 scale, else 1.
+template <WFmt F>
+__device__ __forceinline__ float element_scale(const WRef& w, int64_t r, int64_t k) {
+  if constexpr (F == WFmt::kFp8) {
+    const int64_t scale_cols = (w.cols + Weight::kFp8BlockSize - 1) / Weight::kFp8BlockSize;
+    const int64_t i = (r / Weight::kFp8BlockSize) * scale_cols + k / Weight::kFp8BlockSize;
+    return w.scales_bf16 ? bf16_bits_to_f32(static_cast<const uint16_t*>(w.scales)[i])
+                         : static_cast<const float*>(w.scales)[i];
+  } else if constexpr (F == WFmt::kMxfp4) {
+    const auto* s = static_cast<const uint8_t*>(w.scales);
+    return e8m0_to_f32_dev(s[r * (w.cols / Weight::kMxfp4BlockSize) + k / Weight::kMxfp4BlockSize]);
+  } else {
+    return 1.0f;
+  }
+}
+
+// Element (r, k) before its scale: the dense value, the e4m3 value, the e2m1 value.
+template <WFmt F>
+__device__ __forceinline__ float element_raw(const WRef& w, int64_t r, int64_t k) {
+  if constexpr (F == WFmt::kF32) {
+    return reinterpret_cast<const float*>(w.data)[r * w.cols + k];
+  } else if constexpr (F == WFmt::kF16) {
+    return __half2float(reinterpret_cast<const __half*>(w.data)[r * w.cols + k]);
+  } else if constexpr (F == WFmt::kBF16) {
+    return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.data)[r * w.cols + k]);
+  } else if constexpr (F == WFmt::kFp8) {
+    return e4m3_to_f32_dev(w.data[r * w.cols + k]);
+  } else {
+    const uint8_t pair = w.data[r * (w.cols / 2) + k / 2];
+    return e2m1_to_f32_dev((k & 1) ? (pair >> 4) : (pair & 0xfu));
+  }
+}
+
+// Element (r, k) as Weight::dequantize_row gives it.
+template <WFmt F>
+__device__ __forceinline__ float element(const WRef& w, int64_t r, int64_t k) {
+  if constexpr (F == WFmt::kFp8 || F == WFmt::kMxfp4) {
+    return element_raw<F>(w, r, k) * element_scale<F>(w, r, k);
+  } else {
+    return element_raw<F>(w, r, k);
+  }
+}
+
+// Decodes the 16 bytes `b` of a row into kChunkElems<F> raw values.
+template <WFmt F>
+__device__ __forceinline__ void decode_chunk(const uint4& b, float* out) {
+  const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t u = words[i];
+    if constexpr (F == WFmt::kF32) {
+      out[i] = __uint_as_float(u);
+    } else if constexpr (F == WFmt::kF16) {
+      const __half2 h = *reinterpret_cast<const __half2*>(&u);
+      const float2 f = __half22float2(h);
+      out[2 * i] = f.x;
+      out[2 * i + 1] = f.y;
+    } else if constexpr (F == WFmt::kBF16) {
+      out[2 * i] = __uint_as_float(u << 16);
+      out[2 * i + 1] = __uint_as_float(u & 0xffff0000u);
+    } else if constexpr (F == WFmt::kFp8) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) out[4 * i + j] = e4m3_to_f32_dev((u >> (8 * j)) & 0xffu);
+    } else {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) out[8 * i + j] = e2m1_to_f32_dev((u >> (4 * j)) & 0xfu);
+    }
+  }
+}
+
+}  // namespace hyserve::cuda

@@ -1,0 +1,229 @@
+// CUDA linear: the GEMV path (gemv.cuh) for small batches, cuBLAS bf16 GEMMs for large
+// ones, and the embedding gather. See cuda.h for the numerics of each path.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "kernels/linear/cuda.h"
+#include "kernels/linear/cuda/gemv.cuh"
+#include "util/cuda_check.h"
+
+namespace hyserve::cuda {
+namespace {
+
+constexpr int kGemvWarps = 8;  // rows per block, one warp each
+constexpr int kThreads = 256;
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// Block (row block, token group): warp w computes row blockIdx.x * kGemvWarps + w for
+// tokens [16 * blockIdx.y, +16).
+template <WFmt F, bool kVec>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
+                float* __restrict__ y, int64_t num_tokens) {
+  __shared__ const float* xs[kGemvMaxTokens];
+  const int64_t t0 = static_cast<int64_t>(blockIdx.y) * kGemvMaxTokens;
+  const int n =
+      static_cast<int>(num_tokens - t0 < kGemvMaxTokens ? num_tokens - t0 : kGemvMaxTokens);
+  if (threadIdx.x < n) xs[threadIdx.x] = x + (t0 + threadIdx.x) * w.cols;
+  __syncthreads();
+  const int lane = threadIdx.x % 32;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
+  if (r >= w.rows) return;
+  float acc[kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(w, r, xs, n, lane, acc);
+  warp_sum(acc, n);
+  const float b = bias != nullptr ? bias[r] : 0.0f;
+#pragma unroll
+  for (int j = 0; j < kGemvMaxTokens; ++j) {
+    if (j < n && lane == j) y[(t0 + j) * w.rows + r] = acc[j] + b;
+  }
+}
+
+__global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ out,
+                                   int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16(x[i]);
+  }
+}
+
+// out[i, k] = bf16(W[r0 + i, k]) for i < num_rows.
+template <WFmt F>
+__global__ void dequant_rows_kernel(WRef w, int64_t r0, int64_t num_rows,
+                                    __nv_bfloat16* __restrict__ out) {
+  const int64_t n = num_rows * w.cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = __float2bfloat16(element<F>(w, r0 + i / w.cols, i % w.cols));
+  }
+}
+
+__global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__ bias, int64_t rows,
+                                int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    y[i] += bias[i % rows];
+  }
+}
+
+template <WFmt F>
+__global__ void embedding_kernel(WRef w, const int32_t* __restrict__ ids, float* __restrict__ out) {
+  const int64_t i = blockIdx.x;
+  const int32_t id = ids[i];
+  float* o = out + i * w.cols;
+  const bool valid = id >= 0 && id < w.rows;
+  for (int64_t k = threadIdx.x; k < w.cols; k += blockDim.x) {
+    o[k] = valid ? element<F>(w, id, k) : __uint_as_float(0x7fc00000u);
+  }
+}
+
+int grid_for(int64_t n) {
+  return static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65536));
+}
+
+template <WFmt F>
+void launch_gemv(const WRef& w, const LinearParams& p, bool vec, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps),
+                  static_cast<unsigned>((p.num_tokens + kGemvMaxTokens - 1) / kGemvMaxTokens));
+  if (vec) {
+    gemv_kernel<F, true><<<grid, kGemvWarps * 32, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+  } else {
+    gemv_kernel<F, false><<<grid, kGemvWarps * 32, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+  }
+  CUDA_CHECK_LAUNCH();
+}
+
+template <WFmt F>
+void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloat16* out,
+                         cudaStream_t stream) {
+  dequant_rows_kernel<F>
+      <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
+  CUDA_CHECK_LAUNCH();
+}
+
+// Calls fn.template operator()<F>() for the format of w.
+template <typename Fn>
+void dispatch_format(WFmt f, Fn&& fn) {
+  switch (f) {
+    case WFmt::kF32:
+      return fn.template operator()<WFmt::kF32>();
+    case WFmt::kF16:
+      return fn.template operator()<WFmt::kF16>();
+    case WFmt::kBF16:
+      return fn.template operator()<WFmt::kBF16>();
+    case WFmt::kFp8:
+      return fn.template operator()<WFmt::kFp8>();
+    case WFmt::kMxfp4:
+      return fn.template operator()<WFmt::kMxfp4>();
+  }
+}
+
+bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) {
+  const auto a0 = reinterpret_cast<uintptr_t>(a);
+  const auto b0 = reinterpret_cast<uintptr_t>(b);
+  return a0 < b0 + b_len * sizeof(float) && b0 < a0 + a_len * sizeof(float);
+}
+
+// y[T, m] (leading dimension ldy) = xb[T, k] wb[m, k]^T, bf16 inputs, fp32 accumulate.
+void gemm_bf16(const Blas& blas, const __nv_bfloat16* wb, const __nv_bfloat16* xb, float* y,
+               int64_t m, int64_t num_tokens, int64_t k, int64_t ldy) {
+  const float alpha = 1.0f;
+  const float beta = 0.0f;
+  CUBLAS_CHECK(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(m),
+                            static_cast<int>(num_tokens), static_cast<int>(k), &alpha, wb,
+                            CUDA_R_16BF, static_cast<int>(k), xb, CUDA_R_16BF, static_cast<int>(k),
+                            &beta, y, CUDA_R_32F, static_cast<int>(ldy), CUBLAS_COMPUTE_32F,
+                            CUBLAS_GEMM_DEFAULT));
+}
+
+// Checks p; returns false when there is nothing to do.
+bool check_linear(const LinearParams& p) {
+  CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "linear: null pointer");
+  CHECK(p.num_tokens >= 0, "linear: num_tokens ", p.num_tokens);
+  const WRef w = make_wref(*p.w);
+  CHECK(!overlaps(p.x, p.num_tokens * w.cols, p.y, p.num_tokens * w.rows), "linear: y overlaps x");
+  CHECK(w.rows <= INT32_MAX && w.cols <= INT32_MAX && p.num_tokens <= INT32_MAX,
+        "linear: dimensions over 2^31");
+  return p.num_tokens > 0;
+}
+
+void run_gemv(const LinearParams& p, cudaStream_t stream) {
+  CHECK(p.num_tokens <= int64_t{65535} * kGemvMaxTokens, "linear: ", p.num_tokens,
+        " tokens are too many for the GEMV path");
+  const WRef w = make_wref(*p.w);
+  const WFmt f = weight_wfmt(*p.w);
+  const bool vec = gemv_vectorizable(w, f, p.x);
+  dispatch_format(f, [&]<WFmt F>() { launch_gemv<F>(w, p, vec, stream); });
+}
+
+}  // namespace
+
+size_t linear_workspace_bytes(const Weight& w, int64_t max_tokens) {
+  CHECK(max_tokens >= 0, "linear_workspace_bytes: max_tokens ", max_tokens);
+  const WFmt f = weight_wfmt(w);
+  size_t bytes = align_up(static_cast<size_t>(max_tokens * w.cols) * 2);
+  if (f != WFmt::kBF16) {
+    bytes += align_up(static_cast<size_t>(std::min(w.rows, kGemmRowBlock) * w.cols) * 2);
+  }
+  return bytes;
+}
+
+void linear_gemv(const LinearParams& p, cudaStream_t stream) {
+  if (check_linear(p)) run_gemv(p, stream);
+}
+
+void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
+            cudaStream_t stream, int64_t small_batch_max_tokens) {
+  CHECK(blas.stream() == stream, "linear: the Blas handle is bound to another stream");
+  if (!check_linear(p)) return;
+  if (p.num_tokens <= small_batch_max_tokens) {
+    run_gemv(p, stream);
+    return;
+  }
+  const WRef w = make_wref(*p.w);
+  const WFmt f = weight_wfmt(*p.w);
+  const size_t need = linear_workspace_bytes(*p.w, p.num_tokens);
+  CHECK(workspace != nullptr && workspace_bytes >= need, "linear: workspace of ", workspace_bytes,
+        " bytes, the tensor-core path for ", p.num_tokens, " tokens needs ", need);
+  auto* xb = static_cast<__nv_bfloat16*>(workspace);
+  const int64_t nx = p.num_tokens * w.cols;
+  f32_to_bf16_kernel<<<grid_for(nx), kThreads, 0, stream>>>(p.x, xb, nx);
+  CUDA_CHECK_LAUNCH();
+  if (f == WFmt::kBF16) {
+    gemm_bf16(blas, reinterpret_cast<const __nv_bfloat16*>(w.data), xb, p.y, w.rows, p.num_tokens,
+              w.cols, w.rows);
+  } else {
+    auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) +
+                                                align_up(static_cast<size_t>(nx) * 2));
+    for (int64_t r0 = 0; r0 < w.rows; r0 += kGemmRowBlock) {
+      const int64_t m = std::min(kGemmRowBlock, w.rows - r0);
+      dispatch_format(f, [&]<WFmt F>() { launch_dequant_rows<F>(w, r0, m, wb, stream); });
+      gemm_bf16(blas, wb, xb, p.y + r0, m, p.num_tokens, w.cols, w.rows);
+    }
+  }
+  if (p.bias != nullptr) {
+    const int64_t ny = p.num_tokens * w.rows;
+    add_bias_kernel<<<grid_for(ny), kThreads, 0, stream>>>(p.y, p.bias, w.rows, ny);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out,
+                      cudaStream_t stream) {
+  CHECK(n >= 0, "embedding_lookup: n ", n);
+  if (n == 0) return;
+  CHECK(ids != nullptr && out != nullptr, "embedding_lookup: null pointer");
+  CHECK(n <= INT32_MAX, "embedding_lookup: n ", n, " over 2^31");
+  const WRef w = make_wref(table);
+  dispatch_format(weight_wfmt(table), [&]<WFmt F>() {
+    embedding_kernel<F><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(w, ids, out);
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace hyserve::cuda

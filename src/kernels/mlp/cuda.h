@@ -1,0 +1,21 @@
+// CUDA gated MLP (params.h; device activations, MlpWeights of device-data Weights):
+// y = down(silu(gate(x)) * up(x)) as three cuda::linear calls around cuda::silu_mul,
+// so its numerics are linear's (fp32 GEMV for small batches, bf16 tensor cores above).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/linear/cuda.h"
+#include "kernels/mlp/params.h"
+
+namespace hyserve::cuda {
+
+// gate and up activations [max_tokens, I] fp32, and the largest linear workspace.
+size_t mlp_workspace_bytes(const MlpWeights& w, int64_t max_tokens);
+
+void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
+         cudaStream_t stream, int64_t small_batch_max_tokens = kSmallBatchMaxTokens);
+
+}  // namespace hyserve::cuda

@@ -1,0 +1,57 @@
+// CUDA gated MLP: workspace = [gate | up | linear workspace], each 256-byte aligned.
+#include <algorithm>
+
+#include "kernels/elementwise/cuda.h"
+#include "kernels/mlp/cuda.h"
+#include "util/error.h"
+
+namespace hyserve::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+size_t activation_bytes(const MlpWeights& w, int64_t max_tokens) {
+  return align_up(static_cast<size_t>(max_tokens * w.gate.rows) * sizeof(float));
+}
+
+}  // namespace
+
+size_t mlp_workspace_bytes(const MlpWeights& w, int64_t max_tokens) {
+  CHECK(max_tokens >= 0, "mlp_workspace_bytes: max_tokens ", max_tokens);
+  cpu::check_mlp_weights(w, w.down.rows);
+  return 2 * activation_bytes(w, max_tokens) +
+         std::max({linear_workspace_bytes(w.gate, max_tokens),
+                   linear_workspace_bytes(w.up, max_tokens),
+                   linear_workspace_bytes(w.down, max_tokens)});
+}
+
+void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
+         cudaStream_t stream, int64_t small_batch_max_tokens) {
+  CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "mlp: null pointer");
+  CHECK(p.num_tokens >= 0, "mlp: num_tokens ", p.num_tokens);
+  cpu::check_mlp_weights(*p.w, p.w->down.rows);
+  if (p.num_tokens == 0) return;
+  const size_t need = mlp_workspace_bytes(*p.w, p.num_tokens);
+  CHECK(workspace != nullptr && workspace_bytes >= need, "mlp: workspace of ", workspace_bytes,
+        " bytes, ", p.num_tokens, " tokens need ", need);
+  const size_t act = activation_bytes(*p.w, p.num_tokens);
+  auto* base = static_cast<char*>(workspace);
+  auto* gate = reinterpret_cast<float*>(base);      // [T, I]
+  auto* up = reinterpret_cast<float*>(base + act);  // [T, I]
+  void* lin = base + 2 * act;
+  const size_t lin_bytes = workspace_bytes - 2 * act;
+  const int64_t t = p.num_tokens;
+  linear({.x = p.x, .w = &p.w->gate, .y = gate, .num_tokens = t}, blas, lin, lin_bytes, stream,
+         small_batch_max_tokens);
+  linear({.x = p.x, .w = &p.w->up, .y = up, .num_tokens = t}, blas, lin, lin_bytes, stream,
+         small_batch_max_tokens);
+  silu_mul({.gate = gate, .up = up, .out = gate, .n = t * p.w->gate.rows}, stream);
+  linear({.x = gate, .w = &p.w->down, .y = p.y, .num_tokens = t}, blas, lin, lin_bytes, stream,
+         small_batch_max_tokens);
+}
+
+}  // namespace hyserve::cuda

@@ -1,0 +1,84 @@
+// CUDA MoE router and grouped experts (params.h; activations, ids and weights are
+// device pointers; Weight / MlpWeights structs are host structs with device data).
+//
+// route_experts: logits by linear_gemv (exact fp32: the selection is a discrete
+//   decision, so no bf16 rounding), then one block per token does sigmoid, bias,
+//   grouped top-k and the weights with the CPU op's float expressions and tie rule.
+// moe: slots (token, i) are bucketed by expert with a counting sort on the device;
+//   each expert runs gate/up -> silu*up -> down over its tokens:
+//     < kMoeMmaMinTokens tokens: memory-bound GEMV (exact fp32, like linear_gemv)
+//     >= kMoeMmaMinTokens:       wmma bf16 tensor cores on weight tiles decoded in
+//                                shared memory, fp32 accumulate. x and silu*up are
+//                                rounded to bf16; BF16 and MXFP4 weights are exact in
+//                                bf16; FP8 tiles hold the exact e4m3 values and the
+//                                128x128 block scale multiplies each 128-wide k
+//                                block's fp32 partial sum; F32 / F16 weights are
+//                                rounded to bf16.
+//   Per-slot outputs are combined in slot order (w_i * out_i, then + shared(x)), as on
+//   the CPU; a token's result does not depend on the other tokens or on the order of
+//   slots within a bucket.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "core/cuda/device_buffer.h"
+#include "kernels/linear/cuda.h"
+#include "kernels/moe/params.h"
+
+namespace hyserve::cuda {
+
+inline constexpr int64_t kMoeMmaMinTokens = 16;
+
+// The routed experts of one layer, prepared once at load time: a device table of each
+// expert's data / scales pointers. All experts share one shape and format per
+// projection (gate and up one format, down one format); upload() refuses otherwise.
+class MoeExperts {
+ public:
+  MoeExperts() = default;
+
+  // experts: host array [num_experts] of MlpWeights whose Weights point to device
+  // memory (e.g. DeviceWeight::view()); they must outlive this object.
+  static MoeExperts upload(const MlpWeights* experts, int64_t num_experts);
+
+  int64_t num_experts() const { return num_experts_; }
+  int64_t hidden() const { return layout_.down.rows; }
+  int64_t inter() const { return layout_.gate.rows; }
+  // Expert 0's weights: the shape and format every expert has.
+  const MlpWeights& layout() const { return layout_; }
+  const void* device_table() const { return table_.data(); }
+  // Every expert's rows can be read in 16-byte chunks.
+  bool gate_up_aligned() const { return gate_up_aligned_; }
+  bool down_aligned() const { return down_aligned_; }
+
+ private:
+  DeviceBuffer table_;
+  MlpWeights layout_;
+  int64_t num_experts_ = 0;
+  bool gate_up_aligned_ = false;
+  bool down_aligned_ = false;
+};
+
+// logits [max_tokens, num_experts] fp32.
+size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts);
+
+// The GPU cannot throw: a token whose scores contain a NaN gets ids -1 and weights 0
+// (the CPU op throws); moe skips such slots.
+void route_experts(const RouterParams& p, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream);
+
+// Buckets, per-slot activations [max_tokens * top_k, inter] and outputs
+// [max_tokens * top_k, hidden], and the shared expert's output and MLP workspace.
+size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, int64_t max_tokens,
+                           int64_t top_k);
+
+// p.experts is not read (the experts come from `experts`, which must have
+// p.num_experts experts of hidden size p.hidden); p.shared is a host MlpWeights with
+// device data, or null. Expert ids outside [0, num_experts) contribute nothing (the
+// CPU op throws).
+void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
+         size_t workspace_bytes, cudaStream_t stream);
+
+}  // namespace hyserve::cuda

@@ -1,0 +1,571 @@
+// CUDA grouped MoE experts (see cuda.h for the numerics). Steps, all on `stream`:
+//   1. count    counts[e] = slots routed to e                     (atomics, integer)
+//   2. scan     offsets = exclusive scan of counts; active = experts with tokens, in
+//               expert order; num_active                          (one block)
+//   3. fill     sorted_slots[offsets[e] ...] = the slots of e     (any order in a bucket)
+//   4. gate/up  h[pos] = silu(x W_gate^T) * (x W_up^T) for every sorted position pos
+//   5. down     slot_out[slot] = h[pos] W_down^T
+//   6. shared   shared_out = cuda::mlp(x) when there is a shared expert
+//   7. combine  y[t] = sum_i w_i * slot_out[t * top_k + i] (+ shared_out[t])
+// Steps 4 and 5 launch a memory-bound kernel and a tensor-core kernel over
+// (active expert, row block); each block handles only experts of its kind by token
+// count and returns at once otherwise.
+#include <mma.h>
+#include <cub/block/block_scan.cuh>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels/linear/cuda/gemv.cuh"
+#include "kernels/mlp/cuda.h"
+#include "kernels/moe/cuda.h"
+#include "util/cuda_check.h"
+
+namespace hyserve::cuda {
+namespace {
+
+constexpr size_t kAlign = 256;
+constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
+constexpr int kMmaThreads = 128;
+constexpr int kBM = 32;         // tensor-core tile: tokens
+constexpr int kBN = 64;         // tensor-core tile: weight rows (output features)
+constexpr int kBK = 32;         // tensor-core tile: reduction
+constexpr int kLdAB = kBK + 8;  // bf16 smem row stride (multiple of 8, 32-byte aligned rows)
+constexpr int kLdC = kBN + 4;   // fp32 smem row stride
+constexpr int kScanThreads = 1024;
+static_assert(kMoeMmaMinTokens <= kGemvMaxTokens + 1, "small path handles up to 15 tokens");
+static_assert(Weight::kFp8BlockSize % kBN == 0 && Weight::kFp8BlockSize % kBK == 0,
+              "an FP8 scale block must cover whole tiles");
+
+// One expert's three matrices on the device.
+struct ExpertPtrs {
+  const void* data[3];    // gate, up, down
+  const void* scales[3];  // null for dense
+};
+
+size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+// Workspace regions, each kAlign-aligned.
+struct Layout {
+  size_t counts, offsets, cursor, active, num_active, sorted_slots, h, slot_out, shared_out,
+      shared_ws, total;
+
+  Layout(int64_t num_experts, int64_t inter, int64_t hidden, int64_t max_tokens, int64_t top_k,
+         const MlpWeights* shared) {
+    const auto e = static_cast<size_t>(num_experts);
+    const auto s = static_cast<size_t>(max_tokens * top_k);
+    size_t at = 0;
+    const auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at += align_up(bytes);
+      return here;
+    };
+    counts = take(e * 4);
+    offsets = take((e + 1) * 4);
+    cursor = take(e * 4);
+    active = take(e * 4);
+    num_active = take(4);
+    sorted_slots = take(s * 4);
+    h = take(s * static_cast<size_t>(inter) * 4);
+    slot_out = take(s * static_cast<size_t>(hidden) * 4);
+    shared_out = take(shared != nullptr ? static_cast<size_t>(max_tokens * hidden) * 4 : 0);
+    shared_ws = take(shared != nullptr ? mlp_workspace_bytes(*shared, max_tokens) : 0);
+    total = at;
+  }
+};
+
+// What every kernel needs to find its expert's tokens.
+struct Buckets {
+  const int32_t* counts;        // [E]
+  const int32_t* offsets;       // [E + 1]
+  const int32_t* active;        // [E] experts with tokens, ascending
+  const int32_t* num_active;    // [1]
+  const int32_t* sorted_slots;  // [S] slot ids, bucketed by expert
+};
+
+// Shapes and formats shared by all experts (data / scales are filled per expert).
+struct Geometry {
+  WRef gate, up, down;
+  int64_t hidden = 0;
+  int64_t inter = 0;
+  int64_t top_k = 0;
+};
+
+__device__ __forceinline__ WRef with_expert(WRef w, const ExpertPtrs& e, int i) {
+  w.data = static_cast<const uint8_t*>(e.data[i]);
+  w.scales = e.scales[i];
+  return w;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+
+__global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
+                             int64_t num_experts, int32_t* __restrict__ counts) {
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < num_slots;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[s];
+    if (e >= 0 && e < num_experts) atomicAdd(counts + e, 1);
+  }
+}
+
+__global__ void __launch_bounds__(kScanThreads)
+    scan_kernel(const int32_t* __restrict__ counts, int64_t num_experts, int32_t* offsets,
+                int32_t* cursor, int32_t* active, int32_t* num_active) {
+  using Scan = cub::BlockScan<int32_t, kScanThreads>;
+  __shared__ typename Scan::TempStorage tmp;
+  int32_t running_offset = 0;
+  int32_t running_active = 0;
+  for (int64_t base = 0; base < num_experts; base += kScanThreads) {
+    const int64_t e = base + threadIdx.x;
+    const int32_t c = e < num_experts ? counts[e] : 0;
+    int32_t offset, total;
+    Scan(tmp).ExclusiveSum(c, offset, total);
+    __syncthreads();
+    int32_t rank, num;
+    Scan(tmp).ExclusiveSum(c > 0 ? 1 : 0, rank, num);
+    __syncthreads();
+    if (e < num_experts) {
+      offsets[e] = running_offset + offset;
+      cursor[e] = running_offset + offset;
+      if (c > 0) active[running_active + rank] = static_cast<int32_t>(e);
+    }
+    running_offset += total;
+    running_active += num;
+  }
+  if (threadIdx.x == 0) {
+    offsets[num_experts] = running_offset;
+    *num_active = running_active;
+  }
+}
+
+__global__ void fill_kernel(const int32_t* __restrict__ ids, int64_t num_slots, int64_t num_experts,
+                            int32_t* __restrict__ cursor, int32_t* __restrict__ sorted_slots) {
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < num_slots;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[s];
+    if (e >= 0 && e < num_experts) sorted_slots[atomicAdd(cursor + e, 1)] = static_cast<int32_t>(s);
+  }
+}
+
+// This block's expert (blockIdx.x-th active one) if it has tokens of the wanted kind.
+struct Assignment {
+  int32_t expert = -1;
+  int32_t begin = 0;  // first sorted position
+  int32_t count = 0;
+};
+
+template <bool kMma>
+__device__ __forceinline__ Assignment assign(const Buckets& b) {
+  Assignment a;
+  if (static_cast<int32_t>(blockIdx.x) >= *b.num_active) return a;
+  const int32_t e = b.active[blockIdx.x];
+  const int32_t n = b.counts[e];
+  if ((n >= kMoeMmaMinTokens) != kMma) return a;
+  a.expert = e;
+  a.begin = b.offsets[e];
+  a.count = n;
+  return a;
+}
+
+// Step 4, few tokens: warp w of block (a, rb) computes row rb * kSmallWarps + w of gate
+// and up for every token of the expert.
+template <WFmt F, bool kVec>
+__global__ void __launch_bounds__(kSmallWarps * 32)
+    gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
+                         const float* __restrict__ x, float* __restrict__ h) {
+  const Assignment a = assign<false>(b);
+  if (a.expert < 0) return;
+  __shared__ const float* xs[kGemvMaxTokens];
+  if (threadIdx.x < a.count) {
+    xs[threadIdx.x] = x + (b.sorted_slots[a.begin + threadIdx.x] / g.top_k) * g.hidden;
+  }
+  __syncthreads();
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32;
+  if (r >= g.inter) return;
+  const int lane = threadIdx.x % 32;
+  const ExpertPtrs& e = table[a.expert];
+  float acc_gate[kGemvMaxTokens] = {};
+  float acc_up[kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(with_expert(g.gate, e, 0), r, xs, a.count, lane, acc_gate);
+  lane_row_dots<F, kVec>(with_expert(g.up, e, 1), r, xs, a.count, lane, acc_up);
+  warp_sum(acc_gate, a.count);
+  warp_sum(acc_up, a.count);
+#pragma unroll
+  for (int j = 0; j < kGemvMaxTokens; ++j) {
+    if (j < a.count && lane == j) h[(a.begin + j) * g.inter + r] = silu_mul(acc_gate[j], acc_up[j]);
+  }
+}
+
+// Step 5, few tokens: row r of down for every token of the expert.
+template <WFmt F, bool kVec>
+__global__ void __launch_bounds__(kSmallWarps * 32)
+    down_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
+                      const float* __restrict__ h, float* __restrict__ slot_out) {
+  const Assignment a = assign<false>(b);
+  if (a.expert < 0) return;
+  __shared__ const float* xs[kGemvMaxTokens];
+  if (threadIdx.x < a.count) xs[threadIdx.x] = h + (a.begin + threadIdx.x) * g.inter;
+  __syncthreads();
+  const int64_t r = static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32;
+  if (r >= g.hidden) return;
+  const int lane = threadIdx.x % 32;
+  float acc[kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(with_expert(g.down, table[a.expert], 2), r, xs, a.count, lane, acc);
+  warp_sum(acc, a.count);
+#pragma unroll
+  for (int j = 0; j < kGemvMaxTokens; ++j) {
+    if (j < a.count && lane == j) slot_out[b.sorted_slots[a.begin + j] * g.hidden + r] = acc[j];
+  }
+}
+
+namespace wmma = nvcuda::wmma;
+using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
+using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
+using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
+
+template <int kNumW>
+struct MmaSmem {
+  alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
+  alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
+  alignas(128) float c[kNumW][kBM * kLdC];           // [kBM, kBN] results per matrix
+  const float* rows[kBM];                            // activation row per tile row, or null
+};
+
+// c[w] = A W_w[n0 : n0 + kBN]^T for the kBM activation rows in s.rows (K = ws[0].cols),
+// fp32 accumulate. Warp (wm, wn) owns rows 16 wm and columns 32 wn .. + 32. For FP8 the
+// tile holds raw e4m3 values and each 128-wide k block's sum is scaled on its own.
+template <WFmt F, int kNumW>
+__device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s) {
+  const int64_t k_total = ws[0].cols;
+  const int warp = threadIdx.x / 32;
+  const int wm = warp / 2;
+  const int wn = warp % 2;
+  FragC acc[kNumW][2];
+  FragC block_acc[kNumW][2];
+#pragma unroll
+  for (int w = 0; w < kNumW; ++w) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::fill_fragment(acc[w][j], 0.0f);
+      wmma::fill_fragment(block_acc[w][j], 0.0f);
+    }
+  }
+  for (int64_t k0 = 0; k0 < k_total; k0 += kBK) {
+    for (int i = threadIdx.x; i < kBM * kBK; i += kMmaThreads) {
+      const int m = i / kBK;
+      const int64_t k = k0 + i % kBK;
+      const float v = s.rows[m] != nullptr && k < k_total ? s.rows[m][k] : 0.0f;
+      s.a[m * kLdAB + i % kBK] = __float2bfloat16(v);
+    }
+#pragma unroll
+    for (int w = 0; w < kNumW; ++w) {
+      for (int i = threadIdx.x; i < kBN * kBK; i += kMmaThreads) {
+        const int64_t r = n0 + i / kBK;
+        const int64_t k = k0 + i % kBK;
+        float v = 0.0f;
+        if (r < ws[w].rows && k < k_total) {
+          v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
+        }
+        s.b[w][(i / kBK) * kLdAB + i % kBK] = __float2bfloat16(v);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; kk += 16) {
+      FragA fa;
+      wmma::load_matrix_sync(fa, s.a + (16 * wm) * kLdAB + kk, kLdAB);
+#pragma unroll
+      for (int w = 0; w < kNumW; ++w) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          FragB fb;
+          wmma::load_matrix_sync(fb, s.b[w] + (32 * wn + 16 * j) * kLdAB + kk, kLdAB);
+          if constexpr (F == WFmt::kFp8) {
+            wmma::mma_sync(block_acc[w][j], fa, fb, block_acc[w][j]);
+          } else {
+            wmma::mma_sync(acc[w][j], fa, fb, acc[w][j]);
+          }
+        }
+      }
+    }
+    __syncthreads();
+    if constexpr (F == WFmt::kFp8) {
+      const int64_t k_end = k0 + kBK;
+      if (k_end % Weight::kFp8BlockSize == 0 || k_end >= k_total) {
+#pragma unroll
+        for (int w = 0; w < kNumW; ++w) {
+          const float scale = element_scale<F>(ws[w], n0, k0);
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int q = 0; q < acc[w][j].num_elements; ++q) {
+              acc[w][j].x[q] += scale * block_acc[w][j].x[q];
+            }
+            wmma::fill_fragment(block_acc[w][j], 0.0f);
+          }
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < kNumW; ++w) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      wmma::store_matrix_sync(s.c[w] + (16 * wm) * kLdC + 32 * wn + 16 * j, acc[w][j], kLdC,
+                              wmma::mem_row_major);
+    }
+  }
+  __syncthreads();
+}
+
+// Step 4, many tokens: block (a, nb) computes h[:, nb * kBN .. + kBN] for all tokens
+// of the expert, kBM at a time.
+template <WFmt F>
+__global__ void __launch_bounds__(kMmaThreads)
+    gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
+                       const float* __restrict__ x, float* __restrict__ h) {
+  const Assignment a = assign<true>(b);
+  if (a.expert < 0) return;
+  __shared__ MmaSmem<2> s;
+  const ExpertPtrs& e = table[a.expert];
+  const WRef ws[2] = {with_expert(g.gate, e, 0), with_expert(g.up, e, 1)};
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
+  for (int m0 = 0; m0 < a.count; m0 += kBM) {
+    if (threadIdx.x < kBM) {
+      const int m = m0 + threadIdx.x;
+      s.rows[threadIdx.x] =
+          m < a.count ? x + (b.sorted_slots[a.begin + m] / g.top_k) * g.hidden : nullptr;
+    }
+    __syncthreads();
+    mma_tile<F, 2>(ws, n0, s);
+    for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
+      const int m = i / kBN;
+      const int n = i % kBN;
+      if (m0 + m < a.count && n0 + n < g.inter) {
+        h[(a.begin + m0 + m) * g.inter + n0 + n] =
+            silu_mul(s.c[0][m * kLdC + n], s.c[1][m * kLdC + n]);
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Step 5, many tokens: slot_out[slot, nb * kBN .. + kBN] for all tokens of the expert.
+template <WFmt F>
+__global__ void __launch_bounds__(kMmaThreads)
+    down_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
+                    const float* __restrict__ h, float* __restrict__ slot_out) {
+  const Assignment a = assign<true>(b);
+  if (a.expert < 0) return;
+  __shared__ MmaSmem<1> s;
+  const WRef ws[1] = {with_expert(g.down, table[a.expert], 2)};
+  const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
+  for (int m0 = 0; m0 < a.count; m0 += kBM) {
+    if (threadIdx.x < kBM) {
+      const int m = m0 + threadIdx.x;
+      s.rows[threadIdx.x] = m < a.count ? h + (a.begin + m) * g.inter : nullptr;
+    }
+    __syncthreads();
+    mma_tile<F, 1>(ws, n0, s);
+    for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
+      const int m = i / kBN;
+      const int n = i % kBN;
+      if (m0 + m < a.count && n0 + n < g.hidden) {
+        slot_out[b.sorted_slots[a.begin + m0 + m] * g.hidden + n0 + n] = s.c[0][m * kLdC + n];
+      }
+    }
+    __syncthreads();
+  }
+}
+
+// Step 7: y[t] = sum_i w_i * slot_out[t, i] (slot order, separately rounded as on the
+// CPU) + shared_out[t].
+__global__ void combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                               const float* __restrict__ slot_out,
+                               const float* __restrict__ shared_out, int64_t top_k,
+                               int64_t num_experts, int64_t hidden, float* __restrict__ y) {
+  const int64_t t = blockIdx.x;
+  for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < top_k; ++i) {
+      const int64_t slot = t * top_k + i;
+      const int32_t e = ids[slot];
+      if (e >= 0 && e < num_experts) {
+        acc = __fadd_rn(acc, __fmul_rn(weights[slot], slot_out[slot * hidden + d]));
+      }
+    }
+    if (shared_out != nullptr) acc = __fadd_rn(acc, shared_out[t * hidden + d]);
+    y[t * hidden + d] = acc;
+  }
+}
+
+template <typename Fn>
+void dispatch_format(WFmt f, Fn&& fn) {
+  switch (f) {
+    case WFmt::kF32:
+      return fn.template operator()<WFmt::kF32>();
+    case WFmt::kF16:
+      return fn.template operator()<WFmt::kF16>();
+    case WFmt::kBF16:
+      return fn.template operator()<WFmt::kBF16>();
+    case WFmt::kFp8:
+      return fn.template operator()<WFmt::kFp8>();
+    case WFmt::kMxfp4:
+      return fn.template operator()<WFmt::kMxfp4>();
+  }
+}
+
+bool same_layout(const Weight& a, const Weight& b) {
+  return a.format == b.format && a.dtype == b.dtype && a.scales_dtype == b.scales_dtype &&
+         a.rows == b.rows && a.cols == b.cols;
+}
+
+bool chunk_aligned(const Weight& w) {
+  const WRef r = make_wref(w);
+  return reinterpret_cast<uintptr_t>(w.data) % 16 == 0 &&
+         row_bytes(weight_wfmt(w), r.cols) % 16 == 0 && r.cols % 4 == 0;
+}
+
+int grid_for(int64_t n, int threads) {
+  return static_cast<int>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65536));
+}
+
+}  // namespace
+
+MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
+  CHECK(experts != nullptr && num_experts > 0, "MoeExperts::upload: ", num_experts, " experts");
+  CHECK(num_experts <= INT32_MAX, "MoeExperts::upload: too many experts");
+  const MlpWeights& first = experts[0];
+  cpu::check_mlp_weights(first, first.down.rows);
+  CHECK(weight_wfmt(first.gate) == weight_wfmt(first.up) &&
+            first.gate.scales_dtype == first.up.scales_dtype,
+        "MoeExperts::upload: gate and up must share one format");
+  MoeExperts out;
+  out.layout_ = first;
+  out.num_experts_ = num_experts;
+  out.gate_up_aligned_ = true;
+  out.down_aligned_ = true;
+  std::vector<ExpertPtrs> table(static_cast<size_t>(num_experts));
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const MlpWeights& w = experts[e];
+    CHECK(same_layout(w.gate, first.gate) && same_layout(w.up, first.up) &&
+              same_layout(w.down, first.down),
+          "MoeExperts::upload: expert ", e, " differs from expert 0 in shape or format");
+    const Weight* m[3] = {&w.gate, &w.up, &w.down};
+    for (int i = 0; i < 3; ++i) {
+      CHECK(m[i]->data != nullptr, "MoeExperts::upload: expert ", e, " has no data");
+      table[e].data[i] = m[i]->data;
+      table[e].scales[i] = m[i]->scales;
+    }
+    out.gate_up_aligned_ = out.gate_up_aligned_ && chunk_aligned(w.gate) && chunk_aligned(w.up);
+    out.down_aligned_ = out.down_aligned_ && chunk_aligned(w.down);
+  }
+  out.table_ = to_device(table);
+  return out;
+}
+
+size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, int64_t max_tokens,
+                           int64_t top_k) {
+  CHECK(max_tokens >= 0 && top_k > 0, "moe_workspace_bytes: max_tokens ", max_tokens, ", top_k ",
+        top_k);
+  CHECK(experts.num_experts() > 0, "moe_workspace_bytes: experts not uploaded");
+  return Layout(experts.num_experts(), experts.inter(), experts.hidden(), max_tokens, top_k, shared)
+      .total;
+}
+
+void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
+         size_t workspace_bytes, cudaStream_t stream) {
+  CHECK(p.x != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr && p.y != nullptr,
+        "moe: null pointer");
+  CHECK(p.num_tokens >= 0, "moe: num_tokens ", p.num_tokens);
+  CHECK(p.hidden > 0 && p.num_experts > 0 && p.top_k > 0, "moe: hidden ", p.hidden,
+        ", num_experts ", p.num_experts, ", top_k ", p.top_k);
+  CHECK(experts.num_experts() == p.num_experts && experts.hidden() == p.hidden,
+        "moe: ", experts.num_experts(), " uploaded experts of hidden size ", experts.hidden(),
+        " for ", p.num_experts, " experts of hidden size ", p.hidden);
+  if (p.shared != nullptr) cpu::check_mlp_weights(*p.shared, p.hidden);
+  CHECK(blas.stream() == stream, "moe: the Blas handle is bound to another stream");
+  if (p.num_tokens == 0) return;
+  const int64_t num_slots = p.num_tokens * p.top_k;
+  CHECK(num_slots <= INT32_MAX, "moe: ", num_slots, " slots are too many");
+  const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared);
+  CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ", workspace_bytes,
+        " bytes, ", p.num_tokens, " tokens need ", lay.total);
+  auto* base = static_cast<char*>(workspace);
+  const auto at = [&](size_t offset) { return base + offset; };
+  auto* counts = reinterpret_cast<int32_t*>(at(lay.counts));
+  auto* offsets = reinterpret_cast<int32_t*>(at(lay.offsets));
+  auto* cursor = reinterpret_cast<int32_t*>(at(lay.cursor));
+  auto* active = reinterpret_cast<int32_t*>(at(lay.active));
+  auto* num_active = reinterpret_cast<int32_t*>(at(lay.num_active));
+  auto* sorted_slots = reinterpret_cast<int32_t*>(at(lay.sorted_slots));
+  auto* h = reinterpret_cast<float*>(at(lay.h));
+  auto* slot_out = reinterpret_cast<float*>(at(lay.slot_out));
+  float* shared_out = p.shared != nullptr ? reinterpret_cast<float*>(at(lay.shared_out)) : nullptr;
+
+  CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(p.num_experts) * 4, stream));
+  count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
+                                                             counts);
+  CUDA_CHECK_LAUNCH();
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, offsets, cursor, active,
+                                              num_active);
+  CUDA_CHECK_LAUNCH();
+  fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
+                                                            cursor, sorted_slots);
+  CUDA_CHECK_LAUNCH();
+
+  const MlpWeights& l = experts.layout();
+  Geometry g;
+  g.gate = make_wref(l.gate);
+  g.up = make_wref(l.up);
+  g.down = make_wref(l.down);
+  g.hidden = p.hidden;
+  g.inter = experts.inter();
+  g.top_k = p.top_k;
+  const Buckets b{counts, offsets, active, num_active, sorted_slots};
+  const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
+  const auto max_active = static_cast<unsigned>(std::min(p.num_experts, num_slots));
+  const auto blocks = [&](int64_t rows, int64_t per_block) {
+    return dim3(max_active, static_cast<unsigned>((rows + per_block - 1) / per_block));
+  };
+  const bool x_aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+
+  dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
+    if (experts.gate_up_aligned() && x_aligned) {
+      gate_up_small_kernel<F, true>
+          <<<blocks(g.inter, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, p.x, h);
+    } else {
+      gate_up_small_kernel<F, false>
+          <<<blocks(g.inter, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, p.x, h);
+    }
+    CUDA_CHECK_LAUNCH();
+    gate_up_mma_kernel<F><<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+    CUDA_CHECK_LAUNCH();
+  });
+  dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
+    if (experts.down_aligned()) {
+      down_small_kernel<F, true><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
+          g, table, b, h, slot_out);
+    } else {
+      down_small_kernel<F, false><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
+          g, table, b, h, slot_out);
+    }
+    CUDA_CHECK_LAUNCH();
+    down_mma_kernel<F><<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+    CUDA_CHECK_LAUNCH();
+  });
+
+  if (p.shared != nullptr) {
+    mlp({.x = p.x, .w = p.shared, .y = shared_out, .num_tokens = p.num_tokens}, blas,
+        at(lay.shared_ws), lay.total - lay.shared_ws, stream);
+  }
+  combine_kernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(
+      p.expert_ids, p.expert_weights, slot_out, shared_out, p.top_k, p.num_experts, p.hidden, p.y);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace hyserve::cuda

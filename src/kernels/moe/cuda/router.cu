@@ -1,0 +1,169 @@
+// CUDA MoE router: logits by linear_gemv, then one block per token. The per-token
+// steps mirror cpu::route_experts: the same float expressions, the same
+// (value desc, index asc) order for groups and experts, the weights summed and
+// scaled sequentially in slot order.
+#include <cub/block/block_reduce.cuh>
+
+#include "kernels/moe/cuda.h"
+#include "util/cuda_check.h"
+
+namespace hyserve::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxGroups = 256;
+
+struct Candidate {
+  float value;
+  int32_t index;  // -1: none
+};
+
+// a before b in (value desc, index asc); a real candidate before none.
+__device__ __forceinline__ bool before(const Candidate& a, const Candidate& b) {
+  if (a.index < 0) return false;
+  if (b.index < 0) return true;
+  return a.value > b.value || (a.value == b.value && a.index < b.index);
+}
+
+struct First {
+  __device__ Candidate operator()(const Candidate& a, const Candidate& b) const {
+    return before(a, b) ? a : b;
+  }
+};
+
+__global__ void __launch_bounds__(kThreads)
+    route_kernel(RouterParams p, const float* __restrict__ logits) {
+  extern __shared__ float smem[];
+  float* score = smem;                      // [E] s
+  float* selection = smem + p.num_experts;  // [E] s' = s + bias, -inf once taken
+  __shared__ float group_score[kMaxGroups];
+  __shared__ bool group_kept[kMaxGroups];
+  __shared__ int32_t chosen[64];
+  using Reduce = cub::BlockReduce<Candidate, kThreads>;
+  __shared__ typename Reduce::TempStorage tmp;
+
+  const int64_t t = blockIdx.x;
+  const int64_t num_experts = p.num_experts;
+  const int64_t group_size = num_experts / p.n_group;
+  int has_nan = 0;
+  for (int64_t e = threadIdx.x; e < num_experts; e += kThreads) {
+    const float s = 1.0f / (1.0f + expf(-logits[t * num_experts + e]));
+    score[e] = s;
+    selection[e] = s + (p.bias != nullptr ? p.bias[e] : 0.0f);
+    has_nan |= isnan(selection[e]) ? 1 : 0;
+  }
+  if (__syncthreads_or(has_nan)) {
+    for (int64_t i = threadIdx.x; i < p.top_k; i += kThreads) {
+      p.expert_ids[t * p.top_k + i] = -1;
+      p.expert_weights[t * p.top_k + i] = 0.0f;
+    }
+    return;
+  }
+
+  if (p.n_group > 1) {
+    for (int64_t g = threadIdx.x; g < p.n_group; g += kThreads) {
+      const int64_t lo = g * group_size;
+      Candidate first{selection[lo], static_cast<int32_t>(lo)};
+      Candidate second{selection[lo + 1], static_cast<int32_t>(lo + 1)};
+      if (before(second, first)) {
+        const Candidate tmp_c = first;
+        first = second;
+        second = tmp_c;
+      }
+      for (int64_t e = lo + 2; e < lo + group_size; ++e) {
+        const Candidate c{selection[e], static_cast<int32_t>(e)};
+        if (before(c, first)) {
+          second = first;
+          first = c;
+        } else if (before(c, second)) {
+          second = c;
+        }
+      }
+      group_score[g] = first.value + second.value;
+      group_kept[g] = false;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int64_t i = 0; i < p.topk_group; ++i) {
+        Candidate best{0.0f, -1};
+        for (int64_t g = 0; g < p.n_group; ++g) {
+          const Candidate c{group_score[g], static_cast<int32_t>(g)};
+          if (!group_kept[g] && before(c, best)) best = c;
+        }
+        group_kept[best.index] = true;
+      }
+    }
+    __syncthreads();
+  }
+
+  for (int64_t i = 0; i < p.top_k; ++i) {
+    Candidate mine{0.0f, -1};
+    for (int64_t e = threadIdx.x; e < num_experts; e += kThreads) {
+      const bool eligible = p.n_group == 1 || group_kept[e / group_size];
+      bool taken = false;
+      for (int64_t j = 0; j < i; ++j) taken |= chosen[j] == e;
+      const Candidate c{selection[e], static_cast<int32_t>(e)};
+      if (eligible && !taken && before(c, mine)) mine = c;
+    }
+    const Candidate best = Reduce(tmp).Reduce(mine, First());
+    if (threadIdx.x == 0) chosen[i] = best.index;
+    __syncthreads();
+  }
+
+  if (threadIdx.x == 0) {
+    int32_t* ids = p.expert_ids + t * p.top_k;
+    float* weights = p.expert_weights + t * p.top_k;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < p.top_k; ++i) {
+      ids[i] = chosen[i];
+      weights[i] = score[chosen[i]];
+      sum += weights[i];
+    }
+    for (int64_t i = 0; i < p.top_k; ++i) {
+      if (p.renormalize) weights[i] /= sum + 1e-20f;
+      weights[i] *= p.scaling_factor;
+    }
+  }
+}
+
+}  // namespace
+
+size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts) {
+  CHECK(max_tokens >= 0 && num_experts > 0, "router_workspace_bytes: max_tokens ", max_tokens,
+        ", num_experts ", num_experts);
+  return static_cast<size_t>(max_tokens * num_experts) * sizeof(float);
+}
+
+void route_experts(const RouterParams& p, void* workspace, size_t workspace_bytes,
+                   cudaStream_t stream) {
+  CHECK(
+      p.x != nullptr && p.gate != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr,
+      "route_experts: null pointer");
+  CHECK(p.num_tokens >= 0, "route_experts: num_tokens ", p.num_tokens);
+  CHECK(p.num_experts > 0 && p.gate->rows == p.num_experts, "route_experts: gate has ",
+        p.gate->rows, " rows for ", p.num_experts, " experts");
+  CHECK(p.n_group >= 1 && p.num_experts % p.n_group == 0, "route_experts: ", p.num_experts,
+        " experts do not split into n_group = ", p.n_group, " groups");
+  const int64_t group_size = p.num_experts / p.n_group;
+  CHECK(p.n_group == 1 || group_size >= 2, "route_experts: groups of ", group_size,
+        " expert(s) have no top-2 score");
+  CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "route_experts: topk_group ", p.topk_group,
+        " not in [1, ", p.n_group, "]");
+  CHECK(p.top_k >= 1 && p.top_k <= p.topk_group * group_size, "route_experts: top_k ", p.top_k,
+        " not in [1, ", p.topk_group * group_size, "] (experts in the kept groups)");
+  CHECK(p.n_group <= kMaxGroups && p.top_k <= 64, "route_experts: the GPU router handles at most ",
+        kMaxGroups, " groups and top_k 64 (n_group ", p.n_group, ", top_k ", p.top_k, ")");
+  const size_t smem = static_cast<size_t>(2 * p.num_experts) * sizeof(float);
+  CHECK(smem <= 48 * 1024, "route_experts: ", p.num_experts, " experts are too many");
+  if (p.num_tokens == 0) return;
+  CHECK(p.num_tokens <= INT32_MAX, "route_experts: num_tokens over 2^31");
+  const size_t need = router_workspace_bytes(p.num_tokens, p.num_experts);
+  CHECK(workspace != nullptr && workspace_bytes >= need, "route_experts: workspace of ",
+        workspace_bytes, " bytes, ", p.num_tokens, " tokens need ", need);
+  auto* logits = static_cast<float*>(workspace);  // [T, E]
+  linear_gemv({.x = p.x, .w = p.gate, .y = logits, .num_tokens = p.num_tokens}, stream);
+  route_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, smem, stream>>>(p, logits);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace hyserve::cuda

@@ -1,0 +1,135 @@
+// Token sampling over a batch of logit rows, one row per request, with per-row
+// options. Both backends (cpu.h, cuda.h) draw the SAME token for the same row and
+// options, because everything after one IEEE double division is integer arithmetic
+// defined in this header:
+//
+//   greedy (temperature 0): the largest logit; ties: the lower id; NaN never wins.
+//   otherwise, over the non-NaN ids:
+//     weight   W_i = floor(2^31 exp(x_i)), x_i = (l_i - l_max) / temperature in double,
+//              exp evaluated in fixed point (token_weight): W_max = 2^31; a token below
+//              ~4.7e-10 of the top probability gets weight 0 and is never drawn.
+//     rank     ids ordered by (logit desc, id asc), by the bits of the logit
+//              (order_key; +0 ranks before -0).
+//     top-k    keep the first top_k ranks (0: off).
+//     top-p    of those, keep the shortest rank prefix whose weight sum reaches
+//              ceil(top_p * their total) (1: off).
+//     min-p    of those, keep W_i >= ceil(min_p * 2^31) (min_p * p_max; 0: off).
+//     draw     r = floor(u * total kept weight), u = draw_bits(seed, step) / 2^53; the
+//              token is the first id (ascending) whose running kept-weight sum
+//              exceeds r.
+// The row index is deliberately not in the hash: a request's tokens depend on its
+// seed and step only, not on where it sits in the batch.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace hyserve {
+
+struct SamplingOptions {
+  float temperature = 0.0f;  // 0: greedy; else finite and > 0
+  int32_t top_k = 0;         // >= 0; 0: off
+  float top_p = 1.0f;        // (0, 1]; 1: off
+  float min_p = 0.0f;        // [0, 1]; 0: off
+  uint64_t seed = 0;
+  uint64_t step = 0;  // index of the token being drawn within its request
+};
+
+struct SampleParams {
+  const float* logits = nullptr;             // [num_rows, vocab]
+  const SamplingOptions* options = nullptr;  // [num_rows]
+  int32_t* tokens = nullptr;                 // [num_rows] out
+  int64_t num_rows = 0;
+  int64_t vocab = 0;  // in [1, kMaxSamplingVocab]
+};
+
+// The kept weights of a row sum to < 2^53, so u * total fits scale_draw.
+inline constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
+
+namespace sampling {
+
+inline constexpr int kWeightBits = 31;
+inline constexpr uint64_t kMaxWeight = uint64_t{1} << kWeightBits;
+
+constexpr bool options_valid(const SamplingOptions& o) {
+  return o.temperature >= 0.0f && o.temperature <= 3.4028234663852886e38f && o.top_k >= 0 &&
+         o.top_p > 0.0f && o.top_p <= 1.0f && o.min_p >= 0.0f && o.min_p <= 1.0f;
+}
+
+constexpr uint64_t splitmix64(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// 53 uniform bits for draw `step` of the request seeded `seed`.
+constexpr uint64_t draw_bits(uint64_t seed, uint64_t step) {
+  return splitmix64(splitmix64(seed) ^ step) >> 11;
+}
+
+// floor(a * b / 2^53) for a, b < 2^53, in 32-bit limbs.
+constexpr uint64_t scale_draw(uint64_t a, uint64_t b) {
+  const uint64_t a_lo = a & 0xffffffffu, a_hi = a >> 32;
+  const uint64_t b_lo = b & 0xffffffffu, b_hi = b >> 32;
+  const uint64_t lo_lo = a_lo * b_lo;
+  const uint64_t mid = a_hi * b_lo + a_lo * b_hi + (lo_lo >> 32);
+  const uint64_t lo = (mid << 32) | (lo_lo & 0xffffffffu);
+  const uint64_t hi = a_hi * b_hi + (mid >> 32);
+  return (hi << 11) | (lo >> 53);
+}
+
+// ceil(f * n) for f in [0, 1], n < 2^53: one double product, then integer rounding up.
+constexpr uint64_t ceil_mul(float f, uint64_t n) {
+  const double d = static_cast<double>(f) * static_cast<double>(n);
+  const auto t = static_cast<uint64_t>(d);
+  return static_cast<double>(t) < d ? t + 1 : t;
+}
+
+// Orders floats as integers: a > b (non-NaN) iff key(a) > key(b), except -0 < +0.
+constexpr uint32_t order_key(float f) {
+  const uint32_t u = std::bit_cast<uint32_t>(f);
+  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Unique per token; larger means earlier in the rank order (logit desc, id asc).
+constexpr uint64_t rank_key(float logit, int64_t id) {
+  return (static_cast<uint64_t>(order_key(logit)) << 32) |
+         (0xffffffffu - static_cast<uint32_t>(id));
+}
+
+// exp(g / 2^30) * 2^30 for g in [0, ln2 * 2^30]: Horner over floor(2^30 / k!), k <= 12.
+constexpr uint64_t exp_q30(uint64_t g) {
+  constexpr uint64_t kCoef[13] = {1073741824, 1073741824, 536870912, 178956970, 44739242,
+                                  8947848,    1491308,    213044,    26630,     2958,
+                                  295,        26,         2};
+  uint64_t acc = kCoef[12];
+  for (int k = 11; k >= 0; --k) acc = kCoef[k] + ((acc * g) >> 30);
+  return acc;
+}
+
+// W = floor(2^31 exp((logit - max_logit) / temperature)) in fixed point; logit <= max_logit,
+// neither NaN, temperature > 0. x is taken in Q24 and 2^-x log2(e) split into 2^-m * e^g.
+constexpr uint64_t token_weight(float logit, float max_logit, float temperature) {
+  if (logit == max_logit) return kMaxWeight;
+  const double x = (static_cast<double>(logit) - static_cast<double>(max_logit)) /
+                   static_cast<double>(temperature);
+  if (!(x > -64.0)) return 0;
+  constexpr uint64_t kLog2eQ32 = 6196328019u;             // log2(e) * 2^32
+  constexpr uint64_t kLn2Q30 = 744261118u;                // ln(2) * 2^30
+  const auto a = static_cast<uint64_t>(-x * 16777216.0);  // -x in Q24, < 2^30
+  const uint64_t b = (a * kLog2eQ32) >> 24;               // -x log2(e) in Q32
+  const uint64_t n = b >> 32;
+  const uint64_t frac = b & 0xffffffffu;
+  if (frac == 0) {
+    const uint64_t e = exp_q30(0);
+    return n == 0 ? e << 1 : (n - 1 >= 63 ? 0 : e >> (n - 1));
+  }
+  const uint64_t m = n + 1;  // 2^-(n + frac) = 2^-m * 2^(1 - frac)
+  const uint64_t g = (((uint64_t{1} << 32) - frac) * kLn2Q30) >> 32;
+  const uint64_t e = exp_q30(g);
+  return m - 1 >= 63 ? 0 : e >> (m - 1);
+}
+
+}  // namespace sampling
+}  // namespace hyserve

@@ -1,0 +1,289 @@
+// CUDA linear / linear_gemv / embedding_lookup against the CPU ops, every weight format,
+// both paths, awkward and empty sizes. Tolerances, per output (t, r) with
+// S = sum_k |x_k w_k| and K = cols:
+//   GEMV path: fp32 as on the CPU, only the summation order differs:
+//              |got - want| <= 2 K 2^-24 S.
+//   tensor-core path: x is rounded to bf16 (and F32 / F16 / FP8 weights too; BF16 and
+//              MXFP4 are exact in bf16), fp32 accumulation. Against a double reference
+//              on the rounded operands: <= 2 K 2^-24 S; against the CPU op: <= 2^-7 S
+//              (two roundings of at most 2^-9 relative each, with margin).
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/cuda/device_weight.h"
+#include "gpu/gpu_test_util.h"
+#include "gpu/test_weights.h"
+#include "kernels/linear/cuda.h"
+#include "kernels/linear/params.h"
+
+namespace hyserve {
+namespace {
+
+using test::Format;
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+struct Shape {
+  int64_t rows, cols;
+};
+
+// Shapes for every format (cols % 32 == 0, so MXFP4 fits) and dense / FP8-only ones.
+const Shape kShapes[] = {{1, 32}, {3, 64}, {63, 96}, {65, 160}, {321, 128}, {130, 256}};
+const Shape kAwkwardShapes[] = {{1, 1}, {3, 3}, {63, 63}, {65, 65}, {5, 321}, {129, 200}};
+
+std::vector<Shape> shapes_for(Format f) {
+  std::vector<Shape> out(std::begin(kShapes), std::end(kShapes));
+  if (f != Format::kMxfp4)
+    out.insert(out.end(), std::begin(kAwkwardShapes), std::end(kAwkwardShapes));
+  return out;
+}
+
+// sum_k |x_k w_k| per output [T, rows], and the double dot products.
+struct Reference {
+  std::vector<float> y;
+  std::vector<double> magnitude;
+};
+
+Reference reference(const std::vector<float>& x, const std::vector<float>& w, int64_t t,
+                    int64_t rows, int64_t cols, const std::vector<float>* bias) {
+  Reference ref{std::vector<float>(t * rows), std::vector<double>(t * rows)};
+  for (int64_t i = 0; i < t; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0, mag = 0.0;
+      for (int64_t k = 0; k < cols; ++k) {
+        const double term = static_cast<double>(x[i * cols + k]) * w[r * cols + k];
+        sum += term;
+        mag += std::fabs(term);
+      }
+      if (bias != nullptr) sum += (*bias)[r];
+      ref.y[i * rows + r] = static_cast<float>(sum);
+      ref.magnitude[i * rows + r] = mag;
+    }
+  }
+  return ref;
+}
+
+// |got - want| <= factor * magnitude + 1e-30 everywhere; names the worst element.
+testing::AssertionResult within(const std::vector<float>& got, const std::vector<float>& want,
+                                const std::vector<double>& magnitude, double factor) {
+  if (got.size() != want.size()) return testing::AssertionFailure() << "size mismatch";
+  double worst = 0.0;
+  size_t at = 0;
+  bool bad = false;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double err = std::fabs(static_cast<double>(got[i]) - want[i]);
+    const double allowed = factor * magnitude[i] + 1e-30;
+    if (!(err <= allowed)) {
+      const double ratio = std::isnan(err) ? INFINITY : err / allowed;
+      if (!bad || ratio > worst) {
+        worst = ratio;
+        at = i;
+      }
+      bad = true;
+    }
+  }
+  if (!bad) return testing::AssertionSuccess();
+  return testing::AssertionFailure() << "worst element " << at << ": got " << got[at] << ", want "
+                                     << want[at] << ", allowed " << factor * magnitude[at];
+}
+
+std::vector<float> round_all_bf16(std::vector<float> v) {
+  for (float& x : v) x = round_bf16(x);
+  return v;
+}
+
+// Runs cuda::linear on device copies; returns y.
+std::vector<float> run_gpu(const Weight& host_w, const std::vector<float>& x, int64_t t,
+                           const std::vector<float>* bias, int64_t small_batch_max_tokens) {
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  const cuda::DeviceWeight dw = cuda::DeviceWeight::upload(host_w);
+  const cuda::DeviceBuffer dx = cuda::to_device(x);
+  cuda::DeviceBuffer dy(static_cast<size_t>(t * host_w.rows) * sizeof(float) + 4);
+  cuda::DeviceBuffer db = bias != nullptr ? cuda::to_device(*bias) : cuda::DeviceBuffer();
+  cuda::DeviceBuffer ws(cuda::linear_workspace_bytes(host_w, t));
+  cuda::linear({.x = dx.as<float>(),
+                .w = &dw.view(),
+                .y = dy.as<float>(),
+                .num_tokens = t,
+                .bias = bias != nullptr ? db.as<float>() : nullptr},
+               blas, ws.data(), ws.size(), stream.s, small_batch_max_tokens);
+  CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  return cuda::to_host<float>(dy, static_cast<size_t>(t * host_w.rows));
+}
+
+std::vector<float> run_cpu(const Weight& w, const std::vector<float>& x, int64_t t,
+                           const std::vector<float>* bias) {
+  std::vector<float> y(t * w.rows);
+  cpu::linear({.x = x.data(),
+               .w = &w,
+               .y = y.data(),
+               .num_tokens = t,
+               .bias = bias != nullptr ? bias->data() : nullptr});
+  return y;
+}
+
+TEST(GpuLinear, GemvMatchesCpuEveryFormat) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (Format f : test::kAllFormats) {
+    for (const Shape& s : shapes_for(f)) {
+      const test::HostWeight w = test::random_weight(s.rows, s.cols, f, seed++);
+      const std::vector<float> decoded = test::decode(w.w);
+      for (int64_t t : {1, 3, 16, 17, 63, 65}) {
+        SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
+                     std::to_string(s.cols) + "] T=" + std::to_string(t));
+        const std::vector<float> x = test::random_floats(t * s.cols, seed++);
+        const std::vector<float> bias = test::random_floats(s.rows, seed++);
+        const std::vector<float>* b = t % 2 == 1 ? &bias : nullptr;
+        // Above 16 tokens the GEMV path runs in several token groups.
+        const std::vector<float> got = run_gpu(w.w, x, t, b, /*small_batch_max_tokens=*/1 << 20);
+        const Reference ref = reference(x, decoded, t, s.rows, s.cols, b);
+        const double factor = 2.0 * s.cols * 0x1p-24;
+        EXPECT_TRUE(within(got, run_cpu(w.w, x, t, b), ref.magnitude, factor));
+      }
+    }
+  }
+}
+
+TEST(GpuLinear, TensorCoreMatchesBf16ReferenceEveryFormat) {
+  REQUIRE_GPU();
+  uint64_t seed = 1000;
+  for (Format f : test::kAllFormats) {
+    for (const Shape& s : shapes_for(f)) {
+      const test::HostWeight w = test::random_weight(s.rows, s.cols, f, seed++);
+      const std::vector<float> decoded = test::decode(w.w);
+      const std::vector<float> decoded_bf16 = round_all_bf16(decoded);
+      for (int64_t t : {1, 17, 65, 321}) {
+        SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
+                     std::to_string(s.cols) + "] T=" + std::to_string(t));
+        const std::vector<float> x = test::random_floats(t * s.cols, seed++);
+        const std::vector<float> bias = test::random_floats(s.rows, seed++);
+        const std::vector<float>* b = t % 2 == 1 ? &bias : nullptr;
+        const std::vector<float> got = run_gpu(w.w, x, t, b, /*small_batch_max_tokens=*/0);
+        const Reference rounded = reference(round_all_bf16(x), decoded_bf16, t, s.rows, s.cols, b);
+        EXPECT_TRUE(within(got, rounded.y, rounded.magnitude, 2.0 * s.cols * 0x1p-24));
+        const Reference exact = reference(x, decoded, t, s.rows, s.cols, b);
+        EXPECT_TRUE(within(got, run_cpu(w.w, x, t, b), exact.magnitude, 0x1p-7));
+      }
+    }
+  }
+}
+
+TEST(GpuLinear, LargeMatrixEveryFormatBothPaths) {
+  REQUIRE_GPU();
+  const int64_t rows = 300, cols = 2048;
+  uint64_t seed = 2000;
+  for (Format f : test::kAllFormats) {
+    SCOPED_TRACE(test::format_name(f));
+    const test::HostWeight w = test::random_weight(rows, cols, f, seed++);
+    const std::vector<float> decoded = test::decode(w.w);
+    for (int64_t t : {1, 5, 40}) {
+      const std::vector<float> x = test::random_floats(t * cols, seed++);
+      const Reference ref = reference(x, decoded, t, rows, cols, nullptr);
+      const std::vector<float> want = run_cpu(w.w, x, t, nullptr);
+      EXPECT_TRUE(
+          within(run_gpu(w.w, x, t, nullptr, 1 << 20), want, ref.magnitude, 2.0 * cols * 0x1p-24));
+      EXPECT_TRUE(within(run_gpu(w.w, x, t, nullptr, 0), want, ref.magnitude, 0x1p-7));
+    }
+  }
+}
+
+TEST(GpuLinear, GemvIsBatchInvariant) {
+  REQUIRE_GPU();
+  for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kMxfp4, Format::kF16}) {
+    SCOPED_TRACE(test::format_name(f));
+    const int64_t rows = 65, cols = 256, t = 37;
+    const test::HostWeight w = test::random_weight(rows, cols, f, 7);
+    const std::vector<float> x = test::random_floats(t * cols, 8);
+    const std::vector<float> all = run_gpu(w.w, x, t, nullptr, 1 << 20);
+    for (int64_t i = 0; i < t; ++i) {
+      const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
+      const std::vector<float> one = run_gpu(w.w, xi, 1, nullptr, 1 << 20);
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + i * rows, rows * sizeof(float)))
+          << "token " << i;
+    }
+  }
+}
+
+TEST(GpuLinear, EmptyBatchLeavesOutputAlone) {
+  REQUIRE_GPU();
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  const test::HostWeight w = test::random_weight(8, 32, Format::kBF16, 3);
+  const cuda::DeviceWeight dw = cuda::DeviceWeight::upload(w.w);
+  const std::vector<float> sentinel(8, 42.0f);
+  cuda::DeviceBuffer dy = cuda::to_device(sentinel);
+  const cuda::DeviceBuffer dx = cuda::to_device(std::vector<float>(32, 1.0f));
+  for (int64_t small : {int64_t{16}, int64_t{0}}) {
+    cuda::linear({.x = dx.as<float>(), .w = &dw.view(), .y = dy.as<float>(), .num_tokens = 0}, blas,
+                 nullptr, 0, stream.s, small);
+  }
+  cuda::linear_gemv({.x = dx.as<float>(), .w = &dw.view(), .y = dy.as<float>(), .num_tokens = 0},
+                    stream.s);
+  CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  EXPECT_EQ(cuda::to_host<float>(dy, 8), sentinel);
+}
+
+TEST(GpuLinear, RefusesBadArguments) {
+  REQUIRE_GPU();
+  Stream stream;
+  Stream other;
+  cuda::Blas blas(stream.s);
+  const test::HostWeight w = test::random_weight(8, 32, Format::kFp8F32Scales, 3);
+  const cuda::DeviceWeight dw = cuda::DeviceWeight::upload(w.w);
+  cuda::DeviceBuffer dx(64 * 32 * sizeof(float));
+  cuda::DeviceBuffer dy(64 * 8 * sizeof(float));
+  const LinearParams p{.x = dx.as<float>(), .w = &dw.view(), .y = dy.as<float>(), .num_tokens = 64};
+  cuda::DeviceBuffer small_ws(cuda::linear_workspace_bytes(w.w, 64) - 1);
+  EXPECT_THROW(cuda::linear(p, blas, small_ws.data(), small_ws.size(), stream.s), InvalidArgument);
+  cuda::DeviceBuffer ws(cuda::linear_workspace_bytes(w.w, 64));
+  EXPECT_THROW(cuda::linear(p, blas, ws.data(), ws.size(), other.s), InvalidArgument);
+  LinearParams overlap = p;
+  overlap.y = dx.as<float>();
+  EXPECT_THROW(cuda::linear_gemv(overlap, stream.s), InvalidArgument);
+}
+
+TEST(GpuEmbedding, MatchesCpuBitwiseAndMarksBadIdsNaN) {
+  REQUIRE_GPU();
+  Stream stream;
+  uint64_t seed = 3000;
+  for (Format f : test::kAllFormats) {
+    for (const Shape& s : shapes_for(f)) {
+      SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
+                   std::to_string(s.cols) + "]");
+      const test::HostWeight w = test::random_weight(s.rows, s.cols, f, seed++);
+      const cuda::DeviceWeight dw = cuda::DeviceWeight::upload(w.w);
+      std::vector<int32_t> ids = {0, static_cast<int32_t>(s.rows - 1)};
+      std::mt19937 rng(static_cast<uint32_t>(seed));
+      for (int i = 0; i < 61; ++i) ids.push_back(static_cast<int32_t>(rng() % s.rows));
+      const auto n = static_cast<int64_t>(ids.size());
+      std::vector<float> want(n * s.cols);
+      cpu::embedding_lookup(w.w, ids.data(), n, want.data());
+      ids.push_back(static_cast<int32_t>(s.rows));  // out of range: a NaN row
+      ids.push_back(-1);
+      const cuda::DeviceBuffer dids = cuda::to_device(ids);
+      cuda::DeviceBuffer out(ids.size() * s.cols * sizeof(float));
+      cuda::embedding_lookup(dw.view(), dids.as<int32_t>(), n + 2, out.as<float>(), stream.s);
+      CUDA_CHECK(cudaStreamSynchronize(stream.s));
+      const std::vector<float> got = cuda::to_host<float>(out, ids.size() * s.cols);
+      EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
+      for (int64_t k = n * s.cols; k < static_cast<int64_t>(got.size()); ++k) {
+        ASSERT_TRUE(std::isnan(got[k])) << "element " << k;
+      }
+      cuda::embedding_lookup(dw.view(), dids.as<int32_t>(), 0, out.as<float>(), stream.s);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hyserve

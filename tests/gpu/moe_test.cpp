@@ -1,0 +1,322 @@
+// CUDA MoE router and grouped experts against the CPU ops.
+//
+// Router: x and the gate hold small multiples of powers of two, so every logit is
+// exact in fp32 whatever the summation order; ties are frequent (equal logits) and
+// must go to the lower index as on the CPU. Ids must match exactly; weights to
+// rel 1e-6 (expf vs the host exp, 2 ulp).
+// Experts: the routing (ids, weights) is made here and uploaded, so both sides run the
+// same assignment. Experts with < 16 tokens take the fp32 GEMV path: abs 2e-5,
+// rel 1e-4 against the CPU. Experts with >= 16 tokens take wmma bf16 tiles (x and
+// silu*up rounded to bf16; F32 / F16 weights too): abs 1e-2 * max|y|, rel 1e-2.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_test_util.h"
+#include "gpu/test_weights.h"
+#include "kernels/moe/cuda.h"
+
+namespace hyserve {
+namespace {
+
+using test::Format;
+
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
+
+// ---- router ----
+
+struct RouterCase {
+  int64_t tokens, hidden, experts, top_k, n_group, topk_group;
+  bool bias, renormalize;
+  float scaling;
+};
+
+TEST(GpuRouter, MatchesCpuIdsExactlyWithTies) {
+  REQUIRE_GPU();
+  const RouterCase cases[] = {
+      {0, 64, 16, 2, 1, 1, false, false, 1.0f}, {1, 64, 16, 1, 1, 1, false, true, 1.0f},
+      {3, 65, 64, 6, 8, 3, true, true, 2.5f},   {63, 64, 16, 4, 4, 2, true, true, 1.0f},
+      {65, 64, 64, 8, 1, 1, false, true, 1.0f}, {321, 33, 32, 3, 4, 1, true, false, 0.5f},
+      {17, 128, 256, 8, 8, 4, true, true, 2.5f}};
+  uint64_t seed = 1;
+  for (const RouterCase& c : cases) {
+    SCOPED_TRACE("T=" + std::to_string(c.tokens) + " E=" + std::to_string(c.experts) +
+                 " top_k=" + std::to_string(c.top_k) + " groups=" + std::to_string(c.n_group));
+    std::mt19937_64 rng(seed++);
+    std::vector<float> x(c.tokens * c.hidden), gate(c.experts * c.hidden), bias(c.experts);
+    for (float& v : x) v = 0.5f * static_cast<float>(static_cast<int>(rng() % 5) - 2);
+    for (float& v : gate) v = static_cast<float>(static_cast<int>(rng() % 5) - 2) / 256.0f;
+    for (float& v : bias) v = static_cast<float>(static_cast<int>(rng() % 33) - 16) / 64.0f;
+    const test::HostWeight gw = test::quantize(gate, c.experts, c.hidden, Format::kBF16);
+    RouterParams p{.gate = &gw.w,
+                   .num_tokens = c.tokens,
+                   .num_experts = c.experts,
+                   .top_k = c.top_k,
+                   .n_group = c.n_group,
+                   .topk_group = c.topk_group,
+                   .renormalize = c.renormalize,
+                   .scaling_factor = c.scaling};
+    std::vector<int32_t> want_ids(c.tokens * c.top_k);
+    std::vector<float> want_w(c.tokens * c.top_k);
+    p.x = x.data();
+    p.bias = c.bias ? bias.data() : nullptr;
+    p.expert_ids = want_ids.data();
+    p.expert_weights = want_w.data();
+    cpu::route_experts(p);
+
+    const cuda::DeviceWeight dg = cuda::DeviceWeight::upload(gw.w);
+    const cuda::DeviceBuffer dx = cuda::to_device(x);
+    const cuda::DeviceBuffer db = cuda::to_device(bias);
+    cuda::DeviceBuffer ids(want_ids.size() * 4 + 4), weights(want_w.size() * 4 + 4);
+    cuda::DeviceBuffer ws(cuda::router_workspace_bytes(c.tokens, c.experts) + 4);
+    p.x = dx.as<float>();
+    p.gate = &dg.view();
+    p.bias = c.bias ? db.as<float>() : nullptr;
+    p.expert_ids = ids.as<int32_t>();
+    p.expert_weights = weights.as<float>();
+    cuda::route_experts(p, ws.data(), ws.size(), nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(cuda::to_host<int32_t>(ids, want_ids.size()), want_ids);
+    EXPECT_TRUE(test::all_close(cuda::to_host<float>(weights, want_w.size()), want_w, 0.0f, 1e-6f));
+  }
+}
+
+TEST(GpuRouter, RefusesWhatTheCpuRefuses) {
+  REQUIRE_GPU();
+  const test::HostWeight gw = test::random_weight(6, 32, Format::kBF16, 1);
+  const cuda::DeviceWeight dg = cuda::DeviceWeight::upload(gw.w);
+  cuda::DeviceBuffer buf(4096);
+  RouterParams p{.x = buf.as<float>(),
+                 .gate = &dg.view(),
+                 .num_tokens = 1,
+                 .num_experts = 6,
+                 .top_k = 2,
+                 .n_group = 3,
+                 .topk_group = 1,
+                 .expert_ids = buf.as<int32_t>(),
+                 .expert_weights = buf.as<float>()};
+  EXPECT_THROW(cuda::route_experts(p, buf.data(), buf.size(), nullptr), InvalidArgument);
+  p.n_group = 4;  // 6 experts do not split into 4 groups
+  EXPECT_THROW(cuda::route_experts(p, buf.data(), buf.size(), nullptr), InvalidArgument);
+  p.n_group = 1;
+  EXPECT_THROW(cuda::route_experts(p, buf.data(), 0, nullptr), InvalidArgument);
+}
+
+// ---- experts ----
+
+struct Experts {
+  std::vector<test::HostMlp> host;
+  std::vector<MlpWeights> host_w;
+  std::vector<test::DeviceMlp> dev;
+  std::vector<MlpWeights> dev_w;
+  test::HostMlp shared;
+  test::DeviceMlp shared_dev;
+  cuda::MoeExperts table;
+};
+
+Experts make_experts(int64_t n, int64_t hidden, int64_t inter, Format f, uint64_t seed) {
+  Experts e;
+  for (int64_t i = 0; i < n; ++i)
+    e.host.push_back(test::random_mlp(hidden, inter, f, seed + 3 * i));
+  for (const auto& m : e.host) {
+    e.host_w.push_back(m.w);
+    e.dev.push_back(test::upload(m));
+  }
+  for (const auto& d : e.dev) e.dev_w.push_back(d.w);
+  e.shared = test::random_mlp(hidden, inter, f, seed + 3 * n);
+  e.shared_dev = test::upload(e.shared);
+  e.table = cuda::MoeExperts::upload(e.dev_w.data(), n);
+  return e;
+}
+
+struct Routing {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+// Distinct random experts per token.
+Routing random_routing(int64_t tokens, int64_t top_k, int64_t experts, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> w(0.1f, 1.5f);
+  std::vector<int32_t> perm(experts);
+  std::iota(perm.begin(), perm.end(), 0);
+  Routing r;
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int64_t i = 0; i < top_k; ++i) {
+      r.ids.push_back(perm[i]);
+      r.weights.push_back(w(rng));
+    }
+  }
+  return r;
+}
+
+// Some experts get >= 16 tokens (tensor cores), others fewer (GEMV), in one call.
+Routing mixed_routing(int64_t tokens, int64_t top_k, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> w(0.1f, 1.5f);
+  Routing r;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const int32_t slots[3] = {static_cast<int32_t>(t % 2), static_cast<int32_t>(2 + t % 5),
+                              static_cast<int32_t>(t < 10 ? 7 : 2 + (t + 1) % 5)};
+    for (int64_t i = 0; i < top_k; ++i) {
+      r.ids.push_back(slots[i]);
+      r.weights.push_back(w(rng));
+    }
+  }
+  return r;
+}
+
+std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const Routing& r,
+                           int64_t tokens, int64_t top_k, bool shared) {
+  const int64_t hidden = e.host_w[0].down.rows;
+  std::vector<float> y(tokens * hidden);
+  // The CPU op throws on id -1: give such slots expert 0 with weight 0 (adds +-0).
+  Routing valid = r;
+  for (size_t s = 0; s < valid.ids.size(); ++s) {
+    if (valid.ids[s] < 0) {
+      valid.ids[s] = 0;
+      valid.weights[s] = 0.0f;
+    }
+  }
+  cpu::moe({.x = x.data(),
+            .num_tokens = tokens,
+            .hidden = hidden,
+            .experts = e.host_w.data(),
+            .num_experts = static_cast<int64_t>(e.host_w.size()),
+            .expert_ids = valid.ids.data(),
+            .expert_weights = valid.weights.data(),
+            .top_k = top_k,
+            .shared = shared ? &e.shared.w : nullptr,
+            .y = y.data()});
+  return y;
+}
+
+std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
+                           int64_t tokens, int64_t top_k, bool shared, bool in_place) {
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  const int64_t hidden = e.table.hidden();
+  cuda::DeviceBuffer dx = cuda::to_device(x);
+  cuda::DeviceBuffer dy(x.size() * 4 + 4);
+  const cuda::DeviceBuffer ids = cuda::to_device(r.ids);
+  const cuda::DeviceBuffer weights = cuda::to_device(r.weights);
+  const MlpWeights* sh = shared ? &e.shared_dev.w : nullptr;
+  cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e.table, sh, tokens, top_k));
+  float* y = in_place ? dx.as<float>() : dy.as<float>();
+  cuda::moe({.x = dx.as<float>(),
+             .num_tokens = tokens,
+             .hidden = hidden,
+             .num_experts = e.table.num_experts(),
+             .expert_ids = ids.as<int32_t>(),
+             .expert_weights = weights.as<float>(),
+             .top_k = top_k,
+             .shared = sh,
+             .y = y},
+            e.table, blas, ws.data(), ws.size(), stream.s);
+  CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
+}
+
+struct Shape {
+  int64_t hidden, inter;
+};
+
+std::vector<Shape> shapes_for(Format f) {
+  std::vector<Shape> out = {{64, 96}, {320, 192}};
+  if (f != Format::kMxfp4) out.push_back({65, 63});
+  return out;
+}
+
+TEST(GpuMoe, FewTokensPerExpertMatchCpuEveryFormat) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (Format f : test::kAllFormats) {
+    for (Shape s : shapes_for(f)) {
+      const Experts e = make_experts(8, s.hidden, s.inter, f, seed);
+      seed += 100;
+      for (int64_t tokens : {1, 3, 5}) {
+        for (int64_t top_k : {1, 3}) {
+          for (bool shared : {false, true}) {
+            SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) +
+                         " I=" + std::to_string(s.inter) + " T=" + std::to_string(tokens) +
+                         " top_k=" + std::to_string(top_k) + (shared ? " shared" : ""));
+            const std::vector<float> x = test::random_floats(tokens * s.hidden, seed++);
+            Routing r = random_routing(tokens, top_k, 8, seed++);
+            if (tokens == 5 && top_k == 3) r.ids[4] = -1;  // skipped on the GPU
+            const std::vector<float> want = run_cpu(e, x, r, tokens, top_k, shared);
+            EXPECT_TRUE(test::all_close(run_gpu(e, x, r, tokens, top_k, shared, tokens == 3), want,
+                                        2e-5f, 1e-4f));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuMoe, ManyTokensPerExpertUseTensorCoresEveryFormat) {
+  REQUIRE_GPU();
+  uint64_t seed = 10000;
+  for (Format f : test::kAllFormats) {
+    for (Shape s : shapes_for(f)) {
+      const Experts e = make_experts(8, s.hidden, s.inter, f, seed);
+      seed += 100;
+      for (int64_t tokens : {65, 321}) {
+        for (int64_t top_k : {1, 3}) {
+          const bool shared = tokens == 65;
+          SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) +
+                       " I=" + std::to_string(s.inter) + " T=" + std::to_string(tokens) +
+                       " top_k=" + std::to_string(top_k) + (shared ? " shared" : ""));
+          const std::vector<float> x = test::random_floats(tokens * s.hidden, seed++);
+          const Routing r = mixed_routing(tokens, top_k, seed++);
+          const std::vector<float> want = run_cpu(e, x, r, tokens, top_k, shared);
+          const std::vector<float> got = run_gpu(e, x, r, tokens, top_k, shared, false);
+          EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want), 1e-2f));
+          // Bucket order inside an expert is not fixed, the result is.
+          const std::vector<float> again = run_gpu(e, x, r, tokens, top_k, shared, true);
+          EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float)));
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuMoe, EmptyBatchAndBadArguments) {
+  REQUIRE_GPU();
+  const Experts e = make_experts(4, 64, 32, Format::kBF16, 1);
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  cuda::DeviceBuffer buf(1 << 16);
+  MoeParams p{.x = buf.as<float>(),
+              .num_tokens = 0,
+              .hidden = 64,
+              .num_experts = 4,
+              .expert_ids = buf.as<int32_t>(),
+              .expert_weights = buf.as<float>(),
+              .top_k = 2,
+              .y = buf.as<float>()};
+  EXPECT_NO_THROW(cuda::moe(p, e.table, blas, nullptr, 0, stream.s));
+  p.num_tokens = 4;
+  EXPECT_THROW(cuda::moe(p, e.table, blas, buf.data(), 16, stream.s), InvalidArgument);
+  p.num_experts = 5;
+  EXPECT_THROW(cuda::moe(p, e.table, blas, buf.data(), buf.size(), stream.s), InvalidArgument);
+  // Experts of different shapes cannot share one table.
+  std::vector<MlpWeights> mixed = e.dev_w;
+  const test::HostMlp other = test::random_mlp(64, 64, Format::kBF16, 9);
+  const test::DeviceMlp other_dev = test::upload(other);
+  mixed[2] = other_dev.w;
+  EXPECT_THROW(cuda::MoeExperts::upload(mixed.data(), 4), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace hyserve

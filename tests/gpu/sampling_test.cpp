@@ -1,0 +1,120 @@
+// CUDA sample_tokens against the CPU op: the tokens must be EQUAL (params.h: all the
+// arithmetic after one IEEE division is integer), for greedy and sampled rows, every
+// filter, ties, NaN and -inf logits, all-NaN rows, and awkward vocabularies.
+#include <cuda_runtime_api.h>
+
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "gpu/gpu_test_util.h"
+#include "kernels/sampling/cpu.h"
+#include "kernels/sampling/cuda.h"
+
+namespace hyserve {
+namespace {
+
+std::vector<int32_t> run_gpu(const std::vector<float>& logits,
+                             const std::vector<SamplingOptions>& opts, int64_t vocab) {
+  const auto rows = static_cast<int64_t>(opts.size());
+  const cuda::DeviceBuffer dl = cuda::to_device(logits);
+  const cuda::DeviceBuffer d_opts = cuda::to_device(opts);
+  cuda::DeviceBuffer tokens(opts.size() * sizeof(int32_t) + 4);
+  cuda::sample_tokens({.logits = dl.as<float>(),
+                       .options = d_opts.as<SamplingOptions>(),
+                       .tokens = tokens.as<int32_t>(),
+                       .num_rows = rows,
+                       .vocab = vocab},
+                      nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  return cuda::to_host<int32_t>(tokens, opts.size());
+}
+
+std::vector<SamplingOptions> option_grid(uint64_t seed) {
+  std::vector<SamplingOptions> out;
+  uint64_t step = 0;
+  for (float t : {0.0f, 0.3f, 1.0f, 1.7f}) {
+    for (int32_t k : {0, 1, 5, 40}) {
+      for (float p : {1.0f, 0.9f, 0.5f}) {
+        for (float m : {0.0f, 0.05f}) {
+          out.push_back(
+              {.temperature = t, .top_k = k, .top_p = p, .min_p = m, .seed = seed, .step = step++});
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(GpuSampling, TokensEqualCpuTokens) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (int64_t vocab : {1, 3, 63, 65, 321, 5000, 160000}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      SCOPED_TRACE("vocab " + std::to_string(vocab) + " kind " + std::to_string(kind));
+      const std::vector<SamplingOptions> opts = option_grid(seed++);
+      const auto rows = static_cast<int64_t>(opts.size());
+      std::mt19937_64 rng(seed++);
+      std::normal_distribution<float> d(0.0f, kind == 2 ? 8.0f : 2.0f);
+      std::vector<float> logits(rows * vocab);
+      for (float& v : logits) {
+        v = d(rng);
+        if (kind == 1) v = std::round(v * 2.0f) / 2.0f;  // many exact ties
+        if (kind == 2 && rng() % 17 == 0) v = rng() % 2 ? NAN : -INFINITY;
+      }
+      if (kind == 2) {  // one all-NaN row
+        for (int64_t i = 0; i < vocab; ++i) logits[3 * vocab + i] = NAN;
+      }
+      std::vector<int32_t> want(rows);
+      cpu::sample_tokens({.logits = logits.data(),
+                          .options = opts.data(),
+                          .tokens = want.data(),
+                          .num_rows = rows,
+                          .vocab = vocab});
+      if (kind == 2) {
+        EXPECT_EQ(want[3], -1);
+      }
+      EXPECT_EQ(run_gpu(logits, opts, vocab), want);
+    }
+  }
+}
+
+TEST(GpuSampling, ManySeedsAgreeOnOneRow) {
+  REQUIRE_GPU();
+  const int64_t vocab = 1000;
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> d(0.0f, 1.5f);
+  std::vector<float> row(vocab);
+  for (float& v : row) v = d(rng);
+  std::vector<SamplingOptions> opts;
+  std::vector<float> logits;
+  for (uint64_t s = 0; s < 2000; ++s) {
+    opts.push_back({.temperature = 1.0f, .top_p = 0.95f, .seed = s * 7919, .step = s % 13});
+    logits.insert(logits.end(), row.begin(), row.end());
+  }
+  std::vector<int32_t> want(opts.size());
+  cpu::sample_tokens({.logits = logits.data(),
+                      .options = opts.data(),
+                      .tokens = want.data(),
+                      .num_rows = static_cast<int64_t>(opts.size()),
+                      .vocab = vocab});
+  EXPECT_EQ(run_gpu(logits, opts, vocab), want);
+}
+
+TEST(GpuSampling, InvalidOptionsGiveMinusOne) {
+  REQUIRE_GPU();
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  const std::vector<SamplingOptions> opts = {{.temperature = -1.0f},
+                                             {.temperature = 1.0f, .top_p = 0.0f},
+                                             {.temperature = 1.0f, .min_p = 2.0f},
+                                             {.temperature = 0.0f}};
+  std::vector<float> all;
+  for (size_t i = 0; i < opts.size(); ++i) all.insert(all.end(), logits.begin(), logits.end());
+  EXPECT_EQ(run_gpu(all, opts, 3), (std::vector<int32_t>{-1, -1, -1, 2}));
+  EXPECT_NO_THROW(cuda::sample_tokens({.num_rows = 0, .vocab = 3}, nullptr));
+  EXPECT_THROW(cuda::sample_tokens({.num_rows = 1, .vocab = 0}, nullptr), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace hyserve
