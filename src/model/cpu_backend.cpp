@@ -4,6 +4,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/elementwise/cpu.h"
 #include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
 #include "kernels/mla/cpu.h"
@@ -103,17 +104,13 @@ class CpuBackend final : public Backend {
   void moe(const MoeParams& p) override { cpu::moe(p); }
 
   void add(float* y, const float* x, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    cpu::residual_add(ResidualAddParams{y, x, n});
   }
   void sigmoid_mul(float* y, const float* g, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) y[i] *= 1.0f / (1.0f + std::exp(-g[i]));
+    cpu::sigmoid_gate(SigmoidGateParams{y, g, n});
   }
-  void sigmoid(float* x, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) x[i] = 1.0f / (1.0f + std::exp(-x[i]));
-  }
-  void scale(float* x, float s, int64_t n) override {
-    for (int64_t i = 0; i < n; ++i) x[i] *= s;
-  }
+  void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
+  void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
   void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
                     int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)
@@ -127,18 +124,12 @@ std::unique_ptr<Backend> make_cpu_backend() {
   return std::make_unique<CpuBackend>();
 }
 
-#if !defined(HYSERVE_WITH_CUDA) || !defined(HYSERVE_CUDA_BACKEND_READY)
+#ifndef HYSERVE_WITH_CUDA
 std::unique_ptr<Backend> make_cuda_backend(int) {
   HYSERVE_THROW(InvalidArgument,
                 "this hyserve was built without the CUDA backend (HYSERVE_CUDA=OFF)");
 }
-bool cuda_backend_built() {
-  return false;
-}
-#else
-bool cuda_backend_built() {
-  return true;
-}
+bool cuda_backend_built() { return false; }
 #endif
 
 }  // namespace hyserve

@@ -47,6 +47,13 @@ void silu_mul(const SiluMulParams& p) {
   });
 }
 
+void sigmoid(const SigmoidParams& p) {
+  CHECK(p.n >= 0, "sigmoid: n ", p.n);
+  if (p.n == 0) return;
+  CHECK(p.x != nullptr, "sigmoid: null pointer");
+  for_each_index(p.n, [&](int64_t i) { p.x[i] = 1.0f / (1.0f + std::exp(-p.x[i])); });
+}
+
 void scale(const ScaleParams& p) {
   CHECK(p.n >= 0, "scale: n ", p.n);
   if (p.n == 0) return;

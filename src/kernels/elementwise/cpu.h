@@ -8,6 +8,7 @@ namespace hyserve::cpu {
 void residual_add(const ResidualAddParams& p);
 void sigmoid_gate(const SigmoidGateParams& p);
 void silu_mul(const SiluMulParams& p);
+void sigmoid(const SigmoidParams& p);
 void scale(const ScaleParams& p);
 
 }  // namespace hyserve::cpu

@@ -11,6 +11,7 @@ namespace hyserve::cuda {
 void residual_add(const ResidualAddParams& p, cudaStream_t stream);
 void sigmoid_gate(const SigmoidGateParams& p, cudaStream_t stream);
 void silu_mul(const SiluMulParams& p, cudaStream_t stream);
+void sigmoid(const SigmoidParams& p, cudaStream_t stream);
 void scale(const ScaleParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

@@ -30,6 +30,11 @@ struct SiluMulParams {
 };
 
 // x[i] *= scale
+struct SigmoidParams {
+  float* x = nullptr;  // [n], x = sigmoid(x)
+  int64_t n = 0;
+};
+
 struct ScaleParams {
   float* x = nullptr;  // [n]
   int64_t n = 0;

@@ -27,6 +27,11 @@ struct SiluMul {
   }
 };
 
+struct Sigmoid {
+  SigmoidParams p;
+  __device__ void operator()(int64_t i) const { p.x[i] = 1.0f / (1.0f + expf(-p.x[i])); }
+};
+
 struct Scale {
   ScaleParams p;
   __device__ void operator()(int64_t i) const { p.x[i] *= p.scale; }
@@ -69,6 +74,13 @@ void silu_mul(const SiluMulParams& p, cudaStream_t stream) {
   if (p.n == 0) return;
   CHECK(p.gate != nullptr && p.up != nullptr && p.out != nullptr, "silu_mul: null pointer");
   launch(p.n, stream, SiluMul{p});
+}
+
+void sigmoid(const SigmoidParams& p, cudaStream_t stream) {
+  CHECK(p.n >= 0, "sigmoid: n ", p.n);
+  if (p.n == 0) return;
+  CHECK(p.x != nullptr, "sigmoid: null pointer");
+  launch(p.n, stream, Sigmoid{p});
 }
 
 void scale(const ScaleParams& p, cudaStream_t stream) {

@@ -1,0 +1,185 @@
+// CudaBackend: the Backend interface on one GPU. Every op is launched on the
+// backend's stream; ops that need scratch memory share one workspace buffer (ops
+// run in stream order, so one suffices). Per-weight device structures (the MoE
+// expert tables, the RoPE table) are built on first use; the model runner's warm-up
+// step builds them all, and freeze() then forbids any allocation, so captured CUDA
+// graphs replay without one.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+
+#include "core/cuda/device_buffer.h"
+#include "kernels/elementwise/cuda.h"
+#include "kernels/indexer/cuda.h"
+#include "kernels/kda/cuda.h"
+#include "kernels/linear/cuda.h"
+#include "kernels/mla/cuda.h"
+#include "kernels/mlp/cuda.h"
+#include "kernels/moe/cuda.h"
+#include "kernels/norm/cuda.h"
+#include "kernels/rope/cuda.h"
+#include "model/backend.h"
+#include "util/cuda_check.h"
+
+namespace hyserve {
+namespace {
+
+class CudaBackend final : public Backend {
+ public:
+  explicit CudaBackend(int device) : device_(device) {
+    CUDA_CHECK(cudaSetDevice(device));
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    blas_ = std::make_unique<cuda::Blas>(stream_);
+  }
+  ~CudaBackend() override {
+    blas_.reset();
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  DeviceKind kind() const override { return DeviceKind::kCuda; }
+  void* native_stream() const override { return stream_; }
+  void freeze() override { frozen_ = true; }
+
+  void* allocate(size_t n) override {
+    CHECK(!frozen_, "allocation of ", n, " bytes after the CUDA backend was frozen");
+    void* p = nullptr;
+    CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 1)));
+    CUDA_CHECK(cudaMemsetAsync(p, 0, n, stream_));
+    return p;
+  }
+  void release(void* p) override { cudaFree(p); }
+  void copy(void* dst, const void* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, stream_));
+  }
+  void upload(void* dst, const void* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, stream_));
+  }
+  void download(void* dst, const void* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+  }
+  void fill_zero(void* dst, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream_));
+  }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  void linear(const LinearParams& p) override {
+    const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
+    cuda::linear(p, *blas_, scratch(need), need, stream_);
+  }
+  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
+    cuda::embedding_lookup(table, ids, n, out, stream_);
+  }
+  void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
+  void layer_norm(const LayerNormParams& p) override { cuda::layer_norm(p, stream_); }
+  void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
+    auto it = rope_tables_.find(&table);
+    if (it == rope_tables_.end()) {
+      CHECK(!frozen_, "RoPE table first used after the CUDA backend was frozen");
+      it = rope_tables_.emplace(&table, cuda::DeviceRopeTable::upload(table)).first;
+    }
+    if (neox) {
+      cuda::apply_rope_neox(it->second, p, stream_);
+    } else {
+      cuda::apply_rope_interleaved(it->second, p, stream_);
+    }
+  }
+  void mla_attention(const MlaAttentionParams& p, bool /*absorbed*/) override {
+    // The GPU runs the absorbed form for prefill and decode alike.
+    const size_t need = cuda::mla_attention_workspace_bytes(p);
+    cuda::mla_attention_absorbed(p, scratch(need), need, stream_);
+  }
+  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override {
+    cuda::hadamard_rotate(x, rows, dim, stream_);
+  }
+  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
+                          float* scales) override {
+    cuda::quantize_fp8_ue8m0(x, rows, dim, q, scales, stream_);
+  }
+  void indexer_scores(const IndexerScoreParams& p) override { cuda::indexer_scores(p, stream_); }
+  void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override {
+    cuda::indexer_scores_fp8_cache(p, stream_);
+  }
+  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
+                   int32_t* out) override {
+    cuda::causal_topk(scores, q_pos, t, s, k, out, stream_);
+  }
+  void short_conv_silu(const ShortConvParams& p) override { cuda::short_conv_silu(p, stream_); }
+  void kda_gate(const KdaGateParams& p) override { cuda::kda_gate(p, stream_); }
+  void l2norm_rows(float* x, int64_t rows, int64_t dim, float s) override {
+    cuda::l2norm_rows(x, rows, dim, s, stream_);
+  }
+  void kda_recurrent(const KdaParams& p) override { cuda::kda_recurrent(p, stream_); }
+  void kda_chunked(const KdaParams& p) override { cuda::kda_chunked(p, stream_); }
+  void gated_rms_norm(const GatedRmsNormParams& p) override { cuda::gated_rms_norm(p, stream_); }
+  void mlp(const MlpParams& p) override {
+    const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
+    cuda::mlp(p, *blas_, scratch(need), need, stream_);
+  }
+  void route_experts(const RouterParams& p) override {
+    const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts);
+    cuda::route_experts(p, scratch(need), need, stream_);
+  }
+  void moe(const MoeParams& p) override {
+    auto it = experts_.find(p.experts);
+    if (it == experts_.end()) {
+      CHECK(!frozen_, "MoE experts first used after the CUDA backend was frozen");
+      it = experts_.emplace(p.experts, cuda::MoeExperts::upload(p.experts, p.num_experts)).first;
+    }
+    const size_t need = cuda::moe_workspace_bytes(it->second, p.shared, p.num_tokens, p.top_k);
+    cuda::moe(p, it->second, *blas_, scratch(need), need, stream_);
+  }
+
+  void add(float* y, const float* x, int64_t n) override {
+    cuda::residual_add(ResidualAddParams{y, x, n}, stream_);
+  }
+  void sigmoid_mul(float* y, const float* g, int64_t n) override {
+    cuda::sigmoid_gate(SigmoidGateParams{y, g, n}, stream_);
+  }
+  void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
+  void scale(float* x, float s, int64_t n) override {
+    cuda::scale(ScaleParams{x, n, s}, stream_);
+  }
+  void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
+                    int64_t width) override {
+    if (rows == 0 || width == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(width) * 4, src + col,
+                                 static_cast<size_t>(src_stride) * 4, static_cast<size_t>(width) * 4,
+                                 static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+  }
+
+ private:
+  // The shared op workspace, grown (before freeze) to the largest request seen.
+  void* scratch(size_t bytes) {
+    if (bytes == 0) return nullptr;
+    if (workspace_.size() < bytes) {
+      CHECK(!frozen_, "op workspace of ", bytes, " bytes exceeds the ", workspace_.size(),
+            " sized before the CUDA backend was frozen");
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      workspace_ = cuda::DeviceBuffer(std::max(bytes, workspace_.size() * 2));
+    }
+    return workspace_.data();
+  }
+
+  int device_;
+  cudaStream_t stream_ = nullptr;
+  std::unique_ptr<cuda::Blas> blas_;
+  cuda::DeviceBuffer workspace_;
+  std::map<const RopeTable*, cuda::DeviceRopeTable> rope_tables_;
+  std::map<const MlpWeights*, cuda::MoeExperts> experts_;
+  bool frozen_ = false;
+};
+
+}  // namespace
+
+bool cuda_backend_built() { return true; }
+
+std::unique_ptr<Backend> make_cuda_backend(int device) {
+  CHECK(cuda::device_count() > device, "--device cuda: no CUDA device ", device,
+        " (found ", cuda::device_count(), ")");
+  return std::make_unique<CudaBackend>(device);
+}
+
+}  // namespace hyserve
