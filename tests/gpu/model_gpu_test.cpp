@@ -87,3 +87,51 @@ TEST(GpuModel, GreedyTokensEqualCpuOnBundledModel) {
 
 }  // namespace
 }  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+// Every named intermediate of a 17-token prefill (past the GEMV threshold) on the GPU
+// against the CPU; reports the first one that drifts beyond what bf16 tensor-core
+// linears explain (2e-2 of the tensor's max magnitude), and prints them all.
+TEST_P(GpuGolden, IntermediatesTrackTheCpu) {
+  REQUIRE_GPU();
+  const test::GoldenFixture& fx = GetParam();
+  const fs::path root(HYSERVE_SOURCE_DIR);
+  const SafetensorsFile golden = SafetensorsFile::open(root / fx.golden_dir / "golden.safetensors");
+  const auto prompt = test::golden_ids(golden, "prompt_1_ids");
+  std::vector<std::pair<std::string, std::vector<float>>> dumps[2];
+  for (int b = 0; b < 2; ++b) {
+    auto model = Model::load(root / fx.model_dir, {}, b == 0 ? make_cpu_backend() : make_cuda_backend(0));
+    model->set_dump([&](std::string_view name, const float* data, int64_t rows, int64_t cols) {
+      dumps[b].emplace_back(std::string(name), std::vector<float>(data, data + rows * cols));
+    });
+    SequenceState s = model->new_sequence();
+    std::vector<float> logits;
+    model->forward(prompt, s, logits, true);
+  }
+  ASSERT_EQ(dumps[0].size(), dumps[1].size());
+  bool reported = false;
+  for (size_t i = 0; i < dumps[0].size(); ++i) {
+    const auto& [name, cpu] = dumps[0][i];
+    const auto& gpu = dumps[1][i].second;
+    ASSERT_EQ(name, dumps[1][i].first);
+    ASSERT_EQ(cpu.size(), gpu.size()) << name;
+    double max_ref = 0, max_err = 0;
+    for (size_t j = 0; j < cpu.size(); ++j) {
+      max_ref = std::max(max_ref, std::fabs(static_cast<double>(cpu[j])));
+      max_err = std::max(max_err, std::fabs(static_cast<double>(cpu[j]) - gpu[j]));
+    }
+    const double rel = max_err / std::max(max_ref, 1e-6);
+    std::printf("  %-28s max|cpu| %10.4g  max|gpu-cpu| %10.4g  rel %8.2e\n", name.c_str(), max_ref,
+                max_err, rel);
+    if (!reported && rel > 2e-2) {
+      ADD_FAILURE() << fx.name << ": intermediate " << name << " drifts: max|gpu-cpu| " << max_err
+                    << " vs max|cpu| " << max_ref;
+      reported = true;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace hyserve

@@ -113,7 +113,8 @@ void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q, f
 void indexer_scores(const IndexerScoreParams& p) {
   check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
   if (p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr && p.scores != nullptr,
+  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr &&
+            (p.scores != nullptr || p.num_keys == 0),
         "null q, head_weights, q_pos or scores");
   if (p.num_keys > 0) CHECK(p.k != nullptr, "null k");
   if (p.fp8) {
@@ -152,7 +153,8 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
         "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
         p.head_dim);
   if (p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr && p.scores != nullptr,
+  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr &&
+            (p.scores != nullptr || p.num_keys == 0),
         "null q, head_weights, q_pos or scores");
   if (p.num_keys > 0) CHECK(p.k_fp8 != nullptr && p.k_scales != nullptr, "null k_fp8 or k_scales");
   const int64_t d = p.head_dim;

@@ -15,9 +15,10 @@
 namespace hyserve::cpu {
 
 void route_experts(const RouterParams& p) {
-  CHECK(
-      p.x != nullptr && p.gate != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr,
-      "route_experts: null pointer");
+  CHECK(p.gate != nullptr, "route_experts: null gate");
+  CHECK(p.num_tokens == 0 ||
+            (p.x != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr),
+        "route_experts: null pointer");
   CHECK(p.num_tokens >= 0, "route_experts: num_tokens ", p.num_tokens);
   CHECK(p.num_experts > 0 && p.gate->rows == p.num_experts, "route_experts: gate has ",
         p.gate->rows, " rows for ", p.num_experts, " experts");

@@ -10,8 +10,9 @@
 namespace hyserve::cpu {
 
 void rms_norm(const RmsNormParams& p) {
-  CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr, "rms_norm: null pointer");
   CHECK(p.num_rows >= 0, "rms_norm: num_rows ", p.num_rows);
+  if (p.num_rows == 0) return;
+  CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr, "rms_norm: null pointer");
   CHECK(p.dim > 0, "rms_norm: dim ", p.dim);
   CHECK(p.eps >= 0.0f, "rms_norm: eps ", p.eps);
   const int64_t dim = p.dim;
@@ -31,9 +32,10 @@ void rms_norm(const RmsNormParams& p) {
 }
 
 void layer_norm(const LayerNormParams& p) {
+  CHECK(p.num_rows >= 0, "layer_norm: num_rows ", p.num_rows);
+  if (p.num_rows == 0) return;
   CHECK(p.x != nullptr && p.weight != nullptr && p.bias != nullptr && p.y != nullptr,
         "layer_norm: null pointer");
-  CHECK(p.num_rows >= 0, "layer_norm: num_rows ", p.num_rows);
   CHECK(p.dim > 0, "layer_norm: dim ", p.dim);
   CHECK(p.eps >= 0.0f, "layer_norm: eps ", p.eps);
   const int64_t dim = p.dim;
