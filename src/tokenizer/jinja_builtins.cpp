@@ -535,7 +535,8 @@ const std::map<std::string, FilterFn, std::less<>>& filters() {
       List out;
       if (v.is_undefined()) return Value(std::move(out));
       if (!v.is_mapping()) fail("Can only get item pairs from a mapping.");
-      for (const auto& [k, item] : v.as_dict().items) out.push_back(Value(List{Value(k), item}));
+      for (const auto& [k, item] : v.as_dict().items)
+        out.push_back(Value::tuple(List{Value(k), item}));
       return Value(std::move(out));
     };
     t["join"] = [](const Value& v, const Args& a) {
@@ -701,7 +702,9 @@ const std::map<std::string, TestFn, std::less<>>& tests() {
     t["sequence"] = [](const Value& v, const Args&) {
       return v.is_string() || v.is_list() || v.is_mapping();
     };
-    t["callable"] = [](const Value& v, const Args&) { return v.is_callable(); };
+    t["callable"] = [](const Value& v, const Args&) {
+      return v.is_callable() || v.is_undefined();  // jinja2's Undefined defines __call__
+    };
     t["odd"] = [](const Value& v, const Args&) { return is_integral(v) && to_int(v) % 2 != 0; };
     t["even"] = [](const Value& v, const Args&) { return is_integral(v) && to_int(v) % 2 == 0; };
     t["divisibleby"] = [](const Value& v, const Args& a) {

@@ -212,8 +212,9 @@ class Lexer {
         }
       }
       const char c = src_[pos];
-      if (is_digit(c) && !(pos > 0 && src_[pos - 1] == '.')) {
-        pos = lex_number(pos);
+      if (is_digit(c)) {
+        // After a dot (`items.0`) only an integer: jinja2's float rule has (?<!\.).
+        pos = lex_number(pos, pos > 0 && src_[pos - 1] == '.');
       } else if (is_name_start(c)) {
         size_t end = pos;
         while (end < src_.size() && is_name_char(src_[end])) ++end;
@@ -227,10 +228,14 @@ class Lexer {
     }
   }
 
-  size_t lex_number(size_t pos) {
+  size_t lex_number(size_t pos, bool integer_only) {
     size_t end = pos;
     while (end < src_.size() && is_digit(src_[end])) ++end;
     bool is_float = false;
+    if (integer_only) {
+      emit(TokenKind::kInt, src_.substr(pos, end - pos), pos);
+      return end;
+    }
     if (end + 1 < src_.size() && src_[end] == '.' && is_digit(src_[end + 1])) {
       is_float = true;
       ++end;

@@ -224,7 +224,7 @@ class Renderer {
       case Kind::kTuple: {
         List items;
         for (const auto& a : e.args) items.push_back(eval(*a));
-        return Value(std::move(items));
+        return e.kind == Kind::kTuple ? Value::tuple(std::move(items)) : Value(std::move(items));
       }
       case Kind::kDict: {
         Dict d;

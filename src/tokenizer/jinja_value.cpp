@@ -67,6 +67,12 @@ Value value_from_json(const Json& j) {
 
 }  // namespace
 
+Value Value::tuple(List l) {
+  Value v(std::move(l));
+  v.is_tuple_ = true;
+  return v;
+}
+
 Value Value::from_json(const nlohmann::json& j) {
   return value_from_json(j);
 }
@@ -98,7 +104,7 @@ std::string Value::type_name() const {
   if (is_int()) return "int";
   if (is_float()) return "float";
   if (is_string()) return "str";
-  if (is_list()) return "list";
+  if (is_list()) return is_tuple() ? "tuple" : "list";
   if (is_namespace()) return "Namespace";
   if (is_dict()) return "dict";
   return "function";
@@ -258,12 +264,13 @@ std::string repr_string(const std::string& s) {
 std::string py_repr(const Value& v) {
   if (v.is_string()) return repr_string(v.as_string());
   if (v.is_list()) {
-    std::string out = "[";
+    std::string out = v.is_tuple() ? "(" : "[";
     const auto& list = v.as_list();
     for (size_t i = 0; i < list.size(); ++i) {
       if (i > 0) out += ", ";
       out += py_repr(list[i]);
     }
+    if (v.is_tuple()) return out + (list.size() == 1 ? ",)" : ")");
     return out + "]";
   }
   if (v.is_namespace()) {
@@ -315,7 +322,7 @@ bool py_equal(const Value& a, const Value& b) {
   if (a.is_list() && b.is_list()) {
     const auto& x = a.as_list();
     const auto& y = b.as_list();
-    if (x.size() != y.size()) return false;
+    if (a.is_tuple() != b.is_tuple() || x.size() != y.size()) return false;
     for (size_t i = 0; i < x.size(); ++i) {
       if (!py_equal(x[i], y[i])) return false;
     }

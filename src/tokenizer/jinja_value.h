@@ -68,6 +68,8 @@ class Value {
   Value(Function f) : data_(std::make_shared<Function>(std::move(f))) {}
 
   // JSON to Value; ordered_json keeps the key order the client sent (Python does too).
+  // A tuple: a list that Python prints as (a, b) and that never equals a list.
+  static Value tuple(List l);
   static Value from_json(const nlohmann::json& j);
   static Value from_json(const nlohmann::ordered_json& j);
 
@@ -79,6 +81,7 @@ class Value {
   bool is_number() const { return is_int() || is_float() || is_bool(); }
   bool is_string() const { return std::holds_alternative<std::string>(data_); }
   bool is_list() const { return std::holds_alternative<std::shared_ptr<List>>(data_); }
+  bool is_tuple() const { return is_tuple_; }
   bool is_dict() const { return std::holds_alternative<std::shared_ptr<Dict>>(data_); }
   bool is_namespace() const { return is_dict() && dict_ptr()->is_namespace; }
   bool is_mapping() const { return is_dict() && !dict_ptr()->is_namespace; }
@@ -105,6 +108,7 @@ class Value {
   std::variant<Undefined, None, bool, int64_t, double, std::string, std::shared_ptr<List>,
                std::shared_ptr<Dict>, std::shared_ptr<Function>>
       data_;
+  bool is_tuple_ = false;
 };
 
 // Python str(x) as Jinja prints it: Undefined is "", None is "None", floats use repr.
