@@ -247,6 +247,11 @@ SNIPPETS = [
     ("whitespace_in_nested_blocks", "<start>\n{% for m in ms %}\n  {% if m %}\n    item {{ m }}\n  {% endif %}\n{% endfor %}\n<end>\n", {"ms": [1, 0, 2]}),
     ("filter_precedence", "{{ -2|abs }} {{ [1, 2]|length + 1 }} {{ 'a' ~ [1]|length }} {{ not [] | length }}", {}),
     ("dict_literal_order", "{% set d = {'b': 1, 'a': 2, 'b': 3} %}{{ d }} {{ d|tojson }}", {}),
+    ("trim_only_direct_newline", "{% if true %}  \n x{% endif %}|{% if true %}\n\n y{% endif %}", {}),
+    ("lstrip_tabs_and_mid_line", "\t{% if true %}x{% endif %}\n a {% if true %}y{% endif %}", {}),
+    ("minus_and_trim_mix", "{%- if true %}\n\n{% endif -%}\n  z  {{- 'w' }}\n", {}),
+    ("braces_in_tags", "{{ '{{' ~ '}}' }} {{ {'a': {'b': 1}} }} {{ {'a': {'b': 1}}['a'] }}", {}),
+    ("comment_between_lines", "a\n  {# c #}\n  {% set x = 1 %}\nb{{ x }}", {}),
     ("nested_data", "{{ data['items'][0].tags[-1] }} {{ data['items']|length }} {{ data.items()|list|length }}", {"data": {"items": [{"tags": ["x", "y"]}]}}),
     ("tuples", "{{ (1, 'a') }} {{ (1,) }} {{ () }} {{ (1, 2) == [1, 2] }} {{ 'b' in ('a', 'b') }} {{ (1, 2)|list }}", {}),
 ]
