@@ -2,8 +2,10 @@
 // str / dict / list methods), filters, tests and the globals transformers defines
 // (raise_exception, strftime_now, namespace, dict, range). Each mirrors jinja2's
 // ImmutableSandboxedEnvironment: mutating methods are refused, ranges are capped.
+// Filters and tests are implemented in jinja_filters.cpp, str methods in jinja_strings.cpp.
 #pragma once
 
+#include <cstdint>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -42,5 +44,18 @@ List iterate(const Value& v);
 
 // raise_exception, strftime_now, namespace, dict, range.
 Dict default_globals();
+
+// Helpers shared by the builtins' source files.
+[[noreturn]] void fail_builtin(const std::string& message);
+void check_defined(const Value& v);       // throws the Undefined's hint
+std::string quoted_type(const Value& v);  // "'str'"
+int64_t to_int(const Value& v);           // int or bool
+bool is_integral(const Value& v);
+int64_t py_len(const Value& v);  // len(): code points, list items, dict keys; 0 for Undefined
+const Value* arg(const Args& args, size_t index, std::string_view name);
+Value arg_or(const Args& args, size_t index, std::string_view name, Value fallback);
+std::string string_arg(const Args& args, size_t index, std::string_view name, const char* what);
+// jinja2's attribute getter for filters: "a.b.0" reads item a, then b, then index 0.
+Value get_path(const Value& item, const std::string& path);
 
 }  // namespace hyserve::jinja
