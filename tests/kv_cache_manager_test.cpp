@@ -43,7 +43,7 @@ struct Step {
 
 // One scheduler-style step of `r` with at most `n` tokens; the request must fit.
 Step run_step(KvCacheManager& kv, Request& r, int64_t n, int64_t num_cached = 0) {
-  const int64_t computed = std::exchange(r.num_computed_tokens, num_cached);
+  const int64_t computed = std::exchange(r.num_computed_tokens, r.num_computed_tokens + num_cached);
   n = kv.limit_to_snapshot_boundary(r, n);
   r.num_computed_tokens = computed;
   EXPECT_TRUE(kv.allocate_slots(r, n, num_cached)) << r.id;
@@ -81,7 +81,7 @@ TEST(KvCacheManagerTest, AllocateSlotsIsAllOrNothing) {
     const int32_t free_before = kv.pool().num_free();
     const auto list_before = kv.pool().free_list();
     Request b = make_request("b", iota_tokens(16));
-    const int64_t fitting = kda ? 1 : 2;  // blocks b can still get (one is its state block)
+    const int64_t fitting = kda ? 1 : 3;  // token blocks b can still get (+ its state block)
     EXPECT_FALSE(kv.allocate_slots(b, fitting * kBlockSize + 1, 0));
     EXPECT_EQ(kv.pool().num_free(), free_before);
     EXPECT_EQ(kv.pool().free_list(), list_before);
