@@ -256,5 +256,25 @@ TEST(KvCacheManagerTest, CachedTokensMustComeFromTheLookup) {
   EXPECT_THROW(kv.allocate_slots(b, 10, 0), InvalidArgument);  // past the request's tokens
 }
 
+TEST(KvCacheManagerTest, ConfigFromPlanAndDcpBlocks) {
+  CachePlan plan;
+  plan.block_size = 4;
+  plan.options.dcp = 2;
+  plan.kda_state_rows = 1;
+  const KvCacheConfig c = make_kv_cache_config(plan, 10);
+  EXPECT_EQ(c.num_blocks, 10);
+  EXPECT_EQ(c.tokens_per_block(), 8);
+  EXPECT_TRUE(c.has_kda_layers);
+  EXPECT_FALSE(c.enable_prefix_caching);
+  KvCacheManager kv(c);
+  Request a = make_request("a", iota_tokens(17));
+  ASSERT_TRUE(kv.allocate_slots(a, 17, 0));
+  EXPECT_EQ(kv.block_table("a")->num_blocks(), 3);  // 8 positions per block over 2 ranks
+  EXPECT_EQ(kv.blocks_for_request(17), 4);
+  EXPECT_EQ(kv.pool().num_free(), 6);
+  plan.kda_state_rows = 0;
+  EXPECT_FALSE(make_kv_cache_config(plan, 10).has_kda_layers);
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -561,15 +561,13 @@ TEST(SchedulerTest, RandomWorkload) {
     SchedulingPolicy policy;
     bool kda, prefix;
   };
-  int total_preemptions = 0;
-  int64_t total_hits = 0;
   for (const Variant v : {Variant{SchedulingPolicy::kFcfs, true, true},
                           Variant{SchedulingPolicy::kPriority, true, true},
                           Variant{SchedulingPolicy::kFcfs, false, true},
                           Variant{SchedulingPolicy::kPriority, true, false}}) {
     SCOPED_TRACE(::testing::Message() << "policy " << static_cast<int>(v.policy) << " kda " << v.kda
                                       << " prefix " << v.prefix);
-    Harness h(make_config(96, 8, 300, v.policy), make_kv(48, 8, v.kda, v.prefix, 4));
+    Harness h(make_config(96, 8, 300, v.policy), make_kv(80, 8, v.kda, v.prefix, 4));
     std::mt19937 rng(13);
     std::vector<std::vector<int32_t>> bases;
     for (int i = 0; i < 4; ++i) bases.push_back(random_tokens(rng, 150));
@@ -622,11 +620,11 @@ TEST(SchedulerTest, RandomWorkload) {
     }
     EXPECT_DOUBLE_EQ(h.scheduler.kv_cache().usage(), 0.0);
     h.check_outputs(aborted);
-    for (const auto& [id, n] : h.num_preemptions) total_preemptions += n;
-    total_hits += h.scheduler.kv_cache().prefix_cache_stats().num_hit_tokens;
+    int num_preemptions = 0;
+    for (const auto& [id, n] : h.num_preemptions) num_preemptions += n;
+    EXPECT_GT(num_preemptions, 0) << "the pool should force preemptions";
+    EXPECT_EQ(h.scheduler.kv_cache().prefix_cache_stats().num_hit_tokens > 0, v.prefix);
   }
-  EXPECT_GT(total_preemptions, 0);
-  EXPECT_GT(total_hits, 0);
 }
 
 }  // namespace
