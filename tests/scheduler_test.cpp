@@ -264,6 +264,64 @@ Request make_request(const std::string& id, std::vector<int32_t> prompt,
   return r;
 }
 
+TEST(SamplingParamsTest, ValidateNamesTheFieldOutOfRange) {
+  SamplingParams ok;
+  EXPECT_NO_THROW(ok.validate(kVocab, 100));
+  ok.temperature = 0.0f;
+  ok.top_p = 1.0f;
+  ok.top_k = -1;
+  ok.min_p = 1.0f;
+  ok.presence_penalty = -2.0f;
+  ok.frequency_penalty = 2.0f;
+  ok.max_tokens = 100;
+  ok.min_tokens = 100;
+  ok.logprobs = 0;
+  ok.prompt_logprobs = 20;
+  ok.stop_token_ids = {0, kVocab - 1};
+  ok.logit_bias = {{kVocab - 1, -100.0f}};
+  EXPECT_NO_THROW(ok.validate(kVocab, 100));
+
+  struct Case {
+    const char* field;
+    void (*set)(SamplingParams&);
+  };
+  const Case cases[] = {
+      {"temperature", [](SamplingParams& p) { p.temperature = -0.5f; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = 0.0f; }},
+      {"top_p", [](SamplingParams& p) { p.top_p = 1.01f; }},
+      {"top_k", [](SamplingParams& p) { p.top_k = -2; }},
+      {"min_p", [](SamplingParams& p) { p.min_p = 1.5f; }},
+      {"presence_penalty", [](SamplingParams& p) { p.presence_penalty = 2.1f; }},
+      {"frequency_penalty", [](SamplingParams& p) { p.frequency_penalty = -2.1f; }},
+      {"repetition_penalty", [](SamplingParams& p) { p.repetition_penalty = 0.0f; }},
+      {"logit_bias",
+       [](SamplingParams& p) {
+         p.logit_bias = {{kVocab, 1.0f}};
+       }},
+      {"stop",
+       [](SamplingParams& p) {
+         p.stop = {"ok", ""};
+       }},
+      {"stop_token_ids", [](SamplingParams& p) { p.stop_token_ids = {-1}; }},
+      {"max_tokens", [](SamplingParams& p) { p.max_tokens = 0; }},
+      {"max_tokens", [](SamplingParams& p) { p.max_tokens = 101; }},
+      {"min_tokens", [](SamplingParams& p) { p.min_tokens = -1; }},
+      {"min_tokens", [](SamplingParams& p) { p.max_tokens = 5, p.min_tokens = 6; }},
+      {"logprobs", [](SamplingParams& p) { p.logprobs = 21; }},
+      {"prompt_logprobs", [](SamplingParams& p) { p.prompt_logprobs = -1; }},
+  };
+  for (const Case& c : cases) {
+    SamplingParams p;
+    c.set(p);
+    try {
+      p.validate(kVocab, 100);
+      ADD_FAILURE() << c.field << ": accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(c.field), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SchedulerTest, ChunkedPrefillRunsUnderTheBudgetWhileDecodesContinue) {
   Harness h(make_config(256, 16, 2048), make_kv(256, 16));
   std::mt19937 rng(1);
