@@ -1,0 +1,59 @@
+// Request: one generation request as the scheduler sees it. Its tokens are the prompt
+// followed by the outputs sampled so far; num_computed_tokens says how many of them have their
+// KV / KDA state in the cache. Scheduling only ever moves num_computed_tokens towards
+// num_tokens(): a prefill chunk, a decode step, a prefix-cache hit and a recompute after
+// preemption are all the same rule (vLLM v1).
+//
+//   tokens:  [ prompt .................. | outputs ..... ]
+//            [ computed ..........) next step computes from here; when it reaches
+//                                         num_tokens() the step samples one more output
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/sampling_params.h"
+
+namespace hyserve {
+
+enum class RequestStatus {
+  kWaiting,          // queued, never run
+  kRunning,          // holds blocks, scheduled every step it gets budget
+  kPreempted,        // blocks freed; queued again, recomputes prompt + outputs on resume
+  kFinishedStopped,  // EOS, a stop token id or a stop string
+  kFinishedLength,   // max_tokens or max_model_len reached
+  kFinishedAborted,  // cancelled by the client
+};
+
+bool is_finished(RequestStatus status);
+// "waiting", "running", "preempted", "stop", "length", "abort" (OpenAI finish_reason style).
+const char* to_string(RequestStatus status);
+
+struct Request {
+  std::string id{};
+  std::vector<int32_t> prompt_token_ids{};
+  SamplingParams sampling_params{};
+  int32_t priority = 0;       // lower is more urgent (priority policy only)
+  double arrival_time = 0.0;  // seconds; breaks priority ties, earlier first
+  std::string cache_salt{};   // isolates this request's prefix-cache entries
+
+  RequestStatus status = RequestStatus::kWaiting;
+  std::vector<int32_t> output_token_ids{};
+  int64_t num_computed_tokens = 0;       // tokens whose KV / KDA state is in the cache
+  int64_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
+  int64_t num_preemptions = 0;
+  std::optional<int32_t> stop_token_id{};  // the stop_token_ids entry that finished it, if any
+
+  int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
+  int64_t num_output_tokens() const { return static_cast<int64_t>(output_token_ids.size()); }
+  int64_t num_tokens() const { return num_prompt_tokens() + num_output_tokens(); }
+  // Token at sequence position `pos` < num_tokens() (prompt, then outputs).
+  int32_t token(int64_t pos) const;
+  // Tokens [begin, end) of prompt + outputs.
+  std::vector<int32_t> tokens(int64_t begin, int64_t end) const;
+  bool is_finished() const { return hyserve::is_finished(status); }
+};
+
+}  // namespace hyserve

@@ -1,0 +1,267 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "util/error.h"
+
+namespace hyserve {
+
+Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config)
+    : config_(config), kv_(kv_config) {
+  CHECK(config.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
+        config.max_num_batched_tokens);
+  CHECK(config.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", config.max_num_seqs);
+  CHECK(config.max_model_len >= 2, "max_model_len must be >= 2, got ", config.max_model_len);
+  CHECK(config.enable_chunked_prefill || config.max_num_batched_tokens >= config.max_model_len,
+        "without chunked prefill, max_num_batched_tokens (", config.max_num_batched_tokens,
+        ") must be >= max_model_len (", config.max_model_len, ")");
+  CHECK(config.vocab_size >= 1, "vocab_size must be >= 1, got ", config.vocab_size);
+  CHECK(!config.long_prefill_token_threshold || *config.long_prefill_token_threshold >= 1,
+        "long_prefill_token_threshold must be >= 1, got ",
+        config.long_prefill_token_threshold.value_or(0));
+}
+
+bool Scheduler::more_urgent(const Entry* a, const Entry* b) const {
+  if (config_.policy == SchedulingPolicy::kPriority) {
+    if (a->request.priority != b->request.priority) {
+      return a->request.priority < b->request.priority;
+    }
+    if (a->request.arrival_time != b->request.arrival_time) {
+      return a->request.arrival_time < b->request.arrival_time;
+    }
+  }
+  return a->seq < b->seq;
+}
+
+void Scheduler::insert_sorted(std::vector<Entry*>& queue, Entry* entry) const {
+  const auto pos =
+      std::upper_bound(queue.begin(), queue.end(), entry,
+                       [this](const Entry* a, const Entry* b) { return more_urgent(a, b); });
+  queue.insert(pos, entry);
+}
+
+int64_t Scheduler::max_num_tokens(const Request& request) const {
+  const auto& max_tokens = request.sampling_params.max_tokens;
+  return max_tokens ? std::min(request.num_prompt_tokens() + *max_tokens, config_.max_model_len)
+                    : config_.max_model_len;
+}
+
+void Scheduler::add_request(Request request) {
+  CHECK(!requests_.contains(request.id), "request id '", request.id, "' is already in use");
+  request.sampling_params.validate(config_.vocab_size, config_.max_model_len);
+  const int64_t num_prompt = request.num_prompt_tokens();
+  CHECK(num_prompt >= 1, "request ", request.id, ": the prompt is empty");
+  for (int32_t token : request.prompt_token_ids) {
+    CHECK(token >= 0 && token < config_.vocab_size, "request ", request.id, ": prompt token id ",
+          token, " out of range [0, ", config_.vocab_size, ")");
+  }
+  CHECK(num_prompt < config_.max_model_len, "request ", request.id, ": the prompt has ", num_prompt,
+        " tokens, max_model_len is ", config_.max_model_len, ": no room for an output token");
+  const auto& max_tokens = request.sampling_params.max_tokens;
+  CHECK(!max_tokens || num_prompt + *max_tokens <= config_.max_model_len, "request ", request.id,
+        ": prompt (", num_prompt, " tokens) + max_tokens (", max_tokens.value_or(0),
+        ") = ", num_prompt + max_tokens.value_or(0), " exceeds max_model_len ",
+        config_.max_model_len);
+  // The last token is sampled, never computed: the cache holds max_num_tokens - 1 positions.
+  const int64_t max_computed = max_num_tokens(request) - 1;
+  const int64_t num_blocks_needed = kv_.blocks_for_request(max_computed);
+  CHECK(num_blocks_needed <= kv_.pool().num_blocks(), "request ", request.id, ": prompt (",
+        num_prompt, " tokens) + ",
+        max_tokens ? str_cat("max_tokens (", *max_tokens, ")")
+                   : str_cat("output up to max_model_len (", config_.max_model_len, ")"),
+        " needs ", num_blocks_needed, " blocks of ", kv_.config().tokens_per_block(),
+        " tokens; the whole cache has ", kv_.pool().num_blocks());
+
+  request.status = RequestStatus::kWaiting;
+  request.output_token_ids.clear();
+  request.num_computed_tokens = 0;
+  request.num_cached_prompt_tokens = 0;
+  request.num_preemptions = 0;
+  request.stop_token_id.reset();
+  const std::string id = request.id;
+  Entry& entry = requests_.emplace(id, Entry{std::move(request), next_seq_++}).first->second;
+  insert_sorted(waiting_, &entry);
+}
+
+void Scheduler::finish(Entry* entry, RequestStatus status) {
+  std::erase(running_, entry);
+  std::erase(waiting_, entry);
+  kv_.free(entry->request);
+  entry->request.status = status;
+  finished_since_schedule_.push_back(entry->request.id);
+  requests_.erase(entry->request.id);
+}
+
+bool Scheduler::abort_request(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return false;
+  finish(&it->second, RequestStatus::kFinishedAborted);
+  return true;
+}
+
+const Request* Scheduler::find_request(const std::string& request_id) const {
+  const auto it = requests_.find(request_id);
+  return it == requests_.end() ? nullptr : &it->second.request;
+}
+
+void Scheduler::preempt(Entry* victim, SchedulerOutput& out) {
+  std::erase(running_, victim);
+  kv_.free(victim->request);
+  victim->request.status = RequestStatus::kPreempted;
+  victim->request.num_computed_tokens = 0;
+  ++victim->request.num_preemptions;
+  insert_sorted(waiting_, victim);
+  out.preempted_request_ids.push_back(victim->request.id);
+}
+
+ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_new_tokens) const {
+  ScheduledRequest s;
+  s.request_id = request.id;
+  s.start_position = request.num_computed_tokens;
+  const int64_t end = s.start_position + num_new_tokens;
+  s.token_ids = request.tokens(s.start_position, end);
+  const BlockTable& table = *kv_.block_table(request.id);
+  s.slot_mapping.reserve(num_new_tokens);
+  for (int64_t p = s.start_position; p < end; ++p) s.slot_mapping.push_back(table.slot_index(p));
+  s.block_ids.assign(table.blocks().begin(), table.blocks().end());
+  s.state_block = table.state_block();
+  s.restore_state_from = kv_.state_restore_block(request.id);
+  s.samples = end == request.num_tokens();
+  return s;
+}
+
+SchedulerOutput Scheduler::schedule() {
+  SchedulerOutput out;
+  out.finished_request_ids = std::move(finished_since_schedule_);
+  finished_since_schedule_.clear();
+  int64_t budget = config_.max_num_batched_tokens;
+  std::vector<std::pair<Entry*, int64_t>> scheduled;  // (request, num_new_tokens)
+
+  // How many tokens from `begin` this step may compute for the request.
+  const auto step_tokens = [&](Request& r, int64_t begin) {
+    int64_t n = std::min(r.num_tokens() - begin, budget);
+    if (!config_.enable_chunked_prefill) return n;
+    if (config_.long_prefill_token_threshold) {
+      n = std::min(n, *config_.long_prefill_token_threshold);
+    }
+    // limit_to_snapshot_boundary counts from num_computed_tokens.
+    const int64_t computed = std::exchange(r.num_computed_tokens, begin);
+    n = kv_.limit_to_snapshot_boundary(r, n);
+    r.num_computed_tokens = computed;
+    return n;
+  };
+
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Entry* entry = running_[i];
+    Request& r = entry->request;
+    const int64_t n = step_tokens(r, r.num_computed_tokens);
+    bool fits = kv_.allocate_slots(r, n, 0);
+    while (!fits && running_.back() != entry) {
+      preempt(running_.back(), out);
+      fits = kv_.allocate_slots(r, n, 0);
+    }
+    if (!fits) {
+      preempt(entry, out);
+      break;
+    }
+    scheduled.emplace_back(entry, n);
+    budget -= n;
+  }
+
+  while (out.preempted_request_ids.empty() && !waiting_.empty() && budget > 0 &&
+         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
+    Entry* entry = waiting_.front();
+    Request& r = entry->request;
+    int64_t num_cached = kv_.get_computed_blocks(r);
+    if (!config_.enable_chunked_prefill && r.num_tokens() - num_cached > budget) break;
+    int64_t n = step_tokens(r, num_cached);
+    bool fits = kv_.allocate_slots(r, n, num_cached);
+    if (!fits && num_cached > 0) {
+      // A hit also holds its snapshot for the step; without the hit that block is not needed.
+      num_cached = 0;
+      n = step_tokens(r, 0);
+      fits = kv_.allocate_slots(r, n, 0);
+    }
+    if (!fits) break;
+    waiting_.erase(waiting_.begin());
+    if (r.status == RequestStatus::kWaiting) r.num_cached_prompt_tokens = num_cached;
+    r.status = RequestStatus::kRunning;
+    r.num_computed_tokens = num_cached;
+    insert_sorted(running_, entry);
+    scheduled.emplace_back(entry, n);
+    budget -= n;
+  }
+
+  for (const auto& [entry, n] : scheduled) {
+    const Request& r = entry->request;
+    out.requests.push_back(describe_step(r, n));
+    out.num_scheduled_tokens += n;
+    if (auto copy = kv_.cache_full_blocks(r, r.num_computed_tokens + n)) {
+      out.snapshot_copies.push_back(std::move(*copy));
+    }
+  }
+  return out;
+}
+
+std::optional<RequestStatus> Scheduler::check_stop(Request& request) const {
+  const SamplingParams& sp = request.sampling_params;
+  if (request.num_output_tokens() >= sp.min_tokens) {
+    const int32_t last = request.output_token_ids.back();
+    if (!sp.ignore_eos &&
+        std::ranges::find(config_.eos_token_ids, last) != config_.eos_token_ids.end()) {
+      return RequestStatus::kFinishedStopped;
+    }
+    if (std::ranges::find(sp.stop_token_ids, last) != sp.stop_token_ids.end()) {
+      request.stop_token_id = last;
+      return RequestStatus::kFinishedStopped;
+    }
+  }
+  if (request.num_tokens() >= max_num_tokens(request)) return RequestStatus::kFinishedLength;
+  return std::nullopt;
+}
+
+std::vector<RequestUpdate> Scheduler::update_from_output(const SchedulerOutput& scheduled,
+                                                         const ModelRunnerOutput& output) {
+  kv_.end_step();
+  std::vector<RequestUpdate> updates;
+  for (const ScheduledRequest& s : scheduled.requests) {
+    const auto it = requests_.find(s.request_id);
+    if (it == requests_.end()) continue;
+    Entry* entry = &it->second;
+    Request& r = entry->request;
+    CHECK(r.status == RequestStatus::kRunning && r.num_computed_tokens == s.start_position,
+          "update_from_output: request ", r.id, " was not scheduled by the last schedule()");
+    r.num_computed_tokens += s.num_new_tokens();
+    const auto sampled = output.sampled_token_ids.find(r.id);
+    const bool has_tokens = sampled != output.sampled_token_ids.end() && !sampled->second.empty();
+    CHECK(has_tokens == s.samples, "update_from_output: request ", r.id,
+          s.samples ? " reached its last token but got no sampled token"
+                    : " got sampled tokens for a prefill chunk that is not the last");
+    RequestUpdate update{r.id, {}, RequestStatus::kRunning, std::nullopt};
+    std::optional<RequestStatus> stop;
+    if (has_tokens) {
+      for (int32_t token : sampled->second) {
+        CHECK(token >= 0 && token < config_.vocab_size, "update_from_output: request ", r.id,
+              ": sampled token id ", token, " out of range");
+        r.output_token_ids.push_back(token);
+        update.new_token_ids.push_back(token);
+        if ((stop = check_stop(r))) break;
+      }
+    }
+    if (const auto f = output.finished.find(r.id); !stop && f != output.finished.end()) {
+      CHECK(is_finished(f->second), "update_from_output: request ", r.id, " finished with status ",
+            to_string(f->second));
+      stop = f->second;
+    }
+    if (stop) {
+      update.status = *stop;
+      update.stop_token_id = r.stop_token_id;
+      finish(entry, *stop);
+    }
+    if (!update.new_token_ids.empty() || stop) updates.push_back(std::move(update));
+  }
+  return updates;
+}
+
+}  // namespace hyserve

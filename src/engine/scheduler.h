@@ -1,0 +1,145 @@
+// Scheduler: decides, every step, which requests run and how many of their tokens, in the
+// style of vLLM v1. There are no prefill and decode phases: each request's
+// num_computed_tokens chases its num_tokens() under a per-step token budget, so a prefill
+// chunk, a decode step, a prefix hit and a recompute after preemption are one rule.
+//
+// One step (schedule):
+//   1. running requests, most urgent first: decode = 1 token, or the next prefill chunk
+//      (capped by the budget, long_prefill_token_threshold and the next KDA snapshot
+//      boundary). When blocks run out, the least urgent running request is preempted by
+//      recompute (blocks freed, num_computed_tokens = 0, outputs kept) and the allocation
+//      retried; a request that would have to preempt itself waits.
+//   2. if nothing was preempted: waiting requests in policy order (fcfs: order of arrival at
+//      add_request; priority: lower priority value, then earlier arrival_time) with a prefix
+//      lookup, while the budget, max_num_seqs and free blocks allow. The head of the queue
+//      blocks the rest (no overtaking).
+//   3. the full blocks of every scheduled request are registered in the prefix cache and
+//      KDA snapshots to fill are listed.
+// update_from_output then advances num_computed_tokens, appends the sampled tokens, applies
+// the stop conditions and frees finished requests.
+//
+// "Most urgent" is the same order everywhere: fcfs ranks by add order, priority by
+// (priority, arrival_time, add order). Running requests are kept sorted by it, so a
+// preemption victim is never a request already scheduled in this step.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/kv_cache_manager.h"
+#include "engine/request.h"
+
+namespace hyserve {
+
+enum class SchedulingPolicy { kFcfs, kPriority };
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 8192;                // token budget of one step
+  int64_t max_num_seqs = 256;                           // running requests at most
+  int64_t max_model_len = 0;                            // prompt + outputs at most
+  int64_t vocab_size = 0;                               // for SamplingParams::validate
+  std::optional<int64_t> long_prefill_token_threshold;  // tokens per request per step at most
+  SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+  bool enable_chunked_prefill = true;  // off: a prompt is computed in one step or waits
+  std::vector<int32_t> eos_token_ids;  // stop unless ignore_eos (after min_tokens)
+};
+
+// One request's share of a step.
+struct ScheduledRequest {
+  std::string request_id;
+  int64_t start_position = 0;         // num_computed_tokens before the step
+  std::vector<int32_t> token_ids;     // [num_new_tokens] inputs at positions start_position...
+  std::vector<int64_t> slot_mapping;  // [num_new_tokens] BlockTable::slot_index of each
+  std::vector<int32_t> block_ids;     // [num_blocks] the request's whole block table
+  // KDA state row (models with KDA layers). start_position == 0: zero it before the step;
+  // restore_state_from: copy that snapshot row into it before the step.
+  std::optional<int32_t> state_block;
+  std::optional<int32_t> restore_state_from;
+  // The step reaches the request's last known token: sample the next one from its logits.
+  // false for a prefill chunk that is not the last.
+  bool samples = false;
+
+  int64_t num_new_tokens() const { return static_cast<int64_t>(token_ids.size()); }
+};
+
+struct SchedulerOutput {
+  std::vector<ScheduledRequest> requests;
+  int64_t num_scheduled_tokens = 0;
+  std::vector<SnapshotCopy> snapshot_copies;       // to make after the step's forward
+  std::vector<std::string> preempted_request_ids;  // preempted in this step
+  // Finished or aborted since the previous schedule(): the runner drops its state for them.
+  std::vector<std::string> finished_request_ids;
+};
+
+// What the runner (and the detokenizer) report for one step.
+struct ModelRunnerOutput {
+  // Tokens sampled for each scheduled request with samples == true: one, or several with
+  // speculative decoding.
+  std::unordered_map<std::string, std::vector<int32_t>> sampled_token_ids;
+  // Requests to finish after appending this step's tokens, e.g. kFinishedStopped when the
+  // detokenizer matched a stop string.
+  std::unordered_map<std::string, RequestStatus> finished;
+};
+
+// One request's progress in a step, for streaming.
+struct RequestUpdate {
+  std::string request_id;
+  std::vector<int32_t> new_token_ids;
+  RequestStatus status = RequestStatus::kRunning;  // a finished status ends the stream
+  std::optional<int32_t> stop_token_id;            // the stop_token_ids entry that stopped it
+};
+
+class Scheduler {
+ public:
+  Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config);
+
+  // Queues a request (status waiting). Throws InvalidArgument, with the numbers, when its id
+  // is taken, its sampling params are invalid, or it can never run: an empty prompt, a prompt
+  // longer than max_model_len - 1, prompt + max_tokens beyond max_model_len, or prompt +
+  // max_tokens beyond what the whole pool can hold.
+  void add_request(Request request);
+  // Removes a waiting or running request and frees its blocks at once. false if unknown.
+  bool abort_request(const std::string& request_id);
+
+  SchedulerOutput schedule();
+  // Applies the runner's results for `scheduled`, the output of the last schedule().
+  // Requests aborted since then are skipped.
+  std::vector<RequestUpdate> update_from_output(const SchedulerOutput& scheduled,
+                                                const ModelRunnerOutput& output);
+
+  const SchedulerConfig& config() const { return config_; }
+  const KvCacheManager& kv_cache() const { return kv_; }
+  int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
+  int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
+  bool has_unfinished_requests() const { return !requests_.empty(); }
+  // A waiting or running request; nullptr once finished or aborted.
+  const Request* find_request(const std::string& request_id) const;
+
+ private:
+  struct Entry {
+    Request request;
+    uint64_t seq = 0;  // add order
+  };
+
+  bool more_urgent(const Entry* a, const Entry* b) const;
+  void insert_sorted(std::vector<Entry*>& queue, Entry* entry) const;
+  void preempt(Entry* victim, SchedulerOutput& out);
+  void finish(Entry* entry, RequestStatus status);
+  // Length at which the request stops for length: min(prompt + max_tokens, max_model_len).
+  int64_t max_num_tokens(const Request& request) const;
+  std::optional<RequestStatus> check_stop(Request& request) const;
+  ScheduledRequest describe_step(const Request& request, int64_t num_new_tokens) const;
+
+  SchedulerConfig config_;
+  KvCacheManager kv_;
+  std::unordered_map<std::string, Entry> requests_;  // waiting and running
+  std::vector<Entry*> waiting_;                      // most urgent first
+  std::vector<Entry*> running_;                      // most urgent first
+  std::vector<std::string> finished_since_schedule_;
+  uint64_t next_seq_ = 0;
+};
+
+}  // namespace hyserve
