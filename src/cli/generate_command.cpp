@@ -46,7 +46,10 @@ int run_generate(const GenerateArgs& a) {
     prompt.push_back(static_cast<int32_t>(id));
   }
 
-  Sampler sampler(SamplingParams{a.temperature, a.seed});
+  SamplingParams sampling;
+  sampling.temperature = a.temperature;
+  sampling.seed = a.seed;
+  Sampler sampler(sampling);
   SequenceState state = model->new_sequence();
   std::vector<float> logits;
   std::vector<int32_t> out;

@@ -11,7 +11,7 @@
 
 namespace hyserve {
 
-Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {
+Sampler::Sampler(const SamplingParams& params) : params_(params), rng_(params.seed.value_or(0)) {
   CHECK(params.temperature >= 0.0f && std::isfinite(params.temperature),
         "temperature must be a finite number >= 0, got ", params.temperature);
 }

@@ -1,6 +1,7 @@
-// Token sampling from one position's logits: greedy (temperature 0, ties to the
-// lower id) or temperature sampling from a seeded generator, so a seed reproduces
-// its tokens on every run and machine.
+// Token sampling from one position's logits for `hyserve generate`: greedy
+// (temperature 0, ties to the lower id) or temperature sampling from a generator
+// seeded with SamplingParams::seed (0 when unset), so a seed reproduces its tokens
+// on every run and machine. Only temperature and seed are read here.
 #pragma once
 
 #include <cstdint>
@@ -8,12 +9,9 @@
 #include <span>
 #include <string>
 
-namespace hyserve {
+#include "engine/sampling_params.h"
 
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  uint64_t seed = 0;
-};
+namespace hyserve {
 
 class Sampler {
  public:
