@@ -39,7 +39,8 @@ bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) {
 }  // namespace
 
 void linear(const LinearParams& p) {
-  CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "linear: null pointer");
+  CHECK(p.w != nullptr, "linear: null weight");
+  CHECK(p.num_tokens == 0 || (p.x != nullptr && p.y != nullptr), "linear: null pointer");
   CHECK(!p.w->empty() && p.w->rows > 0 && p.w->cols > 0, "linear: weight shape [", p.w->rows, ", ",
         p.w->cols, "]");
   CHECK(p.num_tokens >= 0, "linear: num_tokens ", p.num_tokens);
