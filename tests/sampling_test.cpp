@@ -52,20 +52,20 @@ TEST(SamplingMath, TokenWeightIsExpInFixedPoint) {
   // 1e-7 e^x + 2^-30.
   for (double x = 0.0; x > -30.0; x -= 0.0137) {
     const float l = static_cast<float>(x);
-    const uint64_t w = sampling::token_weight(l, 0.0f, 1.0f);
+    const uint64_t w = sampling::token_weight(l, 0.0f, 1.0);
     const double want = std::exp(static_cast<double>(l));
     ASSERT_NEAR(static_cast<double>(w) / kMaxWeight, want, 1e-7 * want + 0x1p-30) << "x = " << l;
   }
-  EXPECT_EQ(sampling::token_weight(3.0f, 3.0f, 0.5f), kMaxWeight);
-  EXPECT_EQ(sampling::token_weight(-INFINITY, 0.0f, 1.0f), 0u);
-  EXPECT_EQ(sampling::token_weight(-100.0f, 0.0f, 1.0f), 0u);
+  EXPECT_EQ(sampling::token_weight(3.0f, 3.0f, 2.0), kMaxWeight);
+  EXPECT_EQ(sampling::token_weight(-INFINITY, 0.0f, 1.0), 0u);
+  EXPECT_EQ(sampling::token_weight(-100.0f, 0.0f, 1.0), 0u);
   const float inf = std::numeric_limits<float>::infinity();
-  EXPECT_EQ(sampling::token_weight(inf, inf, 1.0f), kMaxWeight);
-  EXPECT_EQ(sampling::token_weight(1e30f, inf, 1.0f), 0u);
+  EXPECT_EQ(sampling::token_weight(inf, inf, 1.0), kMaxWeight);
+  EXPECT_EQ(sampling::token_weight(1e30f, inf, 1.0), 0u);
   // Monotone in the logit.
   uint64_t prev = 0;
   for (float l = -25.0f; l <= 0.0f; l += 0.001f) {
-    const uint64_t w = sampling::token_weight(l, 0.0f, 0.7f);
+    const uint64_t w = sampling::token_weight(l, 0.0f, 1.0 / 0.7);
     ASSERT_GE(w, prev) << l;
     prev = w;
   }

@@ -23,12 +23,13 @@ int32_t sample_row(const float* logits, int64_t vocab, const SamplingOptions& o)
   if (o.temperature == 0.0f) return static_cast<int32_t>(best);
 
   const float max_logit = logits[best];
+  const double inv_temperature = sampling::inverse_temperature(o.temperature);
   std::vector<uint64_t> weight(static_cast<size_t>(vocab), 0);
   std::vector<int64_t> ranked;  // non-NaN ids by rank
   ranked.reserve(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) {
     if (std::isnan(logits[i])) continue;
-    weight[i] = sampling::token_weight(logits[i], max_logit, o.temperature);
+    weight[i] = sampling::token_weight(logits[i], max_logit, inv_temperature);
     ranked.push_back(i);
   }
   std::sort(ranked.begin(), ranked.end(), [&](int64_t a, int64_t b) {

@@ -1,11 +1,12 @@
 // Token sampling over a batch of logit rows, one row per request, with per-row
 // options. Both backends (cpu.h, cuda.h) draw the SAME token for the same row and
-// options, because everything after one IEEE double division is integer arithmetic
-// defined in this header:
+// options, because everything after three correctly rounded IEEE double operations is
+// integer arithmetic defined in this header:
 //
 //   greedy (temperature 0): the largest logit; ties: the lower id; NaN never wins.
 //   otherwise, over the non-NaN ids:
-//     weight   W_i = floor(2^31 exp(x_i)), x_i = (l_i - l_max) / temperature in double,
+//     weight   W_i = floor(2^31 exp(x_i)), x_i = (l_i - l_max) * (1 / temperature) in double
+//              (a subtraction and a product, never fused: no contraction can differ),
 //              exp evaluated in fixed point (token_weight): W_max = 2^31; a token below
 //              ~4.7e-10 of the top probability gets weight 0 and is never drawn.
 //     rank     ids ordered by (logit desc, id asc), by the bits of the logit
@@ -108,12 +109,16 @@ constexpr uint64_t exp_q30(uint64_t g) {
   return acc;
 }
 
-// W = floor(2^31 exp((logit - max_logit) / temperature)) in fixed point; logit <= max_logit,
-// neither NaN, temperature > 0. x is taken in Q24 and 2^-x log2(e) split into 2^-m * e^g.
-constexpr uint64_t token_weight(float logit, float max_logit, float temperature) {
+// 1 / temperature, the factor token_weight takes.
+constexpr double inverse_temperature(float temperature) {
+  return 1.0 / static_cast<double>(temperature);
+}
+
+// W = floor(2^31 exp((logit - max_logit) * inv_temperature)) in fixed point; logit <=
+// max_logit, neither NaN. x is taken in Q24 and 2^(-x log2 e) split into 2^-m * e^g.
+constexpr uint64_t token_weight(float logit, float max_logit, double inv_temperature) {
   if (logit == max_logit) return kMaxWeight;
-  const double x = (static_cast<double>(logit) - static_cast<double>(max_logit)) /
-                   static_cast<double>(temperature);
+  const double x = (static_cast<double>(logit) - static_cast<double>(max_logit)) * inv_temperature;
   if (!(x > -64.0)) return 0;
   constexpr uint64_t kLog2eQ32 = 6196328019u;             // log2(e) * 2^32
   constexpr uint64_t kLn2Q30 = 744261118u;                // ln(2) * 2^30

@@ -12,6 +12,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <cstdint>
 
@@ -180,11 +181,42 @@ __device__ __forceinline__ void decode_chunk(const uint4& b, float* out) {
       out[2 * i] = __uint_as_float(u << 16);
       out[2 * i + 1] = __uint_as_float(u & 0xffff0000u);
     } else if constexpr (F == WFmt::kFp8) {
+      // e4m3 -> f16 is exact (and NaN stays NaN): one conversion per pair.
 #pragma unroll
-      for (int j = 0; j < 4; ++j) out[4 * i + j] = e4m3_to_f32_dev((u >> (8 * j)) & 0xffu);
+      for (int j = 0; j < 2; ++j) {
+        const __half2 h = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>((u >> (16 * j)) & 0xffffu), __NV_E4M3);
+        const float2 f = __half22float2(h);
+        out[4 * i + 2 * j] = f.x;
+        out[4 * i + 2 * j + 1] = f.y;
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[8 * i + j] = e2m1_to_f32_dev((u >> (4 * j)) & 0xfu);
+    }
+  }
+}
+
+// decode_chunk<F> times the chunk's scale: the values element() gives. MXFP4 folds the
+// 2^126 of the e2m1 trick into the scale (both exact powers of two), saving a multiply.
+template <WFmt F>
+__device__ __forceinline__ void decode_chunk_scaled(const uint4& b, float scale, float* out) {
+  if constexpr (F == WFmt::kMxfp4) {
+    const float s = scale * 0x1p126f;
+    const uint32_t words[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const uint32_t nibble = words[i] >> (4 * j);
+        out[8 * i + j] = __uint_as_float(((nibble & 0x8u) << 28) | ((nibble & 0x7u) << 22)) * s;
+      }
+    }
+  } else {
+    decode_chunk<F>(b, out);
+    if constexpr (F == WFmt::kFp8) {
+#pragma unroll
+      for (int i = 0; i < kChunkElems<F>; ++i) out[i] *= scale;
     }
   }
 }

@@ -1,8 +1,9 @@
 // The memory-bound core shared by the CUDA linear and MoE kernels: one warp streams
-// one weight row once (16-byte loads when the row allows it), decodes it in
-// registers and dots it with up to kGemvMaxTokens fp32 vectors, accumulating in fp32.
-// Each output is a fixed-order sum over the row (lane-strided, then a butterfly
-// reduction), so a token's result does not depend on the other tokens.
+// kGemvRows weight rows once (16-byte loads when the rows allow it, kGemvDepth chunks
+// per row in flight per lane), decodes them in registers and dots them with up to
+// kGemvMaxTokens fp32 vectors, accumulating in fp32; each x load serves kGemvRows rows.
+// Each output is a fixed-order sum over its row (lane-strided, then a butterfly
+// reduction), so a token's result does not depend on the other tokens or rows.
 #pragma once
 
 #include "kernels/linear/cuda/dequant.cuh"
@@ -10,68 +11,101 @@
 namespace hyserve::cuda {
 
 inline constexpr int kGemvMaxTokens = 16;
+inline constexpr int kGemvRows = 2;   // weight rows per warp
+inline constexpr int kGemvDepth = 2;  // 16-byte chunks per row a lane loads before using them
 
-// True when row r of w can be read in 16-byte chunks and each xs[j] + chunk start
-// is 16-byte aligned (x rows of `cols` floats starting at 16-byte aligned bases).
+// True when rows of w can be read in 16-byte chunks and x rows of w.cols floats
+// starting at the 16-byte aligned x_base can be read in float4s.
 inline bool gemv_vectorizable(const WRef& w, WFmt f, const void* x_base) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return aligned(w.data) && row_bytes(f, w.cols) % 16 == 0 && w.cols % 4 == 0 && aligned(x_base);
 }
 
-// acc[j] += this lane's share of dot(row r of w, xs[j]) for j < n (n <= kMaxT, the
-// same on every lane). xs points to n row pointers, each w.cols floats.
+// acc[q][j] += this lane's share of dot(row r0 + q of w, xs[j]) for q < num_rows and
+// j < n (both the same on every lane; num_rows <= kGemvRows, n <= kMaxT). xs points to
+// n row pointers of w.cols floats.
 template <WFmt F, bool kVec, int kMaxT>
-__device__ __forceinline__ void lane_row_dots(const WRef& w, int64_t r, const float* const* xs,
-                                              int n, int lane, float (&acc)[kMaxT]) {
+__device__ __forceinline__ void lane_row_dots(const WRef& w, int64_t r0, int num_rows,
+                                              const float* const* xs, int n, int lane,
+                                              float (&acc)[kGemvRows][kMaxT]) {
   if constexpr (kVec) {
     constexpr int kE = kChunkElems<F>;
     const int64_t num_chunks = w.cols / kE;
-    const uint4* row = reinterpret_cast<const uint4*>(w.data) + r * num_chunks;
-#pragma unroll 4
-    for (int64_t c = lane; c < num_chunks; c += 32) {
-      float wv[kE];
-      decode_chunk<F>(__ldg(row + c), wv);
-      if constexpr (F == WFmt::kFp8 || F == WFmt::kMxfp4) {
-        const float s = element_scale<F>(w, r, c * kE);
+    const uint4* rows[kGemvRows];
 #pragma unroll
-        for (int i = 0; i < kE; ++i) wv[i] *= s;
+    for (int q = 0; q < kGemvRows; ++q) {
+      rows[q] = reinterpret_cast<const uint4*>(w.data) + (r0 + (q < num_rows ? q : 0)) * num_chunks;
+    }
+    for (int64_t c0 = lane; c0 < num_chunks; c0 += 32 * kGemvDepth) {
+      uint4 raw[kGemvDepth][kGemvRows];
+#pragma unroll
+      for (int d = 0; d < kGemvDepth; ++d) {
+#pragma unroll
+        for (int q = 0; q < kGemvRows; ++q) {
+          const int64_t c = c0 + 32 * d;
+          raw[d][q] = c < num_chunks && q < num_rows ? __ldcs(rows[q] + c) : make_uint4(0, 0, 0, 0);
+        }
       }
 #pragma unroll
-      for (int j = 0; j < kMaxT; ++j) {
-        if (j < n) {
-          const float4* xv = reinterpret_cast<const float4*>(xs[j] + c * kE);
-          float sum = acc[j];
+      for (int d = 0; d < kGemvDepth; ++d) {
+        const int64_t c = c0 + 32 * d;
+        if (c >= num_chunks) break;
+        float wv[kGemvRows][kE];
 #pragma unroll
-          for (int q = 0; q < kE / 4; ++q) {
-            const float4 v = __ldg(xv + q);
-            sum += wv[4 * q] * v.x;
-            sum += wv[4 * q + 1] * v.y;
-            sum += wv[4 * q + 2] * v.z;
-            sum += wv[4 * q + 3] * v.w;
+        for (int q = 0; q < kGemvRows; ++q) {
+          const float s = q < num_rows ? element_scale<F>(w, r0 + q, c * kE) : 0.0f;
+          decode_chunk_scaled<F>(raw[d][q], s, wv[q]);
+        }
+#pragma unroll
+        for (int j = 0; j < kMaxT; ++j) {
+          if (j < n) {
+            const float4* xv = reinterpret_cast<const float4*>(xs[j] + c * kE);
+#pragma unroll
+            for (int i = 0; i < kE / 4; ++i) {
+              const float4 v = __ldg(xv + i);
+#pragma unroll
+              for (int q = 0; q < kGemvRows; ++q) {
+                float sum = acc[q][j];
+                sum += wv[q][4 * i] * v.x;
+                sum += wv[q][4 * i + 1] * v.y;
+                sum += wv[q][4 * i + 2] * v.z;
+                sum += wv[q][4 * i + 3] * v.w;
+                acc[q][j] = sum;
+              }
+            }
           }
-          acc[j] = sum;
         }
       }
     }
   } else {
     for (int64_t k = lane; k < w.cols; k += 32) {
-      const float wk = element<F>(w, r, k);
 #pragma unroll
-      for (int j = 0; j < kMaxT; ++j) {
-        if (j < n) acc[j] += wk * xs[j][k];
+      for (int q = 0; q < kGemvRows; ++q) {
+        if (q < num_rows) {
+          const float wk = element<F>(w, r0 + q, k);
+#pragma unroll
+          for (int j = 0; j < kMaxT; ++j) {
+            if (j < n) acc[q][j] += wk * xs[j][k];
+          }
+        }
       }
     }
   }
 }
 
-// Sums acc[j] (j < n) over the warp; every lane gets the totals.
+// Sums acc[q][j] (q < num_rows, j < n) over the warp; every lane gets the totals.
 template <int kMaxT>
-__device__ __forceinline__ void warp_sum(float (&acc)[kMaxT], int n) {
+__device__ __forceinline__ void warp_sum(float (&acc)[kGemvRows][kMaxT], int num_rows, int n) {
 #pragma unroll
-  for (int j = 0; j < kMaxT; ++j) {
-    if (j < n) {
+  for (int q = 0; q < kGemvRows; ++q) {
 #pragma unroll
-      for (int off = 16; off > 0; off /= 2) acc[j] += __shfl_xor_sync(0xffffffffu, acc[j], off);
+    for (int j = 0; j < kMaxT; ++j) {
+      if (q < num_rows && j < n) {
+#pragma unroll
+        for (int off = 16; off > 0; off /= 2) {
+          acc[q][j] += __shfl_xor_sync(0xffffffffu, acc[q][j], off);
+        }
+      }
     }
   }
 }

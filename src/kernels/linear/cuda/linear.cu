@@ -19,8 +19,8 @@ size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
-// Block (row block, token group): warp w computes row blockIdx.x * kGemvWarps + w for
-// tokens [16 * blockIdx.y, +16).
+// Block (row block, token group): warp w computes rows (blockIdx.x * kGemvWarps + w) *
+// kGemvRows .. + kGemvRows for tokens [16 * blockIdx.y, +16).
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
@@ -32,15 +32,19 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   if (threadIdx.x < n) xs[threadIdx.x] = x + (t0 + threadIdx.x) * w.cols;
   __syncthreads();
   const int lane = threadIdx.x % 32;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32;
-  if (r >= w.rows) return;
-  float acc[kGemvMaxTokens] = {};
-  lane_row_dots<F, kVec>(w, r, xs, n, lane, acc);
-  warp_sum(acc, n);
-  const float b = bias != nullptr ? bias[r] : 0.0f;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kGemvWarps + threadIdx.x / 32) * kGemvRows;
+  if (r0 >= w.rows) return;
+  const int num_rows = static_cast<int>(w.rows - r0 < kGemvRows ? w.rows - r0 : kGemvRows);
+  float acc[kGemvRows][kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(w, r0, num_rows, xs, n, lane, acc);
+  warp_sum(acc, num_rows, n);
 #pragma unroll
-  for (int j = 0; j < kGemvMaxTokens; ++j) {
-    if (j < n && lane == j) y[(t0 + j) * w.rows + r] = acc[j] + b;
+  for (int q = 0; q < kGemvRows; ++q) {
+    const float b = bias != nullptr && q < num_rows ? bias[r0 + q] : 0.0f;
+#pragma unroll
+    for (int j = 0; j < kGemvMaxTokens; ++j) {
+      if (q < num_rows && j < n && lane == j) y[(t0 + j) * w.rows + r0 + q] = acc[q][j] + b;
+    }
   }
 }
 
@@ -52,14 +56,31 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* _
   }
 }
 
-// out[i, k] = bf16(W[r0 + i, k]) for i < num_rows.
-template <WFmt F>
+// out[i, k] = bf16(W[r0 + i, k]) for i < num_rows; kVec: one 16-byte chunk per step.
+template <WFmt F, bool kVec>
 __global__ void dequant_rows_kernel(WRef w, int64_t r0, int64_t num_rows,
                                     __nv_bfloat16* __restrict__ out) {
-  const int64_t n = num_rows * w.cols;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __float2bfloat16(element<F>(w, r0 + i / w.cols, i % w.cols));
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if constexpr (kVec) {
+    constexpr int kE = kChunkElems<F>;
+    const int64_t chunks_per_row = w.cols / kE;
+    const uint4* base = reinterpret_cast<const uint4*>(w.data) + r0 * chunks_per_row;
+    for (int64_t i = first; i < num_rows * chunks_per_row; i += stride) {
+      const int64_t r = r0 + i / chunks_per_row;
+      const int64_t k = (i % chunks_per_row) * kE;
+      float v[kE];
+      decode_chunk_scaled<F>(__ldg(base + i), element_scale<F>(w, r, k), v);
+#pragma unroll
+      for (int e = 0; e < kE; e += 2) {
+        reinterpret_cast<__nv_bfloat162*>(out + i * kE)[e / 2] =
+            __floats2bfloat162_rn(v[e], v[e + 1]);
+      }
+    }
+  } else {
+    for (int64_t i = first; i < num_rows * w.cols; i += stride) {
+      out[i] = __float2bfloat16(element<F>(w, r0 + i / w.cols, i % w.cols));
+    }
   }
 }
 
@@ -88,7 +109,8 @@ int grid_for(int64_t n) {
 
 template <WFmt F>
 void launch_gemv(const WRef& w, const LinearParams& p, bool vec, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>((w.rows + kGemvWarps - 1) / kGemvWarps),
+  constexpr int64_t kRowsPerBlock = kGemvWarps * kGemvRows;
+  const dim3 grid(static_cast<unsigned>((w.rows + kRowsPerBlock - 1) / kRowsPerBlock),
                   static_cast<unsigned>((p.num_tokens + kGemvMaxTokens - 1) / kGemvMaxTokens));
   if (vec) {
     gemv_kernel<F, true><<<grid, kGemvWarps * 32, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
@@ -101,8 +123,15 @@ void launch_gemv(const WRef& w, const LinearParams& p, bool vec, cudaStream_t st
 template <WFmt F>
 void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloat16* out,
                          cudaStream_t stream) {
-  dequant_rows_kernel<F>
-      <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (aligned(w.data) && aligned(out) && row_bytes(F, w.cols) % 16 == 0) {
+    dequant_rows_kernel<F, true>
+        <<<grid_for(num_rows * w.cols / kChunkElems<F>), kThreads, 0, stream>>>(w, r0, num_rows,
+                                                                                out);
+  } else {
+    dequant_rows_kernel<F, false>
+        <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
+  }
   CUDA_CHECK_LAUNCH();
 }
 

@@ -27,7 +27,7 @@ namespace {
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
 constexpr int kMmaThreads = 128;
-constexpr int kBM = 32;         // tensor-core tile: tokens
+constexpr int kBM = 64;         // tensor-core tile: tokens (16 per warp)
 constexpr int kBN = 64;         // tensor-core tile: weight rows (output features)
 constexpr int kBK = 32;         // tensor-core tile: reduction
 constexpr int kLdAB = kBK + 8;  // bf16 smem row stride (multiple of 8, 32-byte aligned rows)
@@ -171,8 +171,8 @@ __device__ __forceinline__ Assignment assign(const Buckets& b) {
   return a;
 }
 
-// Step 4, few tokens: warp w of block (a, rb) computes row rb * kSmallWarps + w of gate
-// and up for every token of the expert.
+// Step 4, few tokens: warp w of block (a, rb) computes rows (rb * kSmallWarps + w) *
+// kGemvRows .. + kGemvRows of gate and up for every token of the expert.
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
@@ -184,23 +184,30 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
     xs[threadIdx.x] = x + (b.sorted_slots[a.begin + threadIdx.x] / g.top_k) * g.hidden;
   }
   __syncthreads();
-  const int64_t r = static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32;
-  if (r >= g.inter) return;
+  const int64_t r0 =
+      (static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32) * kGemvRows;
+  if (r0 >= g.inter) return;
+  const int num_rows = static_cast<int>(g.inter - r0 < kGemvRows ? g.inter - r0 : kGemvRows);
   const int lane = threadIdx.x % 32;
   const ExpertPtrs& e = table[a.expert];
-  float acc_gate[kGemvMaxTokens] = {};
-  float acc_up[kGemvMaxTokens] = {};
-  lane_row_dots<F, kVec>(with_expert(g.gate, e, 0), r, xs, a.count, lane, acc_gate);
-  lane_row_dots<F, kVec>(with_expert(g.up, e, 1), r, xs, a.count, lane, acc_up);
-  warp_sum(acc_gate, a.count);
-  warp_sum(acc_up, a.count);
+  float acc_gate[kGemvRows][kGemvMaxTokens] = {};
+  float acc_up[kGemvRows][kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(with_expert(g.gate, e, 0), r0, num_rows, xs, a.count, lane, acc_gate);
+  lane_row_dots<F, kVec>(with_expert(g.up, e, 1), r0, num_rows, xs, a.count, lane, acc_up);
+  warp_sum(acc_gate, num_rows, a.count);
+  warp_sum(acc_up, num_rows, a.count);
 #pragma unroll
-  for (int j = 0; j < kGemvMaxTokens; ++j) {
-    if (j < a.count && lane == j) h[(a.begin + j) * g.inter + r] = silu_mul(acc_gate[j], acc_up[j]);
+  for (int q = 0; q < kGemvRows; ++q) {
+#pragma unroll
+    for (int j = 0; j < kGemvMaxTokens; ++j) {
+      if (q < num_rows && j < a.count && lane == j) {
+        h[(a.begin + j) * g.inter + r0 + q] = silu_mul(acc_gate[q][j], acc_up[q][j]);
+      }
+    }
   }
 }
 
-// Step 5, few tokens: row r of down for every token of the expert.
+// Step 5, few tokens: rows r0 .. r0 + kGemvRows of down for every token of the expert.
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     down_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
@@ -210,15 +217,23 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) xs[threadIdx.x] = h + (a.begin + threadIdx.x) * g.inter;
   __syncthreads();
-  const int64_t r = static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32;
-  if (r >= g.hidden) return;
+  const int64_t r0 =
+      (static_cast<int64_t>(blockIdx.y) * kSmallWarps + threadIdx.x / 32) * kGemvRows;
+  if (r0 >= g.hidden) return;
+  const int num_rows = static_cast<int>(g.hidden - r0 < kGemvRows ? g.hidden - r0 : kGemvRows);
   const int lane = threadIdx.x % 32;
-  float acc[kGemvMaxTokens] = {};
-  lane_row_dots<F, kVec>(with_expert(g.down, table[a.expert], 2), r, xs, a.count, lane, acc);
-  warp_sum(acc, a.count);
+  float acc[kGemvRows][kGemvMaxTokens] = {};
+  lane_row_dots<F, kVec>(with_expert(g.down, table[a.expert], 2), r0, num_rows, xs, a.count, lane,
+                         acc);
+  warp_sum(acc, num_rows, a.count);
 #pragma unroll
-  for (int j = 0; j < kGemvMaxTokens; ++j) {
-    if (j < a.count && lane == j) slot_out[b.sorted_slots[a.begin + j] * g.hidden + r] = acc[j];
+  for (int q = 0; q < kGemvRows; ++q) {
+#pragma unroll
+    for (int j = 0; j < kGemvMaxTokens; ++j) {
+      if (q < num_rows && j < a.count && lane == j) {
+        slot_out[b.sorted_slots[a.begin + j] * g.hidden + r0 + q] = acc[q][j];
+      }
+    }
   }
 }
 
@@ -229,61 +244,119 @@ using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
 template <int kNumW>
 struct MmaSmem {
-  alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
-  alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
-  alignas(128) float c[kNumW][kBM * kLdC];           // [kBM, kBN] results per matrix
-  const float* rows[kBM];                            // activation row per tile row, or null
+  union {
+    struct {
+      alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
+      alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
+    } in;
+    alignas(128) float c[kNumW][kBM * kLdC];  // [kBM, kBN] results per matrix, after the k loop
+  };
+  const float* rows[kBM];  // activation row per tile row, or null
 };
 
+// Stages k in [k0, k0 + kBK) of the activations and of weight rows [n0, n0 + kBN) as bf16.
+// Weights hold element() values, except FP8: raw e4m3 (the block scale comes later).
+// kVec: 16-byte loads (full k tile, aligned rows); else one element at a time.
+template <WFmt F, bool kVec, int kNumW>
+__device__ __forceinline__ void load_tiles(const WRef (&ws)[kNumW], int64_t n0, int64_t k0,
+                                           MmaSmem<kNumW>& s) {
+  const int64_t k_total = ws[0].cols;
+  if (kVec && k0 + kBK <= k_total) {
+    for (int i = threadIdx.x; i < kBM * kBK / 4; i += kMmaThreads) {
+      const int m = i / (kBK / 4);
+      const int kk = 4 * (i % (kBK / 4));
+      const float4 v = s.rows[m] != nullptr
+                           ? __ldg(reinterpret_cast<const float4*>(s.rows[m] + k0 + kk))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      __nv_bfloat16* dst = s.in.a + m * kLdAB + kk;
+      dst[0] = __float2bfloat16(v.x);
+      dst[1] = __float2bfloat16(v.y);
+      dst[2] = __float2bfloat16(v.z);
+      dst[3] = __float2bfloat16(v.w);
+    }
+    constexpr int kE = kChunkElems<F>;
+    static_assert(kBK % kE == 0, "a k tile holds whole 16-byte chunks");
+    constexpr int kChunksPerRow = kBK / kE;
+#pragma unroll
+    for (int w = 0; w < kNumW; ++w) {
+      for (int i = threadIdx.x; i < kBN * kChunksPerRow; i += kMmaThreads) {
+        const int n = i / kChunksPerRow;
+        const int kk = (i % kChunksPerRow) * kE;
+        const int64_t r = n0 + n;
+        float v[kE];
+        if (r < ws[w].rows) {
+          const int64_t num_chunks = k_total / kE;
+          const int64_t k = k0 + kk;
+          const uint4 raw =
+              __ldg(reinterpret_cast<const uint4*>(ws[w].data) + r * num_chunks + k / kE);
+          if constexpr (F == WFmt::kFp8) {
+            decode_chunk<F>(raw, v);
+          } else {
+            decode_chunk_scaled<F>(raw, element_scale<F>(ws[w], r, k), v);
+          }
+        } else {
+#pragma unroll
+          for (int e = 0; e < kE; ++e) v[e] = 0.0f;
+        }
+        __nv_bfloat16* dst = s.in.b[w] + n * kLdAB + kk;
+#pragma unroll
+        for (int e = 0; e < kE; ++e) dst[e] = __float2bfloat16(v[e]);
+      }
+    }
+    return;
+  }
+  for (int i = threadIdx.x; i < kBM * kBK; i += kMmaThreads) {
+    const int m = i / kBK;
+    const int64_t k = k0 + i % kBK;
+    const float v = s.rows[m] != nullptr && k < k_total ? s.rows[m][k] : 0.0f;
+    s.in.a[m * kLdAB + i % kBK] = __float2bfloat16(v);
+  }
+#pragma unroll
+  for (int w = 0; w < kNumW; ++w) {
+    for (int i = threadIdx.x; i < kBN * kBK; i += kMmaThreads) {
+      const int64_t r = n0 + i / kBK;
+      const int64_t k = k0 + i % kBK;
+      float v = 0.0f;
+      if (r < ws[w].rows && k < k_total) {
+        v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
+      }
+      s.in.b[w][(i / kBK) * kLdAB + i % kBK] = __float2bfloat16(v);
+    }
+  }
+}
+
 // c[w] = A W_w[n0 : n0 + kBN]^T for the kBM activation rows in s.rows (K = ws[0].cols),
-// fp32 accumulate. Warp (wm, wn) owns rows 16 wm and columns 32 wn .. + 32. For FP8 the
-// tile holds raw e4m3 values and each 128-wide k block's sum is scaled on its own.
-template <WFmt F, int kNumW>
+// fp32 accumulate. Warp i owns rows 16 i .. + 16 and all kBN columns. For FP8 the tile
+// holds raw e4m3 values and each 128-wide k block's sum is scaled on its own.
+template <WFmt F, bool kVec, int kNumW>
 __device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s) {
+  constexpr int kFrags = kBN / 16;
   const int64_t k_total = ws[0].cols;
   const int warp = threadIdx.x / 32;
-  const int wm = warp / 2;
-  const int wn = warp % 2;
-  FragC acc[kNumW][2];
-  FragC block_acc[kNumW][2];
+  FragC acc[kNumW][kFrags];
+  FragC block_acc[kNumW][F == WFmt::kFp8 ? kFrags : 1];
 #pragma unroll
   for (int w = 0; w < kNumW; ++w) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wmma::fill_fragment(acc[w][j], 0.0f);
-      wmma::fill_fragment(block_acc[w][j], 0.0f);
+    for (int j = 0; j < kFrags; ++j) wmma::fill_fragment(acc[w][j], 0.0f);
+    if constexpr (F == WFmt::kFp8) {
+#pragma unroll
+      for (int j = 0; j < kFrags; ++j) wmma::fill_fragment(block_acc[w][j], 0.0f);
     }
   }
   for (int64_t k0 = 0; k0 < k_total; k0 += kBK) {
-    for (int i = threadIdx.x; i < kBM * kBK; i += kMmaThreads) {
-      const int m = i / kBK;
-      const int64_t k = k0 + i % kBK;
-      const float v = s.rows[m] != nullptr && k < k_total ? s.rows[m][k] : 0.0f;
-      s.a[m * kLdAB + i % kBK] = __float2bfloat16(v);
-    }
-#pragma unroll
-    for (int w = 0; w < kNumW; ++w) {
-      for (int i = threadIdx.x; i < kBN * kBK; i += kMmaThreads) {
-        const int64_t r = n0 + i / kBK;
-        const int64_t k = k0 + i % kBK;
-        float v = 0.0f;
-        if (r < ws[w].rows && k < k_total) {
-          v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
-        }
-        s.b[w][(i / kBK) * kLdAB + i % kBK] = __float2bfloat16(v);
-      }
-    }
+    load_tiles<F, kVec>(ws, n0, k0, s);
     __syncthreads();
 #pragma unroll
     for (int kk = 0; kk < kBK; kk += 16) {
       FragA fa;
-      wmma::load_matrix_sync(fa, s.a + (16 * wm) * kLdAB + kk, kLdAB);
+      wmma::load_matrix_sync(fa, s.in.a + (16 * warp) * kLdAB + kk, kLdAB);
 #pragma unroll
       for (int w = 0; w < kNumW; ++w) {
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
+        for (int j = 0; j < kFrags; ++j) {
           FragB fb;
-          wmma::load_matrix_sync(fb, s.b[w] + (32 * wn + 16 * j) * kLdAB + kk, kLdAB);
+          wmma::load_matrix_sync(fb, s.in.b[w] + (16 * j) * kLdAB + kk, kLdAB);
           if constexpr (F == WFmt::kFp8) {
             wmma::mma_sync(block_acc[w][j], fa, fb, block_acc[w][j]);
           } else {
@@ -300,7 +373,7 @@ __device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s)
         for (int w = 0; w < kNumW; ++w) {
           const float scale = element_scale<F>(ws[w], n0, k0);
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
+          for (int j = 0; j < kFrags; ++j) {
 #pragma unroll
             for (int q = 0; q < acc[w][j].num_elements; ++q) {
               acc[w][j].x[q] += scale * block_acc[w][j].x[q];
@@ -314,8 +387,8 @@ __device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s)
 #pragma unroll
   for (int w = 0; w < kNumW; ++w) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      wmma::store_matrix_sync(s.c[w] + (16 * wm) * kLdC + 32 * wn + 16 * j, acc[w][j], kLdC,
+    for (int j = 0; j < kFrags; ++j) {
+      wmma::store_matrix_sync(s.c[w] + (16 * warp) * kLdC + 16 * j, acc[w][j], kLdC,
                               wmma::mem_row_major);
     }
   }
@@ -324,7 +397,7 @@ __device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s)
 
 // Step 4, many tokens: block (a, nb) computes h[:, nb * kBN .. + kBN] for all tokens
 // of the expert, kBM at a time.
-template <WFmt F>
+template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                        const float* __restrict__ x, float* __restrict__ h) {
@@ -341,7 +414,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           m < a.count ? x + (b.sorted_slots[a.begin + m] / g.top_k) * g.hidden : nullptr;
     }
     __syncthreads();
-    mma_tile<F, 2>(ws, n0, s);
+    mma_tile<F, kVec, 2>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -355,7 +428,7 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // Step 5, many tokens: slot_out[slot, nb * kBN .. + kBN] for all tokens of the expert.
-template <WFmt F>
+template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     down_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                     const float* __restrict__ h, float* __restrict__ slot_out) {
@@ -370,7 +443,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       s.rows[threadIdx.x] = m < a.count ? h + (a.begin + m) * g.inter : nullptr;
     }
     __syncthreads();
-    mma_tile<F, 1>(ws, n0, s);
+    mma_tile<F, kVec, 1>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -537,25 +610,41 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
     if (experts.gate_up_aligned() && x_aligned) {
       gate_up_small_kernel<F, true>
-          <<<blocks(g.inter, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, p.x, h);
+          <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                      p.x, h);
     } else {
       gate_up_small_kernel<F, false>
-          <<<blocks(g.inter, kSmallWarps), kSmallWarps * 32, 0, stream>>>(g, table, b, p.x, h);
+          <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                      p.x, h);
     }
     CUDA_CHECK_LAUNCH();
-    gate_up_mma_kernel<F><<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+    if (experts.gate_up_aligned() && x_aligned) {
+      gate_up_mma_kernel<F, true>
+          <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+    } else {
+      gate_up_mma_kernel<F, false>
+          <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+    }
     CUDA_CHECK_LAUNCH();
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
     if (experts.down_aligned()) {
-      down_small_kernel<F, true><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
-          g, table, b, h, slot_out);
+      down_small_kernel<F, true>
+          <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                       h, slot_out);
     } else {
-      down_small_kernel<F, false><<<blocks(g.hidden, kSmallWarps), kSmallWarps * 32, 0, stream>>>(
-          g, table, b, h, slot_out);
+      down_small_kernel<F, false>
+          <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                       h, slot_out);
     }
     CUDA_CHECK_LAUNCH();
-    down_mma_kernel<F><<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+    if (experts.down_aligned()) {
+      down_mma_kernel<F, true>
+          <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+    } else {
+      down_mma_kernel<F, false>
+          <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+    }
     CUDA_CHECK_LAUNCH();
   });
 

@@ -60,7 +60,7 @@ __device__ u64 block_sum(u64 v, Shared& s) {
 // must reach). value(i) is 1 (counting) or the token weight.
 template <bool kWeighted>
 __device__ uint64_t select_key(const float* logits, int64_t vocab, float max_logit,
-                               float temperature, uint64_t lower, uint64_t target, Shared& s) {
+                               double inv_temperature, uint64_t lower, uint64_t target, Shared& s) {
   uint64_t prefix = 0;
   uint64_t above = 0;  // value of the keys above the current prefix range
   for (int shift = 56; shift >= 0; shift -= 8) {
@@ -73,7 +73,7 @@ __device__ uint64_t select_key(const float* logits, int64_t vocab, float max_log
       const uint64_t key = sampling::rank_key(l, i);
       if (key < lower || (key & high_mask) != prefix) continue;
       const uint64_t v =
-          kWeighted ? sampling::token_weight(l, max_logit, temperature) : uint64_t{1};
+          kWeighted ? sampling::token_weight(l, max_logit, inv_temperature) : uint64_t{1};
       if (v != 0) atomicAdd(&s.histogram[(key >> shift) & 0xff], static_cast<u64>(v));
     }
     __syncthreads();
@@ -122,11 +122,11 @@ __global__ void __launch_bounds__(kThreads)
     return;
   }
   const float max_logit = top.value;
-  const float temperature = o.temperature;
+  const double inv_temperature = sampling::inverse_temperature(o.temperature);
 
   uint64_t lower = 0;
   if (o.top_k > 0 && static_cast<uint64_t>(o.top_k) < num_valid) {
-    lower = select_key<false>(logits, vocab, max_logit, temperature, 0,
+    lower = select_key<false>(logits, vocab, max_logit, inv_temperature, 0,
                               static_cast<uint64_t>(o.top_k), s);
   }
   if (o.top_p < 1.0f) {
@@ -134,13 +134,13 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float l = logits[i];
       if (!isnan(l) && sampling::rank_key(l, i) >= lower) {
-        part += sampling::token_weight(l, max_logit, temperature);
+        part += sampling::token_weight(l, max_logit, inv_temperature);
       }
     }
     const uint64_t total = block_sum(part, s);
     const uint64_t at_least = sampling::ceil_mul(o.top_p, total);
     const uint64_t target = at_least > 0 ? at_least : 1;
-    lower = select_key<true>(logits, vocab, max_logit, temperature, lower, target, s);
+    lower = select_key<true>(logits, vocab, max_logit, inv_temperature, lower, target, s);
   }
 
   const uint64_t min_weight = sampling::ceil_mul(o.min_p, kMaxWeight);
@@ -148,7 +148,7 @@ __global__ void __launch_bounds__(kThreads)
     if (i >= vocab) return 0;
     const float l = logits[i];
     if (isnan(l) || sampling::rank_key(l, i) < lower) return 0;
-    const uint64_t w = sampling::token_weight(l, max_logit, temperature);
+    const uint64_t w = sampling::token_weight(l, max_logit, inv_temperature);
     return w >= min_weight ? w : 0;
   };
   uint64_t part = 0;
