@@ -16,11 +16,17 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// The GPU computes in fp32 like the CPU, except that linears over more than 16 tokens
-// run on bf16 tensor cores (activations rounded to bf16, ~2^-9 relative), so prefill
-// logits carry a few 1e-3 of relative error; decode steps (GEMV path) are fp32.
-constexpr float kAbsTol = 0.02f;
-constexpr float kRelTol = 0.01f;
+// The golden comparison runs the GPU's fp32 paths only: the prompt is prefilled in
+// chunks of kChunk tokens, so every linear takes the GEMV path (<= 16 tokens) and every
+// expert the fp32 small path (< 16 tokens each). The GPU then differs from the CPU
+// only in summation order and libm (~1e-6 relative per op), which keeps the DSA
+// top-k and router selections (margins >= ~4e-5 relative in the fixtures) intact.
+// Bigger steps round activations to bf16 on tensor cores; a drift of ~1e-3 is then
+// enough to flip a near-tied top-k selection and change the logits discretely, so
+// that path is compared intermediate by intermediate on a model without DSA below.
+constexpr int64_t kChunk = 15;
+constexpr float kAbsTol = 1e-3f;
+constexpr float kRelTol = 2e-4f;
 
 class GpuGolden : public testing::TestWithParam<test::GoldenFixture> {};
 
@@ -38,8 +44,12 @@ TEST_P(GpuGolden, PrefillAndDecodeMatchReference) {
     const auto greedy = test::golden_ids(golden, key + "greedy_ids");
     const auto ref_decode = test::golden_floats(golden, key + "greedy_logits");
     SequenceState state = model->new_sequence();
-    std::vector<float> logits;
-    model->forward(prompt, state, logits, true);
+    std::vector<float> logits, chunk_logits;
+    for (size_t b = 0; b < prompt.size(); b += kChunk) {
+      const size_t n = std::min<size_t>(kChunk, prompt.size() - b);
+      model->forward(std::span<const int32_t>(prompt.data() + b, n), state, chunk_logits, true);
+      logits.insert(logits.end(), chunk_logits.begin(), chunk_logits.end());
+    }
     test::expect_logits_close(logits, ref_prefill.data(), static_cast<int64_t>(prompt.size()),
                               vocab, kAbsTol, kRelTol, key + "prefill");
     std::vector<float> step(logits.end() - vocab, logits.end());
@@ -91,12 +101,15 @@ TEST(GpuModel, GreedyTokensEqualCpuOnBundledModel) {
 namespace hyserve {
 namespace {
 
-// Every named intermediate of a 17-token prefill (past the GEMV threshold) on the GPU
-// against the CPU; reports the first one that drifts beyond what bf16 tensor-core
-// linears explain (2e-2 of the tensor's max magnitude), and prints them all.
-TEST_P(GpuGolden, IntermediatesTrackTheCpu) {
+// The tensor-core path: every named intermediate of a 17-token prefill (past the GEMV
+// threshold) on the GPU against the CPU, on kimi_linear (no DSA top-k, whose discrete
+// selection would amplify the bf16 drift); reports the first one that drifts beyond
+// what bf16 tensor-core linears explain (2e-2 of the tensor's max magnitude), and
+// prints them all.
+TEST(GpuModel, TensorCorePrefillIntermediatesTrackTheCpu) {
   REQUIRE_GPU();
-  const test::GoldenFixture& fx = GetParam();
+  const test::GoldenFixture& fx = test::kGoldenFixtures[1];
+  ASSERT_STREQ(fx.name, "kimi_linear");
   const fs::path root(HYSERVE_SOURCE_DIR);
   const SafetensorsFile golden = SafetensorsFile::open(root / fx.golden_dir / "golden.safetensors");
   const auto prompt = test::golden_ids(golden, "prompt_1_ids");
