@@ -124,14 +124,18 @@ template <WFmt F>
 void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloat16* out,
                          cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  if (aligned(w.data) && aligned(out) && row_bytes(F, w.cols) % 16 == 0) {
-    dequant_rows_kernel<F, true>
-        <<<grid_for(num_rows * w.cols / kChunkElems<F>), kThreads, 0, stream>>>(w, r0, num_rows,
-                                                                                out);
-  } else {
-    dequant_rows_kernel<F, false>
-        <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
+  // MXFP4 measured faster element by element (32 outputs per chunk crowd the registers).
+  if constexpr (F != WFmt::kMxfp4) {
+    if (aligned(w.data) && aligned(out) && row_bytes(F, w.cols) % 16 == 0) {
+      dequant_rows_kernel<F, true>
+          <<<grid_for(num_rows * w.cols / kChunkElems<F>), kThreads, 0, stream>>>(w, r0, num_rows,
+                                                                                  out);
+      CUDA_CHECK_LAUNCH();
+      return;
+    }
   }
+  dequant_rows_kernel<F, false>
+      <<<grid_for(num_rows * w.cols), kThreads, 0, stream>>>(w, r0, num_rows, out);
   CUDA_CHECK_LAUNCH();
 }
 
