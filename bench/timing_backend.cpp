@@ -194,10 +194,10 @@ void TimingBackend::sigmoid(float* x, int64_t n) {
 void TimingBackend::scale(float* x, float s, int64_t n) {
   timed("scale", 8.0 * n, n, [&] { inner_->scale(x, s, n); });
 }
-void TimingBackend::copy_columns(float* dst, const float* src, int64_t rows, int64_t stride,
-                                 int64_t col, int64_t width) {
-  timed("copy_columns", 8.0 * rows * width, 0,
-        [&] { inner_->copy_columns(dst, src, rows, stride, col, width); });
+void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                            int64_t rows, int64_t width) {
+  timed("copy_2d", 8.0 * rows * width, 0,
+        [&] { inner_->copy_2d(dst, dst_stride, src, src_stride, rows, width); });
 }
 
 }  // namespace hyserve::bench

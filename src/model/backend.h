@@ -102,9 +102,10 @@ class Backend {
   virtual void sigmoid_mul(float* y, const float* g, int64_t n) = 0;  // y *= sigmoid(g)
   virtual void sigmoid(float* x, int64_t n) = 0;                      // x = sigmoid(x)
   virtual void scale(float* x, float s, int64_t n) = 0;               // x *= s
-  // dst[r, :] = src[r, col : col + width] for r < rows (strided column block copy).
-  virtual void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride,
-                            int64_t col, int64_t width) = 0;
+  // A strided block copy of rows x width floats: dst[r * dst_stride + j] =
+  // src[r * src_stride + j].
+  virtual void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
+                       int64_t rows, int64_t width) = 0;
 };
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).

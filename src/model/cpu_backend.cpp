@@ -111,10 +111,10 @@ class CpuBackend final : public Backend {
   }
   void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
   void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
-  void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
-                    int64_t width) override {
+  void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+               int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * width, src + r * src_stride + col, static_cast<size_t>(width) * 4);
+      std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * 4);
   }
 };
 
@@ -129,7 +129,9 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
   HYSERVE_THROW(InvalidArgument,
                 "this hyserve was built without the CUDA backend (HYSERVE_CUDA=OFF)");
 }
-bool cuda_backend_built() { return false; }
+bool cuda_backend_built() {
+  return false;
+}
 #endif
 
 }  // namespace hyserve

@@ -221,6 +221,9 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     reserve(*in.state, in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
   }
   const int64_t t = offset.back();
+  std::vector<Slice> slices;
+  for (size_t i = 0; i < batch.size(); ++i)
+    slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].state});
 
   workspace_.reset();
   int32_t* ids_dev = workspace_.ints(t);
@@ -238,16 +241,15 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& lw = weights_.layers[layer];
-    // h = h + attn(rms(h)), attention per sequence.
+    // h = h + attn(rms(h)).
     trace(layer_name(layer, "attention"));
     rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t o = offset[i], n = offset[i + 1] - offset[i];
+    {
       const Workspace::Mark mark = workspace_.mark();
       if (c.is_kda(layer)) {
-        kda_attention(layer, x + o * d, n, *batch[i].state, out + o * d);
+        kda_attention(layer, x, t, slices, out);
       } else {
-        mla_attention(layer, x + o * d, n, pos_dev + o, *batch[i].state, out + o * d);
+        mla_attention(layer, x, t, pos_dev, slices, out);
       }
       workspace_.rewind(mark);
     }
@@ -285,13 +287,11 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
 }
 
 void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
-                          SequenceState& state, float* out) const {
+                          std::span<const Slice> seqs, float* out) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
-  SequenceState::Mla& cache = state.mla[layer];
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
-  const int64_t start = state.num_tokens;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, width = kv + dr;
 
   // 1. q = q_b_proj(rms(q_a_proj(x))) or q_proj(x): [T, H, dn+dr]
   const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
@@ -305,17 +305,13 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
     q = linear(x, t, w.q_proj);
   }
 
-  // 2. [c | k_pe] = kv_a_proj_with_mqa(x), written straight into the latent cache
-  //    rows of the new tokens; c = rms(c).
-  const int64_t width = kv + dr;
-  float* ckv = cache.latent.as<float>() + start * width;  // [T, kv + dr]
-  linear_into(x, t, w.kv_a_proj, ckv);
+  // 2. [c | k_pe] = kv_a_proj_with_mqa(x): [T, kv + dr]; c = rms(c).
+  float* ckv = linear(x, t, w.kv_a_proj);
   {
     float* cn = workspace_.floats(t * kv);
-    backend_->copy_columns(cn, ckv, t, width, 0, kv);
+    backend_->copy_2d(cn, kv, ckv, width, t, kv);
     rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
-    for (int64_t i = 0; i < t; ++i)
-      backend_->copy(ckv + i * width, cn + i * kv, static_cast<size_t>(kv) * 4);
+    backend_->copy_2d(ckv, width, cn, kv, t, kv);
   }
 
   // 3. RoPE on q_pe and k_pe (deepseek_v32, interleaved pairs); kimi_* are NoPE.
@@ -328,28 +324,37 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   dump(layer_name(layer, "q"), q, t, h * dqk);
   dump(layer_name(layer, "latent"), ckv, t, width);
 
-  // DSA indexer: top-k past positions per query.
-  const int32_t* topk = c.has_indexer() ? index_select(layer, x, q_lat, t, pos, state) : nullptr;
+  // 5. Append each sequence's new latents [c | k_pe] to its cache.
+  for (const Slice& sq : seqs) {
+    float* dst = sq.state->mla[layer].latent.as<float>() + sq.state->num_tokens * width;
+    backend_->copy(dst, ckv + sq.offset * width, static_cast<size_t>(sq.n * width) * 4);
+  }
 
-  // 6. Attention over the cached latents (expanded for prefill, absorbed for decode).
+  // DSA indexer: top-k past positions per token.
+  const int32_t* topk = c.has_indexer() ? index_select(layer, x, q_lat, t, pos, seqs) : nullptr;
+
+  // 6. Attention of each sequence over its cached latents (expanded for prefill,
+  //    absorbed for decode).
   float* o = workspace_.floats(t * h * dv);
-  MlaAttentionParams p;
-  p.q = q;
-  p.latent = cache.latent.as<float>();
-  p.kv_b = &w.kv_b_proj;
-  p.q_pos = pos;
-  p.topk = topk;
-  p.topk_width = topk ? c.index_topk : 0;
-  p.out = o;
-  p.num_tokens = t;
-  p.num_keys = start + t;
-  p.num_heads = h;
-  p.dn = dn;
-  p.dr = dr;
-  p.dv = dv;
-  p.kv_lora = kv;
-  p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
-  backend_->mla_attention(p, /*absorbed=*/t == 1);
+  for (const Slice& sq : seqs) {
+    MlaAttentionParams p;
+    p.q = q + sq.offset * h * dqk;
+    p.latent = sq.state->mla[layer].latent.as<float>();
+    p.kv_b = &w.kv_b_proj;
+    p.q_pos = pos + sq.offset;
+    p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
+    p.topk_width = topk ? c.index_topk : 0;
+    p.out = o + sq.offset * h * dv;
+    p.num_tokens = sq.n;
+    p.num_keys = sq.state->num_tokens + sq.n;
+    p.num_heads = h;
+    p.dn = dn;
+    p.dr = dr;
+    p.dv = dv;
+    p.kv_lora = kv;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    backend_->mla_attention(p, /*absorbed=*/sq.n == 1);
+  }
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
@@ -358,12 +363,10 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
 }
 
 int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
-                             const int64_t* pos, SequenceState& state) const {
+                             const int64_t* pos, std::span<const Slice> seqs) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
-  SequenceState::Mla& cache = state.mla[layer];
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-  const int64_t start = state.num_tokens;
 
   // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
   float* qi = linear(q_in, t, w.idx_wq_b);
@@ -387,83 +390,94 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
   // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
   float* hw = linear(x, t, w.idx_weights_proj);
   backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
-
-  // 3./4. FP8 path: Hadamard on both sides, keys cached quantized. Else fp32 keys.
+  // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
   if (options_.indexer_fp8) {
     backend_->hadamard_rotate(qi, t * hi, di);
     backend_->hadamard_rotate(ki, t, di);
-    backend_->quantize_fp8_ue8m0(ki, t, di, cache.index_keys_fp8.as<uint8_t>() + start * di,
-                                 cache.index_key_scales.as<float>() + start);
-  } else {
-    backend_->copy(cache.index_keys.as<float>() + start * di, ki, static_cast<size_t>(t * di) * 4);
   }
   dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
   dump(layer_name(layer, "indexer.k"), ki, t, di);
 
-  // 6./7. Score the queries in chunks (bounded buffer), keep the causal top-k.
-  const int64_t s = start + t;
   const int64_t k = c.index_topk;
   int32_t* selected = workspace_.ints(t * k);
-  const int64_t chunk = std::min(t, kIndexerQueryChunk);
-  float* scores = workspace_.floats(chunk * s);
-  for (int64_t b = 0; b < t; b += chunk) {
-    const int64_t n = std::min(chunk, t - b);
+  for (const Slice& sq : seqs) {
+    SequenceState::Mla& cache = sq.state->mla[layer];
+    const int64_t start = sq.state->num_tokens, s = start + sq.n;
+    // 4. Append the sequence's new index keys (quantized on the FP8 path).
     if (options_.indexer_fp8) {
-      IndexerFp8CacheScoreParams p;
-      p.q = qi + b * hi * di;
-      p.k_fp8 = cache.index_keys_fp8.as<uint8_t>();
-      p.k_scales = cache.index_key_scales.as<float>();
-      p.head_weights = hw + b * hi;
-      p.q_pos = pos + b;
-      p.scores = scores;
-      p.num_tokens = n;
-      p.num_keys = s;
-      p.num_heads = hi;
-      p.head_dim = di;
-      backend_->indexer_scores_fp8_cache(p);
+      backend_->quantize_fp8_ue8m0(ki + sq.offset * di, sq.n, di,
+                                   cache.index_keys_fp8.as<uint8_t>() + start * di,
+                                   cache.index_key_scales.as<float>() + start);
     } else {
-      IndexerScoreParams p;
-      p.q = qi + b * hi * di;
-      p.k = cache.index_keys.as<float>();
-      p.head_weights = hw + b * hi;
-      p.q_pos = pos + b;
-      p.scores = scores;
-      p.num_tokens = n;
-      p.num_keys = s;
-      p.num_heads = hi;
-      p.head_dim = di;
-      backend_->indexer_scores(p);
+      backend_->copy(cache.index_keys.as<float>() + start * di, ki + sq.offset * di,
+                     static_cast<size_t>(sq.n * di) * 4);
     }
-    backend_->causal_topk(scores, pos + b, n, s, k, selected + b * k);
+    // 6./7. Score its queries in chunks (bounded buffer), keep the causal top-k.
+    const Workspace::Mark mark = workspace_.mark();
+    const int64_t chunk = std::min(sq.n, kIndexerQueryChunk);
+    float* scores = workspace_.floats(chunk * s);
+    for (int64_t b = sq.offset; b < sq.offset + sq.n; b += chunk) {
+      const int64_t n = std::min(chunk, sq.offset + sq.n - b);
+      if (options_.indexer_fp8) {
+        IndexerFp8CacheScoreParams p;
+        p.q = qi + b * hi * di;
+        p.k_fp8 = cache.index_keys_fp8.as<uint8_t>();
+        p.k_scales = cache.index_key_scales.as<float>();
+        p.head_weights = hw + b * hi;
+        p.q_pos = pos + b;
+        p.scores = scores;
+        p.num_tokens = n;
+        p.num_keys = s;
+        p.num_heads = hi;
+        p.head_dim = di;
+        backend_->indexer_scores_fp8_cache(p);
+      } else {
+        IndexerScoreParams p;
+        p.q = qi + b * hi * di;
+        p.k = cache.index_keys.as<float>();
+        p.head_weights = hw + b * hi;
+        p.q_pos = pos + b;
+        p.scores = scores;
+        p.num_tokens = n;
+        p.num_keys = s;
+        p.num_heads = hi;
+        p.head_dim = di;
+        backend_->indexer_scores(p);
+      }
+      backend_->causal_topk(scores, pos + b, n, s, k, selected + b * k);
+    }
+    workspace_.rewind(mark);
   }
   return selected;
 }
 
-void Model::kda_attention(int64_t layer, const float* x, int64_t t, SequenceState& state,
+void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<const Slice> seqs,
                           float* out) const {
   const ModelConfig& c = config_;
   const KdaWeights& w = weights_.layers[layer].kda;
-  SequenceState::Kda& st = state.kda[layer];
   const int64_t h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
 
-  // 1. q, k, v = silu(causal_conv(proj(x))), carrying the conv states.
-  auto conv = [&](const Weight& proj, const Vec& weight, BackendBuffer& conv_state) {
+  // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
+  auto conv = [&](const Weight& proj, const Vec& weight,
+                  BackendBuffer SequenceState::Kda::*conv_state) {
     const float* raw = linear(x, t, proj);
     float* y = workspace_.floats(t * width);
-    ShortConvParams p;
-    p.x = raw;
-    p.weight = weight.data;
-    p.conv_state = conv_state.as<float>();
-    p.y = y;
-    p.num_tokens = t;
-    p.channels = width;
-    p.kernel_size = c.linear_conv_kernel;
-    backend_->short_conv_silu(p);
+    for (const Slice& sq : seqs) {
+      ShortConvParams p;
+      p.x = raw + sq.offset * width;
+      p.weight = weight.data;
+      p.conv_state = (sq.state->kda[layer].*conv_state).as<float>();
+      p.y = y + sq.offset * width;
+      p.num_tokens = sq.n;
+      p.channels = width;
+      p.kernel_size = c.linear_conv_kernel;
+      backend_->short_conv_silu(p);
+    }
     return y;
   };
-  float* q = conv(w.q_proj, w.q_conv, st.conv_q);
-  float* kk = conv(w.k_proj, w.k_conv, st.conv_k);
-  float* v = conv(w.v_proj, w.v_conv, st.conv_v);
+  float* q = conv(w.q_proj, w.q_conv, &SequenceState::Kda::conv_q);
+  float* kk = conv(w.k_proj, w.k_conv, &SequenceState::Kda::conv_k);
+  float* v = conv(w.v_proj, w.v_conv, &SequenceState::Kda::conv_v);
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)
   float* g = linear(linear(x, t, w.f_a_proj), t, w.f_b_proj);
@@ -485,23 +499,25 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, SequenceStat
   backend_->l2norm_rows(q, t * h, k, 1.0f / std::sqrt(static_cast<float>(k)));
   backend_->l2norm_rows(kk, t * h, k, 1.0f);
 
-  // 5./6. The delta-rule recurrence: chunked for prefill, recurrent for decode.
+  // 5./6. The delta-rule recurrence per sequence: chunked for prefill, recurrent for decode.
   float* o = workspace_.floats(t * width);
-  KdaParams p;
-  p.q = q;
-  p.k = kk;
-  p.v = v;
-  p.g = g;
-  p.beta = beta;
-  p.state = st.recurrent.as<float>();
-  p.o = o;
-  p.num_tokens = t;
-  p.num_heads = h;
-  p.head_dim = k;
-  if (t > 1) {
-    backend_->kda_chunked(p);
-  } else {
-    backend_->kda_recurrent(p);
+  for (const Slice& sq : seqs) {
+    KdaParams p;
+    p.q = q + sq.offset * width;
+    p.k = kk + sq.offset * width;
+    p.v = v + sq.offset * width;
+    p.g = g + sq.offset * width;
+    p.beta = beta + sq.offset * h;
+    p.state = sq.state->kda[layer].recurrent.as<float>();
+    p.o = o + sq.offset * width;
+    p.num_tokens = sq.n;
+    p.num_heads = h;
+    p.head_dim = k;
+    if (sq.n > 1) {
+      backend_->kda_chunked(p);
+    } else {
+      backend_->kda_recurrent(p);
+    }
   }
   dump(layer_name(layer, "kda_core"), o, t, width);
 

@@ -104,17 +104,28 @@ class Model {
   Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
         std::unique_ptr<Backend> backend);
 
-  // Each takes x = rms(h) of one sequence's tokens [T, D] and writes [T, D].
+  // One sequence's tokens within the batch: rows [offset, offset + n) of every
+  // [T, ...] activation; positions start at state->num_tokens.
+  struct Slice {
+    int64_t offset;
+    int64_t n;
+    SequenceState* state;
+  };
+
+  // Attention of one layer over the whole batch: x = rms(h) [T, D] -> out [T, D].
+  // Projections, norms and gates run over all T tokens at once; only what reads or
+  // writes a sequence's own state (conv, recurrence, cache writes, attention) runs
+  // per sequence. pos: [T] positions of the tokens.
   void mla_attention(int64_t layer, const float* x, int64_t num_tokens, const int64_t* pos,
-                     SequenceState& state, float* out) const;
-  void kda_attention(int64_t layer, const float* x, int64_t num_tokens, SequenceState& state,
+                     std::span<const Slice> seqs, float* out) const;
+  void kda_attention(int64_t layer, const float* x, int64_t num_tokens, std::span<const Slice> seqs,
                      float* out) const;
   // Over all tokens of the batch.
   void feed_forward(int64_t layer, const float* x, int64_t num_tokens, float* out) const;
-  // DSA indexer: the selected past positions [T, index_topk] (-1 padded) of the new
-  // tokens. q_in is the normalized q latent [T, q_lora] (or x when q_lora_rank is 0).
+  // DSA indexer: the selected past positions [T, index_topk] (-1 padded) of every
+  // token. q_in is the normalized q latent [T, q_lora] (or x when q_lora_rank is 0).
   int32_t* index_select(int64_t layer, const float* x, const float* q_in, int64_t num_tokens,
-                        const int64_t* pos, SequenceState& state) const;
+                        const int64_t* pos, std::span<const Slice> seqs) const;
   float* linear(const float* x, int64_t num_tokens, const Weight& w) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,

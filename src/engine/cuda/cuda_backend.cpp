@@ -139,15 +139,14 @@ class CudaBackend final : public Backend {
     cuda::sigmoid_gate(SigmoidGateParams{y, g, n}, stream_);
   }
   void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
-  void scale(float* x, float s, int64_t n) override {
-    cuda::scale(ScaleParams{x, n, s}, stream_);
-  }
-  void copy_columns(float* dst, const float* src, int64_t rows, int64_t src_stride, int64_t col,
-                    int64_t width) override {
+  void scale(float* x, float s, int64_t n) override { cuda::scale(ScaleParams{x, n, s}, stream_); }
+  void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
+               int64_t width) override {
     if (rows == 0 || width == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(width) * 4, src + col,
-                                 static_cast<size_t>(src_stride) * 4, static_cast<size_t>(width) * 4,
-                                 static_cast<size_t>(rows), cudaMemcpyDeviceToDevice, stream_));
+    CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * 4, src,
+                                 static_cast<size_t>(src_stride) * 4,
+                                 static_cast<size_t>(width) * 4, static_cast<size_t>(rows),
+                                 cudaMemcpyDeviceToDevice, stream_));
   }
 
  private:
@@ -174,11 +173,13 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-bool cuda_backend_built() { return true; }
+bool cuda_backend_built() {
+  return true;
+}
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
-  CHECK(cuda::device_count() > device, "--device cuda: no CUDA device ", device,
-        " (found ", cuda::device_count(), ")");
+  CHECK(cuda::device_count() > device, "--device cuda: no CUDA device ", device, " (found ",
+        cuda::device_count(), ")");
   return std::make_unique<CudaBackend>(device);
 }
 
