@@ -1,0 +1,98 @@
+// Engine: the loop that owns the scheduler, the model and the sampler. One engine
+// thread runs steps (schedule -> batched forward -> logits processing -> sampling ->
+// scheduler update) while requests arrive and leave from other threads; each
+// request's outputs are delivered through its callback, from the engine thread.
+//
+// Storage: every running request keeps its caches in its own SequenceState (the
+// model's per-request cache); the scheduler's KvCacheManager budgets the blocks they
+// stand for. Prefix caching needs the model to read the shared block pool, so the
+// engine runs with enable_prefix_caching = false until it does.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/request.h"
+#include "engine/scheduler.h"
+#include "model/model.h"
+
+namespace hyserve {
+
+struct EngineConfig {
+  SchedulerConfig scheduler;  // max_model_len, vocab_size and eos ids filled from the model
+  int32_t num_blocks = 0;     // KV blocks budgeted (0: derive from max_num_seqs x max_model_len)
+  int64_t block_size = 64;
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log_softmax of the raw model logits
+};
+
+struct OutputToken {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  std::vector<TokenLogprob> top_logprobs;  // SamplingParams::logprobs entries, best first
+};
+
+struct RequestOutput {
+  std::string request_id;
+  std::vector<OutputToken> new_tokens;  // tokens produced since the last output
+  // prompt_logprobs (once, with the first output): [prompt_len] entries, the first empty.
+  std::vector<std::optional<OutputToken>> prompt_logprobs;
+  bool finished = false;
+  std::string finish_reason;            // "stop", "length" or "abort" when finished
+  std::optional<int32_t> stop_token_id;  // the stop_token_ids / eos id that stopped it
+  int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+using OutputCallback = std::function<void(const RequestOutput&)>;
+
+struct EngineStats {
+  int64_t num_running = 0;
+  int64_t num_waiting = 0;
+  double kv_cache_usage = 0.0;  // fraction of blocks in use
+  int64_t num_preemptions = 0;  // total
+  int64_t prompt_tokens = 0;    // total computed
+  int64_t generation_tokens = 0;
+  int64_t prefix_cache_queries = 0;  // tokens
+  int64_t prefix_cache_hits = 0;     // tokens
+};
+
+class Engine {
+ public:
+  Engine(std::unique_ptr<Model> model, EngineConfig config);
+  ~Engine();  // stops the loop; unfinished requests get finish_reason "abort"
+
+  const Model& model() const { return *model_; }
+  const EngineConfig& config() const { return config_; }
+
+  // Validates (SamplingParams::validate, lengths) and queues the request; throws
+  // InvalidArgument with a message naming the field when it can never run.
+  void add_request(Request request, OutputCallback on_output);
+  // Finishes the request with reason "abort" (or `reason`), freeing its blocks at once.
+  void abort_request(const std::string& request_id, const std::string& reason = "abort");
+
+  void start();  // starts the engine thread
+  void stop();   // stops it, aborting what is unfinished
+  // Runs one step on the caller's thread (tests, or when not started). Returns false
+  // when there was nothing to do.
+  bool step();
+  bool alive() const { return !dead_; }
+  EngineStats stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Model> model_;
+  EngineConfig config_;
+  std::unique_ptr<Impl> impl_;
+  std::atomic<bool> dead_{false};
+};
+
+}  // namespace hyserve
