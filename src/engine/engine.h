@@ -46,7 +46,7 @@ struct RequestOutput {
   // prompt_logprobs (once, with the first output): [prompt_len] entries, the first empty.
   std::vector<std::optional<OutputToken>> prompt_logprobs;
   bool finished = false;
-  std::string finish_reason;            // "stop", "length" or "abort" when finished
+  std::string finish_reason;             // "stop", "length" or "abort" when finished
   std::optional<int32_t> stop_token_id;  // the stop_token_ids / eos id that stopped it
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache

@@ -115,7 +115,8 @@ TEST(GpuModel, TensorCorePrefillIntermediatesTrackTheCpu) {
   const auto prompt = test::golden_ids(golden, "prompt_1_ids");
   std::vector<std::pair<std::string, std::vector<float>>> dumps[2];
   for (int b = 0; b < 2; ++b) {
-    auto model = Model::load(root / fx.model_dir, {}, b == 0 ? make_cpu_backend() : make_cuda_backend(0));
+    auto model =
+        Model::load(root / fx.model_dir, {}, b == 0 ? make_cpu_backend() : make_cuda_backend(0));
     model->set_dump([&](std::string_view name, const float* data, int64_t rows, int64_t cols) {
       dumps[b].emplace_back(std::string(name), std::vector<float>(data, data + rows * cols));
     });

@@ -33,7 +33,8 @@ void DeviceBuffer::upload(const void* src, size_t num_bytes, size_t offset) {
 void DeviceBuffer::download(void* dst, size_t num_bytes, size_t offset) const {
   CHECK(offset + num_bytes <= bytes_, "download of ", num_bytes, " bytes at ", offset,
         " overruns a buffer of ", bytes_);
-  CUDA_CHECK(cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, num_bytes, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(
+      cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, num_bytes, cudaMemcpyDeviceToHost));
 }
 
 int device_count() {
