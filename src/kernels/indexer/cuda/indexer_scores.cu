@@ -9,6 +9,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/cuda/dtype.cuh"
 #include "kernels/indexer/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -27,22 +28,6 @@ __device__ float pow2_ceil(float v) {
   int exponent = 0;
   const float mantissa = frexpf(v, &exponent);
   return ldexpf(1.0f, mantissa == 0.5f ? exponent - 1 : exponent);
-}
-
-// core/dtype.cpp e4m3_to_f32.
-__device__ float e4m3_to_f32(uint8_t v) {
-  const bool neg = v & 0x80;
-  const int exp = (v >> 3) & 0xf;
-  const int man = v & 0x7;
-  float r;
-  if (exp == 0xf && man == 0x7) {
-    r = __int_as_float(0x7fc00000);
-  } else if (exp == 0) {
-    r = ldexpf(static_cast<float>(man), -9);
-  } else {
-    r = ldexpf(1.0f + man / 8.0f, exp - 7);
-  }
-  return neg ? -r : r;
 }
 
 // core/dtype.cpp f32_to_e4m3: round half to even on the e4m3 grid, saturating to 448.

@@ -13,6 +13,7 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
+#include "core/cuda/dtype.cuh"
 
 #include <cstdint>
 
@@ -95,31 +96,6 @@ inline constexpr int kChunkElems = F == WFmt::kF32     ? 4
                                    : F == WFmt::kMxfp4 ? 32
                                                        : 8;
 
-__device__ __forceinline__ float bf16_bits_to_f32(uint32_t h) {
-  return __uint_as_float(h << 16);
-}
-
-// e4m3 -> fp32, exact: the 7 magnitude bits placed at the top of an fp32 exponent /
-// mantissa and rescaled by 2^(127-7) (also right for subnormals); S.1111.111 is NaN.
-__device__ __forceinline__ float e4m3_to_f32_dev(uint32_t v) {
-  const uint32_t mag = v & 0x7fu;
-  float r = mag == 0x7fu ? __uint_as_float(0x7fc00000u) : __uint_as_float(mag << 20) * 0x1p120f;
-  return (v & 0x80u) ? -r : r;
-}
-
-// e2m1 -> fp32, exact: {0, .5, 1, 1.5, 2, 3, 4, 6} by the same trick with 2^(127-1).
-__device__ __forceinline__ float e2m1_to_f32_dev(uint32_t nibble) {
-  const float r = __uint_as_float((nibble & 0x7u) << 22) * 0x1p126f;
-  return (nibble & 0x8u) ? -r : r;
-}
-
-// e8m0 -> fp32: 2^(v-127); 0 is 2^-127 (subnormal), 0xff is NaN.
-__device__ __forceinline__ float e8m0_to_f32_dev(uint32_t v) {
-  if (v == 0xffu) return __uint_as_float(0x7fc00000u);
-  if (v == 0u) return __uint_as_float(0x00400000u);
-  return __uint_as_float(v << 23);
-}
-
 // Scale of element (r, k): the FP8 128x128 block scale, the MXFP4 per-32 scale, else 1.
 template <WFmt F>
 __device__ __forceinline__ float element_scale(const WRef& w, int64_t r, int64_t k) {
@@ -130,7 +106,7 @@ __device__ __forceinline__ float element_scale(const WRef& w, int64_t r, int64_t
                          : static_cast<const float*>(w.scales)[i];
   } else if constexpr (F == WFmt::kMxfp4) {
     const auto* s = static_cast<const uint8_t*>(w.scales);
-    return e8m0_to_f32_dev(s[r * (w.cols / Weight::kMxfp4BlockSize) + k / Weight::kMxfp4BlockSize]);
+    return e8m0_to_f32(s[r * (w.cols / Weight::kMxfp4BlockSize) + k / Weight::kMxfp4BlockSize]);
   } else {
     return 1.0f;
   }
@@ -146,10 +122,10 @@ __device__ __forceinline__ float element_raw(const WRef& w, int64_t r, int64_t k
   } else if constexpr (F == WFmt::kBF16) {
     return bf16_bits_to_f32(reinterpret_cast<const uint16_t*>(w.data)[r * w.cols + k]);
   } else if constexpr (F == WFmt::kFp8) {
-    return e4m3_to_f32_dev(w.data[r * w.cols + k]);
+    return e4m3_to_f32(w.data[r * w.cols + k]);
   } else {
     const uint8_t pair = w.data[r * (w.cols / 2) + k / 2];
-    return e2m1_to_f32_dev((k & 1) ? (pair >> 4) : (pair & 0xfu));
+    return e2m1_to_f32((k & 1) ? (pair >> 4) : (pair & 0xfu));
   }
 }
 
@@ -192,7 +168,7 @@ __device__ __forceinline__ void decode_chunk(const uint4& b, float* out) {
       }
     } else {
 #pragma unroll
-      for (int j = 0; j < 8; ++j) out[8 * i + j] = e2m1_to_f32_dev((u >> (4 * j)) & 0xfu);
+      for (int j = 0; j < 8; ++j) out[8 * i + j] = e2m1_to_f32((u >> (4 * j)) & 0xfu);
     }
   }
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/cuda/dtype.cuh"
 #include "kernels/mla/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -55,37 +56,6 @@ Plan make_plan(const MlaAttentionParams& p) {
   plan.part_o_bytes = align_up(sizeof(float) * plan.num_rows * plan.num_splits * p.kv_lora);
   plan.part_ml_bytes = align_up(sizeof(float) * plan.num_rows * plan.num_splits * 2);
   return plan;
-}
-
-__device__ float e4m3_to_f32(uint8_t v) {
-  const bool neg = v & 0x80;
-  const int exp = (v >> 3) & 0xf;
-  const int man = v & 0x7;
-  float r;
-  if (exp == 0xf && man == 0x7) {
-    r = __int_as_float(0x7fc00000);
-  } else if (exp == 0) {
-    r = ldexpf(static_cast<float>(man), -9);
-  } else {
-    r = ldexpf(1.0f + man / 8.0f, exp - 7);
-  }
-  return neg ? -r : r;
-}
-
-__device__ float bf16_bits_to_f32(uint16_t bits) {
-  return __uint_as_float(static_cast<uint32_t>(bits) << 16);
-}
-
-// core/dtype.h e8m0_to_f32 and e2m1_to_f32.
-__device__ float e8m0_to_f32(uint8_t v) {
-  if (v == 0xff) return __int_as_float(0x7fc00000);
-  if (v == 0) return __int_as_float(0x00400000);
-  return __uint_as_float(static_cast<uint32_t>(v) << 23);
-}
-__device__ float e2m1_to_f32(uint8_t nibble) {
-  constexpr float kValues[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  const float v = kValues[nibble & 7];
-  return (nibble & 8) ? -v : v;
 }
 
 // Element (r, c) of a Weight in fp32, as Weight::dequantize_row decodes it.
