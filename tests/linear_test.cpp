@@ -11,120 +11,16 @@
 
 #include <gtest/gtest.h>
 
+#include "quantized_weights.h"
 #include "util/error.h"
 
 namespace hyserve::cpu {
 namespace {
 
-enum class Format { kF32, kBF16, kF16, kFp8F32Scales, kFp8Bf16Scales, kMxfp4 };
-
-std::string format_name(Format f) {
-  switch (f) {
-    case Format::kF32:
-      return "F32";
-    case Format::kBF16:
-      return "BF16";
-    case Format::kF16:
-      return "F16";
-    case Format::kFp8F32Scales:
-      return "FP8/F32 scales";
-    case Format::kFp8Bf16Scales:
-      return "FP8/BF16 scales";
-    case Format::kMxfp4:
-      return "MXFP4";
-  }
-  return "?";
-}
-
-// Owns the bytes a Weight points into. Move only: a copy would leave w dangling.
-struct TestWeight {
-  std::vector<uint8_t> data;
-  std::vector<uint8_t> scales;
-  Weight w;
-  TestWeight() = default;
-  TestWeight(TestWeight&&) = default;
-  TestWeight(const TestWeight&) = delete;
-};
-
-template <typename T>
-void append(std::vector<uint8_t>& bytes, T v) {
-  const size_t at = bytes.size();
-  bytes.resize(at + sizeof(T));
-  std::memcpy(bytes.data() + at, &v, sizeof(T));
-}
-
-// FP8: one scale per 128x128 block, amax / 448. MXFP4: one power of two per 32
-// values, the smallest with amax / scale <= 6.
-TestWeight quantize(const std::vector<float>& v, int64_t rows, int64_t cols, Format f) {
-  TestWeight t;
-  t.w.rows = rows;
-  t.w.cols = cols;
-  switch (f) {
-    case Format::kF32:
-    case Format::kBF16:
-    case Format::kF16:
-      for (float x : v) {
-        if (f == Format::kF32) append(t.data, x);
-        if (f == Format::kBF16) append(t.data, f32_to_bf16(x));
-        if (f == Format::kF16) append(t.data, f32_to_f16(x));
-      }
-      t.w.dtype = f == Format::kF32 ? DType::kF32 : f == Format::kBF16 ? DType::kBF16 : DType::kF16;
-      break;
-    case Format::kFp8F32Scales:
-    case Format::kFp8Bf16Scales: {
-      const int64_t grid_rows = (rows + 127) / 128, grid_cols = (cols + 127) / 128;
-      std::vector<float> scale(grid_rows * grid_cols, 0.0f);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          float& s = scale[(r / 128) * grid_cols + c / 128];
-          s = std::max(s, std::fabs(v[r * cols + c]));
-        }
-      }
-      for (float& s : scale) {
-        s = s > 0.0f ? s / 448.0f : 1.0f;
-        if (f == Format::kFp8Bf16Scales) {
-          s = round_bf16(s);
-          append(t.scales, f32_to_bf16(s));
-        } else {
-          append(t.scales, s);
-        }
-      }
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < cols; ++c) {
-          t.data.push_back(f32_to_e4m3(v[r * cols + c] / scale[(r / 128) * grid_cols + c / 128]));
-        }
-      }
-      t.w.format = WeightFormat::kFp8Block;
-      t.w.dtype = DType::kE4M3;
-      t.w.scales_dtype = f == Format::kFp8Bf16Scales ? DType::kBF16 : DType::kF32;
-      break;
-    }
-    case Format::kMxfp4: {
-      t.data.assign(rows * cols / 2, 0);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t b = 0; b < cols / 32; ++b) {
-          float amax = 0.0f;
-          for (int64_t c = b * 32; c < (b + 1) * 32; ++c) {
-            amax = std::max(amax, std::fabs(v[r * cols + c]));
-          }
-          const int e = amax > 0.0f ? static_cast<int>(std::ceil(std::log2(amax / 6.0f))) : 0;
-          t.scales.push_back(static_cast<uint8_t>(e + 127));
-          for (int64_t c = b * 32; c < (b + 1) * 32; ++c) {
-            const uint8_t code = f32_to_e2m1(std::ldexp(v[r * cols + c], -e));
-            t.data[(r * cols + c) / 2] |= c % 2 == 0 ? code : static_cast<uint8_t>(code << 4);
-          }
-        }
-      }
-      t.w.format = WeightFormat::kMxfp4;
-      t.w.dtype = DType::kU8;
-      t.w.scales_dtype = DType::kE8M0;
-      break;
-    }
-  }
-  t.w.data = t.data.data();
-  t.w.scales = t.scales.empty() ? nullptr : t.scales.data();
-  return t;
-}
+using test::Format;
+using test::format_name;
+using test::quantize;
+using TestWeight = test::HostWeight;
 
 std::vector<float> random_vector(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
   std::normal_distribution<float> dist(0.0f, stddev);
@@ -139,8 +35,7 @@ std::vector<float> decode(const Weight& w) {
   return out;
 }
 
-const Format kFormats[] = {Format::kF32,          Format::kBF16,          Format::kF16,
-                           Format::kFp8F32Scales, Format::kFp8Bf16Scales, Format::kMxfp4};
+const auto& kFormats = test::kAllFormats;
 
 std::vector<int64_t> cols_for(Format f) {
   if (f == Format::kMxfp4) return {32, 96};
