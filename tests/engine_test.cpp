@@ -461,5 +461,44 @@ TEST(EngineTest, MinTokensDelaysEos) {
   EXPECT_NE(c.tokens[1].token, alone.outputs[0]);
 }
 
+TEST(EngineTest, EosFinishesWithStopAndNamesTheEosId) {
+  Engine engine(load_tiny(), small_config());
+  const auto& eos = engine.config().scheduler.eos_token_ids;
+  ASSERT_FALSE(eos.empty());
+  Collector col;
+  Request r = make_request("e", {5, 6, 7}, 8);
+  r.sampling_params.ignore_eos = false;
+  r.sampling_params.logit_bias = {{eos[0], 100.0f}};
+  engine.add_request(std::move(r), col.callback());
+  run_to_completion(engine);
+  const Collected& c = col.results["e"];
+  EXPECT_EQ(c.ids(), std::vector<int32_t>{eos[0]});
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.stop_token_id, eos[0]);
+}
+
+TEST(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
+  auto model = load_tiny();
+  Model* raw = model.get();
+  Engine engine(std::move(model), small_config());
+  Collector col;
+  engine.add_request(make_request("a", {5, 6, 7}, 8), col.callback());
+  engine.add_request(make_request("b", {8, 9}, 8), col.callback());
+  ASSERT_TRUE(engine.step());
+  raw->set_trace([](std::string_view section) {
+    if (section == "lm_head") throw std::runtime_error("injected device error");
+  });
+  EXPECT_TRUE(engine.step());
+  EXPECT_FALSE(engine.alive());
+  for (const char* id : {"a", "b"}) {
+    EXPECT_TRUE(col.results[id].finished) << id;
+    EXPECT_EQ(col.results[id].finish_reason, "abort") << id;
+    EXPECT_EQ(col.results[id].tokens.size(), 1u) << id;
+  }
+  EXPECT_EQ(engine.stats().num_running, 0);
+  EXPECT_THROW(engine.add_request(make_request("c", {5}, 2), col.callback()), Error);
+  EXPECT_FALSE(engine.step());
+}
+
 }  // namespace
 }  // namespace hyserve
