@@ -87,7 +87,7 @@ struct Engine::Impl {
   };
 
   Impl(const Model& m, const EngineConfig& c, const KvCacheConfig& kv)
-      : model(m), config(c), kv_config(kv), scheduler(c.scheduler, kv) {}
+      : model(m), config(c), scheduler(c.scheduler, kv) {}
 
   void apply_incoming(std::vector<Delivery>& out);
   bool run_step(std::vector<Delivery>& out);
@@ -100,7 +100,6 @@ struct Engine::Impl {
 
   const Model& model;
   const EngineConfig& config;
-  const KvCacheConfig kv_config;
   Scheduler scheduler;                               // engine thread
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
