@@ -1,0 +1,504 @@
+// Engine: requests through the scheduler, one batched forward per step and the sampler
+// give exactly what the model gives each request alone (the CPU ops are batch invariant),
+// under chunked prefill, concurrency and preemption; plus the logits processors on
+// hand-made logits.
+#include "engine/engine.h"
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "engine/logits_processor.h"
+#include "engine/sampler.h"
+#include "kernels/sampling/cpu.h"
+#include "util/error.h"
+
+namespace hyserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::unique_ptr<Model> load_tiny() {
+  return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
+}
+
+std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int64_t vocab) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> p(static_cast<size_t>(n));
+  for (auto& t : p) t = tok(rng);
+  return p;
+}
+
+// The model alone: one sequence, one token at a time; logits[i] scores position i.
+struct AloneRun {
+  std::vector<int32_t> outputs;
+  std::vector<std::vector<float>> logits;  // [prompt + outputs - 1][vocab]
+};
+
+// Greedy (temperature 0) or seeded sampling with temperature 1, as the engine samples.
+AloneRun run_alone(const Model& model, const std::vector<int32_t>& prompt, int64_t num_outputs,
+                   std::optional<uint64_t> seed = std::nullopt) {
+  AloneRun run;
+  SequenceState st = model.new_sequence();
+  std::vector<int32_t> seq = prompt;
+  std::vector<float> l;
+  for (size_t pos = 0; run.outputs.size() < static_cast<size_t>(num_outputs); ++pos) {
+    model.forward(std::span<const int32_t>(&seq[pos], 1), st, l);
+    run.logits.push_back(l);
+    if (pos + 1 < seq.size()) continue;
+    SamplingOptions o;
+    o.temperature = seed ? 1.0f : 0.0f;
+    o.seed = seed.value_or(0);
+    o.step = run.outputs.size();
+    int32_t token = -1;
+    cpu::sample_tokens({l.data(), &o, &token, 1, static_cast<int64_t>(l.size())});
+    run.outputs.push_back(token);
+    seq.push_back(token);
+  }
+  return run;
+}
+
+// Logits of every position of `tokens`, fed one at a time: [tokens][vocab].
+std::vector<std::vector<float>> logits_alone(const Model& model,
+                                             const std::vector<int32_t>& tokens) {
+  SequenceState st = model.new_sequence();
+  std::vector<std::vector<float>> rows;
+  std::vector<float> l;
+  for (const int32_t& t : tokens) {
+    model.forward(std::span<const int32_t>(&t, 1), st, l);
+    rows.push_back(l);
+  }
+  return rows;
+}
+
+struct Collected {
+  std::vector<OutputToken> tokens;
+  std::vector<std::optional<OutputToken>> prompt_logprobs;
+  int num_outputs = 0;
+  bool finished = false;
+  std::string finish_reason;
+  std::optional<int32_t> stop_token_id;
+
+  std::vector<int32_t> ids() const {
+    std::vector<int32_t> v;
+    for (const auto& t : tokens) v.push_back(t.token);
+    return v;
+  }
+};
+
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, Collected> results;
+  int num_finished = 0;
+
+  OutputCallback callback() {
+    return [this](const RequestOutput& o) {
+      std::lock_guard lock(mu);
+      Collected& c = results[o.request_id];
+      EXPECT_FALSE(c.finished) << o.request_id << " got an output after finishing";
+      if (c.num_outputs++ == 0) c.prompt_logprobs = o.prompt_logprobs;
+      c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+      if (o.finished) {
+        c.finished = true;
+        c.finish_reason = o.finish_reason;
+        c.stop_token_id = o.stop_token_id;
+        ++num_finished;
+        cv.notify_all();
+      }
+    };
+  }
+};
+
+Request make_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = std::move(id);
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling_params.temperature = 0.0f;
+  r.sampling_params.max_tokens = max_tokens;
+  r.sampling_params.ignore_eos = true;
+  return r;
+}
+
+EngineConfig small_config(int64_t max_num_batched_tokens = 256, int64_t max_num_seqs = 8) {
+  EngineConfig c;
+  c.scheduler.max_model_len = 128;
+  c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  c.scheduler.max_num_seqs = max_num_seqs;
+  c.block_size = 16;
+  return c;
+}
+
+void run_to_completion(Engine& engine) {
+  for (int i = 0; i < 10000 && engine.step(); ++i) {
+  }
+}
+
+TEST(EngineTest, GreedyOutputEqualsTheModelAlone) {
+  Engine engine(load_tiny(), small_config());
+  const int64_t vocab = engine.model().config().vocab_size;
+  Collector col;
+  const std::vector<int64_t> lengths = {1, 7, 40};
+  std::vector<AloneRun> alone;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const auto prompt = random_prompt(lengths[i], 100 + static_cast<uint32_t>(i), vocab);
+    alone.push_back(run_alone(engine.model(), prompt, 6));
+    engine.add_request(make_request(str_cat("r", i), prompt, 6), col.callback());
+    run_to_completion(engine);
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const Collected& c = col.results[str_cat("r", i)];
+    EXPECT_EQ(c.ids(), alone[i].outputs) << "prompt length " << lengths[i];
+    EXPECT_TRUE(c.finished);
+    EXPECT_EQ(c.finish_reason, "length");
+  }
+  EXPECT_EQ(engine.stats().num_running, 0);
+  EXPECT_EQ(engine.stats().generation_tokens, 18);
+  EXPECT_EQ(engine.stats().prompt_tokens, 48);
+}
+
+// 16 requests of mixed lengths under a 32-token budget and 4 running at most: prefills are
+// chunked and batched with other requests' decodes.
+TEST(EngineTest, ConcurrentChunkedPrefillEqualsEachRequestAlone) {
+  Engine engine(load_tiny(), small_config(/*max_num_batched_tokens=*/32, /*max_num_seqs=*/4));
+  const int64_t vocab = engine.model().config().vocab_size;
+  Collector col;
+  std::vector<AloneRun> alone;
+  std::vector<int64_t> lengths;
+  for (int i = 0; i < 16; ++i) {
+    const int64_t n = 1 + (i * 13) % 61;
+    const int64_t max_tokens = 2 + i % 5;
+    const auto prompt = random_prompt(n, 200 + static_cast<uint32_t>(i), vocab);
+    alone.push_back(run_alone(engine.model(), prompt, max_tokens));
+    lengths.push_back(n);
+    engine.add_request(make_request(str_cat("r", i), prompt, max_tokens), col.callback());
+  }
+  run_to_completion(engine);
+  for (int i = 0; i < 16; ++i) {
+    const Collected& c = col.results[str_cat("r", i)];
+    EXPECT_EQ(c.ids(), alone[static_cast<size_t>(i)].outputs)
+        << "request " << i << ", prompt length " << lengths[static_cast<size_t>(i)];
+    EXPECT_EQ(c.finish_reason, "length") << i;
+  }
+}
+
+TEST(EngineTest, PreemptionByRecomputeKeepsTheAloneOutputs) {
+  EngineConfig config = small_config(64, 4);
+  config.block_size = 4;
+  config.num_blocks = 12;  // one request needs up to ceil(19 / 4) + 1 = 6 blocks
+  Engine engine(load_tiny(), config);
+  const int64_t vocab = engine.model().config().vocab_size;
+  Collector col;
+  std::vector<AloneRun> alone;
+  for (int i = 0; i < 4; ++i) {
+    const auto prompt = random_prompt(10, 300 + static_cast<uint32_t>(i), vocab);
+    alone.push_back(run_alone(engine.model(), prompt, 10));
+    engine.add_request(make_request(str_cat("r", i), prompt, 10), col.callback());
+  }
+  run_to_completion(engine);
+  EXPECT_GT(engine.stats().num_preemptions, 0);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(col.results[str_cat("r", i)].ids(), alone[static_cast<size_t>(i)].outputs)
+        << "request " << i;
+  }
+  EXPECT_EQ(engine.stats().kv_cache_usage, 0.0);
+}
+
+TEST(EngineTest, SeedReproducesSampledTokensAndDiffersAcrossSeeds) {
+  Engine engine(load_tiny(), small_config());
+  const int64_t vocab = engine.model().config().vocab_size;
+  const auto prompt = random_prompt(9, 400, vocab);
+  Collector col;
+  for (const auto& [id, seed] :
+       std::vector<std::pair<std::string, uint64_t>>{{"a", 5}, {"b", 5}, {"c", 6}}) {
+    Request r = make_request(id, prompt, 16);
+    r.sampling_params.temperature = 1.0f;
+    r.sampling_params.seed = seed;
+    engine.add_request(std::move(r), col.callback());
+  }
+  run_to_completion(engine);
+  const AloneRun alone = run_alone(engine.model(), prompt, 16, 5);
+  EXPECT_EQ(col.results["a"].ids(), alone.outputs);
+  EXPECT_EQ(col.results["b"].ids(), alone.outputs);
+  EXPECT_NE(col.results["c"].ids(), alone.outputs);
+}
+
+TEST(EngineTest, StopTokenIdFinishesWithStop) {
+  Engine engine(load_tiny(), small_config());
+  const int64_t vocab = engine.model().config().vocab_size;
+  const auto prompt = random_prompt(12, 500, vocab);
+  const AloneRun alone = run_alone(engine.model(), prompt, 8);
+  const int32_t stop = alone.outputs[3];
+  const auto first = std::find(alone.outputs.begin(), alone.outputs.end(), stop);
+  const std::vector<int32_t> expected(alone.outputs.begin(), first + 1);
+  Collector col;
+  Request r = make_request("s", prompt, 8);
+  r.sampling_params.stop_token_ids = {stop};
+  engine.add_request(std::move(r), col.callback());
+  run_to_completion(engine);
+  const Collected& c = col.results["s"];
+  EXPECT_EQ(c.ids(), expected);
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.stop_token_id, stop);
+}
+
+TEST(EngineTest, AbortMidGenerationFinishesWithAbortAndFreesEverything) {
+  Engine engine(load_tiny(), small_config());
+  const int64_t vocab = engine.model().config().vocab_size;
+  Collector col;
+  engine.add_request(make_request("x", random_prompt(5, 600, vocab), 50), col.callback());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(engine.step());
+  EXPECT_EQ(engine.stats().num_running, 1);
+  EXPECT_GT(engine.stats().kv_cache_usage, 0.0);
+  engine.abort_request("x");
+  EXPECT_TRUE(engine.step());
+  const Collected& c = col.results["x"];
+  EXPECT_EQ(c.tokens.size(), 4u);
+  EXPECT_TRUE(c.finished);
+  EXPECT_EQ(c.finish_reason, "abort");
+  EXPECT_EQ(engine.stats().num_running, 0);
+  EXPECT_EQ(engine.stats().num_waiting, 0);
+  EXPECT_EQ(engine.stats().kv_cache_usage, 0.0);
+  EXPECT_FALSE(engine.step());
+}
+
+double log_softmax(const std::vector<float>& row, int32_t token) {
+  double m = -INFINITY, s = 0.0;
+  for (float v : row) m = std::max(m, static_cast<double>(v));
+  for (float v : row) s += std::exp(v - m);
+  return row[static_cast<size_t>(token)] - m - std::log(s);
+}
+
+TEST(EngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
+  Engine engine(load_tiny(), small_config(16, 4));  // the prompt spans two chunks
+  const int64_t vocab = engine.model().config().vocab_size;
+  const auto prompt = random_prompt(21, 700, vocab);
+  Collector col;
+  Request r = make_request("l", prompt, 5);
+  r.sampling_params.logprobs = 4;
+  r.sampling_params.prompt_logprobs = 2;
+  r.sampling_params.repetition_penalty = 1.5f;  // logprobs stay those of the raw logits
+  engine.add_request(std::move(r), col.callback());
+  run_to_completion(engine);
+  const Collected& c = col.results["l"];
+  ASSERT_EQ(c.tokens.size(), 5u);
+  std::vector<int32_t> all = prompt;
+  for (const OutputToken& t : c.tokens) all.push_back(t.token);
+  const auto alone = logits_alone(engine.model(), all);
+  constexpr double kTol = 1e-5;
+  for (size_t i = 0; i < c.tokens.size(); ++i) {
+    const std::vector<float>& row = alone[prompt.size() - 1 + i];
+    const OutputToken& t = c.tokens[i];
+    EXPECT_NEAR(t.logprob, log_softmax(row, t.token), kTol) << "output " << i;
+    ASSERT_EQ(t.top_logprobs.size(), 4u);
+    for (size_t k = 0; k < 4; ++k) {
+      EXPECT_NEAR(t.top_logprobs[k].logprob, log_softmax(row, t.top_logprobs[k].token), kTol);
+      if (k > 0) {
+        EXPECT_GE(t.top_logprobs[k - 1].logprob, t.top_logprobs[k].logprob) << "output " << i;
+      }
+    }
+    // The best raw logit; the penalty may have moved the greedy choice elsewhere.
+    EXPECT_EQ(t.top_logprobs[0].token, argmax(row)) << "output " << i;
+  }
+  ASSERT_EQ(c.prompt_logprobs.size(), prompt.size());
+  EXPECT_FALSE(c.prompt_logprobs[0].has_value());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    ASSERT_TRUE(c.prompt_logprobs[i].has_value()) << i;
+    EXPECT_EQ(c.prompt_logprobs[i]->token, prompt[i]);
+    // Prompt positions run as 16-token chunks, the reference one token at a time: the
+    // logits agree to float rounding, so the bound is relative.
+    const double ref = log_softmax(alone[i - 1], prompt[i]);
+    EXPECT_NEAR(c.prompt_logprobs[i]->logprob, ref, kTol * (1.0 + std::abs(ref)))
+        << "prompt position " << i;
+    EXPECT_EQ(c.prompt_logprobs[i]->top_logprobs.size(), 2u);
+  }
+}
+
+TEST(EngineTest, EngineThreadDeliversWhatStepDelivers) {
+  const auto model = load_tiny();
+  const int64_t vocab = model->config().vocab_size;
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<AloneRun> alone;
+  for (int i = 0; i < 6; ++i) {
+    prompts.push_back(random_prompt(3 + 11 * i, 800 + static_cast<uint32_t>(i), vocab));
+    alone.push_back(run_alone(*model, prompts.back(), 4));
+  }
+  Engine engine(load_tiny(), small_config(32, 4));
+  Collector col;
+  engine.start();
+  for (int i = 0; i < 6; ++i) {
+    engine.add_request(make_request(str_cat("t", i), prompts[static_cast<size_t>(i)], 4),
+                       col.callback());
+  }
+  {
+    std::unique_lock lock(col.mu);
+    ASSERT_TRUE(
+        col.cv.wait_for(lock, std::chrono::seconds(20), [&] { return col.num_finished == 6; }));
+  }
+  engine.stop();
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(col.results[str_cat("t", i)].ids(), alone[static_cast<size_t>(i)].outputs)
+        << "request " << i;
+  }
+  EXPECT_TRUE(engine.alive());
+}
+
+TEST(EngineTest, StopAbortsUnfinishedRequests) {
+  Engine engine(load_tiny(), small_config());
+  Collector col;
+  engine.add_request(make_request("u", {5, 6, 7}, 20), col.callback());
+  ASSERT_TRUE(engine.step());
+  engine.stop();
+  EXPECT_TRUE(col.results["u"].finished);
+  EXPECT_EQ(col.results["u"].finish_reason, "abort");
+  EXPECT_EQ(engine.stats().num_running, 0);
+}
+
+void expect_refused(Engine& engine, Request r, const std::string& field) {
+  try {
+    engine.add_request(std::move(r), [](const RequestOutput&) {});
+    ADD_FAILURE() << "accepted a request with a bad " << field;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+  }
+}
+
+TEST(EngineTest, AddRequestRefusesBadParamsNamingTheField) {
+  Engine engine(load_tiny(), small_config());
+  const Request good = make_request("g", {5, 6, 7}, 4);
+  Request r = good;
+  r.sampling_params.temperature = -1.0f;
+  expect_refused(engine, r, "temperature");
+  r = good;
+  r.sampling_params.top_p = 0.0f;
+  expect_refused(engine, r, "top_p");
+  r = good;
+  r.sampling_params.logprobs = 21;
+  expect_refused(engine, r, "logprobs");
+  r = good;
+  r.sampling_params.logit_bias = {{1024, 1.0f}};
+  expect_refused(engine, r, "logit_bias");
+  r = good;
+  r.prompt_token_ids.assign(128, 5);
+  expect_refused(engine, r, "max_model_len");
+  r = good;
+  r.sampling_params.max_tokens = 126;
+  expect_refused(engine, r, "max_tokens");
+  r = good;
+  r.prompt_token_ids.clear();
+  expect_refused(engine, r, "empty");
+  engine.add_request(good, [](const RequestOutput&) {});
+  expect_refused(engine, good, "already in use");
+}
+
+// Logits processors on hand-made logits, against the formulas written out per element.
+TEST(LogitsProcessorTest, PenaltiesBiasAndMinTokens) {
+  const std::vector<float> raw = {2.0f, -1.0f, 0.5f, -3.0f, 1.0f, 0.0f};
+  const std::vector<int32_t> prompt = {0, 1};
+  const std::vector<int32_t> outputs = {2, 2, 3};
+  const std::vector<int32_t> eos = {5};
+
+  SamplingParams rep;
+  rep.repetition_penalty = 2.0f;
+  std::vector<float> l = raw;
+  apply_logits_processors(l, {&rep, prompt, outputs, eos});
+  EXPECT_EQ(l, (std::vector<float>{1.0f, -2.0f, 0.25f, -6.0f, 1.0f, 0.0f}));
+
+  SamplingParams pf;
+  pf.presence_penalty = 0.5f;
+  pf.frequency_penalty = 0.25f;
+  l = raw;
+  apply_logits_processors(l, {&pf, prompt, outputs, eos});
+  EXPECT_EQ(
+      l, (std::vector<float>{2.0f, -1.0f, 0.5f - 0.5f - 0.5f, -3.0f - 0.5f - 0.25f, 1.0f, 0.0f}));
+
+  SamplingParams bias;
+  bias.logit_bias = {{4, -1.5f}, {0, 3.0f}};
+  l = raw;
+  apply_logits_processors(l, {&bias, prompt, outputs, eos});
+  EXPECT_EQ(l, (std::vector<float>{5.0f, -1.0f, 0.5f, -3.0f, -0.5f, 0.0f}));
+
+  SamplingParams min_tokens;
+  min_tokens.min_tokens = 4;
+  min_tokens.stop_token_ids = {1};
+  l = raw;
+  apply_logits_processors(l, {&min_tokens, prompt, outputs, eos});
+  EXPECT_EQ(l[1], -INFINITY);
+  EXPECT_EQ(l[5], -INFINITY);
+  EXPECT_EQ(l[0], raw[0]);
+  min_tokens.ignore_eos = true;
+  l = raw;
+  apply_logits_processors(l, {&min_tokens, prompt, outputs, eos});
+  EXPECT_EQ(l[5], raw[5]);
+  min_tokens.min_tokens = 3;  // reached: nothing banned
+  EXPECT_FALSE(needs_logits_processing(min_tokens, 3));
+  EXPECT_TRUE(needs_logits_processing(min_tokens, 2));
+}
+
+TEST(EngineTest, MinTokensDelaysEos) {
+  Engine engine(load_tiny(), small_config());
+  const int64_t vocab = engine.model().config().vocab_size;
+  const auto prompt = random_prompt(6, 900, vocab);
+  const AloneRun alone = run_alone(engine.model(), prompt, 1);
+  Collector col;
+  Request r = make_request("m", prompt, 6);
+  r.sampling_params.stop_token_ids = {alone.outputs[0]};  // would stop at once
+  r.sampling_params.min_tokens = 3;
+  engine.add_request(std::move(r), col.callback());
+  run_to_completion(engine);
+  const Collected& c = col.results["m"];
+  ASSERT_GE(c.tokens.size(), 3u);
+  EXPECT_NE(c.tokens[0].token, alone.outputs[0]);
+  EXPECT_NE(c.tokens[1].token, alone.outputs[0]);
+}
+
+TEST(EngineTest, EosFinishesWithStopAndNamesTheEosId) {
+  Engine engine(load_tiny(), small_config());
+  const auto& eos = engine.config().scheduler.eos_token_ids;
+  ASSERT_FALSE(eos.empty());
+  Collector col;
+  Request r = make_request("e", {5, 6, 7}, 8);
+  r.sampling_params.ignore_eos = false;
+  r.sampling_params.logit_bias = {{eos[0], 100.0f}};
+  engine.add_request(std::move(r), col.callback());
+  run_to_completion(engine);
+  const Collected& c = col.results["e"];
+  EXPECT_EQ(c.ids(), std::vector<int32_t>{eos[0]});
+  EXPECT_EQ(c.finish_reason, "stop");
+  EXPECT_EQ(c.stop_token_id, eos[0]);
+}
+
+TEST(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
+  auto model = load_tiny();
+  Model* raw = model.get();
+  Engine engine(std::move(model), small_config());
+  Collector col;
+  engine.add_request(make_request("a", {5, 6, 7}, 8), col.callback());
+  engine.add_request(make_request("b", {8, 9}, 8), col.callback());
+  ASSERT_TRUE(engine.step());
+  raw->set_trace([](std::string_view section) {
+    if (section == "lm_head") throw std::runtime_error("injected device error");
+  });
+  EXPECT_TRUE(engine.step());
+  EXPECT_FALSE(engine.alive());
+  for (const char* id : {"a", "b"}) {
+    EXPECT_TRUE(col.results[id].finished) << id;
+    EXPECT_EQ(col.results[id].finish_reason, "abort") << id;
+    EXPECT_EQ(col.results[id].tokens.size(), 1u) << id;
+  }
+  EXPECT_EQ(engine.stats().num_running, 0);
+  EXPECT_THROW(engine.add_request(make_request("c", {5}, 2), col.callback()), Error);
+  EXPECT_FALSE(engine.step());
+}
+
+}  // namespace
+}  // namespace hyserve
