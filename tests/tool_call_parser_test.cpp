@@ -1,5 +1,7 @@
 #include "tokenizer/tool_call_parser.h"
 
+#include "tokenizer/reasoning_parser.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
@@ -155,6 +157,33 @@ TEST(KimiToolCallStream, TruncatedArgumentsFlushAtFinish) {
   const auto got = collect(deltas);
   ASSERT_EQ(got.tool_calls.size(), 1u);
   EXPECT_EQ(got.tool_calls[0].arguments, "{\"x\": 1 <|tool_call");
+}
+
+// The server's chain: reasoning parser first, its content fed to the tool-call parser.
+TEST(KimiToolCallStream, AfterReasoningParserEverySplitPoint) {
+  const std::string text =
+      "I should call f." + kTwoCalls.substr(std::string("Let me check. ").size());
+  const auto split = split_reasoning(text);
+  const auto want = parse_kimi_tool_calls(split.content);
+  EXPECT_EQ(split.reasoning, "I should call f.");
+  ASSERT_EQ(want.tool_calls.size(), 2u);
+  for (size_t i = 0; i <= text.size(); ++i) {
+    ReasoningStreamParser reasoning;
+    KimiToolCallStreamParser tools;
+    std::string got_reasoning;
+    std::vector<ToolParserDelta> deltas;
+    for (const std::string& piece : {text.substr(0, i), text.substr(i)}) {
+      const auto r = reasoning.feed(piece);
+      got_reasoning += r.reasoning;
+      deltas.push_back(tools.feed(r.content));
+    }
+    const auto r = reasoning.finish();
+    got_reasoning += r.reasoning;
+    deltas.push_back(tools.feed(r.content));
+    deltas.push_back(tools.finish());
+    EXPECT_EQ(got_reasoning, split.reasoning) << "split at " << i;
+    expect_same(collect(deltas), want, "split at " + std::to_string(i));
+  }
 }
 
 }  // namespace
