@@ -1,0 +1,753 @@
+// OpenAI request parsing and response building; see openai_protocol.h.
+#include "server/openai_protocol.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+
+namespace hyserve {
+namespace {
+
+using nlohmann::ordered_json;
+
+[[noreturn]] void fail(const std::string& param, const std::string& message) {
+  throw RequestError(param, message);
+}
+
+std::string_view json_type_name(const ordered_json& value) {
+  if (value.is_string()) return "string";
+  if (value.is_boolean()) return "boolean";
+  if (value.is_number_integer()) return "integer";
+  if (value.is_number()) return "number";
+  if (value.is_array()) return "array";
+  if (value.is_object()) return "object";
+  return "null";
+}
+
+[[noreturn]] void fail_type(const std::string& param, std::string_view expected,
+                            const ordered_json& value) {
+  fail(param, str_cat("'", param, "': Input should be a valid ", expected, ", got ",
+                      json_type_name(value)));
+}
+
+bool present(const ordered_json& object, std::string_view key) {
+  const auto it = object.find(key);
+  return it != object.end() && !it->is_null();
+}
+
+std::string get_string(const ordered_json& value, const std::string& param) {
+  if (!value.is_string()) fail_type(param, "string", value);
+  return value.get<std::string>();
+}
+
+bool get_bool(const ordered_json& value, const std::string& param) {
+  if (!value.is_boolean()) fail_type(param, "boolean", value);
+  return value.get<bool>();
+}
+
+double get_number(const ordered_json& value, const std::string& param) {
+  if (!value.is_number()) fail_type(param, "number", value);
+  return value.get<double>();
+}
+
+// An integer; a float with an integral value is accepted, as pydantic does.
+int64_t get_int(const ordered_json& value, const std::string& param) {
+  if (value.is_number_integer()) {
+    if (value.is_number_unsigned() &&
+        value.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      fail(param, str_cat("'", param, "': integer out of range"));
+    }
+    return value.get<int64_t>();
+  }
+  if (value.is_number_float()) {
+    const double d = value.get<double>();
+    if (std::floor(d) == d && std::abs(d) < 9.2e18) return static_cast<int64_t>(d);
+  }
+  fail_type(param, "integer", value);
+}
+
+int32_t get_int32(const ordered_json& value, const std::string& param) {
+  const int64_t v = get_int(value, param);
+  if (v < std::numeric_limits<int32_t>::min() || v > std::numeric_limits<int32_t>::max()) {
+    fail(param, str_cat("'", param, "': integer out of range, got ", v));
+  }
+  return static_cast<int32_t>(v);
+}
+
+std::vector<int32_t> get_token_ids(const ordered_json& value, const std::string& param) {
+  if (!value.is_array()) fail_type(param, "list of integers", value);
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < value.size(); ++i) {
+    ids.push_back(get_int32(value[i], str_cat(param, "[", i, "]")));
+  }
+  return ids;
+}
+
+// Visits the body's top-level keys; each field read is marked known, the rest are listed.
+class BodyReader {
+ public:
+  explicit BodyReader(std::string_view body) {
+    try {
+      body_ = ordered_json::parse(body);
+    } catch (const ordered_json::parse_error& e) {
+      fail("", str_cat("Invalid JSON body: ", e.what()));
+    }
+    if (!body_.is_object()) fail("", "Request body must be a JSON object");
+  }
+
+  // The field's value, or nullptr when absent or null.
+  const ordered_json* get(std::string_view key) {
+    known_.emplace(key);
+    const auto it = body_.find(key);
+    if (it == body_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::vector<std::string> unknown_fields() const {
+    std::vector<std::string> unknown;
+    for (const auto& [key, value] : body_.items()) {
+      if (!known_.count(key)) unknown.push_back(key);
+    }
+    return unknown;
+  }
+
+ private:
+  ordered_json body_;
+  std::set<std::string, std::less<>> known_;
+};
+
+std::vector<std::string> get_stop(const ordered_json& value) {
+  if (value.is_string()) return {value.get<std::string>()};
+  if (!value.is_array()) fail_type("stop", "string or list of strings", value);
+  std::vector<std::string> stop;
+  for (size_t i = 0; i < value.size(); ++i) {
+    stop.push_back(get_string(value[i], str_cat("stop[", i, "]")));
+  }
+  return stop;
+}
+
+std::vector<std::pair<int32_t, float>> get_logit_bias(const ordered_json& value) {
+  if (!value.is_object()) fail_type("logit_bias", "object", value);
+  std::vector<std::pair<int32_t, float>> bias;
+  for (const auto& [key, v] : value.items()) {
+    size_t used = 0;
+    long long token = -1;
+    try {
+      token = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != key.size() || token < 0 ||
+        token > std::numeric_limits<int32_t>::max()) {
+      fail("logit_bias", str_cat("logit_bias: key '", key, "' is not a token id"));
+    }
+    bias.emplace_back(static_cast<int32_t>(token),
+                      static_cast<float>(get_number(v, str_cat("logit_bias.", key))));
+  }
+  return bias;
+}
+
+// Fields common to both endpoints; `logprobs` is endpoint-specific and read by the caller.
+void read_common(BodyReader& body, GenerationRequest& request) {
+  SamplingParams& s = request.sampling;
+  if (const auto* v = body.get("model")) request.model = get_string(*v, "model");
+  if (const auto* v = body.get("max_tokens")) s.max_tokens = get_int(*v, "max_tokens");
+  if (const auto* v = body.get("max_completion_tokens")) {
+    s.max_tokens = get_int(*v, "max_completion_tokens");
+  }
+  if (const auto* v = body.get("temperature")) {
+    s.temperature = static_cast<float>(get_number(*v, "temperature"));
+  }
+  if (const auto* v = body.get("top_p")) s.top_p = static_cast<float>(get_number(*v, "top_p"));
+  if (const auto* v = body.get("top_k")) s.top_k = get_int32(*v, "top_k");
+  if (const auto* v = body.get("min_p")) s.min_p = static_cast<float>(get_number(*v, "min_p"));
+  if (const auto* v = body.get("seed")) s.seed = static_cast<uint64_t>(get_int(*v, "seed"));
+  if (const auto* v = body.get("n")) request.n = get_int32(*v, "n");
+  if (request.n < 1) fail("n", str_cat("n must be at least 1, got ", request.n, "."));
+  if (const auto* v = body.get("stop")) s.stop = get_stop(*v);
+  if (const auto* v = body.get("stop_token_ids")) {
+    s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
+  }
+  if (const auto* v = body.get("ignore_eos")) s.ignore_eos = get_bool(*v, "ignore_eos");
+  if (const auto* v = body.get("min_tokens")) s.min_tokens = get_int(*v, "min_tokens");
+  if (const auto* v = body.get("stream")) request.stream = get_bool(*v, "stream");
+  if (const auto* v = body.get("stream_options")) {
+    if (!v->is_object()) fail_type("stream_options", "object", *v);
+    if (!request.stream) {
+      fail("stream_options", "Stream options can only be defined when `stream=True`.");
+    }
+    if (present(*v, "include_usage")) {
+      request.include_usage = get_bool((*v)["include_usage"], "stream_options.include_usage");
+    }
+  }
+  if (const auto* v = body.get("prompt_logprobs")) {
+    s.prompt_logprobs = get_int32(*v, "prompt_logprobs");
+  }
+  if (const auto* v = body.get("echo")) request.echo = get_bool(*v, "echo");
+  if (const auto* v = body.get("presence_penalty")) {
+    s.presence_penalty = static_cast<float>(get_number(*v, "presence_penalty"));
+  }
+  if (const auto* v = body.get("frequency_penalty")) {
+    s.frequency_penalty = static_cast<float>(get_number(*v, "frequency_penalty"));
+  }
+  if (const auto* v = body.get("repetition_penalty")) {
+    s.repetition_penalty = static_cast<float>(get_number(*v, "repetition_penalty"));
+  }
+  if (const auto* v = body.get("logit_bias")) s.logit_bias = get_logit_bias(*v);
+  if (const auto* v = body.get("response_format")) {
+    if (!v->is_object()) fail_type("response_format", "object", *v);
+    if (!present(*v, "type")) fail("response_format.type", "response_format.type is required");
+    const std::string type = get_string((*v)["type"], "response_format.type");
+    if (type != "text" && type != "json_object" && type != "json_schema") {
+      fail("response_format.type",
+           str_cat("response_format.type must be one of text, json_object, json_schema; got '",
+                   type, "'"));
+    }
+    request.response_format.type = type;
+    if (type == "json_schema") {
+      if (!present(*v, "json_schema") || !(*v)["json_schema"].is_object()) {
+        fail("response_format.json_schema",
+             "response_format.json_schema must be an object when type is json_schema");
+      }
+      request.response_format.json_schema = (*v)["json_schema"];
+    }
+  }
+  if (const auto* v = body.get("skip_special_tokens")) {
+    s.skip_special_tokens = get_bool(*v, "skip_special_tokens");
+  }
+  if (const auto* v = body.get("include_stop_str_in_output")) {
+    s.include_stop_str_in_output = get_bool(*v, "include_stop_str_in_output");
+  }
+  if (const auto* v = body.get("user")) request.user = get_string(*v, "user");
+  if (const auto* v = body.get("priority")) request.priority = get_int32(*v, "priority");
+  if (const auto* v = body.get("cache_salt")) request.cache_salt = get_string(*v, "cache_salt");
+}
+
+std::optional<std::string> get_message_content(const ordered_json& value,
+                                               const std::string& param) {
+  if (value.is_null()) return std::nullopt;
+  if (value.is_string()) return value.get<std::string>();
+  if (!value.is_array()) fail_type(param, "string or list of content parts", value);
+  std::string text;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string part_param = str_cat(param, "[", i, "]");
+    const auto& part = value[i];
+    if (!part.is_object()) fail_type(part_param, "object", part);
+    const std::string type =
+        present(part, "type") ? get_string(part["type"], part_param + ".type") : "";
+    if (type != "text") {
+      fail(part_param + ".type",
+           str_cat("Unsupported content part type '", type, "': only 'text' is supported"));
+    }
+    if (!present(part, "text")) fail(part_param + ".text", part_param + ".text is required");
+    if (i > 0) text += "\n";
+    text += get_string(part["text"], part_param + ".text");
+  }
+  return text;
+}
+
+std::vector<ToolCall> get_message_tool_calls(const ordered_json& value, const std::string& param) {
+  if (!value.is_array()) fail_type(param, "list", value);
+  std::vector<ToolCall> calls;
+  for (size_t i = 0; i < value.size(); ++i) {
+    const std::string call_param = str_cat(param, "[", i, "]");
+    const auto& call = value[i];
+    if (!call.is_object()) fail_type(call_param, "object", call);
+    if (!present(call, "function") || !call["function"].is_object()) {
+      fail(call_param + ".function", call_param + ".function must be an object");
+    }
+    const auto& function = call["function"];
+    ToolCall parsed;
+    if (present(call, "id")) parsed.id = get_string(call["id"], call_param + ".id");
+    if (!present(function, "name")) {
+      fail(call_param + ".function.name", call_param + ".function.name is required");
+    }
+    parsed.name = get_string(function["name"], call_param + ".function.name");
+    if (present(function, "arguments")) {
+      const auto& arguments = function["arguments"];
+      parsed.arguments = arguments.is_string() ? arguments.get<std::string>() : arguments.dump();
+    }
+    calls.push_back(std::move(parsed));
+  }
+  return calls;
+}
+
+ChatMessage get_message(const ordered_json& value, const std::string& param) {
+  if (!value.is_object()) fail_type(param, "object", value);
+  ChatMessage message;
+  if (!present(value, "role")) fail(param + ".role", param + ".role is required");
+  message.role = get_string(value["role"], param + ".role");
+  if (message.role != "system" && message.role != "user" && message.role != "assistant" &&
+      message.role != "tool" && message.role != "developer") {
+    fail(param + ".role", str_cat("Unsupported message role '", message.role,
+                                  "': expected system, user, assistant or tool"));
+  }
+  if (value.contains("content")) {
+    message.content = get_message_content(value["content"], param + ".content");
+  }
+  if (present(value, "name")) message.name = get_string(value["name"], param + ".name");
+  if (present(value, "tool_calls")) {
+    message.tool_calls = get_message_tool_calls(value["tool_calls"], param + ".tool_calls");
+  }
+  if (present(value, "tool_call_id")) {
+    message.tool_call_id = get_string(value["tool_call_id"], param + ".tool_call_id");
+  }
+  for (const char* key : {"reasoning", "reasoning_content"}) {
+    if (present(value, key)) message.reasoning = get_string(value[key], param + "." + key);
+  }
+  return message;
+}
+
+// Checks each tool is {"type": "function", "function": {"name": ...}}; returns the names.
+std::vector<std::string> get_tool_names(const ordered_json& tools) {
+  if (!tools.is_array()) fail_type("tools", "list", tools);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string param = str_cat("tools[", i, "]");
+    const auto& tool = tools[i];
+    if (!tool.is_object()) fail_type(param, "object", tool);
+    if (present(tool, "type") && get_string(tool["type"], param + ".type") != "function") {
+      fail(param + ".type", param + ".type must be 'function'");
+    }
+    if (!present(tool, "function") || !tool["function"].is_object()) {
+      fail(param + ".function", param + ".function must be an object");
+    }
+    if (!present(tool["function"], "name")) {
+      fail(param + ".function.name", param + ".function.name is required");
+    }
+    names.push_back(get_string(tool["function"]["name"], param + ".function.name"));
+  }
+  return names;
+}
+
+ToolChoice get_tool_choice(const ordered_json& value) {
+  ToolChoice choice;
+  if (value.is_string()) {
+    const std::string mode = value.get<std::string>();
+    if (mode == "none") {
+      choice.mode = ToolChoiceMode::kNone;
+    } else if (mode == "auto") {
+      choice.mode = ToolChoiceMode::kAuto;
+    } else if (mode == "required") {
+      choice.mode = ToolChoiceMode::kRequired;
+    } else {
+      fail("tool_choice", str_cat("tool_choice must be 'none', 'auto', 'required' or a named "
+                                  "function, got '",
+                                  mode, "'"));
+    }
+    return choice;
+  }
+  if (!value.is_object()) fail_type("tool_choice", "string or object", value);
+  if (!present(value, "function") || !value["function"].is_object() ||
+      !present(value["function"], "name")) {
+    fail("tool_choice",
+         "tool_choice object must be {\"type\": \"function\", \"function\": "
+         "{\"name\": ...}}");
+  }
+  if (present(value, "type") && get_string(value["type"], "tool_choice.type") != "function") {
+    fail("tool_choice.type", "tool_choice.type must be 'function'");
+  }
+  choice.mode = ToolChoiceMode::kNamed;
+  choice.function_name = get_string(value["function"]["name"], "tool_choice.function.name");
+  return choice;
+}
+
+}  // namespace
+
+bool ChatCompletionRequest::thinking_enabled() const {
+  if (!chat_template_kwargs.is_object()) return true;
+  const auto it = chat_template_kwargs.find("thinking");
+  return it == chat_template_kwargs.end() || !it->is_boolean() || it->get<bool>();
+}
+
+ChatCompletionRequest parse_chat_completion_request(std::string_view body_text) {
+  BodyReader body(body_text);
+  ChatCompletionRequest request;
+  read_common(body, request);
+
+  const auto* messages = body.get("messages");
+  if (!messages) fail("messages", "'messages': Field required");
+  if (!messages->is_array()) fail_type("messages", "list", *messages);
+  if (messages->empty()) {
+    fail("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+  }
+  for (size_t i = 0; i < messages->size(); ++i) {
+    request.messages.push_back(get_message((*messages)[i], str_cat("messages[", i, "]")));
+  }
+  request.messages_json = *messages;
+
+  if (const auto* v = body.get("logprobs")) request.logprobs = get_bool(*v, "logprobs");
+  if (const auto* v = body.get("top_logprobs")) {
+    request.top_logprobs = get_int32(*v, "top_logprobs");
+    if (*request.top_logprobs < 0) fail("top_logprobs", "`top_logprobs` must be a positive value.");
+    if (*request.top_logprobs > SamplingParams::kMaxLogprobs) {
+      fail("top_logprobs", str_cat("`top_logprobs` must be at most ", SamplingParams::kMaxLogprobs,
+                                   ", got ", *request.top_logprobs, "."));
+    }
+    if (!request.logprobs) {
+      fail("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.");
+    }
+  }
+  if (request.logprobs) request.sampling.logprobs = request.top_logprobs.value_or(0);
+
+  std::vector<std::string> tool_names;
+  if (const auto* v = body.get("tools")) {
+    tool_names = get_tool_names(*v);
+    request.tools = *v;
+  }
+  request.tool_choice.mode = tool_names.empty() ? ToolChoiceMode::kNone : ToolChoiceMode::kAuto;
+  if (const auto* v = body.get("tool_choice")) request.tool_choice = get_tool_choice(*v);
+  const ToolChoiceMode mode = request.tool_choice.mode;
+  if ((mode == ToolChoiceMode::kRequired || mode == ToolChoiceMode::kNamed) && tool_names.empty()) {
+    fail("tool_choice", "When using `tool_choice`, `tools` must be set.");
+  }
+  if (mode == ToolChoiceMode::kNamed &&
+      std::find(tool_names.begin(), tool_names.end(), request.tool_choice.function_name) ==
+          tool_names.end()) {
+    fail("tool_choice",
+         str_cat("The tool specified in `tool_choice` ('", request.tool_choice.function_name,
+                 "') does not match any of the specified `tools`."));
+  }
+  if (const auto* v = body.get("chat_template_kwargs")) {
+    if (!v->is_object()) fail_type("chat_template_kwargs", "object", *v);
+    request.chat_template_kwargs = *v;
+  }
+  request.unknown_fields = body.unknown_fields();
+  return request;
+}
+
+CompletionRequest parse_completion_request(std::string_view body_text) {
+  BodyReader body(body_text);
+  CompletionRequest request;
+  read_common(body, request);
+
+  const auto* prompt = body.get("prompt");
+  if (!prompt) fail("prompt", "'prompt': Field required");
+  if (prompt->is_string()) {
+    request.prompts.emplace_back(prompt->get<std::string>());
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_string()) {
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      request.prompts.emplace_back(get_string((*prompt)[i], str_cat("prompt[", i, "]")));
+    }
+  } else if (prompt->is_array() && !prompt->empty() && (*prompt)[0].is_array()) {
+    for (size_t i = 0; i < prompt->size(); ++i) {
+      request.prompts.emplace_back(get_token_ids((*prompt)[i], str_cat("prompt[", i, "]")));
+    }
+  } else if (prompt->is_array() && !prompt->empty()) {
+    request.prompts.emplace_back(get_token_ids(*prompt, "prompt"));
+  } else if (prompt->is_array()) {
+    fail("prompt", "Prompt cannot be empty");
+  } else {
+    fail_type("prompt", "string, list of strings, or token ids", *prompt);
+  }
+  for (size_t i = 0; i < request.prompts.size(); ++i) {
+    const auto* ids = std::get_if<std::vector<int32_t>>(&request.prompts[i]);
+    if (ids && ids->empty()) fail("prompt", "Prompt cannot be empty");
+  }
+
+  if (const auto* v = body.get("logprobs")) {
+    const int32_t logprobs = get_int32(*v, "logprobs");
+    if (logprobs < 0) fail("logprobs", "`logprobs` must be a positive value.");
+    if (logprobs > SamplingParams::kMaxLogprobs) {
+      fail("logprobs",
+           str_cat("Requested sample logprobs of ", logprobs,
+                   ", which is greater than max allowed: ", SamplingParams::kMaxLogprobs));
+    }
+    request.sampling.logprobs = logprobs;
+  }
+  request.unknown_fields = body.unknown_fields();
+  return request;
+}
+
+void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len) {
+  try {
+    params.validate(vocab_size, max_model_len);
+  } catch (const InvalidArgument& e) {
+    // CHECK's text is "check failed: <cond>: <message> [<file>:<line>]"; clients get the
+    // message, and the field it starts with as param.
+    std::string message = e.what();
+    const std::string prefix = "check failed: ";
+    if (message.rfind(prefix, 0) == 0) {
+      const size_t colon = message.find(": ", prefix.size());
+      if (colon != std::string::npos) message = message.substr(colon + 2);
+    }
+    const size_t location = message.rfind(" [");
+    if (location != std::string::npos) message.resize(location);
+    std::string param = message.substr(0, message.find(' '));
+    if (!param.empty() && param.back() == ':') param.pop_back();
+    throw RequestError(param, message);
+  }
+}
+
+void check_prompt_length(int64_t num_prompt_tokens, std::optional<int64_t> max_tokens,
+                         int64_t max_model_len) {
+  if (num_prompt_tokens > max_model_len) {
+    fail("messages", str_cat("This model's maximum context length is ", max_model_len,
+                             " tokens. However, your request has ", num_prompt_tokens,
+                             " input tokens. Please reduce the length of the input messages."));
+  }
+  if (max_tokens && num_prompt_tokens + *max_tokens > max_model_len) {
+    fail("max_tokens",
+         str_cat("'max_tokens' or 'max_completion_tokens' is too large: ", *max_tokens,
+                 ". This model's maximum context length is ", max_model_len,
+                 " tokens and your request has ", num_prompt_tokens, " input tokens (", *max_tokens,
+                 " > ", max_model_len, " - ", num_prompt_tokens, ")."));
+  }
+}
+
+// ---- Responses ------------------------------------------------------------------------
+
+namespace {
+
+ordered_json logprob_value(float logprob) {
+  return std::isfinite(logprob) ? logprob : -9999.0f;
+}
+
+ordered_json utf8_bytes(const std::string& token) {
+  ordered_json bytes = ordered_json::array();
+  for (unsigned char c : token) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+ordered_json chat_logprobs_json(const std::optional<std::vector<TokenLogprob>>& logprobs) {
+  if (!logprobs) return nullptr;
+  ordered_json content = ordered_json::array();
+  for (const auto& t : *logprobs) {
+    ordered_json top = ordered_json::array();
+    for (const auto& alt : t.top_logprobs) {
+      top.push_back({{"token", alt.token},
+                     {"logprob", logprob_value(alt.logprob)},
+                     {"bytes", utf8_bytes(alt.token)}});
+    }
+    content.push_back({{"token", t.token},
+                       {"logprob", logprob_value(t.logprob.value_or(0.0f))},
+                       {"bytes", utf8_bytes(t.token)},
+                       {"top_logprobs", std::move(top)}});
+  }
+  return {{"content", std::move(content)}};
+}
+
+int64_t num_code_points(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+ordered_json completion_logprobs_json(const std::optional<std::vector<TokenLogprob>>& logprobs,
+                                      int64_t text_offset) {
+  if (!logprobs) return nullptr;
+  ordered_json offsets = ordered_json::array();
+  ordered_json token_logprobs = ordered_json::array();
+  ordered_json tokens = ordered_json::array();
+  ordered_json top_logprobs = ordered_json::array();
+  for (const auto& t : *logprobs) {
+    offsets.push_back(text_offset);
+    text_offset += num_code_points(t.token);
+    tokens.push_back(t.token);
+    if (!t.logprob) {
+      token_logprobs.push_back(nullptr);
+      top_logprobs.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(logprob_value(*t.logprob));
+    ordered_json top = ordered_json::object();
+    for (const auto& alt : t.top_logprobs) top[alt.token] = logprob_value(alt.logprob);
+    top_logprobs.push_back(std::move(top));
+  }
+  return {{"text_offset", std::move(offsets)},
+          {"token_logprobs", std::move(token_logprobs)},
+          {"tokens", std::move(tokens)},
+          {"top_logprobs", std::move(top_logprobs)}};
+}
+
+ordered_json tool_call_json(const ToolCall& call) {
+  return {{"id", call.id},
+          {"type", "function"},
+          {"function", {{"name", call.name}, {"arguments", call.arguments}}}};
+}
+
+ordered_json tool_call_delta_json(const ToolCallDelta& delta) {
+  ordered_json out = {{"index", delta.index}};
+  if (delta.id) {
+    out["id"] = *delta.id;
+    out["type"] = "function";
+    out["function"] = {{"name", delta.name.value_or("")}, {"arguments", delta.arguments}};
+  } else {
+    out["function"] = {{"arguments", delta.arguments}};
+  }
+  return out;
+}
+
+ordered_json optional_string(const std::optional<std::string>& s) {
+  return s ? ordered_json(*s) : ordered_json(nullptr);
+}
+
+ordered_json response_head(const ResponseMeta& meta, std::string_view object) {
+  return {{"id", meta.id}, {"object", object}, {"created", meta.created}, {"model", meta.model}};
+}
+
+}  // namespace
+
+ResponseMeta make_response_meta(std::string_view prefix, std::string model) {
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  static constexpr char kHex[] = "0123456789abcdef";
+  ResponseMeta meta;
+  meta.id = str_cat(prefix, "-");
+  for (int i = 0; i < 32; ++i) meta.id += kHex[rng() & 15];
+  meta.created = std::chrono::duration_cast<std::chrono::seconds>(
+                     std::chrono::system_clock::now().time_since_epoch())
+                     .count();
+  meta.model = std::move(model);
+  return meta;
+}
+
+ordered_json usage_json(const Usage& usage) {
+  return {{"prompt_tokens", usage.prompt_tokens},
+          {"completion_tokens", usage.completion_tokens},
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+}
+
+ordered_json chat_completion_json(const ResponseMeta& meta, const std::vector<ChatChoice>& choices,
+                                  const Usage& usage) {
+  ordered_json out = response_head(meta, "chat.completion");
+  ordered_json list = ordered_json::array();
+  for (const auto& choice : choices) {
+    ordered_json message = {{"role", "assistant"},
+                            {"content", optional_string(choice.content)},
+                            {"reasoning", optional_string(choice.reasoning)}};
+    if (!choice.tool_calls.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (const auto& call : choice.tool_calls) calls.push_back(tool_call_json(call));
+      message["tool_calls"] = std::move(calls);
+    }
+    list.push_back({{"index", choice.index},
+                    {"message", std::move(message)},
+                    {"logprobs", chat_logprobs_json(choice.logprobs)},
+                    {"finish_reason", choice.finish_reason},
+                    {"stop_reason", choice.stop_reason}});
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json completion_json(const ResponseMeta& meta, const std::vector<CompletionChoice>& choices,
+                             const Usage& usage) {
+  ordered_json out = response_head(meta, "text_completion");
+  ordered_json list = ordered_json::array();
+  for (const auto& choice : choices) {
+    list.push_back({{"index", choice.index},
+                    {"text", choice.text},
+                    {"logprobs", completion_logprobs_json(choice.logprobs, choice.text_offset)},
+                    {"finish_reason", choice.finish_reason},
+                    {"stop_reason", choice.stop_reason}});
+  }
+  out["choices"] = std::move(list);
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json chat_chunk_json(const ResponseMeta& meta,
+                             const std::vector<ChatChunkChoice>& choices) {
+  ordered_json out = response_head(meta, "chat.completion.chunk");
+  ordered_json list = ordered_json::array();
+  for (const auto& choice : choices) {
+    ordered_json delta = ordered_json::object();
+    if (choice.delta.role) delta["role"] = "assistant";
+    if (choice.delta.content) delta["content"] = *choice.delta.content;
+    if (choice.delta.reasoning) delta["reasoning"] = *choice.delta.reasoning;
+    if (!choice.delta.tool_calls.empty()) {
+      ordered_json calls = ordered_json::array();
+      for (const auto& call : choice.delta.tool_calls) calls.push_back(tool_call_delta_json(call));
+      delta["tool_calls"] = std::move(calls);
+    }
+    ordered_json item = {{"index", choice.index},
+                         {"delta", std::move(delta)},
+                         {"logprobs", chat_logprobs_json(choice.logprobs)},
+                         {"finish_reason", optional_string(choice.finish_reason)}};
+    if (choice.finish_reason) item["stop_reason"] = choice.stop_reason;
+    list.push_back(std::move(item));
+  }
+  out["choices"] = std::move(list);
+  return out;
+}
+
+ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index) {
+  ChatChunkChoice choice;
+  choice.index = index;
+  choice.delta.role = true;
+  choice.delta.content = "";
+  return chat_chunk_json(meta, {choice});
+}
+
+ordered_json completion_chunk_json(const ResponseMeta& meta,
+                                   const std::vector<CompletionChunkChoice>& choices) {
+  ordered_json out = response_head(meta, "text_completion");
+  ordered_json list = ordered_json::array();
+  for (const auto& choice : choices) {
+    ordered_json item = {
+        {"index", choice.index},
+        {"text", choice.text},
+        {"logprobs", completion_logprobs_json(choice.logprobs, choice.text_offset)},
+        {"finish_reason", optional_string(choice.finish_reason)}};
+    if (choice.finish_reason) item["stop_reason"] = choice.stop_reason;
+    list.push_back(std::move(item));
+  }
+  out["choices"] = std::move(list);
+  return out;
+}
+
+ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage) {
+  ordered_json out = response_head(meta, "chat.completion.chunk");
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage) {
+  ordered_json out = response_head(meta, "text_completion");
+  out["choices"] = ordered_json::array();
+  out["usage"] = usage_json(usage);
+  return out;
+}
+
+std::string sse_event(const ordered_json& payload) {
+  return str_cat("data: ", payload.dump(-1, ' ', false, ordered_json::error_handler_t::replace),
+                 "\n\n");
+}
+
+std::string error_body(int status, std::string_view message, std::string_view param) {
+  // openai_error_body() sorts keys; clients print them in OpenAI's order.
+  const ordered_json error = ordered_json::parse(openai_error_body(status, message))["error"];
+  const ordered_json body = {
+      {"error",
+       {{"message", error["message"]},
+        {"type", error["type"]},
+        {"param", param.empty() ? ordered_json(nullptr) : ordered_json(param)},
+        {"code", error["code"]}}}};
+  return body.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+std::string error_body(const RequestError& error) {
+  return error_body(error.status(), error.what(), error.param());
+}
+
+ordered_json models_json(const std::vector<ModelCard>& models) {
+  ordered_json data = ordered_json::array();
+  for (const auto& model : models) {
+    data.push_back({{"id", model.id},
+                    {"object", "model"},
+                    {"created", model.created},
+                    {"owned_by", "hyserve"},
+                    {"root", model.root},
+                    {"parent", nullptr},
+                    {"max_model_len", model.max_model_len}});
+  }
+  return {{"object", "list"}, {"data", std::move(data)}};
+}
+
+}  // namespace hyserve

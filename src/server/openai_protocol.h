@@ -1,0 +1,223 @@
+// The OpenAI-compatible wire protocol, as vLLM speaks it: request bodies of
+// POST /v1/chat/completions and /v1/completions parsed and checked into structs (with the
+// SamplingParams they imply), and the JSON of every response the server sends: full
+// responses, streaming chunks, SSE framing, errors and /v1/models. No sockets and no
+// engine here, so every field rule and response shape is tested on strings.
+//
+// JSON is nlohmann::ordered_json: messages, tools and chat_template_kwargs go to the chat
+// template in the key order the client sent (templates print tool schemas with tojson).
+// A JSON null is treated as an absent field, as vLLM's pydantic models do.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/sampling_params.h"
+#include "server/http_message.h"
+#include "tokenizer/tool_call_parser.h"
+
+namespace hyserve {
+
+// A request the server must refuse: HTTP status (400 unless told) and the OpenAI `param`
+// naming the offending field ("temperature", "messages[0].role"; empty when none).
+class RequestError : public HttpError {
+ public:
+  RequestError(std::string param, const std::string& message, int status = 400)
+      : HttpError(status, message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
+// ---- Requests -------------------------------------------------------------------------
+
+struct ChatMessage {
+  std::string role;                    // system | user | assistant | tool
+  std::optional<std::string> content;  // a string, or the text parts joined with "\n"
+  std::optional<std::string> name;
+  std::vector<ToolCall> tool_calls;         // assistant turns: {id, function.name, arguments}
+  std::optional<std::string> tool_call_id;  // tool turns
+  std::optional<std::string> reasoning;     // "reasoning" or its alias "reasoning_content"
+};
+
+enum class ToolChoiceMode { kNone, kAuto, kRequired, kNamed };
+
+struct ToolChoice {
+  ToolChoiceMode mode = ToolChoiceMode::kAuto;
+  std::string function_name;  // kNamed only
+};
+
+// Recorded, not enforced: hyserve has no guided decoding yet.
+struct ResponseFormat {
+  std::string type = "text";           // text | json_object | json_schema
+  nlohmann::ordered_json json_schema;  // the "json_schema" object, or null
+};
+
+// Fields both endpoints share.
+struct GenerationRequest {
+  std::string model;
+  SamplingParams sampling;  // filled from the body; check with validate_sampling()
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  bool echo = false;
+  ResponseFormat response_format;
+  std::optional<std::string> user;
+  int32_t priority = 0;
+  std::optional<std::string> cache_salt;
+  std::vector<std::string> unknown_fields;  // top-level keys we ignore, for a log line
+};
+
+struct ChatCompletionRequest : GenerationRequest {
+  std::vector<ChatMessage> messages;
+  nlohmann::ordered_json messages_json;         // as sent, for the chat template
+  nlohmann::ordered_json tools;                 // array as sent, or null
+  ToolChoice tool_choice;                       // default: auto with tools, none without
+  nlohmann::ordered_json chat_template_kwargs;  // object as sent, or null
+  bool logprobs = false;
+  std::optional<int32_t> top_logprobs;
+
+  // False only when chat_template_kwargs.thinking is false.
+  bool thinking_enabled() const;
+};
+
+using CompletionPrompt = std::variant<std::string, std::vector<int32_t>>;
+
+struct CompletionRequest : GenerationRequest {
+  std::vector<CompletionPrompt> prompts;  // one per prompt; a choice set of n for each
+};
+
+// Parse a request body (JSON text). Throw RequestError (400) for bad JSON, wrong types and
+// the cross-field rules; ranges that depend on the model are left to validate_sampling().
+ChatCompletionRequest parse_chat_completion_request(std::string_view body);
+CompletionRequest parse_completion_request(std::string_view body);
+
+// SamplingParams::validate() with the model's limits, its InvalidArgument turned into a
+// RequestError whose param is the field it names.
+void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len);
+
+// vLLM's context-length checks on a tokenized prompt: the prompt alone, then prompt plus
+// max_tokens, must fit max_model_len. Throws RequestError (400).
+void check_prompt_length(int64_t num_prompt_tokens, std::optional<int64_t> max_tokens,
+                         int64_t max_model_len);
+
+// ---- Responses ------------------------------------------------------------------------
+
+// What every response and chunk of one request shares.
+struct ResponseMeta {
+  std::string id;       // "chatcmpl-<32 hex>" / "cmpl-<32 hex>"
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+// A fresh id ("<prefix>-" + 32 random hex digits) and the current time.
+ResponseMeta make_response_meta(std::string_view prefix, std::string model);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache
+};
+
+struct TopLogprob {
+  std::string token;
+  float logprob = 0.0f;
+};
+
+// One generated (or echoed prompt) token. logprob is nullopt only for the first prompt
+// token of an echoed completion, which has no logprob. -inf is sent as -9999.0, as vLLM does.
+struct TokenLogprob {
+  std::string token;
+  std::optional<float> logprob;
+  std::vector<TopLogprob> top_logprobs;
+};
+
+struct ChatChoice {
+  int32_t index = 0;
+  std::optional<std::string> content;                 // null when absent
+  std::optional<std::string> reasoning;               // null when absent
+  std::vector<ToolCall> tool_calls;                   // key omitted when empty
+  std::optional<std::vector<TokenLogprob>> logprobs;  // null when not requested
+  std::string finish_reason;                          // stop | length | tool_calls | abort
+  nlohmann::ordered_json stop_reason;                 // null, the stop string, or the stop token id
+};
+
+struct CompletionChoice {
+  int32_t index = 0;
+  std::string text;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+  int64_t text_offset = 0;  // offset (code points) of the first logprob token in the output
+  std::string finish_reason;
+  nlohmann::ordered_json stop_reason;
+};
+
+nlohmann::ordered_json usage_json(const Usage& usage);
+nlohmann::ordered_json chat_completion_json(const ResponseMeta& meta,
+                                            const std::vector<ChatChoice>& choices,
+                                            const Usage& usage);
+nlohmann::ordered_json completion_json(const ResponseMeta& meta,
+                                       const std::vector<CompletionChoice>& choices,
+                                       const Usage& usage);
+
+// Streaming. A delta's keys appear only when set.
+struct ChatDelta {
+  bool role = false;  // "role": "assistant"
+  std::optional<std::string> content;
+  std::optional<std::string> reasoning;
+  std::vector<ToolCallDelta> tool_calls;
+};
+
+struct ChatChunkChoice {
+  int32_t index = 0;
+  ChatDelta delta;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+  std::optional<std::string> finish_reason;  // set on a choice's last chunk only
+  nlohmann::ordered_json stop_reason;        // sent with finish_reason
+};
+
+struct CompletionChunkChoice {
+  int32_t index = 0;
+  std::string text;
+  std::optional<std::vector<TokenLogprob>> logprobs;
+  int64_t text_offset = 0;
+  std::optional<std::string> finish_reason;
+  nlohmann::ordered_json stop_reason;
+};
+
+nlohmann::ordered_json chat_chunk_json(const ResponseMeta& meta,
+                                       const std::vector<ChatChunkChoice>& choices);
+// The first chunk of a choice: delta {"role": "assistant", "content": ""}.
+nlohmann::ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index);
+nlohmann::ordered_json completion_chunk_json(const ResponseMeta& meta,
+                                             const std::vector<CompletionChunkChoice>& choices);
+// The closing usage chunk (stream_options.include_usage): "choices": [].
+nlohmann::ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
+nlohmann::ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
+
+// SSE framing: "data: <json>\n\n" and the terminator.
+std::string sse_event(const nlohmann::ordered_json& payload);
+inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+// {"error": {"message", "type", "param", "code"}}: openai_error_body() with the param set.
+std::string error_body(int status, std::string_view message, std::string_view param = {});
+std::string error_body(const RequestError& error);
+
+struct ModelCard {
+  std::string id;    // served model name
+  std::string root;  // model directory
+  int64_t max_model_len = 0;
+  int64_t created = 0;
+};
+
+// GET /v1/models: {"object": "list", "data": [{id, object "model", created, owned_by, root,
+// parent null, max_model_len}]}.
+nlohmann::ordered_json models_json(const std::vector<ModelCard>& models);
+
+}  // namespace hyserve
