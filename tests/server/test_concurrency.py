@@ -68,12 +68,13 @@ def test_client_disconnect_mid_stream(server, client):
             break
     assert events >= 3
     # Close the socket itself, not just the response object (urllib3 may pool it).
-    sock = r.raw._connection.sock if r.raw._connection else None
+    sock = getattr(getattr(r.raw, "_connection", None), "sock", None)
     if sock is not None:
         sock.shutdown(socket.SHUT_RDWR)
     r.close()
-    waited = wait_idle(server, timeout_s=15)
-    assert waited < 15
+    # Uncancelled, the request would run for seconds more (about 5 s on 2 cores).
+    waited = wait_idle(server, timeout_s=3)
+    assert waited < 3
     # The server still answers.
     after = client.completions.create(model=server.model, prompt="Still there?", max_tokens=3,
                                       extra_body={"ignore_eos": True})

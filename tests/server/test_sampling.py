@@ -56,7 +56,8 @@ def test_completion_logprobs(server, client):
     assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
     assert len(lp.text_offset) == 5
     assert lp.text_offset == sorted(lp.text_offset)
-    assert "".join(lp.tokens) == r.choices[0].text
+    if r.choices[0].text.isascii():  # partial UTF-8 tokens have no exact text of their own
+        assert "".join(lp.tokens) == r.choices[0].text
     for i, (chosen, tops) in enumerate(zip(lp.token_logprobs, lp.top_logprobs)):
         assert chosen <= 0.0
         # The top 2, plus the sampled token when it is not among them.
@@ -69,12 +70,12 @@ def test_stop_string(server, client):
     full = client.completions.create(model=server.model, prompt=prompt, max_tokens=32,
                                      temperature=0, extra_body={"ignore_eos": True})
     text = full.choices[0].text
-    # A short printable-ASCII stop string whose first occurrence leaves a clean, non-empty
-    # prefix (random weights may emit partial UTF-8, shown as U+FFFD).
+    # A short printable-ASCII stop string at its first occurrence, after a non-empty prefix
+    # that does not end in a partial UTF-8 character (random weights emit those as U+FFFD).
     stop = None
     for start in range(1, len(text) - 2):
         cand = text[start:start + 2]
-        if all(33 <= ord(ch) < 127 for ch in cand) and "\ufffd" not in text[:start] \
+        if all(33 <= ord(ch) < 127 for ch in cand) and text[start - 1] != "\ufffd" \
                 and text.find(cand) == start:
             stop = cand
             break
