@@ -88,6 +88,14 @@ int run_serve(const ServeArgs& a) {
   CHECK(ec.scheduler.max_model_len > 0,
         "--max-model-len is needed: the config has no max_position_embeddings");
   const int64_t max_model_len = ec.scheduler.max_model_len;
+  // Generation stops at the config's EOS ids and at the tokenizer's eos_token (for Kimi
+  // chat, <|im_end|>), as vLLM does.
+  for (int64_t id : model->config().eos_token_ids)
+    ec.scheduler.eos_token_ids.push_back(static_cast<int32_t>(id));
+  if (special.eos_token) {
+    const int32_t id = tokenizer->token_id(*special.eos_token);
+    if (id >= 0 && id < model->config().vocab_size) ec.scheduler.eos_token_ids.push_back(id);
+  }
   Engine engine(std::move(model), ec);
   engine.start();
 
