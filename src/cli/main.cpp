@@ -1,5 +1,5 @@
-// hyserve: command-line entry. `hyserve info`, `hyserve generate`; more to come
-// (serve, bench). Every hyserve::Error becomes one line on stderr and exit code 1.
+// hyserve: command-line entry: `hyserve info`, `hyserve generate`, `hyserve serve`. Every
+// hyserve::Error becomes one line on stderr and exit code 1.
 #include <cstdio>
 #include <exception>
 
@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   auto info = hyserve::cli::add_info_command(app);
   auto generate = hyserve::cli::add_generate_command(app);
+  auto serve = hyserve::cli::add_serve_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("info")) return info();
     if (app.got_subcommand("generate")) return generate();
+    if (app.got_subcommand("serve")) return serve();
   } catch (const hyserve::Error& e) {
     std::fprintf(stderr, "hyserve: error: %s\n", e.what());
     return 1;

@@ -29,7 +29,7 @@ struct EngineConfig {
   int64_t block_size = 64;
 };
 
-struct TokenLogprob {
+struct LogprobEntry {
   int32_t token = 0;
   float logprob = 0.0f;  // log_softmax of the raw model logits
 };
@@ -37,7 +37,7 @@ struct TokenLogprob {
 struct OutputToken {
   int32_t token = 0;
   float logprob = 0.0f;
-  std::vector<TokenLogprob> top_logprobs;  // SamplingParams::logprobs entries, best first
+  std::vector<LogprobEntry> top_logprobs;  // SamplingParams::logprobs entries, best first
 };
 
 struct RequestOutput {

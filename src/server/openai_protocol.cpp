@@ -462,20 +462,26 @@ CompletionRequest parse_completion_request(std::string_view body_text) {
   return request;
 }
 
+std::string client_message(std::string_view what) {
+  // CHECK's text is "check failed: <cond>: <message> [<file>:<line>]"; clients get the
+  // message.
+  std::string message(what);
+  const std::string prefix = "check failed: ";
+  if (message.rfind(prefix, 0) == 0) {
+    const size_t colon = message.find(": ", prefix.size());
+    if (colon != std::string::npos) message = message.substr(colon + 2);
+  }
+  const size_t location = message.rfind(" [");
+  if (location != std::string::npos && message.back() == ']') message.resize(location);
+  return message;
+}
+
 void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len) {
   try {
     params.validate(vocab_size, max_model_len);
   } catch (const InvalidArgument& e) {
-    // CHECK's text is "check failed: <cond>: <message> [<file>:<line>]"; clients get the
-    // message, and the field it starts with as param.
-    std::string message = e.what();
-    const std::string prefix = "check failed: ";
-    if (message.rfind(prefix, 0) == 0) {
-      const size_t colon = message.find(": ", prefix.size());
-      if (colon != std::string::npos) message = message.substr(colon + 2);
-    }
-    const size_t location = message.rfind(" [");
-    if (location != std::string::npos) message.resize(location);
+    // The field the message starts with is the param.
+    const std::string message = client_message(e.what());
     std::string param = message.substr(0, message.find(' '));
     if (!param.empty() && param.back() == ':') param.pop_back();
     throw RequestError(param, message);

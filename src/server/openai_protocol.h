@@ -102,6 +102,9 @@ CompletionRequest parse_completion_request(std::string_view body);
 // SamplingParams::validate() with the model's limits, its InvalidArgument turned into a
 // RequestError whose param is the field it names.
 void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len);
+// The part of an exception's text a client should see: CHECK's condition and the
+// [file:line] suffix removed.
+std::string client_message(std::string_view what);
 
 // vLLM's context-length checks on a tokenized prompt: the prompt alone, then prompt plus
 // max_tokens, must fit max_model_len. Throws RequestError (400).

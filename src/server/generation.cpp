@@ -1,0 +1,168 @@
+#include "server/generation.h"
+
+#include "tokenizer/utf8.h"
+
+namespace hyserve {
+
+ChoiceProcessor::ChoiceProcessor(const Tokenizer& tokenizer, ChoiceOptions options)
+    : tokenizer_(tokenizer),
+      options_(std::move(options)),
+      // The parsers need their markers, which are special tokens.
+      detok_(tokenizer, options_.skip_special_tokens && !options_.parse_reasoning &&
+                            !options_.parse_tool_calls) {
+  if (options_.parse_reasoning) reasoning_.emplace(options_.thinking_enabled);
+  if (options_.parse_tool_calls) tools_.emplace();
+  for (const std::string& s : options_.stop) max_stop_ = std::max(max_stop_, s.size());
+}
+
+std::string ChoiceProcessor::token_text(int32_t id) const {
+  const int32_t ids[1] = {id};
+  return replace_invalid_utf8(tokenizer_.decode(ids, false));
+}
+
+void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
+  std::string content(text);
+  if (reasoning_) {
+    const ReasoningSplit r = reasoning_->feed(content);
+    d.reasoning += r.reasoning;
+    all_reasoning_ += r.reasoning;
+    content = r.content;
+  }
+  if (tools_) {
+    ToolParserDelta t = tools_->feed(content);
+    content = t.content;
+    for (ToolCallDelta& c : t.tool_calls) d.tool_calls.push_back(std::move(c));
+  }
+  d.content += content;
+  all_content_ += content;
+}
+
+ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
+  ChoiceDelta d;
+  if (finished_) return d;
+  for (const OutputToken& t : out.new_tokens) {
+    ++num_tokens_;
+    text_ += detok_.push(t.token);
+    if (options_.logprobs) {
+      TokenLogprob lp;
+      lp.token = token_text(t.token);
+      lp.logprob = t.logprob;
+      for (const auto& top : t.top_logprobs)
+        lp.top_logprobs.push_back({token_text(top.token), top.logprob});
+      d.logprobs.push_back(std::move(lp));
+    }
+  }
+  if (out.finished) text_ += detok_.finish();
+
+  // Stop strings: search the not-yet-emitted text (and the tail that may start one).
+  size_t stop_at = std::string::npos, stop_len = 0;
+  if (max_stop_ > 0) {
+    const size_t from = emitted_ >= max_stop_ ? emitted_ - max_stop_ + 1 : 0;
+    for (const std::string& s : options_.stop) {
+      const size_t p = text_.find(s, from);
+      if (p != std::string::npos && p + s.size() > emitted_ &&
+          (stop_at == std::string::npos || p < stop_at)) {
+        stop_at = p;
+        stop_len = s.size();
+        d.stop_reason = s;
+      }
+    }
+  }
+  if (stop_at != std::string::npos) {
+    const size_t end = options_.include_stop_str_in_output ? stop_at + stop_len : stop_at;
+    if (end > emitted_) emit(std::string_view(text_).substr(emitted_, end - emitted_), d);
+    emitted_ = std::max(emitted_, end);
+    d.finished = true;
+    d.finish_reason = "stop";
+    d.stop_string_hit = true;
+  } else {
+    // Hold back what could still become a stop string, unless this is the end.
+    size_t end = text_.size();
+    if (!out.finished && max_stop_ > 1)
+      end = text_.size() > max_stop_ - 1 ? text_.size() - (max_stop_ - 1) : 0;
+    // Never split a UTF-8 character while holding back.
+    while (end > emitted_ && end < text_.size() &&
+           (static_cast<unsigned char>(text_[end]) & 0xC0) == 0x80)
+      --end;
+    if (end > emitted_) emit(std::string_view(text_).substr(emitted_, end - emitted_), d);
+    emitted_ = std::max(emitted_, end);
+    if (out.finished) {
+      d.finished = true;
+      d.finish_reason = out.finish_reason;
+      if (out.stop_token_id) d.stop_reason = *out.stop_token_id;
+    }
+  }
+  if (d.finished) {
+    if (reasoning_) {
+      const ReasoningSplit r = reasoning_->finish();
+      d.reasoning += r.reasoning;
+      all_reasoning_ += r.reasoning;
+      std::string content = r.content;
+      if (tools_) {
+        ToolParserDelta t = tools_->feed(content);
+        content = t.content;
+        for (ToolCallDelta& c : t.tool_calls) d.tool_calls.push_back(std::move(c));
+      }
+      d.content += content;
+      all_content_ += content;
+    }
+    if (tools_) {
+      ToolParserDelta t = tools_->finish();
+      d.content += t.content;
+      all_content_ += t.content;
+      for (ToolCallDelta& c : t.tool_calls) d.tool_calls.push_back(std::move(c));
+      // The whole message's calls, for non-streaming responses.
+      tool_calls_ = parse_kimi_tool_calls(text_.substr(0, emitted_)).tool_calls;
+    }
+    if (!tool_calls_.empty() && d.finish_reason == "stop") d.finish_reason = "tool_calls";
+    finished_ = true;
+  }
+  return d;
+}
+
+GenerationSession::~GenerationSession() {
+  abort_all();
+}
+
+void GenerationSession::add(int32_t choice, Request request) {
+  const std::string id = request.id;
+  std::weak_ptr<Queue> weak = queue_;
+  engine_.add_request(std::move(request), [weak, choice](const RequestOutput& out) {
+    if (auto q = weak.lock()) {
+      {
+        std::lock_guard<std::mutex> lk(q->mu);
+        q->events.push_back({choice, out});
+      }
+      q->cv.notify_one();
+    }
+  });
+  if (static_cast<size_t>(choice) >= ids_.size()) {
+    ids_.resize(choice + 1);
+    done_.resize(choice + 1, false);
+  }
+  ids_[choice] = id;
+}
+
+std::optional<GenerationSession::Event> GenerationSession::next(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lk(queue_->mu);
+  if (!queue_->cv.wait_for(lk, timeout, [&] { return !queue_->events.empty(); }))
+    return std::nullopt;
+  Event e = std::move(queue_->events.front());
+  queue_->events.pop_front();
+  if (e.output.finished && static_cast<size_t>(e.choice) < done_.size()) done_[e.choice] = true;
+  return e;
+}
+
+void GenerationSession::abort(int32_t choice, const std::string& reason) {
+  if (static_cast<size_t>(choice) < ids_.size() && !done_[choice]) {
+    engine_.abort_request(ids_[choice], reason);
+  }
+}
+
+void GenerationSession::abort_all() {
+  for (size_t i = 0; i < ids_.size(); ++i) {
+    if (!done_[i] && !ids_[i].empty()) engine_.abort_request(ids_[i]);
+  }
+}
+
+}  // namespace hyserve

@@ -1,0 +1,110 @@
+// The server side of one generation: GenerationSession submits a request's choices to
+// the engine and queues their outputs for the HTTP thread; ChoiceProcessor turns one
+// choice's tokens into text deltas (streaming detokenization, stop strings with the
+// hold-back vLLM uses, the reasoning and tool-call parsers, logprob entries).
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "server/openai_protocol.h"
+#include "tokenizer/reasoning_parser.h"
+#include "tokenizer/streaming_detokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/tool_call_parser.h"
+
+namespace hyserve {
+
+struct ChoiceOptions {
+  bool skip_special_tokens = true;
+  bool parse_reasoning = false;  // --reasoning-parser kimi_k3
+  bool thinking_enabled = true;
+  bool parse_tool_calls = false;  // --enable-auto-tool-choice with tools in the request
+  std::vector<std::string> stop;
+  bool include_stop_str_in_output = false;
+  bool logprobs = false;
+};
+
+struct ChoiceDelta {
+  std::string content;
+  std::string reasoning;
+  std::vector<ToolCallDelta> tool_calls;
+  std::vector<TokenLogprob> logprobs;
+  bool finished = false;
+  std::string finish_reason;
+  nlohmann::ordered_json stop_reason;  // the stop string or stop token id, else null
+  bool stop_string_hit = false;        // the caller aborts the engine request
+};
+
+class ChoiceProcessor {
+ public:
+  ChoiceProcessor(const Tokenizer& tokenizer, ChoiceOptions options);
+
+  // Consumes one engine output of this choice.
+  ChoiceDelta feed(const RequestOutput& out);
+  int64_t num_tokens() const { return num_tokens_; }
+  bool finished() const { return finished_; }
+  // Everything emitted so far, as one message (non-streaming responses).
+  const std::string& all_content() const { return all_content_; }
+  const std::string& all_reasoning() const { return all_reasoning_; }
+  const std::vector<ToolCall>& all_tool_calls() const { return tool_calls_; }
+
+ private:
+  void emit(std::string_view text, ChoiceDelta& d);
+  std::string token_text(int32_t id) const;
+
+  const Tokenizer& tokenizer_;
+  ChoiceOptions options_;
+  StreamingDetokenizer detok_;
+  std::optional<ReasoningStreamParser> reasoning_;
+  std::optional<KimiToolCallStreamParser> tools_;
+  std::string text_;     // detokenized output so far
+  size_t emitted_ = 0;   // bytes of text_ passed on
+  size_t max_stop_ = 0;  // longest stop string
+  int64_t num_tokens_ = 0;
+  bool finished_ = false;
+  std::string all_content_, all_reasoning_;
+  std::vector<ToolCall> tool_calls_;
+};
+
+// One HTTP request's engine requests (n choices, or several prompts x n), with a queue
+// of their outputs. The engine's callbacks only push into the queue.
+class GenerationSession {
+ public:
+  struct Event {
+    int32_t choice = 0;
+    RequestOutput output;
+  };
+
+  explicit GenerationSession(Engine& engine) : engine_(engine), queue_(std::make_shared<Queue>()) {}
+  ~GenerationSession();
+
+  // Submits one choice; throws InvalidArgument when the engine refuses it.
+  void add(int32_t choice, Request request);
+  // The next output, waiting up to `timeout`; nullopt on timeout.
+  std::optional<Event> next(std::chrono::milliseconds timeout);
+  // Aborts one choice's engine request (stop string) or all unfinished ones.
+  void abort(int32_t choice, const std::string& reason);
+  void abort_all();
+  size_t num_choices() const { return ids_.size(); }
+
+ private:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<Event> events;
+  };
+  Engine& engine_;
+  std::shared_ptr<Queue> queue_;
+  std::vector<std::string> ids_;
+  std::vector<bool> done_;
+};
+
+}  // namespace hyserve

@@ -1,0 +1,61 @@
+// OpenAIServer: vLLM's OpenAI-compatible routes (SERVING.md) over the HTTP server core:
+// /v1/chat/completions, /v1/completions (streaming or not), /v1/models, /health,
+// /metrics, /tokenize, /detokenize. Handlers parse and validate, render the chat
+// template, tokenize, submit to the engine, and stream or collect the outputs; a client
+// that disconnects has its engine requests aborted.
+#pragma once
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "engine/engine.h"
+#include "server/http_server.h"
+#include "server/metrics.h"
+#include "tokenizer/chat_template.h"
+#include "tokenizer/tokenizer.h"
+
+namespace hyserve {
+
+struct OpenAIServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string served_model_name;  // what clients pass as "model"
+  std::string model_root;         // the model folder, for /v1/models' "root"
+  std::string api_key;            // empty: no authentication
+  bool enable_auto_tool_choice = false;
+  std::string tool_call_parser;  // "kimi_k3" or empty
+  std::string reasoning_parser;  // "kimi_k3" or empty
+};
+
+class OpenAIServer {
+ public:
+  OpenAIServer(OpenAIServerOptions options, Engine& engine, const Tokenizer& tokenizer,
+               ChatTemplates templates, SpecialTokens special_tokens);
+  ~OpenAIServer();
+
+  void start();
+  void stop();  // stops accepting, lets in-flight requests finish (drain timeout)
+  void wait();
+  int port() const { return http_.port(); }
+
+ private:
+  bool authorized(const HttpRequest& req, HttpResponseWriter& w) const;
+  void chat_completions(const HttpRequest& req, HttpResponseWriter& w);
+  void completions(const HttpRequest& req, HttpResponseWriter& w);
+  void models(const HttpRequest& req, HttpResponseWriter& w);
+  void tokenize(const HttpRequest& req, HttpResponseWriter& w);
+  void detokenize(const HttpRequest& req, HttpResponseWriter& w);
+
+  OpenAIServerOptions options_;
+  Engine& engine_;
+  const Tokenizer& tokenizer_;
+  ChatTemplates templates_;
+  SpecialTokens special_tokens_;
+  ServerMetrics metrics_;
+  HttpServer http_;
+  int64_t created_;
+};
+
+}  // namespace hyserve
