@@ -115,3 +115,15 @@ def test_completion_n2(server, client):
                                   extra_body={"ignore_eos": True})
     assert sorted(c.index for c in r.choices) == [0, 1]
     assert r.usage.completion_tokens == 8
+
+
+def test_completion_prompt_lists(server, client):
+    r = client.completions.create(model=server.model, prompt=["Hello", "Goodbye"], max_tokens=3,
+                                  extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert r.usage.completion_tokens == 6
+    r = client.completions.create(model=server.model, prompt=[[300, 301], [302, 303, 304]],
+                                  max_tokens=2, extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1]
+    assert r.usage.prompt_tokens == 5
+    assert r.usage.completion_tokens == 4
