@@ -1,5 +1,7 @@
 #include "server/generation.h"
 
+#include <algorithm>
+
 #include "tokenizer/utf8.h"
 
 namespace hyserve {
@@ -40,9 +42,18 @@ void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
 ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   ChoiceDelta d;
   if (finished_) return d;
-  for (const OutputToken& t : out.new_tokens) {
+  // A stop token from stop_token_ids ends the output without its text (as vLLM does,
+  // unless include_stop_str_in_output); EOS is not reported as a stop_reason.
+  const bool by_stop_token =
+      out.finished && out.stop_token_id &&
+      std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(),
+                *out.stop_token_id) != options_.stop_token_ids.end();
+  for (size_t i = 0; i < out.new_tokens.size(); ++i) {
+    const OutputToken& t = out.new_tokens[i];
     ++num_tokens_;
-    text_ += detok_.push(t.token);
+    const bool last = i + 1 == out.new_tokens.size();
+    if (!(last && by_stop_token && !options_.include_stop_str_in_output))
+      text_ += detok_.push(t.token);
     if (options_.logprobs) {
       TokenLogprob lp;
       lp.token = token_text(t.token);
@@ -89,7 +100,7 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
     if (out.finished) {
       d.finished = true;
       d.finish_reason = out.finish_reason;
-      if (out.stop_token_id) d.stop_reason = *out.stop_token_id;
+      if (by_stop_token) d.stop_reason = *out.stop_token_id;
     }
   }
   if (d.finished) {

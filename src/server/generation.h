@@ -28,6 +28,7 @@ struct ChoiceOptions {
   bool thinking_enabled = true;
   bool parse_tool_calls = false;  // --enable-auto-tool-choice with tools in the request
   std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;  // reported as stop_reason; their text is left out
   bool include_stop_str_in_output = false;
   bool logprobs = false;
 };

@@ -375,6 +375,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     g.choice.parse_tool_calls = options_.enable_auto_tool_choice && has_tools &&
                                 r.tool_choice.mode != ToolChoiceMode::kNone;
     g.choice.stop = r.sampling.stop;
+    g.choice.stop_token_ids = r.sampling.stop_token_ids;
     g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
     g.choice.logprobs = r.logprobs;
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
@@ -422,6 +423,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     g.include_usage = r.include_usage;
     g.choice.skip_special_tokens = r.sampling.skip_special_tokens;
     g.choice.stop = r.sampling.stop;
+    g.choice.stop_token_ids = r.sampling.stop_token_ids;
     g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
     g.choice.logprobs = r.sampling.logprobs.has_value();
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);

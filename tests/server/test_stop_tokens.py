@@ -31,8 +31,7 @@ def test_im_end_stops(server, client):
     assert c.text == ""
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM reports stop_reason None when EOS ends a request "
-                   "(tests/detokenizer/test_stop_reason.py); hyserve reports the EOS id")
+# vLLM reports stop_reason None when EOS ends a request.
 def test_im_end_stop_reason_is_none(server, client):
     r = complete(server, client, logit_bias={str(IM_END): 100})
     assert (r.choices[0].model_extra or {}).get("stop_reason") is None
@@ -59,8 +58,7 @@ def test_stop_token_ids(server, client):
     assert (c.model_extra or {}).get("stop_reason") == TOKEN
 
 
-@pytest.mark.xfail(strict=True, reason="vLLM drops a stop token's text from the output unless "
-                   "include_stop_str_in_output; hyserve keeps it")
+# vLLM leaves a stop token's text out unless include_stop_str_in_output.
 def test_stop_token_text_excluded(server, client):
     r = complete(server, client, logit_bias={str(TOKEN): 100},
                  extra_body={"stop_token_ids": [TOKEN]})
