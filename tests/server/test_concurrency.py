@@ -12,7 +12,7 @@ from conftest import CHAT, REQUEST_TIMEOUT_S, metric_sum, wait_idle
 
 pytestmark = [pytest.mark.server, pytest.mark.concurrency]
 
-NUM_CONCURRENT = 50
+NUM_CONCURRENT = 200
 
 
 def stream_one(server, i):
@@ -38,7 +38,7 @@ def stream_one(server, i):
     return finish, usage, done
 
 
-def test_fifty_concurrent_streams(server):
+def test_two_hundred_concurrent_streams(server):
     start = time.monotonic()
     with ThreadPoolExecutor(max_workers=NUM_CONCURRENT) as pool:
         results = list(pool.map(lambda i: stream_one(server, i), range(NUM_CONCURRENT)))
