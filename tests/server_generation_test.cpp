@@ -18,7 +18,7 @@ std::vector<RequestOutput> outputs(const std::vector<int32_t>& ids, const std::s
   std::vector<RequestOutput> out;
   for (size_t i = 0; i < ids.size(); ++i) {
     RequestOutput o;
-    o.new_tokens.push_back({ids[i], -1.0f, {}});
+    o.new_tokens.push_back({ids[i], -1.0f, 0, {}});
     o.finished = i + 1 == ids.size();
     if (o.finished) o.finish_reason = reason;
     out.push_back(o);

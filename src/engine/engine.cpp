@@ -34,15 +34,16 @@ OutputToken make_logprobs(std::span<const float> row, int32_t token, int32_t top
   const auto logprob = [&](int32_t id) {
     return static_cast<float>(static_cast<double>(row[static_cast<size_t>(id)]) - log_z);
   };
-  OutputToken out{token, logprob(token), {}};
+  const auto better = [&](int32_t a, int32_t b) {
+    const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
+    if (std::isnan(la) != std::isnan(lb)) return std::isnan(lb);
+    return la > lb || (!(lb > la) && a < b);
+  };
+  OutputToken out{token, logprob(token), 1, {}};
+  for (int32_t id = 0; id < static_cast<int32_t>(row.size()); ++id) out.rank += better(id, token);
   if (top_n > 0) {
     std::vector<int32_t> ids(row.size());
     std::iota(ids.begin(), ids.end(), 0);
-    const auto better = [&](int32_t a, int32_t b) {
-      const float la = row[static_cast<size_t>(a)], lb = row[static_cast<size_t>(b)];
-      if (std::isnan(la) != std::isnan(lb)) return std::isnan(lb);
-      return la > lb || (!(lb > la) && a < b);
-    };
     const auto n = std::min<size_t>(static_cast<size_t>(top_n), ids.size());
     std::partial_sort(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n), ids.end(), better);
     for (size_t i = 0; i < n; ++i) out.top_logprobs.push_back({ids[i], logprob(ids[i])});
@@ -252,7 +253,7 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     runner_output.sampled_token_ids[s.request_id] = {tokens[k]};
     const Request* r = scheduler.find_request(s.request_id);
     const auto& logprobs = r->sampling_params.logprobs;
-    OutputToken t{tokens[k], 0.0f, {}};
+    OutputToken t{tokens[k], 0.0f, 0, {}};
     if (logprobs) {
       const int64_t last =
           rows[sampling[k]] + (batch[sampling[k]].all_logits ? s.num_new_tokens() - 1 : 0);
@@ -270,7 +271,7 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
       const auto it = sampled.find(u.request_id);
       o.new_tokens.push_back(it != sampled.end() && it->second.token == token
                                  ? it->second
-                                 : OutputToken{token, 0.0f, {}});
+                                 : OutputToken{token, 0.0f, 0, {}});
     }
     if (!l.sent_first_output) {
       o.prompt_logprobs = std::move(l.prompt_logprob_values);

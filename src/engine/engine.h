@@ -37,6 +37,7 @@ struct LogprobEntry {
 struct OutputToken {
   int32_t token = 0;
   float logprob = 0.0f;
+  int64_t rank = 0;  // 1-based rank of token by logit (ties: lower id first); 0 if not computed
   std::vector<LogprobEntry> top_logprobs;  // SamplingParams::logprobs entries, best first
 };
 

@@ -138,6 +138,7 @@ class GenerationRun {
     last_token_.assign(num_choices, Clock::time_point{});
     role_sent_.assign(num_choices, false);
     logprobs_.resize(num_choices);
+    prompt_logprobs_.assign(num_choices, nullptr);
     finish_.resize(num_choices);
     stop_reason_.resize(num_choices);
     for (int32_t c = 0; c < num_choices; ++c) {
@@ -174,6 +175,9 @@ class GenerationRun {
       }
       last_token_[c] = now;
     }
+    if (!e.output.prompt_logprobs.empty() && prompt_logprobs_[c].is_null()) {
+      prompt_logprobs_[c] = prompt_logprobs_json(e.output.prompt_logprobs);
+    }
     ChoiceDelta d = p.feed(e.output);
     if (d.stop_string_hit) session_.abort(c, "stop");
     for (auto& lp : d.logprobs) logprobs_[c].push_back(lp);
@@ -185,6 +189,37 @@ class GenerationRun {
                                 seconds_since(start_));
     }
     return d;
+  }
+
+  ordered_json prompt_logprobs_json(const std::vector<std::optional<OutputToken>>& entries) const {
+    ordered_json out = ordered_json::array();
+    for (const auto& e : entries) {
+      if (!e) {
+        out.push_back(nullptr);
+        continue;
+      }
+      ordered_json pos = ordered_json::object();
+      auto add = [&](int32_t token, float logprob, int64_t rank) {
+        const std::string key = std::to_string(token);
+        if (pos.contains(key)) return;
+        const int32_t ids[1] = {token};
+        pos[key] = {{"logprob", logprob},
+                    {"rank", rank},
+                    {"decoded_token", replace_invalid_utf8(tokenizer_.decode(ids, false))}};
+      };
+      int64_t rank = 1;
+      for (const LogprobEntry& t : e->top_logprobs) add(t.token, t.logprob, rank++);
+      add(e->token, e->logprob, e->rank);
+      out.push_back(std::move(pos));
+    }
+    return out;
+  }
+
+  // Adds prompt_logprobs to each choice of a response body, when asked.
+  void add_prompt_logprobs(ordered_json& body) const {
+    if (!g_.sampling.prompt_logprobs) return;
+    for (size_t c = 0; c < prompt_logprobs_.size() && c < body["choices"].size(); ++c)
+      body["choices"][c]["prompt_logprobs"] = prompt_logprobs_[c];
   }
 
   Usage usage() const {
@@ -228,7 +263,9 @@ class GenerationRun {
         ch.stop_reason = stop_reason_[c];
         choices.push_back(std::move(ch));
       }
-      send_json(w, 200, chat_completion_json(g_.meta, choices, usage()).dump());
+      ordered_json body = chat_completion_json(g_.meta, choices, usage());
+      add_prompt_logprobs(body);
+      send_json(w, 200, body.dump());
     } else {
       std::vector<CompletionChoice> choices;
       for (size_t c = 0; c < num_choices; ++c) {
@@ -242,7 +279,9 @@ class GenerationRun {
         ch.stop_reason = stop_reason_[c];
         choices.push_back(std::move(ch));
       }
-      send_json(w, 200, completion_json(g_.meta, choices, usage()).dump());
+      ordered_json body = completion_json(g_.meta, choices, usage());
+      add_prompt_logprobs(body);
+      send_json(w, 200, body.dump());
     }
   }
 
@@ -325,6 +364,7 @@ class GenerationRun {
   std::vector<Clock::time_point> first_token_, last_token_;
   std::vector<bool> role_sent_;
   std::vector<std::vector<TokenLogprob>> logprobs_;
+  std::vector<ordered_json> prompt_logprobs_;  // per choice, when asked
   std::vector<std::string> finish_;
   std::vector<ordered_json> stop_reason_;
   size_t num_finished_ = 0;

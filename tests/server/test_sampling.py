@@ -3,6 +3,7 @@
 import re
 
 import pytest
+import requests
 
 from conftest import CHAT, NO_THINK
 
@@ -97,3 +98,19 @@ def test_stop_string(server, client):
     assert c.text == text[:text.find(stop)], f"stop={stop!r} full={text!r}"
     stop_reason = (c.model_extra or {}).get("stop_reason")
     assert stop_reason in (None, stop)
+
+
+def test_completion_prompt_logprobs(server, client):
+    prompt = "The weather today is"
+    r = client.completions.create(model=server.model, prompt=prompt, max_tokens=2,
+                                  extra_body={"prompt_logprobs": 2})
+    ids = requests.post(server.url("/tokenize"), json={"prompt": prompt},
+                        timeout=30).json()["tokens"]
+    plp = (r.choices[0].model_extra or {}).get("prompt_logprobs")
+    assert plp is not None and len(plp) == len(ids)
+    assert plp[0] is None
+    for pos, entry in zip(ids[1:], plp[1:]):
+        assert str(pos) in entry, entry
+        assert entry[str(pos)]["logprob"] <= 0.0
+        assert entry[str(pos)]["rank"] >= 1
+        assert any(v["rank"] == 1 for v in entry.values()), entry
