@@ -387,6 +387,10 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     if (templates_.empty()) {
       throw RequestError("messages", "this model has no chat template; use /v1/completions");
     }
+    if (r.response_format.type != "text") {
+      throw RequestError("response_format", "response_format of type '" + r.response_format.type +
+                                                "' needs guided decoding, which is not built yet");
+    }
     const bool has_tools = r.tools.is_array() && !r.tools.empty();
     std::string prompt;
     try {
@@ -437,6 +441,10 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     if (!engine_.alive()) {
       send_json(w, 503, error_body(503, "the engine is not running"));
       return;
+    }
+    if (r.response_format.type != "text") {
+      throw RequestError("response_format", "response_format of type '" + r.response_format.type +
+                                                "' needs guided decoding, which is not built yet");
     }
     Generation g;
     g.chat = false;

@@ -73,3 +73,12 @@ def test_server_still_healthy_after_errors(server, client):
     assert requests.get(server.url("/health"), timeout=10).status_code == 200
     r = client.completions.create(model=server.model, prompt="ok", max_tokens=2)
     assert r.usage.completion_tokens >= 1
+
+
+def test_response_format_json_is_refused_not_ignored(server):
+    body = {"model": server.model, "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2, "response_format": {"type": "json_object"}}
+    r = requests.post(server.url("/v1/chat/completions"), json=body, timeout=30)
+    assert r.status_code == 400
+    err = r.json()["error"]
+    assert err["code"] == 400 and err["param"] == "response_format"
