@@ -370,26 +370,45 @@ class GenerationRun {
   size_t num_finished_ = 0;
 };
 
+// The fields chat and completion requests share.
+void fill_generation(const GenerationRequest& r, Generation& g) {
+  g.n = r.n;
+  g.sampling = r.sampling;
+  g.priority = r.priority;
+  g.cache_salt = r.cache_salt;
+  g.stream = r.stream;
+  g.include_usage = r.include_usage;
+  g.choice.skip_special_tokens = r.sampling.skip_special_tokens;
+  g.choice.stop = r.sampling.stop;
+  g.choice.stop_token_ids = r.sampling.stop_token_ids;
+  g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
+}
+
 }  // namespace
+
+bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) const {
+  if (!r.model.empty() && r.model != options_.served_model_name) {
+    send_json(w, 404, error_body(404, "The model `" + r.model + "` does not exist.", "model"));
+    return false;
+  }
+  if (!engine_.alive()) {
+    send_json(w, 503, error_body(503, "the engine is not running"));
+    return false;
+  }
+  if (r.response_format.type != "text") {
+    throw RequestError("response_format", "response_format of type '" + r.response_format.type +
+                                              "' needs guided decoding, which is not built yet");
+  }
+  return true;
+}
 
 void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& w) {
   if (!authorized(req, w)) return;
   try {
     const ChatCompletionRequest r = parse_chat_completion_request(req.body);
-    if (!r.model.empty() && r.model != options_.served_model_name) {
-      send_json(w, 404, error_body(404, "The model `" + r.model + "` does not exist.", "model"));
-      return;
-    }
-    if (!engine_.alive()) {
-      send_json(w, 503, error_body(503, "the engine is not running"));
-      return;
-    }
+    if (!admit(r, w)) return;
     if (templates_.empty()) {
       throw RequestError("messages", "this model has no chat template; use /v1/completions");
-    }
-    if (r.response_format.type != "text") {
-      throw RequestError("response_format", "response_format of type '" + r.response_format.type +
-                                                "' needs guided decoding, which is not built yet");
     }
     const bool has_tools = r.tools.is_array() && !r.tools.empty();
     std::string prompt;
@@ -407,20 +426,11 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     const int64_t max_len = engine_.config().scheduler.max_model_len;
     check_prompt_length(static_cast<int64_t>(g.prompts[0].size()), r.sampling.max_tokens, max_len);
     validate_sampling(r.sampling, engine_.model().config().vocab_size, max_len);
-    g.n = r.n;
-    g.sampling = r.sampling;
-    g.priority = r.priority;
-    g.cache_salt = r.cache_salt;
-    g.stream = r.stream;
-    g.include_usage = r.include_usage;
-    g.choice.skip_special_tokens = r.sampling.skip_special_tokens;
+    fill_generation(r, g);
     g.choice.parse_reasoning = options_.reasoning_parser == "kimi_k3";
     g.choice.thinking_enabled = r.thinking_enabled();
     g.choice.parse_tool_calls = options_.enable_auto_tool_choice && has_tools &&
                                 r.tool_choice.mode != ToolChoiceMode::kNone;
-    g.choice.stop = r.sampling.stop;
-    g.choice.stop_token_ids = r.sampling.stop_token_ids;
-    g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
     g.choice.logprobs = r.logprobs;
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
@@ -434,18 +444,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
   if (!authorized(req, w)) return;
   try {
     const CompletionRequest r = parse_completion_request(req.body);
-    if (!r.model.empty() && r.model != options_.served_model_name) {
-      send_json(w, 404, error_body(404, "The model `" + r.model + "` does not exist.", "model"));
-      return;
-    }
-    if (!engine_.alive()) {
-      send_json(w, 503, error_body(503, "the engine is not running"));
-      return;
-    }
-    if (r.response_format.type != "text") {
-      throw RequestError("response_format", "response_format of type '" + r.response_format.type +
-                                                "' needs guided decoding, which is not built yet");
-    }
+    if (!admit(r, w)) return;
     Generation g;
     g.chat = false;
     g.meta = make_response_meta("cmpl", options_.served_model_name);
@@ -463,16 +462,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
                           max_len);
     }
     validate_sampling(r.sampling, engine_.model().config().vocab_size, max_len);
-    g.n = r.n;
-    g.sampling = r.sampling;
-    g.priority = r.priority;
-    g.cache_salt = r.cache_salt;
-    g.stream = r.stream;
-    g.include_usage = r.include_usage;
-    g.choice.skip_special_tokens = r.sampling.skip_special_tokens;
-    g.choice.stop = r.sampling.stop;
-    g.choice.stop_token_ids = r.sampling.stop_token_ids;
-    g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
+    fill_generation(r, g);
     g.choice.logprobs = r.sampling.logprobs.has_value();
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {

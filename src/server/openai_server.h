@@ -13,6 +13,7 @@
 #include "engine/engine.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/openai_protocol.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -42,6 +43,9 @@ class OpenAIServer {
 
  private:
   bool authorized(const HttpRequest& req, HttpResponseWriter& w) const;
+  // The model name, engine health and unsupported options of a generation request;
+  // answers and returns false (404, 503) or throws RequestError.
+  bool admit(const GenerationRequest& r, HttpResponseWriter& w) const;
   void chat_completions(const HttpRequest& req, HttpResponseWriter& w);
   void completions(const HttpRequest& req, HttpResponseWriter& w);
   void models(const HttpRequest& req, HttpResponseWriter& w);
