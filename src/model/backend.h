@@ -57,7 +57,7 @@ class Backend {
   virtual ~Backend() = default;
   virtual DeviceKind kind() const = 0;
 
-  // Memory (setup time). allocate() returns zeroed memory.
+  // Memory (setup time). allocate() returns zeroed, 256-byte aligned memory.
   virtual void* allocate(size_t num_bytes) = 0;
   virtual void release(void* ptr) = 0;
   // Ordered with the ops: device-to-device, host-to-device, device-to-host.

@@ -1,4 +1,5 @@
 // CpuBackend: host memory and the fp32 reference ops.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -45,8 +46,11 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
 
   void* allocate(size_t num_bytes) override {
-    void* p = std::calloc(1, num_bytes);
+    // 256-byte aligned, as cudaMalloc is: workspace offsets keep that alignment.
+    const size_t rounded = (std::max<size_t>(num_bytes, 1) + 255) / 256 * 256;
+    void* p = std::aligned_alloc(256, rounded);
     CHECK(p != nullptr, "out of host memory allocating ", num_bytes, " bytes");
+    std::memset(p, 0, rounded);
     return p;
   }
   void release(void* ptr) override { std::free(ptr); }

@@ -13,14 +13,11 @@ constexpr size_t kMinBlock = size_t{1} << 20;
 void Workspace::reset() {
   current_ = 0;
   offset_ = 0;
-  used_ = 0;
 }
 
 void Workspace::rewind(Mark m) {
   CHECK(m.block < current_ || (m.block == current_ && m.offset <= offset_),
         "workspace rewind past the current position");
-  // Bytes used in the blocks after the mark are released too (approximately: used_
-  // only feeds the peak statistic, which stays an upper bound).
   current_ = m.block;
   offset_ = m.offset;
 }
@@ -31,8 +28,6 @@ void* Workspace::take(size_t num_bytes) {
     if (offset_ + need <= blocks_[current_].size()) {
       void* p = static_cast<char*>(blocks_[current_].data()) + offset_;
       offset_ += need;
-      used_ += need;
-      peak_ = std::max(peak_, used_);
       return p;
     }
     if (current_ + 1 == blocks_.size()) break;
@@ -45,8 +40,6 @@ void* Workspace::take(size_t num_bytes) {
   blocks_.emplace_back(backend_, size);
   current_ = blocks_.size() - 1;
   offset_ = need;
-  used_ += need;
-  peak_ = std::max(peak_, used_);
   return blocks_.back().data();
 }
 

@@ -35,7 +35,6 @@ class Workspace {
   void freeze();
   bool frozen() const { return frozen_; }
   size_t capacity_bytes() const;
-  size_t peak_bytes() const { return peak_; }
 
  private:
   void* take(size_t num_bytes);
@@ -44,8 +43,6 @@ class Workspace {
   std::vector<BackendBuffer> blocks_;
   size_t current_ = 0;  // block in use
   size_t offset_ = 0;   // bytes used in it
-  size_t used_ = 0;     // bytes used since reset (all blocks)
-  size_t peak_ = 0;
   bool frozen_ = false;
 };
 
