@@ -1,6 +1,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
@@ -73,12 +74,16 @@ struct Engine::Impl {
     std::optional<int32_t> prompt_logprobs;
     std::vector<std::optional<OutputToken>> prompt_logprob_values;  // [prompt_len] when asked
     bool sent_first_output = false;
+    std::chrono::steady_clock::time_point arrival;  // when add_request was called
+    bool scheduled_once = false;
+    double queue_time_s = 0.0;  // arrival to first scheduling
   };
   // An add or an abort from any thread, applied at the start of the next step.
   struct Command {
     bool is_add = false;
     Request request;  // add
     OutputCallback on_output;
+    std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
     std::string request_id;  // abort
     std::string reason;
   };
@@ -133,6 +138,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       const std::string id = c.request.id;
       Live l;
       l.on_output = std::move(c.on_output);
+      l.arrival = c.arrival;
       l.num_prompt_tokens = c.request.num_prompt_tokens();
       const SamplingParams& sp = c.request.sampling_params;
       l.seed = sp.seed ? *sp.seed : seed_rng();
@@ -182,6 +188,11 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   int64_t num_rows = 0, num_prompt_tokens = 0;
   for (const ScheduledRequest& s : scheduled.requests) {
     Live& l = live.at(s.request_id);
+    if (!l.scheduled_once) {
+      l.scheduled_once = true;
+      l.queue_time_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
+    }
     if (s.start_position == 0 && l.state.num_tokens != 0) l.state = model.new_sequence();
     CHECK(l.state.num_tokens == s.start_position, "engine: request ", s.request_id, " has ",
           l.state.num_tokens, " tokens in its state, the step starts at ", s.start_position);
@@ -275,6 +286,7 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     }
     if (!l.sent_first_output) {
       o.prompt_logprobs = std::move(l.prompt_logprob_values);
+      o.queue_time_s = l.queue_time_s;
       l.sent_first_output = true;
     }
     o.num_prompt_tokens = l.num_prompt_tokens;

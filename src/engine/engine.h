@@ -51,6 +51,7 @@ struct RequestOutput {
   std::optional<int32_t> stop_token_id;  // the stop_token_ids / eos id that stopped it
   int64_t num_prompt_tokens = 0;
   int64_t num_cached_tokens = 0;  // prompt tokens served from the prefix cache
+  double queue_time_s = 0.0;      // with the first output: add_request to first scheduling
 };
 
 using OutputCallback = std::function<void(const RequestOutput&)>;

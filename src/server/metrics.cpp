@@ -55,7 +55,9 @@ ServerMetrics::ServerMetrics(std::string model_name)
       itl_({0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
             20.0, 40.0, 80.0}),
       e2e_({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-            30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {}
+            30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}),
+      queue_({0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+              30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {}
 
 void ServerMetrics::request_finished(const std::string& finish_reason, double e2e_s) {
   std::lock_guard<std::mutex> lk(mu_);
@@ -66,6 +68,11 @@ void ServerMetrics::request_finished(const std::string& finish_reason, double e2
 void ServerMetrics::first_token(double ttft_s) {
   std::lock_guard<std::mutex> lk(mu_);
   ttft_.observe(ttft_s);
+}
+
+void ServerMetrics::queue_time(double seconds) {
+  std::lock_guard<std::mutex> lk(mu_);
+  queue_.observe(seconds);
 }
 
 void ServerMetrics::inter_token(double itl_s) {
@@ -113,6 +120,9 @@ std::string ServerMetrics::render(const EngineStats& s) const {
   out += "# HELP vllm:e2e_request_latency_seconds End-to-end request latency.\n";
   out += "# TYPE vllm:e2e_request_latency_seconds histogram\n";
   e2e_.render(out, "vllm:e2e_request_latency_seconds", l);
+  out += "# HELP vllm:request_queue_time_seconds Time from arrival to first scheduling.\n";
+  out += "# TYPE vllm:request_queue_time_seconds histogram\n";
+  queue_.render(out, "vllm:request_queue_time_seconds", l);
   return out;
 }
 

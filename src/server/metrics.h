@@ -35,6 +35,7 @@ class ServerMetrics {
   void request_finished(const std::string& finish_reason, double e2e_s);
   void first_token(double ttft_s);
   void inter_token(double itl_s);
+  void queue_time(double seconds);
   // The Prometheus exposition text.
   std::string render(const EngineStats& stats) const;
 
@@ -45,6 +46,7 @@ class ServerMetrics {
   Histogram ttft_;
   Histogram itl_;
   Histogram e2e_;
+  Histogram queue_;
 };
 
 }  // namespace hyserve

@@ -168,6 +168,7 @@ class GenerationRun {
     if (!e.output.new_tokens.empty()) {
       if (first_token_[c] == Clock::time_point{}) {
         first_token_[c] = now;
+        metrics_.queue_time(e.output.queue_time_s);
         metrics_.first_token(std::chrono::duration<double>(now - start_).count());
       } else {
         metrics_.inter_token(std::chrono::duration<double>(now - last_token_[c]).count() /

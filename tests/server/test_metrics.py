@@ -34,3 +34,15 @@ def test_metrics_count_tokens_and_requests(server, client):
         r.usage.completion_tokens == 7
     assert metric_sum(server, "vllm:request_success_total") - ok_before == 1
     assert metric_sum(server, "vllm:num_requests_running") == 0
+
+
+def test_metrics_latency_histograms_count_requests(server, client):
+    names = ("vllm:time_to_first_token_seconds_count", "vllm:e2e_request_latency_seconds_count",
+             "vllm:request_queue_time_seconds_count")
+    wait_idle(server)
+    before = {n: metric_sum(server, n) for n in names}
+    client.completions.create(model=server.model, prompt="time me", max_tokens=3,
+                              extra_body={"ignore_eos": True})
+    wait_idle(server)
+    for n in names:
+        assert metric_sum(server, n) - before[n] == 1, n
