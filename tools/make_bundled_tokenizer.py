@@ -28,6 +28,8 @@ from pathlib import Path
 import tiktoken
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from make_tokenizer_fixtures import byte_decoder
+
 MODEL_DIR = Path(__file__).resolve().parent.parent / "models" / "tiny-kimi-k3"
 
 NUM_BASE = 768
@@ -89,18 +91,6 @@ def corpus_line(rng):
         return " ".join(str(rng.randrange(10 ** rng.randrange(1, 6))) for _ in range(3))
     words = [rng.choice(EN_CAPS)] + [rng.choice(EN_WORDS) for _ in range(rng.randrange(3, 14))]
     return " ".join(words) + rng.choice([".", "!", "?", ",", ":"])
-
-
-def byte_decoder():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
 
 
 def train_ranks(corpus):

@@ -14,7 +14,7 @@
 
 namespace hyserve::cpu {
 
-void route_experts(const RouterParams& p) {
+void check_router_params(const RouterParams& p) {
   CHECK(p.gate != nullptr, "route_experts: null gate");
   CHECK(p.num_tokens == 0 ||
             (p.x != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr),
@@ -31,7 +31,12 @@ void route_experts(const RouterParams& p) {
         " not in [1, ", p.n_group, "]");
   CHECK(p.top_k >= 1 && p.top_k <= p.topk_group * group_size, "route_experts: top_k ", p.top_k,
         " not in [1, ", p.topk_group * group_size, "] (experts in the kept groups)");
+}
+
+void route_experts(const RouterParams& p) {
+  check_router_params(p);
   const int64_t num_experts = p.num_experts;
+  const int64_t group_size = num_experts / p.n_group;
   std::vector<float> logits(p.num_tokens * num_experts);  // [T, E]
   linear({.x = p.x, .w = p.gate, .y = logits.data(), .num_tokens = p.num_tokens});
 

@@ -48,6 +48,8 @@ struct MoeParams {
 
 namespace cpu {
 
+// The argument checks of route_experts, shared with the CUDA router.
+void check_router_params(const RouterParams& p);
 void route_experts(const RouterParams& p);
 void moe(const MoeParams& p);
 

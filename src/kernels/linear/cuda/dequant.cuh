@@ -66,6 +66,23 @@ inline WFmt weight_wfmt(const Weight& w) {
   return WFmt::kF32;
 }
 
+// Calls fn.template operator()<F>() with the format as a compile-time constant.
+template <typename Fn>
+void dispatch_format(WFmt f, Fn&& fn) {
+  switch (f) {
+    case WFmt::kF32:
+      return fn.template operator()<WFmt::kF32>();
+    case WFmt::kF16:
+      return fn.template operator()<WFmt::kF16>();
+    case WFmt::kBF16:
+      return fn.template operator()<WFmt::kBF16>();
+    case WFmt::kFp8:
+      return fn.template operator()<WFmt::kFp8>();
+    case WFmt::kMxfp4:
+      return fn.template operator()<WFmt::kMxfp4>();
+  }
+}
+
 inline WRef make_wref(const Weight& w) {
   CHECK(!w.empty() && w.rows > 0 && w.cols > 0, "weight shape [", w.rows, ", ", w.cols, "]");
   weight_wfmt(w);

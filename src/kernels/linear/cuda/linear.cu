@@ -139,23 +139,6 @@ void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloa
   CUDA_CHECK_LAUNCH();
 }
 
-// Calls fn.template operator()<F>() for the format of w.
-template <typename Fn>
-void dispatch_format(WFmt f, Fn&& fn) {
-  switch (f) {
-    case WFmt::kF32:
-      return fn.template operator()<WFmt::kF32>();
-    case WFmt::kF16:
-      return fn.template operator()<WFmt::kF16>();
-    case WFmt::kBF16:
-      return fn.template operator()<WFmt::kBF16>();
-    case WFmt::kFp8:
-      return fn.template operator()<WFmt::kFp8>();
-    case WFmt::kMxfp4:
-      return fn.template operator()<WFmt::kMxfp4>();
-  }
-}
-
 bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) {
   const auto a0 = reinterpret_cast<uintptr_t>(a);
   const auto b0 = reinterpret_cast<uintptr_t>(b);

@@ -476,22 +476,6 @@ __global__ void combine_kernel(const int32_t* __restrict__ ids, const float* __r
   }
 }
 
-template <typename Fn>
-void dispatch_format(WFmt f, Fn&& fn) {
-  switch (f) {
-    case WFmt::kF32:
-      return fn.template operator()<WFmt::kF32>();
-    case WFmt::kF16:
-      return fn.template operator()<WFmt::kF16>();
-    case WFmt::kBF16:
-      return fn.template operator()<WFmt::kBF16>();
-    case WFmt::kFp8:
-      return fn.template operator()<WFmt::kFp8>();
-    case WFmt::kMxfp4:
-      return fn.template operator()<WFmt::kMxfp4>();
-  }
-}
-
 bool same_layout(const Weight& a, const Weight& b) {
   return a.format == b.format && a.dtype == b.dtype && a.scales_dtype == b.scales_dtype &&
          a.rows == b.rows && a.cols == b.cols;

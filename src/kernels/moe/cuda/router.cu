@@ -136,21 +136,7 @@ size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts) {
 
 void route_experts(const RouterParams& p, void* workspace, size_t workspace_bytes,
                    cudaStream_t stream) {
-  CHECK(
-      p.x != nullptr && p.gate != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr,
-      "route_experts: null pointer");
-  CHECK(p.num_tokens >= 0, "route_experts: num_tokens ", p.num_tokens);
-  CHECK(p.num_experts > 0 && p.gate->rows == p.num_experts, "route_experts: gate has ",
-        p.gate->rows, " rows for ", p.num_experts, " experts");
-  CHECK(p.n_group >= 1 && p.num_experts % p.n_group == 0, "route_experts: ", p.num_experts,
-        " experts do not split into n_group = ", p.n_group, " groups");
-  const int64_t group_size = p.num_experts / p.n_group;
-  CHECK(p.n_group == 1 || group_size >= 2, "route_experts: groups of ", group_size,
-        " expert(s) have no top-2 score");
-  CHECK(p.topk_group >= 1 && p.topk_group <= p.n_group, "route_experts: topk_group ", p.topk_group,
-        " not in [1, ", p.n_group, "]");
-  CHECK(p.top_k >= 1 && p.top_k <= p.topk_group * group_size, "route_experts: top_k ", p.top_k,
-        " not in [1, ", p.topk_group * group_size, "] (experts in the kept groups)");
+  cpu::check_router_params(p);
   CHECK(p.n_group <= kMaxGroups && p.top_k <= 64, "route_experts: the GPU router handles at most ",
         kMaxGroups, " groups and top_k 64 (n_group ", p.n_group, ", top_k ", p.top_k, ")");
   const size_t smem = static_cast<size_t>(2 * p.num_experts) * sizeof(float);
