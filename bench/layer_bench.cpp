@@ -87,34 +87,48 @@ double measure_gemm_rate() {
   return 2.0 * n * n * static_cast<double>(n) / (median(ms) * 1e-3);
 }
 
-// Fills a state's caches for `context` past tokens with random data of the right kind.
+// Fills a sequence's cache for `context` past tokens with random data of the right kind:
+// the latent and index-key pages of its blocks and its KDA state row.
 void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19937_64& rng) {
   const ModelConfig& c = model.config();
   Backend& b = model.backend();
   model.reserve(s, context + 64);
+  const KvCache& cache = *s.cache;
+  const CachePlan& plan = cache.plan();
   auto random_floats = [&](size_t n, float amp) {
     std::vector<float> v(n);
     std::uniform_real_distribution<float> d(-amp, amp);
     for (float& x : v) x = d(rng);
     return v;
   };
+  auto in_block = [&](void* page, int32_t block) {
+    return static_cast<uint8_t*>(page) + static_cast<int64_t>(block) * plan.row_bytes;
+  };
+  const auto bs = static_cast<size_t>(plan.block_size);
+  const int64_t used_blocks = plan.blocks_for_tokens(context);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (c.is_kda(l)) {
-      SequenceState::Kda& k = s.kda[l];
-      const auto st = random_floats(k.recurrent.size() / 4, 0.05f);
-      b.upload(k.recurrent.data(), st.data(), k.recurrent.size());
+      const auto st =
+          random_floats(static_cast<size_t>(plan.kda_page(l).recurrent_bytes / 4), 0.05f);
+      b.upload(cache.kda_recurrent_state(s.state_block, l), st.data(), st.size() * 4);
       continue;
     }
-    SequenceState::Mla& m = s.mla[l];
-    const auto lat =
-        random_floats(static_cast<size_t>(context * (c.kv_lora_rank + c.qk_rope_head_dim)), 1.0f);
-    b.upload(m.latent.data(), lat.data(), lat.size() * 4);
-    if (m.index_keys_fp8.size()) {
-      std::vector<uint8_t> codes(static_cast<size_t>(context * c.index_head_dim));
-      for (auto& x : codes) x = static_cast<uint8_t>(rng() & 0x77);  // finite e4m3 codes
-      b.upload(m.index_keys_fp8.data(), codes.data(), codes.size());
-      const std::vector<float> scales(static_cast<size_t>(context), 1.0f / 64);
-      b.upload(m.index_key_scales.data(), scales.data(), scales.size() * 4);
+    for (int64_t i = 0; i < used_blocks; ++i) {
+      const int32_t block = s.blocks[static_cast<size_t>(i)];
+      const auto lat =
+          random_floats(bs * static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 1.0f);
+      b.upload(in_block(cache.latent_page(l), block), lat.data(), lat.size() * 4);
+      if (!c.has_indexer()) continue;
+      if (plan.options.index == IndexCacheDtype::kFp8) {
+        std::vector<uint8_t> codes(bs * static_cast<size_t>(c.index_head_dim));
+        for (auto& x : codes) x = static_cast<uint8_t>(rng() & 0x77);  // finite e4m3 codes
+        b.upload(in_block(cache.index_page(l), block), codes.data(), codes.size());
+        const std::vector<float> scales(bs, 1.0f / 64);
+        b.upload(in_block(cache.index_scale_page(l), block), scales.data(), scales.size() * 4);
+      } else {
+        const auto keys = random_floats(bs * static_cast<size_t>(c.index_head_dim), 1.0f);
+        b.upload(in_block(cache.index_page(l), block), keys.data(), keys.size() * 4);
+      }
     }
   }
   s.num_tokens = context;
@@ -260,7 +274,7 @@ int run(int argc, char** argv) {
       std::vector<SequenceInput> batch;
       for (int64_t i = 0; i < b; ++i) {
         states[i].num_tokens = context;  // same context every run
-        batch.push_back({&states[i], std::span<const int32_t>(&tokens[i], 1), false});
+        batch.push_back(model->prepare(states[i], std::span<const int32_t>(&tokens[i], 1), false));
       }
       model->forward(batch, logits);
     });

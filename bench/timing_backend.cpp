@@ -194,6 +194,10 @@ void TimingBackend::sigmoid(float* x, int64_t n) {
 void TimingBackend::scale(float* x, float s, int64_t n) {
   timed("scale", 8.0 * n, n, [&] { inner_->scale(x, s, n); });
 }
+void TimingBackend::scatter_rows(const ScatterRowsParams& p) {
+  timed("scatter_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
+        [&] { inner_->scatter_rows(p); });
+}
 void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                             int64_t rows, int64_t width) {
   timed("copy_2d", 8.0 * rows * width, 0,

@@ -71,6 +71,7 @@ class TimingBackend final : public Backend {
   void sigmoid_mul(float* y, const float* g, int64_t n) override;
   void sigmoid(float* x, int64_t n) override;
   void scale(float* x, float s, int64_t n) override;
+  void scatter_rows(const ScatterRowsParams& p) override;
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override;
 

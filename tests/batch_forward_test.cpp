@@ -51,12 +51,13 @@ TEST_P(BatchForward, MixedBatchEqualsEachSequenceAlone) {
     std::vector<int> who;
     for (int i = 0; i < kSeqs; ++i) {
       if (round < i % 2 || next[i] >= kSteps) continue;
-      batch.push_back({&states[i], chunks[i][next[i]], true});
+      batch.push_back(model->prepare(states[i], chunks[i][next[i]], true));
       who.push_back(i);
     }
     if (batch.empty()) continue;
     std::vector<float> logits;
     model->forward(batch, logits);
+    for (int i : who) states[i].num_tokens += static_cast<int64_t>(chunks[i][next[i]].size());
     size_t row = 0;
     for (int i : who) {
       const std::vector<float>& want = alone[i][next[i]];

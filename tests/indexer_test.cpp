@@ -129,6 +129,7 @@ struct ScoreProblem {
     std::vector<float> scores(num_tokens * num_keys, std::nanf(""));
     cpu::indexer_scores({.q = q.data(),
                          .k = k.data(),
+                         .k_pages = {},
                          .head_weights = w.data(),
                          .q_pos = q_pos.data(),
                          .scores = scores.data(),
@@ -218,6 +219,7 @@ TEST(Indexer, Fp8CacheEntryEqualsFp8Path) {
     cpu::indexer_scores_fp8_cache({.q = pr.q.data(),
                                    .k_fp8 = k_fp8.data(),
                                    .k_scales = k_scales.data(),
+                                   .k_pages = {},
                                    .head_weights = pr.w.data(),
                                    .q_pos = pr.q_pos.data(),
                                    .scores = cached.data(),

@@ -57,6 +57,7 @@ struct Problem {
     if (lse != nullptr) lse->assign(z.num_tokens * z.num_heads, std::nanf(""));
     return {.q = q.data(),
             .latent = latent.data(),
+            .latent_pages = {},
             .kv_b = &kv_b,
             .q_pos = q_pos.data(),
             .topk = use_topk ? topk.data() : nullptr,

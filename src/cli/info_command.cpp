@@ -123,11 +123,12 @@ void print_plan(const ModelConfig& c, const PlanArgs& a) {
   CachePlanOptions o;
   const auto latent =
       parse_latent_cache_dtype(a.kv_cache_dtype == "auto" ? "fp8" : a.kv_cache_dtype);
-  CHECK(latent.has_value(), "--kv-cache-dtype must be auto, bf16, fp8, fp8_ds_mla or nvfp4, got '",
+  CHECK(latent.has_value(),
+        "--kv-cache-dtype must be auto, bf16, fp8, fp8_ds_mla, nvfp4 or fp32, got '",
         a.kv_cache_dtype, "'");
   const auto index = parse_index_cache_dtype(a.index_cache_dtype);
-  CHECK(index.has_value(), "--index-cache-dtype must be fp8 or mxfp4, got '", a.index_cache_dtype,
-        "'");
+  CHECK(index.has_value(), "--index-cache-dtype must be fp8, mxfp4 or fp32, got '",
+        a.index_cache_dtype, "'");
   o.latent = *latent;
   o.index = *index;
   o.tp = a.tp;
@@ -279,9 +280,10 @@ std::function<int()> add_info_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dcp,--decode-context-parallel-size", plan->dcp, "decode-context-parallel size")
       ->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", plan->kv_cache_dtype, "auto, bf16, fp8, fp8_ds_mla, nvfp4")
+  cmd->add_option("--kv-cache-dtype", plan->kv_cache_dtype,
+                  "auto, bf16, fp8, fp8_ds_mla, nvfp4, fp32")
       ->capture_default_str();
-  cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, "fp8 or mxfp4")
+  cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, "fp8, mxfp4 or fp32")
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", plan->gpu_memory_utilization,
                   "fraction of GPU memory hyserve may use")

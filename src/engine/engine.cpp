@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "engine/logits_processor.h"
+#include "kernels/kda/params.h"
 #include "kernels/sampling/cpu.h"
 #include "util/error.h"
 
@@ -67,7 +68,6 @@ RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
 struct Engine::Impl {
   // An admitted request, owned by the engine thread.
   struct Live {
-    SequenceState state;
     OutputCallback on_output;
     int64_t num_prompt_tokens = 0;
     uint64_t seed = 0;  // SamplingParams::seed, or drawn at admission
@@ -93,7 +93,10 @@ struct Engine::Impl {
   };
 
   Impl(const Model& m, const EngineConfig& c, const KvCacheConfig& kv)
-      : model(m), config(c), scheduler(c.scheduler, kv) {}
+      : model(m),
+        config(c),
+        scheduler(c.scheduler, kv),
+        cache(m.new_cache(kv.num_blocks, c.min_block_size)) {}
 
   void apply_incoming(std::vector<Delivery>& out);
   bool run_step(std::vector<Delivery>& out);
@@ -107,6 +110,7 @@ struct Engine::Impl {
   const Model& model;
   const EngineConfig& config;
   Scheduler scheduler;                               // engine thread
+  std::unique_ptr<KvCache> cache;                    // the block pool's rows, engine thread
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
   std::vector<float> logits;                         // [rows, vocab] of the last forward
@@ -154,7 +158,6 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
         ids.erase(id);
         continue;
       }
-      l.state = model.new_sequence();
       live.emplace(id, std::move(l));
     } else {
       const auto it = live.find(c.request_id);
@@ -175,11 +178,8 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     return applied;
   }
   const SchedulerOutput scheduled = scheduler.schedule();
-  int64_t num_preemptions = 0;
-  for (const std::string& id : scheduled.preempted_request_ids) {
-    live.at(id).state = model.new_sequence();
-    ++num_preemptions;
-  }
+  // A preempted request's blocks went back to the pool; it restarts from its prompt.
+  const auto num_preemptions = static_cast<int64_t>(scheduled.preempted_request_ids.size());
 
   // One input per scheduled request; rows[i] is its first logits row.
   const int64_t vocab = model.config().vocab_size;
@@ -193,20 +193,31 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
       l.queue_time_s =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
     }
-    if (s.start_position == 0 && l.state.num_tokens != 0) l.state = model.new_sequence();
-    CHECK(l.state.num_tokens == s.start_position, "engine: request ", s.request_id, " has ",
-          l.state.num_tokens, " tokens in its state, the step starts at ", s.start_position);
-    model.reserve(l.state, s.start_position + s.num_new_tokens());
+    // The KDA state row: restored from the prefix hit's snapshot, or zero for a request
+    // that starts (or restarts after preemption) from its first token.
+    if (s.state_block) {
+      if (s.restore_state_from) {
+        cache->copy_block(*s.state_block, *s.restore_state_from);
+      } else if (s.start_position == 0) {
+        cache->zero_block(*s.state_block);
+      }
+    }
     // Prompt logprobs: the row at position j scores prompt token j + 1.
     const bool all_logits =
         l.prompt_logprobs && !l.sent_first_output && s.start_position + 1 < l.num_prompt_tokens;
-    batch.push_back({&l.state, s.token_ids, all_logits});
+    batch.push_back({cache.get(), s.block_ids, s.state_block.value_or(-1), s.start_position,
+                     s.token_ids, all_logits});
     rows.push_back(num_rows);
     num_rows += all_logits ? s.num_new_tokens() : 1;
     num_prompt_tokens += std::max<int64_t>(
         0, std::min(s.start_position + s.num_new_tokens(), l.num_prompt_tokens) - s.start_position);
   }
   if (!batch.empty()) model.forward(batch, logits);
+  // KDA snapshots at block boundaries, for later prefix hits (stream-ordered after the
+  // forward that computed the state).
+  for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
+    cache->copy_block(copy.snapshot_block, copy.state_block);
+  }
   CHECK(static_cast<int64_t>(logits.size()) == num_rows * vocab || batch.empty(),
         "engine: forward returned ", logits.size(), " logits for ", num_rows, " rows");
   const auto row_of = [&](int64_t r) {
@@ -367,15 +378,18 @@ EngineConfig complete_config(const Model& model, EngineConfig config) {
   const ModelConfig& mc = model.config();
   SchedulerConfig& sc = config.scheduler;
   if (sc.max_model_len == 0) sc.max_model_len = mc.max_position_embeddings;
+  if (mc.num_kda_layers() > 0) sc.prefill_chunk_alignment = kKdaChunkSize;
   sc.vocab_size = mc.vocab_size;
   if (sc.eos_token_ids.empty()) {
     for (int64_t id : mc.eos_token_ids) sc.eos_token_ids.push_back(static_cast<int32_t>(id));
   }
-  CHECK(config.block_size >= 1, "block_size must be >= 1, got ", config.block_size);
+  CHECK(config.min_block_size >= 1 && (config.min_block_size & (config.min_block_size - 1)) == 0,
+        "min_block_size must be a power of two, got ", config.min_block_size);
   CHECK(config.num_blocks >= 0, "num_blocks must be >= 0, got ", config.num_blocks);
   CHECK(sc.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", sc.max_num_seqs);
   if (config.num_blocks == 0) {
-    const int64_t per_seq = (sc.max_model_len + config.block_size - 1) / config.block_size;
+    const int64_t block_size = model.cache_plan(config.min_block_size).block_size;
+    const int64_t per_seq = (sc.max_model_len + block_size - 1) / block_size;
     const int64_t blocks = sc.max_num_seqs * per_seq + sc.max_num_seqs;
     CHECK(blocks <= std::numeric_limits<int32_t>::max(), "engine: ", blocks,
           " KV blocks do not fit an int32; set num_blocks");
@@ -385,11 +399,11 @@ EngineConfig complete_config(const Model& model, EngineConfig config) {
 }
 
 KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
-  KvCacheConfig kv;
-  kv.num_blocks = config.num_blocks;
-  kv.block_size = config.block_size;
-  kv.has_kda_layers = model.config().num_kda_layers() > 0;
-  kv.enable_prefix_caching = false;
+  KvCacheConfig kv =
+      make_kv_cache_config(model.cache_plan(config.min_block_size), config.num_blocks);
+  kv.enable_prefix_caching = config.enable_prefix_caching;
+  kv.snapshot_policy = config.snapshot_policy;
+  kv.prefix_extra_keys = config.prefix_extra_keys;
   return kv;
 }
 

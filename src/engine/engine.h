@@ -3,10 +3,11 @@
 // scheduler update) while requests arrive and leave from other threads; each
 // request's outputs are delivered through its callback, from the engine thread.
 //
-// Storage: every running request keeps its caches in its own SequenceState (the
-// model's per-request cache); the scheduler's KvCacheManager budgets the blocks they
-// stand for. Prefix caching needs the model to read the shared block pool, so the
-// engine runs with enable_prefix_caching = false until it does.
+// Storage: one KvCache (the packed block pool's rows) whose blocks the scheduler's
+// KvCacheManager hands out; the model reads and writes each request's blocks and KDA
+// state row. Before a step the engine zeroes the state row of a request that starts from
+// its first token or restores it from a prefix hit's snapshot; after the forward it
+// copies the states the scheduler asked to keep as snapshots.
 #pragma once
 
 #include <atomic>
@@ -25,8 +26,14 @@ namespace hyserve {
 
 struct EngineConfig {
   SchedulerConfig scheduler;  // max_model_len, vocab_size and eos ids filled from the model
-  int32_t num_blocks = 0;     // KV blocks budgeted (0: derive from max_num_seqs x max_model_len)
-  int64_t block_size = 64;
+  int32_t num_blocks = 0;     // rows of the pool (0: enough for max_num_seqs x max_model_len)
+  // The plan's block size is the smallest power of two >= this whose row holds one KDA
+  // state. Prefix caching on a KDA model needs a multiple of 64, the chunk of KDA prefill,
+  // so that a hit and a miss compute the same chunks.
+  int64_t min_block_size = 64;
+  bool enable_prefix_caching = false;
+  SnapshotPolicy snapshot_policy;              // KDA snapshots kept for prefix hits
+  std::vector<std::string> prefix_extra_keys;  // e.g. the served model id
 };
 
 struct LogprobEntry {

@@ -61,7 +61,9 @@ int64_t KvCacheManager::get_computed_blocks(const Request& request) {
   CHECK(request.num_computed_tokens == 0, "get_computed_blocks: request ", request.id,
         " already has ", request.num_computed_tokens, " computed tokens");
   pending_hit_.reset();
-  if (!prefix_cache_) return 0;
+  // Prompt logprobs need every prompt position computed, so such a request reads nothing
+  // from the cache (as vLLM does); its blocks are still cached for others.
+  if (!prefix_cache_ || request.sampling_params.prompt_logprobs) return 0;
   const auto tokens = request.tokens(0, request.num_tokens());
   PrefixHit hit = prefix_cache_->find_longest_prefix(tokens, prefix_key(request));
   const int64_t num_cached = hit.num_cached_tokens;

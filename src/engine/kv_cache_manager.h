@@ -87,8 +87,8 @@ class KvCacheManager {
   // Prefix lookup for a request about to be admitted (num_computed_tokens == 0): the number
   // of its leading tokens already in the cache, a multiple of tokens_per_block, at most
   // num_tokens() - 1 and, on KDA models, at a boundary with a snapshot. 0 without prefix
-  // caching. The hit is remembered for the allocate_slots call that follows; any other call
-  // that changes the pool forgets it.
+  // caching, and for a request that asks for prompt logprobs. The hit is remembered for the
+  // allocate_slots call that follows; any other call that changes the pool forgets it.
   int64_t get_computed_blocks(const Request& request);
 
   // Makes room for tokens [num_computed_tokens, num_computed_tokens + num_cached_tokens +

@@ -149,6 +149,17 @@ SchedulerOutput Scheduler::schedule() {
     const int64_t computed = std::exchange(r.num_computed_tokens, begin);
     n = kv_.limit_to_snapshot_boundary(r, n);
     r.num_computed_tokens = computed;
+    // An aligned end, or no tokens this step (a later step has the budget for one) unless
+    // nothing else runs in this step, where waiting would not help.
+    const int64_t align = config_.prefill_chunk_alignment;
+    if (align > 0 && begin + n < r.num_tokens()) {
+      const int64_t aligned_end = (begin + n) / align * align;
+      if (aligned_end > begin) {
+        n = aligned_end - begin;
+      } else if (budget < config_.max_num_batched_tokens) {
+        n = 0;
+      }
+    }
     return n;
   };
 
@@ -156,6 +167,7 @@ SchedulerOutput Scheduler::schedule() {
     Entry* entry = running_[i];
     Request& r = entry->request;
     const int64_t n = step_tokens(r, r.num_computed_tokens);
+    if (n == 0) continue;
     bool fits = kv_.allocate_slots(r, n, 0);
     while (!fits && running_.back() != entry) {
       preempt(running_.back(), out);
@@ -176,12 +188,13 @@ SchedulerOutput Scheduler::schedule() {
     int64_t num_cached = kv_.get_computed_blocks(r);
     if (!config_.enable_chunked_prefill && r.num_tokens() - num_cached > budget) break;
     int64_t n = step_tokens(r, num_cached);
+    if (n == 0) break;
     bool fits = kv_.allocate_slots(r, n, num_cached);
     if (!fits && num_cached > 0) {
       // A hit also holds its snapshot for the step; without the hit that block is not needed.
       num_cached = 0;
       n = step_tokens(r, 0);
-      fits = kv_.allocate_slots(r, n, 0);
+      fits = n > 0 && kv_.allocate_slots(r, n, 0);
     }
     if (!fits) break;
     waiting_.erase(waiting_.begin());

@@ -44,6 +44,11 @@ struct SchedulerConfig {
   std::optional<int64_t> long_prefill_token_threshold;  // tokens per request per step at most
   SchedulingPolicy policy = SchedulingPolicy::kFcfs;
   bool enable_chunked_prefill = true;  // off: a prompt is computed in one step or waits
+  // A prefill chunk that stops short of the request's known tokens ends on a multiple of
+  // this (0: anywhere); when the budget left cannot reach one, the request waits for a later
+  // step, unless it is alone in the step. KDA models use the KDA chunk (64): every chunking of a
+  // prompt, prefix hits included, then runs the same KDA chunks and gives the same bits.
+  int64_t prefill_chunk_alignment = 0;
   std::vector<int32_t> eos_token_ids;  // stop unless ignore_eos (after min_tokens)
 };
 

@@ -55,7 +55,7 @@ class BlockTable {
 };
 
 struct KdaStateAddress {
-  uint64_t conv = 0;       // [3, heads_per_gpu * head_dim, conv_kernel - 1] fp32
+  uint64_t conv = 0;       // [3, conv_kernel - 1, heads_per_gpu * head_dim] fp32
   uint64_t recurrent = 0;  // [heads_per_gpu, head_dim, head_dim] fp32
 };
 

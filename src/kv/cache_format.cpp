@@ -14,6 +14,8 @@ std::string_view latent_cache_dtype_name(LatentCacheDtype t) {
       return "fp8_ds_mla";
     case LatentCacheDtype::kNvfp4:
       return "nvfp4";
+    case LatentCacheDtype::kFp32:
+      return "fp32";
   }
   return "?";
 }
@@ -24,20 +26,22 @@ std::string_view index_cache_dtype_name(IndexCacheDtype t) {
       return "fp8";
     case IndexCacheDtype::kMxfp4:
       return "mxfp4";
+    case IndexCacheDtype::kFp32:
+      return "fp32";
   }
   return "?";
 }
 
 std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view s) {
   for (auto t : {LatentCacheDtype::kBf16, LatentCacheDtype::kFp8, LatentCacheDtype::kFp8WithScales,
-                 LatentCacheDtype::kNvfp4}) {
+                 LatentCacheDtype::kNvfp4, LatentCacheDtype::kFp32}) {
     if (latent_cache_dtype_name(t) == s) return t;
   }
   return std::nullopt;
 }
 
 std::optional<IndexCacheDtype> parse_index_cache_dtype(std::string_view s) {
-  for (auto t : {IndexCacheDtype::kFp8, IndexCacheDtype::kMxfp4}) {
+  for (auto t : {IndexCacheDtype::kFp8, IndexCacheDtype::kMxfp4, IndexCacheDtype::kFp32}) {
     if (index_cache_dtype_name(t) == s) return t;
   }
   return std::nullopt;
@@ -56,6 +60,8 @@ int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t) {
     case LatentCacheDtype::kNvfp4:
       CHECK(kv % 16 == 0, "nvfp4 latent needs kv_lora_rank % 16 == 0, got ", kv);
       return kv / 2 + kv / 16 + dr;
+    case LatentCacheDtype::kFp32:
+      return 4 * (kv + dr);
   }
   return 0;
 }
@@ -69,6 +75,8 @@ int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
     case IndexCacheDtype::kMxfp4:
       CHECK(d % 32 == 0, "mxfp4 index keys need index_head_dim % 32 == 0, got ", d);
       return d / 2 + d / 32;
+    case IndexCacheDtype::kFp32:
+      return 4 * d;
   }
   return 0;
 }

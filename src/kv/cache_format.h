@@ -16,12 +16,14 @@ enum class LatentCacheDtype {
   kFp8,            // 576 e4m3 with a per-layer scale (K3.1 Pro's format)
   kFp8WithScales,  // 512 e4m3 + fp32 scale per 128 + bf16 k_pe (FlashMLA's layout)
   kNvfp4,          // 512 e2m1 + e4m3 scale per 16 + e4m3 k_pe
+  kFp32,           // 576 fp32: the reference path (CPU, golden tests)
 };
 
 // How one full-attention layer stores its index key (index_head_dim values).
 enum class IndexCacheDtype {
   kFp8,    // e4m3 + one fp32 scale
   kMxfp4,  // e2m1 + one e8m0 scale per 32
+  kFp32,   // fp32: the reference path (exact scores, golden tests)
 };
 
 std::string_view latent_cache_dtype_name(LatentCacheDtype t);

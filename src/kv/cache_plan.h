@@ -54,7 +54,7 @@ struct CachePage {
 // The tensors of one KDA layer inside a state row (offsets from the row start), fp32.
 struct KdaStatePage {
   int64_t layer = 0;        // model layer index
-  int64_t conv_offset = 0;  // [3 (q,k,v), heads_per_gpu * head_dim, conv_kernel - 1]
+  int64_t conv_offset = 0;  // [3 (q,k,v), conv_kernel - 1, heads_per_gpu * head_dim]
   int64_t conv_bytes = 0;
   int64_t recurrent_offset = 0;  // [heads_per_gpu, head_dim (K), head_dim (V)]
   int64_t recurrent_bytes = 0;

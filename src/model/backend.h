@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "core/weight.h"
+#include "kernels/cache/params.h"
 #include "kernels/indexer/params.h"
 #include "kernels/kda/params.h"
 #include "kernels/linear/params.h"
@@ -106,6 +107,8 @@ class Backend {
   // src[r * src_stride + j].
   virtual void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                        int64_t rows, int64_t width) = 0;
+  // Writes rows into their slots of a paged cache (kernels/cache/params.h).
+  virtual void scatter_rows(const ScatterRowsParams& p) = 0;
 };
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <utility>
 
+#include "kernels/cache/cpu.h"
 #include "kernels/elementwise/cpu.h"
 #include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
@@ -115,6 +116,7 @@ class CpuBackend final : public Backend {
   }
   void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
   void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
+  void scatter_rows(const ScatterRowsParams& p) override { cpu::scatter_rows(p); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)

@@ -85,6 +85,8 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     backend_->synchronize();
   }
   rope_ = make_rope_table(config_);
+  cache_options_.latent = LatentCacheDtype::kFp32;
+  cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
 }
 
 Model::~Model() = default;
@@ -103,52 +105,41 @@ std::unique_ptr<Model> Model::create(ModelConfig config, std::unique_ptr<TensorS
       new Model(std::move(config), std::move(source), options, std::move(backend)));
 }
 
+CachePlan Model::cache_plan(int64_t min_block_size) const {
+  CachePlanOptions o = cache_options_;
+  o.min_block_size = min_block_size;
+  return plan_cache(config_, o);
+}
+
+std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_size) const {
+  return std::make_unique<KvCache>(*backend_, cache_plan(min_block_size), num_blocks);
+}
+
 SequenceState Model::new_sequence(int64_t capacity) const {
-  const ModelConfig& c = config_;
-  Backend* b = backend_.get();
   SequenceState s;
-  s.kda.resize(c.num_hidden_layers);
-  s.mla.resize(c.num_hidden_layers);
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (!c.is_kda(i)) continue;
-    const size_t width = static_cast<size_t>(c.linear_num_heads * c.linear_head_dim);
-    const size_t conv_bytes = static_cast<size_t>(c.linear_conv_kernel - 1) * width * 4;
-    SequenceState::Kda& k = s.kda[i];
-    k.conv_q = BackendBuffer(b, conv_bytes);
-    k.conv_k = BackendBuffer(b, conv_bytes);
-    k.conv_v = BackendBuffer(b, conv_bytes);
-    k.recurrent = BackendBuffer(b, width * static_cast<size_t>(c.linear_head_dim) * 4);
-  }
-  reserve(s, std::max<int64_t>(capacity, 16));
+  const CachePlan plan = cache_plan();
+  s.cache = new_cache(1 + plan.blocks_for_tokens(std::max<int64_t>(capacity, 1)));
+  if (plan.kda_state_rows > 0) s.state_block = 0;
+  reserve(s, capacity);
   return s;
 }
 
 void Model::reserve(SequenceState& s, int64_t tokens) const {
-  if (tokens <= s.capacity) return;
-  const ModelConfig& c = config_;
-  const int64_t cap = std::max(tokens, 2 * s.capacity);
-  Backend* b = backend_.get();
-  // A bigger buffer holding the old one's `used` bytes.
-  auto grow = [&](BackendBuffer& buf, size_t bytes_per_token) {
-    BackendBuffer bigger(b, static_cast<size_t>(cap) * bytes_per_token);
-    if (s.num_tokens > 0)
-      b->copy(bigger.data(), buf.data(), static_cast<size_t>(s.num_tokens) * bytes_per_token);
-    buf = std::move(bigger);
-  };
-  for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    if (c.is_kda(i)) continue;
-    SequenceState::Mla& m = s.mla[i];
-    grow(m.latent, static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim) * 4);
-    if (c.has_indexer()) {
-      if (options_.indexer_fp8) {
-        grow(m.index_keys_fp8, static_cast<size_t>(c.index_head_dim));
-        grow(m.index_key_scales, 4);
-      } else {
-        grow(m.index_keys, static_cast<size_t>(c.index_head_dim) * 4);
-      }
-    }
+  const int64_t need = s.cache->plan().blocks_for_tokens(tokens);
+  const int64_t have = static_cast<int64_t>(s.blocks.size());
+  if (need <= have) return;
+  const int64_t first_row = s.state_block >= 0 ? 1 : 0;
+  // Rows are handed out in order: token block i is row first_row + i.
+  if (first_row + need > s.cache->num_blocks()) {
+    s.cache->grow(std::max(first_row + need, 2 * s.cache->num_blocks()));
   }
-  s.capacity = cap;
+  for (int64_t i = have; i < need; ++i) s.blocks.push_back(static_cast<int32_t>(first_row + i));
+}
+
+SequenceInput Model::prepare(SequenceState& s, std::span<const int32_t> tokens,
+                             bool all_logits) const {
+  reserve(s, s.num_tokens + static_cast<int64_t>(tokens.size()));
+  return {s.cache.get(), s.blocks, s.state_block, s.num_tokens, tokens, all_logits};
 }
 
 void Model::dump(std::string_view name, const float* data, int64_t rows, int64_t cols) const {
@@ -191,8 +182,9 @@ void Model::rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, do
 
 void Model::forward(std::span<const int32_t> tokens, SequenceState& state,
                     std::vector<float>& logits, bool all_positions) const {
-  const SequenceInput in{&state, tokens, all_positions};
+  const SequenceInput in = prepare(state, tokens, all_positions);
   forward(std::span<const SequenceInput>(&in, 1), logits);
+  state.num_tokens += static_cast<int64_t>(tokens.size());
 }
 
 void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
@@ -200,36 +192,64 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   const int64_t d = c.hidden_size;
   CHECK(!batch.empty(), "forward needs at least one sequence");
 
-  // Host-side layout of the batch: token offsets, ids, positions, logit rows.
+  // Host-side layout of the batch: token offsets, ids, positions, cache slots, block
+  // tables, logit rows.
   std::vector<int64_t> offset(batch.size() + 1, 0);
   std::vector<int32_t> ids;
-  std::vector<int64_t> pos;
+  std::vector<int64_t> pos, slots;
+  std::vector<int32_t> tables;
+  std::vector<int64_t> table_offset;
   int64_t num_rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
-    CHECK(in.state != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
-    CHECK(static_cast<int64_t>(in.state->kda.size()) == c.num_hidden_layers,
-          "sequence state was made for another model");
+    CHECK(in.cache != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+    const CachePlan& plan = in.cache->plan();
+    CHECK(plan.options.latent == cache_options_.latent &&
+              plan.options.index == cache_options_.index && plan.options.tp == 1 &&
+              plan.options.dcp == 1 &&
+              static_cast<int64_t>(plan.pages.size()) == c.num_mla_layers() &&
+              static_cast<int64_t>(plan.kda_pages.size()) == c.num_kda_layers(),
+          "sequence ", i, ": its KV cache was made for another model or cache format");
+    const int64_t bs = plan.block_size;
+    const int64_t end = in.num_computed + static_cast<int64_t>(in.tokens.size());
+    CHECK(in.num_computed >= 0 && static_cast<int64_t>(in.blocks.size()) * bs >= end, "sequence ",
+          i, ": ", in.blocks.size(), " blocks of ", bs, " tokens cannot hold ", end, " tokens");
+    CHECK(plan.kda_state_rows == 0 ||
+              (in.state_block >= 0 && in.state_block < in.cache->num_blocks()),
+          "sequence ", i, ": KDA state block ", in.state_block, " outside the pool");
+    for (int32_t b : in.blocks) {
+      CHECK(b >= 0 && b < in.cache->num_blocks(), "sequence ", i, ": block ", b,
+            " outside the pool of ", in.cache->num_blocks());
+    }
     for (size_t j = 0; j < in.tokens.size(); ++j) {
       CHECK(in.tokens[j] >= 0 && in.tokens[j] < c.vocab_size, "token id ", in.tokens[j],
             " at position ", j, " is outside the vocabulary [0, ", c.vocab_size, ")");
+      const int64_t p = in.num_computed + static_cast<int64_t>(j);
       ids.push_back(in.tokens[j]);
-      pos.push_back(in.state->num_tokens + static_cast<int64_t>(j));
+      pos.push_back(p);
+      slots.push_back(static_cast<int64_t>(in.blocks[p / bs]) * bs + p % bs);
     }
+    table_offset.push_back(static_cast<int64_t>(tables.size()));
+    tables.insert(tables.end(), in.blocks.begin(), in.blocks.end());
     offset[i + 1] = offset[i] + static_cast<int64_t>(in.tokens.size());
     num_rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
-    reserve(*in.state, in.state->num_tokens + static_cast<int64_t>(in.tokens.size()));
   }
   const int64_t t = offset.back();
-  std::vector<Slice> slices;
-  for (size_t i = 0; i < batch.size(); ++i)
-    slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].state});
 
   workspace_.reset();
   int32_t* ids_dev = workspace_.ints(t);
   int64_t* pos_dev = workspace_.longs(t);
+  int64_t* slots_dev = workspace_.longs(t);
+  int32_t* tables_dev = workspace_.ints(static_cast<int64_t>(tables.size()));
   backend_->upload(ids_dev, ids.data(), ids.size() * 4);
   backend_->upload(pos_dev, pos.data(), pos.size() * 8);
+  backend_->upload(slots_dev, slots.data(), slots.size() * 8);
+  backend_->upload(tables_dev, tables.data(), tables.size() * 4);
+  std::vector<Slice> slices;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].num_computed, batch[i].cache,
+                      tables_dev + table_offset[i], batch[i].state_block});
+  }
 
   // h = embed_tokens(ids)
   float* h = workspace_.floats(t * d);
@@ -249,7 +269,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
       if (c.is_kda(layer)) {
         kda_attention(layer, x, t, slices, out);
       } else {
-        mla_attention(layer, x, t, pos_dev, slices, out);
+        mla_attention(layer, x, t, pos_dev, slots_dev, slices, out);
       }
       workspace_.rewind(mark);
     }
@@ -265,9 +285,6 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     backend_->add(h, out, t * d);
     dump(layer_name(layer, "hidden"), h, t, d);
   }
-  for (const SequenceInput& in : batch)
-    in.state->num_tokens += static_cast<int64_t>(in.tokens.size());
-
   // logits = lm_head(rms(h)) for the rows asked for.
   trace("lm_head");
   float* rows = workspace_.floats(num_rows * d);
@@ -286,8 +303,39 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   backend_->download(logits.data(), logits_dev, logits.size() * 4);
 }
 
+void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
+                        const int64_t* slots, std::span<const Slice> seqs) const {
+  // One scatter per run of consecutive sequences that share a cache (the engine's
+  // batches: one).
+  for (size_t i = 0; i < seqs.size();) {
+    size_t j = i + 1;
+    while (j < seqs.size() && seqs[j].cache == seqs[i].cache) ++j;
+    const KvCache& cache = *seqs[i].cache;
+    ScatterRowsParams p;
+    p.src = static_cast<const uint8_t*>(rows) + seqs[i].offset * row_bytes;
+    p.slots = slots + seqs[i].offset;
+    switch (kind) {
+      case CacheRows::kLatent:
+        p.dst = cache.latent_page(layer);
+        break;
+      case CacheRows::kIndexKeys:
+        p.dst = cache.index_page(layer);
+        break;
+      case CacheRows::kIndexScales:
+        p.dst = cache.index_scale_page(layer);
+        break;
+    }
+    p.num_rows = seqs[j - 1].offset + seqs[j - 1].n - seqs[i].offset;
+    p.row_bytes = row_bytes;
+    p.block_size = cache.block_size();
+    p.block_stride_bytes = cache.plan().row_bytes;
+    backend_->scatter_rows(p);
+    i = j;
+  }
+}
+
 void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
-                          std::span<const Slice> seqs, float* out) const {
+                          const int64_t* slots, std::span<const Slice> seqs, float* out) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -324,14 +372,12 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   dump(layer_name(layer, "q"), q, t, h * dqk);
   dump(layer_name(layer, "latent"), ckv, t, width);
 
-  // 5. Append each sequence's new latents [c | k_pe] to its cache.
-  for (const Slice& sq : seqs) {
-    float* dst = sq.state->mla[layer].latent.as<float>() + sq.state->num_tokens * width;
-    backend_->copy(dst, ckv + sq.offset * width, static_cast<size_t>(sq.n * width) * 4);
-  }
+  // 5. Write the new latents [c | k_pe] into their cache slots.
+  write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
 
   // DSA indexer: top-k past positions per token.
-  const int32_t* topk = c.has_indexer() ? index_select(layer, x, q_lat, t, pos, seqs) : nullptr;
+  const int32_t* topk =
+      c.has_indexer() ? index_select(layer, x, q_lat, t, pos, slots, seqs) : nullptr;
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
   //    absorbed for decode).
@@ -339,14 +385,15 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   for (const Slice& sq : seqs) {
     MlaAttentionParams p;
     p.q = q + sq.offset * h * dqk;
-    p.latent = sq.state->mla[layer].latent.as<float>();
+    p.latent = sq.cache->latent_page(layer);
+    p.latent_pages = sq.cache->pages(sq.blocks);
     p.kv_b = &w.kv_b_proj;
     p.q_pos = pos + sq.offset;
     p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
     p.out = o + sq.offset * h * dv;
     p.num_tokens = sq.n;
-    p.num_keys = sq.state->num_tokens + sq.n;
+    p.num_keys = sq.num_computed + sq.n;
     p.num_heads = h;
     p.dn = dn;
     p.dr = dr;
@@ -363,7 +410,8 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
 }
 
 int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
-                             const int64_t* pos, std::span<const Slice> seqs) const {
+                             const int64_t* pos, const int64_t* slots,
+                             std::span<const Slice> seqs) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
@@ -398,20 +446,23 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
   dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
   dump(layer_name(layer, "indexer.k"), ki, t, di);
 
+  // 4. Write the new index keys into their cache slots (quantized on the FP8 path).
+  if (options_.indexer_fp8) {
+    uint8_t* codes = workspace_.bytes(t * di);
+    float* scales = workspace_.floats(t);
+    backend_->quantize_fp8_ue8m0(ki, t, di, codes, scales);
+    write_cache(CacheRows::kIndexKeys, layer, codes, di, slots, seqs);
+    write_cache(CacheRows::kIndexScales, layer, scales, 4, slots, seqs);
+  } else {
+    write_cache(CacheRows::kIndexKeys, layer, ki, di * 4, slots, seqs);
+  }
+
   const int64_t k = c.index_topk;
   int32_t* selected = workspace_.ints(t * k);
   for (const Slice& sq : seqs) {
-    SequenceState::Mla& cache = sq.state->mla[layer];
-    const int64_t start = sq.state->num_tokens, s = start + sq.n;
-    // 4. Append the sequence's new index keys (quantized on the FP8 path).
-    if (options_.indexer_fp8) {
-      backend_->quantize_fp8_ue8m0(ki + sq.offset * di, sq.n, di,
-                                   cache.index_keys_fp8.as<uint8_t>() + start * di,
-                                   cache.index_key_scales.as<float>() + start);
-    } else {
-      backend_->copy(cache.index_keys.as<float>() + start * di, ki + sq.offset * di,
-                     static_cast<size_t>(sq.n * di) * 4);
-    }
+    const KvCache& cache = *sq.cache;
+    const PagedRows pages = cache.pages(sq.blocks);
+    const int64_t s = sq.num_computed + sq.n;
     // 6./7. Score its queries in chunks (bounded buffer), keep the causal top-k.
     const Workspace::Mark mark = workspace_.mark();
     const int64_t chunk = std::min(sq.n, kIndexerQueryChunk);
@@ -421,8 +472,9 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
       if (options_.indexer_fp8) {
         IndexerFp8CacheScoreParams p;
         p.q = qi + b * hi * di;
-        p.k_fp8 = cache.index_keys_fp8.as<uint8_t>();
-        p.k_scales = cache.index_key_scales.as<float>();
+        p.k_fp8 = cache.index_page(layer);
+        p.k_scales = cache.index_scale_page(layer);
+        p.k_pages = pages;
         p.head_weights = hw + b * hi;
         p.q_pos = pos + b;
         p.scores = scores;
@@ -434,7 +486,8 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
       } else {
         IndexerScoreParams p;
         p.q = qi + b * hi * di;
-        p.k = cache.index_keys.as<float>();
+        p.k = reinterpret_cast<const float*>(cache.index_page(layer));
+        p.k_pages = pages;
         p.head_weights = hw + b * hi;
         p.q_pos = pos + b;
         p.scores = scores;
@@ -458,15 +511,14 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   const int64_t h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
 
   // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
-  auto conv = [&](const Weight& proj, const Vec& weight,
-                  BackendBuffer SequenceState::Kda::*conv_state) {
+  auto conv = [&](const Weight& proj, const Vec& weight, int which) {
     const float* raw = linear(x, t, proj);
     float* y = workspace_.floats(t * width);
     for (const Slice& sq : seqs) {
       ShortConvParams p;
       p.x = raw + sq.offset * width;
       p.weight = weight.data;
-      p.conv_state = (sq.state->kda[layer].*conv_state).as<float>();
+      p.conv_state = sq.cache->kda_conv_state(sq.state_block, layer, which);
       p.y = y + sq.offset * width;
       p.num_tokens = sq.n;
       p.channels = width;
@@ -475,9 +527,9 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
     }
     return y;
   };
-  float* q = conv(w.q_proj, w.q_conv, &SequenceState::Kda::conv_q);
-  float* kk = conv(w.k_proj, w.k_conv, &SequenceState::Kda::conv_k);
-  float* v = conv(w.v_proj, w.v_conv, &SequenceState::Kda::conv_v);
+  float* q = conv(w.q_proj, w.q_conv, 0);
+  float* kk = conv(w.k_proj, w.k_conv, 1);
+  float* v = conv(w.v_proj, w.v_conv, 2);
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)
   float* g = linear(linear(x, t, w.f_a_proj), t, w.f_b_proj);
@@ -508,7 +560,7 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
     p.v = v + sq.offset * width;
     p.g = g + sq.offset * width;
     p.beta = beta + sq.offset * h;
-    p.state = sq.state->kda[layer].recurrent.as<float>();
+    p.state = sq.cache->kda_recurrent_state(sq.state_block, layer);
     p.o = o + sq.offset * width;
     p.num_tokens = sq.n;
     p.num_heads = h;

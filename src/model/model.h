@@ -4,12 +4,13 @@
 //
 // forward() takes a batch of sequences, each with its own new tokens (a prefill
 // chunk or one decode token): projections, norms and MLPs run over all tokens of
-// the batch at once; attention runs per sequence over its own cache.
+// the batch at once; attention runs per sequence over its own pages of the cache.
 //
-// Per-request state lives in SequenceState, a simple per-request cache in backend
-// memory: the MLA latent and index keys of every past token in each full-attention
-// layer, the conv + recurrent state of each KDA layer. (The packed block cache
-// replaces it in the engine.)
+// State lives in the packed block cache (KvCache, kv/cache_plan.h): each sequence
+// brings its token blocks (MLA latents and index keys of every full-attention layer,
+// written at their slots) and, with KDA layers, its KDA state row. The engine takes
+// both from its block pool; SequenceState is a standalone sequence with a private,
+// growing cache for tests, `hyserve generate` and benchmarks.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +24,7 @@
 #include "model/backend.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/kv_cache.h"
 #include "model/weights.h"
 #include "model/workspace.h"
 
@@ -34,28 +36,22 @@ struct ModelOptions {
   bool indexer_fp8 = false;
 };
 
-struct SequenceState {
-  struct Kda {
-    BackendBuffer conv_q, conv_k, conv_v;  // [W-1, H*K] each, oldest first
-    BackendBuffer recurrent;               // [H, K, K] fp32
-  };
-  struct Mla {
-    BackendBuffer latent;            // [capacity, kv_lora + dr]: c (normalized) | k_pe (roped)
-    BackendBuffer index_keys;        // [capacity, di] fp32 path
-    BackendBuffer index_keys_fp8;    // [capacity, di] e4m3, FP8 path (after Hadamard)
-    BackendBuffer index_key_scales;  // [capacity] fp32, FP8 path
-  };
-  int64_t num_tokens = 0;  // tokens already processed (the next position)
-  int64_t capacity = 0;    // tokens the MLA caches can hold
-  std::vector<Kda> kda;    // [num_layers], used by KDA layers
-  std::vector<Mla> mla;    // [num_layers], used by full-attention layers
-};
-
 // One sequence's part of a batch.
 struct SequenceInput {
-  SequenceState* state = nullptr;
-  std::span<const int32_t> tokens;  // new tokens, after state->num_tokens past ones
+  KvCache* cache = nullptr;
+  std::span<const int32_t> blocks;  // token blocks: blocks[i] holds positions [i*bs, (i+1)*bs)
+  int32_t state_block = -1;         // KDA state row (models with KDA layers)
+  int64_t num_computed = 0;         // past tokens in the cache: the first new position
+  std::span<const int32_t> tokens;  // new tokens
   bool all_logits = false;          // logits of every new position, else of the last
+};
+
+// A sequence with its own cache: row 0 is its KDA state, token blocks follow.
+struct SequenceState {
+  std::unique_ptr<KvCache> cache;
+  std::vector<int32_t> blocks;
+  int32_t state_block = -1;
+  int64_t num_tokens = 0;  // tokens already processed (the next position)
 };
 
 // Receives named intermediates ("layers.3.attn_out", shape [rows, cols]) when set.
@@ -79,16 +75,26 @@ class Model {
   const ModelOptions& options() const { return options_; }
   Backend& backend() const { return *backend_; }
 
-  // A fresh request state with room for `capacity` tokens (grown on demand).
-  SequenceState new_sequence(int64_t capacity = 0) const;
-  // Makes room for `tokens` tokens in the state's caches (keeps their contents).
-  void reserve(SequenceState& state, int64_t tokens) const;
+  // The row layout of this model's cache: fp32 latents, index keys in FP8 (indexer_fp8)
+  // or fp32, KDA states in fp32, one GPU (no TP/DCP split); min_block_size as in
+  // CachePlanOptions.
+  CachePlan cache_plan(int64_t min_block_size = 64) const;
+  std::unique_ptr<KvCache> new_cache(int64_t num_blocks, int64_t min_block_size = 64) const;
 
-  // Runs each input's tokens after its state's past tokens and advances the states.
-  // logits gets the rows of every input in order: all its positions or its last
-  // one, [rows, vocab].
+  // A standalone sequence with room for `capacity` tokens (grown on demand).
+  SequenceState new_sequence(int64_t capacity = 0) const;
+  // Makes room for `tokens` tokens in the sequence's cache (keeps its contents).
+  void reserve(SequenceState& state, int64_t tokens) const;
+  // The batch input for `tokens` after the state's past tokens (reserves room); the
+  // caller advances state.num_tokens after the forward.
+  SequenceInput prepare(SequenceState& state, std::span<const int32_t> tokens,
+                        bool all_logits) const;
+
+  // Runs each input's tokens after its past ones, writing their cache entries (and
+  // advancing KDA states in place). logits gets the rows of every input in order: all
+  // its positions or its last one, [rows, vocab].
   void forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
-  // One sequence.
+  // One standalone sequence; advances state.num_tokens.
   void forward(std::span<const int32_t> tokens, SequenceState& state, std::vector<float>& logits,
                bool all_positions = false) const;
 
@@ -105,19 +111,24 @@ class Model {
         std::unique_ptr<Backend> backend);
 
   // One sequence's tokens within the batch: rows [offset, offset + n) of every
-  // [T, ...] activation; positions start at state->num_tokens.
+  // [T, ...] activation; positions start at num_computed. blocks: its block table in
+  // backend memory.
   struct Slice {
     int64_t offset;
     int64_t n;
-    SequenceState* state;
+    int64_t num_computed;
+    KvCache* cache;
+    const int32_t* blocks;
+    int32_t state_block;
   };
 
   // Attention of one layer over the whole batch: x = rms(h) [T, D] -> out [T, D].
   // Projections, norms and gates run over all T tokens at once; only what reads or
   // writes a sequence's own state (conv, recurrence, cache writes, attention) runs
   // per sequence. pos: [T] positions of the tokens.
+  // slots: [T] each token's cache slot (block * block_size + offset).
   void mla_attention(int64_t layer, const float* x, int64_t num_tokens, const int64_t* pos,
-                     std::span<const Slice> seqs, float* out) const;
+                     const int64_t* slots, std::span<const Slice> seqs, float* out) const;
   void kda_attention(int64_t layer, const float* x, int64_t num_tokens, std::span<const Slice> seqs,
                      float* out) const;
   // Over all tokens of the batch.
@@ -125,7 +136,12 @@ class Model {
   // DSA indexer: the selected past positions [T, index_topk] (-1 padded) of every
   // token. q_in is the normalized q latent [T, q_lora] (or x when q_lora_rank is 0).
   int32_t* index_select(int64_t layer, const float* x, const float* q_in, int64_t num_tokens,
-                        const int64_t* pos, std::span<const Slice> seqs) const;
+                        const int64_t* pos, const int64_t* slots,
+                        std::span<const Slice> seqs) const;
+  // Writes rows [T, row_bytes] of the batch into their slots of one kind of page.
+  enum class CacheRows { kLatent, kIndexKeys, kIndexScales };
+  void write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
+                   const int64_t* slots, std::span<const Slice> seqs) const;
   float* linear(const float* x, int64_t num_tokens, const Weight& w) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
@@ -143,6 +159,7 @@ class Model {
   ModelWeights weights_;                       // views in backend memory
   std::vector<BackendBuffer> weight_buffers_;  // backend copies (non-CPU backends)
   RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
+  CachePlanOptions cache_options_;
   mutable Workspace workspace_;
   DumpFn dump_;
   std::function<void(std::string_view)> trace_;

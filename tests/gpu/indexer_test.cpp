@@ -139,6 +139,7 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
     for (const bool fp8 : {false, true}) {
       IndexerScoreParams p{.q = q.data(),
                            .k = k.data(),
+                           .k_pages = {},
                            .head_weights = w.data(),
                            .q_pos = q_pos.data(),
                            .scores = nullptr,
@@ -166,6 +167,7 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
     IndexerFp8CacheScoreParams p{.q = q.data(),
                                  .k_fp8 = k8.data(),
                                  .k_scales = k_scales.data(),
+                                 .k_pages = {},
                                  .head_weights = w.data(),
                                  .q_pos = q_pos.data(),
                                  .scores = nullptr,

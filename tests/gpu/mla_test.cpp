@@ -152,6 +152,7 @@ struct Problem {
   MlaAttentionParams params(const Weight* w, bool use_topk) const {
     return {.q = q.data(),
             .latent = latent.data(),
+            .latent_pages = {},
             .kv_b = w,
             .q_pos = q_pos.data(),
             .topk = use_topk ? topk.data() : nullptr,

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "core/cuda/device_buffer.h"
+#include "kernels/cache/cuda.h"
 #include "kernels/elementwise/cuda.h"
 #include "kernels/indexer/cuda.h"
 #include "kernels/kda/cuda.h"
@@ -140,6 +141,7 @@ class CudaBackend final : public Backend {
   }
   void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
   void scale(float* x, float s, int64_t n) override { cuda::scale(ScaleParams{x, n, s}, stream_); }
+  void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
     if (rows == 0 || width == 0) return;

@@ -121,12 +121,17 @@ void indexer_scores(const IndexerScoreParams& p) {
     CHECK(p.head_dim <= kIndexerFp8BlockSize,
           "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
           p.head_dim);
+    std::vector<float> k(static_cast<size_t>(p.num_keys * p.head_dim));
+    for (int64_t s = 0; s < p.num_keys; ++s) {
+      std::copy_n(p.k_pages.row(p.k, s, p.head_dim), p.head_dim, &k[s * p.head_dim]);
+    }
     std::vector<uint8_t> k_fp8(static_cast<size_t>(p.num_keys * p.head_dim));
     std::vector<float> k_scales(static_cast<size_t>(p.num_keys));
-    quantize_fp8_ue8m0(p.k, p.num_keys, p.head_dim, k_fp8.data(), k_scales.data());
+    quantize_fp8_ue8m0(k.data(), p.num_keys, p.head_dim, k_fp8.data(), k_scales.data());
     indexer_scores_fp8_cache({.q = p.q,
                               .k_fp8 = k_fp8.data(),
                               .k_scales = k_scales.data(),
+                              .k_pages = {},
                               .head_weights = p.head_weights,
                               .q_pos = p.q_pos,
                               .scores = p.scores,
@@ -140,7 +145,7 @@ void indexer_scores(const IndexerScoreParams& p) {
   score_rows(p.scores, p.q_pos, p.num_tokens, p.num_keys, [&](int64_t t, int64_t s) {
     float acc = 0.0f;
     for (int64_t h = 0; h < p.num_heads; ++h) {
-      const float qk = dot(p.q + (t * p.num_heads + h) * d, p.k + s * d, d);
+      const float qk = dot(p.q + (t * p.num_heads + h) * d, p.k_pages.row(p.k, s, d), d);
       acc += p.head_weights[t * p.num_heads + h] * std::max(qk, 0.0f);
     }
     return acc;
@@ -163,7 +168,13 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
   std::vector<float> q_scales(static_cast<size_t>(num_q_rows));
   quantize_fp8_ue8m0(p.q, num_q_rows, d, q_fp8.data(), q_scales.data());
   const std::vector<float> q8 = decode_e4m3(q_fp8.data(), num_q_rows * d);
-  const std::vector<float> k8 = decode_e4m3(p.k_fp8, p.num_keys * d);
+  std::vector<float> k8(static_cast<size_t>(p.num_keys * d));
+  std::vector<float> k_scales(static_cast<size_t>(p.num_keys));
+  for (int64_t s = 0; s < p.num_keys; ++s) {
+    const uint8_t* codes = p.k_pages.row(p.k_fp8, s, d);
+    for (int64_t i = 0; i < d; ++i) k8[s * d + i] = e4m3_to_f32(codes[i]);
+    k_scales[s] = *p.k_pages.row(p.k_scales, s, 1);
+  }
   // Head weight with the query's scale folded in, as the reference's fp8_index takes it.
   std::vector<float> wq(static_cast<size_t>(num_q_rows));
   for (int64_t i = 0; i < num_q_rows; ++i) wq[i] = p.head_weights[i] * q_scales[i];
@@ -173,7 +184,7 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
       const float qk = dot(&q8[(t * p.num_heads + h) * d], &k8[s * d], d);
       acc += wq[t * p.num_heads + h] * std::max(qk, 0.0f);
     }
-    return p.k_scales[s] * acc;
+    return k_scales[s] * acc;
   });
 }
 

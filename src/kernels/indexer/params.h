@@ -12,6 +12,8 @@
 
 #include <cstdint>
 
+#include "core/paged.h"
+
 namespace hyserve {
 
 // Block of the ue8m0 FP8 activation quantization; also the largest head_dim the FP8
@@ -23,7 +25,8 @@ constexpr float kE4m3Max = 448.0f;
 // Scores against fp32 keys; with fp8 the scorer quantizes q per head and k per token.
 struct IndexerScoreParams {
   const float* q = nullptr;             // [T, Hi, d]
-  const float* k = nullptr;             // [S, d]
+  const float* k = nullptr;             // [S, d], or the page of block 0 when paged
+  PagedRows k_pages;                    // block table of the key pages; default: contiguous
   const float* head_weights = nullptr;  // [T, Hi] weights_proj(x) * Hi^-0.5 * d^-0.5
   const int64_t* q_pos = nullptr;       // [T] key s is visible iff s <= q_pos[t]
   float* scores = nullptr;              // [T, S] out
@@ -39,8 +42,9 @@ struct IndexerScoreParams {
 // cache holds quantize_fp8_ue8m0 of those keys.
 struct IndexerFp8CacheScoreParams {
   const float* q = nullptr;             // [T, Hi, d]
-  const uint8_t* k_fp8 = nullptr;       // [S, d] e4m3 codes
-  const float* k_scales = nullptr;      // [S] power-of-two scale per key
+  const uint8_t* k_fp8 = nullptr;       // [S, d] e4m3 codes (page of block 0 when paged)
+  const float* k_scales = nullptr;      // [S] power-of-two scale per key (same)
+  PagedRows k_pages;                    // one block table for codes and scales; default: contiguous
   const float* head_weights = nullptr;  // [T, Hi] weights_proj(x) * Hi^-0.5 * d^-0.5
   const int64_t* q_pos = nullptr;       // [T] key s is visible iff s <= q_pos[t]
   float* scores = nullptr;              // [T, S] out

@@ -23,7 +23,7 @@ void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale);
 void kda_recurrent(const KdaParams& p);
 
 // Chunked (WY) form for prefill, chunks of chunk_size tokens (the last may be shorter).
-void kda_chunked(const KdaParams& p, int64_t chunk_size = 64);
+void kda_chunked(const KdaParams& p, int64_t chunk_size = kKdaChunkSize);
 
 void gated_rms_norm(const GatedRmsNormParams& p);
 

@@ -27,7 +27,7 @@ void kda_recurrent(const KdaParams& p, cudaStream_t stream);
 // Chunked (WY) form for prefill. Grid: heads x V-slices of 32 columns; each block
 // recomputes its chunk's A, W and Aqk (V-independent) and carries its columns of S
 // through the chunks in shared memory. chunk_size <= 64.
-void kda_chunked(const KdaParams& p, cudaStream_t stream, int64_t chunk_size = 64);
+void kda_chunked(const KdaParams& p, cudaStream_t stream, int64_t chunk_size = kKdaChunkSize);
 
 void gated_rms_norm(const GatedRmsNormParams& p, cudaStream_t stream);
 

@@ -10,6 +10,10 @@
 
 namespace hyserve {
 
+// Tokens per chunk of the chunked KDA prefill. Its result depends on where the chunks
+// fall, so the scheduler starts prefill chunks on multiples of it (exact prefix hits).
+inline constexpr int64_t kKdaChunkSize = 64;
+
 // Depthwise causal conv + SiLU over one request's tokens, carrying the conv state:
 //   y_t[c] = silu(sum_{i<W} weight[c, i] * x_{t-(W-1)+i}[c]),
 // where inputs before x[0] come from conv_state (zeros for a fresh request).

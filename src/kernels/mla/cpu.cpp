@@ -92,7 +92,7 @@ const float* q_row(const MlaAttentionParams& p, int64_t t, int64_t h) {
   return p.q + (t * p.num_heads + h) * (p.dn + p.dr);
 }
 const float* latent_row(const MlaAttentionParams& p, int64_t s) {
-  return p.latent + s * (p.kv_lora + p.dr);
+  return p.latent_pages.row(p.latent, s, p.kv_lora + p.dr);
 }
 
 // Writes out = 0 and lse = -inf for a query that sees no key.

@@ -10,17 +10,22 @@
 // Key s is visible to query t iff s <= q_pos[t] (and s < num_keys). With topk, query t
 // attends exactly over the listed positions (softmax over that set); -1 slots are empty.
 // A query with no key gets out = 0 and lse = -inf.
+//
+// Latent row s is read at latent_pages.row(latent, s, kv_lora + dr): contiguous [S, width]
+// by default, or the pages of the packed block cache (core/paged.h).
 #pragma once
 
 #include <cstdint>
 
+#include "core/paged.h"
 #include "core/weight.h"
 
 namespace hyserve {
 
 struct MlaAttentionParams {
   const float* q = nullptr;        // [T, H, dn + dr]
-  const float* latent = nullptr;   // [S, kv_lora + dr]
+  const float* latent = nullptr;   // [S, kv_lora + dr], or the page of block 0 when paged
+  PagedRows latent_pages;          // block table of the latent pages; default: contiguous
   const Weight* kv_b = nullptr;    // [H*(dn+dv), kv_lora] kv_b_proj, any Weight format
   const int64_t* q_pos = nullptr;  // [T] position of each query
   const int32_t* topk = nullptr;   // [T, topk_width] key positions, -1 = empty; null = dense

@@ -113,6 +113,7 @@ struct ScoreArgs {
   const float* k;             // [S, d] (kF32, kF32Quantized)
   const uint8_t* k_fp8;       // [S, d] (kFp8Cache)
   const float* k_scales;      // [S] (kFp8Cache)
+  PagedRows k_pages;          // of k, or of k_fp8 and k_scales
   const float* head_weights;  // [T, Hi]
   const int64_t* q_pos;       // [T]
   float* scores;              // [T, S]
@@ -156,9 +157,9 @@ __global__ void score_kernel(ScoreArgs a) {
     float val = 0.0f;
     if (src <= last) {
       if constexpr (kMode == KeyMode::kFp8Cache) {
-        val = e4m3_to_f32(a.k_fp8[src * d + dd]);
+        val = e4m3_to_f32(a.k_pages.row(a.k_fp8, src, d)[dd]);
       } else {
-        val = a.k[src * d + dd];
+        val = a.k_pages.row(a.k, src, d)[dd];
       }
     }
     k_t[dd * kPitch + key] = val;
@@ -190,7 +191,7 @@ __global__ void score_kernel(ScoreArgs a) {
       kv = e4m3_to_f32(f32_to_e4m3(clamp_e4m3(kv / k_scale)));
     }
   } else if constexpr (kMode == KeyMode::kFp8Cache) {
-    if (s <= last) k_scale = a.k_scales[s];
+    if (s <= last) k_scale = *a.k_pages.row(a.k_scales, s, 1);
   }
   __syncthreads();
 
@@ -278,6 +279,7 @@ void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
                     .k = p.k,
                     .k_fp8 = nullptr,
                     .k_scales = nullptr,
+                    .k_pages = p.k_pages,
                     .head_weights = p.head_weights,
                     .q_pos = p.q_pos,
                     .scores = p.scores,
@@ -304,6 +306,7 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t 
                     .k = nullptr,
                     .k_fp8 = p.k_fp8,
                     .k_scales = p.k_scales,
+                    .k_pages = p.k_pages,
                     .head_weights = p.head_weights,
                     .q_pos = p.q_pos,
                     .scores = p.scores,

@@ -122,13 +122,13 @@ __global__ void absorb_q_kernel(MlaArgs a) {
   for (int64_t i = threadIdx.x; i < p.dr; i += blockDim.x) dst[p.kv_lora + i] = q[p.dn + i];
 }
 
-// Shared memory: key [kKeyTile] int64 | q_abs [kv_lora + dr] | o_lat [kv_lora]
+// Shared memory: key row pointer [kKeyTile] (null: no key) | q_abs [kv_lora + dr] | o_lat [kv_lora]
 // | logit [kKeyTile] | prob [kKeyTile].
 __global__ void attend_kernel(MlaArgs a) {
   extern __shared__ int64_t smem_i[];
   const MlaAttentionParams& p = a.p;
   const int64_t width = p.kv_lora + p.dr;
-  int64_t* key_s = smem_i;
+  const float** key_s = reinterpret_cast<const float**>(smem_i);
   float* q_s = reinterpret_cast<float*>(key_s + kKeyTile);
   float* o_s = q_s + width;
   float* logit_s = o_s + p.kv_lora;
@@ -159,14 +159,14 @@ __global__ void attend_kernel(MlaArgs a) {
       const int64_t s = p.topk != nullptr ? p.topk[t * p.topk_width + slot] : slot;
       const bool valid = s >= 0 && s < p.num_keys && s <= q_pos;
       float dot = 0.0f;
+      const float* c = valid ? p.latent_pages.row(p.latent, s, a.latent_stride) : nullptr;
       if (valid) {
-        const float* c = p.latent + s * a.latent_stride;
         for (int64_t i = lane; i < width; i += 32) dot += q_s[i] * c[i];
         dot = warp_sum(dot);
       }
       if (lane == 0) {
         logit_s[j] = valid ? dot * p.softmax_scale : -INFINITY;
-        key_s[j] = valid ? s : -1;
+        key_s[j] = c;
       }
     }
     __syncthreads();
@@ -186,7 +186,7 @@ __global__ void attend_kernel(MlaArgs a) {
       for (int64_t l = threadIdx.x; l < p.kv_lora; l += blockDim.x) {
         float acc = o_s[l] * correction;
         for (int j = 0; j < count; ++j) {
-          if (key_s[j] >= 0) acc += prob_s[j] * p.latent[key_s[j] * a.latent_stride + l];
+          if (key_s[j] != nullptr) acc += prob_s[j] * key_s[j][l];
         }
         o_s[l] = acc;
       }
@@ -323,7 +323,7 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
   CUDA_CHECK_LAUNCH();
 
   const size_t attend_smem =
-      sizeof(int64_t) * kKeyTile + sizeof(float) * (2 * p.kv_lora + p.dr + 2 * kKeyTile);
+      sizeof(const float*) * kKeyTile + sizeof(float) * (2 * p.kv_lora + p.dr + 2 * kKeyTile);
   CHECK(attend_smem <= 48 * 1024, "MLA: kv_lora ", p.kv_lora, " + dr ", p.dr,
         " too wide for the attend kernel's shared memory");
   attend_kernel<<<dim3(rows, static_cast<unsigned>(plan.num_splits)), kAttendThreads, attend_smem,
