@@ -1,7 +1,9 @@
 // `hyserve serve [MODEL_DIR] [flags]`: the OpenAI-compatible server, with vLLM's flag
 // names (SERVING.md). Runs until SIGINT / SIGTERM, then drains in-flight requests.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <string>
 
@@ -30,6 +32,7 @@ struct ServeArgs {
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
   std::string index_cache_dtype = "fp8";
+  int64_t kv_cache_memory_bytes = 0;
   bool enable_prefix_caching = false;
   bool no_enable_prefix_caching = false;
   bool enable_auto_tool_choice = false;
@@ -50,6 +53,52 @@ int device_count_or_zero() {
 #endif
 }
 
+// The CPU's default pool size when --kv-cache-memory-bytes is not given (vLLM's CPU
+// backend default).
+constexpr int64_t kCpuKvCacheBytes = int64_t{4} << 30;
+
+// Rows of the KV pool. --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's
+// method: a warm-up step of max_num_batched_tokens tokens sizes the activations, the
+// workspaces and the per-weight device tables; the indexer's score chunk is added for a
+// max_model_len context; the pool gets what --gpu-memory-utilization of the device leaves.
+// On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
+int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfig& ec,
+                       const std::string& device) {
+  const CachePlan plan = model.cache_plan(ec.min_block_size);
+  const SchedulerConfig& sc = ec.scheduler;
+  const int64_t per_request = plan.blocks_for_tokens(sc.max_model_len) + plan.kda_state_rows;
+  int64_t bytes = a.kv_cache_memory_bytes;
+  if (bytes == 0 && device == "cpu") {
+    bytes = std::min(kCpuKvCacheBytes, sc.max_num_seqs * per_request * plan.row_bytes);
+  }
+#ifdef HYSERVE_WITH_CUDA
+  if (bytes == 0) {
+    {
+      SequenceState warm = model.new_sequence();
+      const std::vector<int32_t> tokens(
+          static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
+      std::vector<float> logits;
+      model.forward(tokens, warm, logits);
+    }
+    const cuda::MemoryInfo m = cuda::memory_info();
+    const auto usable =
+        static_cast<int64_t>(static_cast<double>(m.total_bytes) * a.gpu_memory_utilization);
+    const int64_t used = static_cast<int64_t>(m.total_bytes - m.free_bytes) +
+                         model.context_transient_bytes(sc.max_model_len);
+    bytes = usable - used;
+    CHECK(bytes > 0, "--gpu-memory-utilization ", a.gpu_memory_utilization, ": ", usable >> 20,
+          " MiB usable, the weights and a step's buffers take ", used >> 20,
+          " MiB; nothing is left for the KV cache");
+  }
+#endif
+  const int64_t num_blocks = bytes / plan.row_bytes;
+  CHECK(num_blocks >= per_request, "the KV cache gets ", bytes >> 20, " MiB = ", num_blocks,
+        " blocks of ", plan.row_bytes, " bytes; one request of max_model_len ", sc.max_model_len,
+        " tokens needs ", per_request, ": lower --max-model-len or give the cache more memory");
+  CHECK(num_blocks <= std::numeric_limits<int32_t>::max(), num_blocks, " KV blocks");
+  return num_blocks;
+}
+
 int run_serve(const ServeArgs& a) {
   CHECK(a.tensor_parallel_size == 1, "--tensor-parallel-size ", a.tensor_parallel_size,
         ": this hyserve runs on one device (tensor parallelism is not built yet)");
@@ -58,10 +107,16 @@ int run_serve(const ServeArgs& a) {
   CHECK(a.speculative_config.empty(),
         "--speculative-config: speculative decoding is not built yet");
   CHECK(!a.batch_invariant, "--batch-invariant: the batch-invariant mode is not built yet");
-  CHECK(!a.enable_prefix_caching,
-        "--enable-prefix-caching: prefix caching needs the packed block cache, not built yet");
-  CHECK(a.kv_cache_dtype == "auto", "--kv-cache-dtype ", a.kv_cache_dtype,
-        ": only auto (fp32 per-request caches) is built yet");
+  CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
+        "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
+  CHECK(a.kv_cache_dtype == "auto" || a.kv_cache_dtype == "fp32", "--kv-cache-dtype ",
+        a.kv_cache_dtype,
+        ": the model writes fp32 latents (auto); other formats are not built yet");
+  CHECK(a.index_cache_dtype == "fp8" || a.index_cache_dtype == "fp32", "--index-cache-dtype ",
+        a.index_cache_dtype, ": fp8 or fp32 (mxfp4 is not built yet)");
+  CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
+  CHECK(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0,
+        "--gpu-memory-utilization must be in (0, 1], got ", a.gpu_memory_utilization);
   CHECK(a.tool_call_parser.empty() || a.tool_call_parser == "kimi_k3",
         "--tool-call-parser must be kimi_k3");
   CHECK(a.reasoning_parser.empty() || a.reasoning_parser == "kimi_k3",
@@ -75,7 +130,9 @@ int run_serve(const ServeArgs& a) {
 
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
-  auto model = Model::load(dir, {}, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
+  ModelOptions mo;
+  mo.indexer_fp8 = a.index_cache_dtype == "fp8";
+  auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const auto tokenizer = Tokenizer::load(dir);
   ChatTemplates templates = load_chat_templates(dir);
   SpecialTokens special = load_special_tokens(dir);
@@ -96,6 +153,11 @@ int run_serve(const ServeArgs& a) {
     const int32_t id = tokenizer->token_id(*special.eos_token);
     if (id >= 0 && id < model->config().vocab_size) ec.scheduler.eos_token_ids.push_back(id);
   }
+  // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
+  ec.enable_prefix_caching = !a.no_enable_prefix_caching;
+  ec.num_blocks = static_cast<int32_t>(plan_kv_blocks(*model, a, ec, device));
+  const int64_t num_blocks = ec.num_blocks;
+  const int64_t block_size = model->cache_plan(ec.min_block_size).block_size;
   Engine engine(std::move(model), ec);
   engine.start();
 
@@ -118,9 +180,12 @@ int run_serve(const ServeArgs& a) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   server.start();
-  std::printf("hyserve: serving %s as '%s' on http://%s:%d (device %s, max_model_len %lld)\n",
-              dir.string().c_str(), so.served_model_name.c_str(), a.host.c_str(), server.port(),
-              device.c_str(), static_cast<long long>(max_model_len));
+  std::printf(
+      "hyserve: serving %s as '%s' on http://%s:%d (device %s, max_model_len %lld, KV cache "
+      "%lld blocks of %lld tokens, prefix caching %s)\n",
+      dir.string().c_str(), so.served_model_name.c_str(), a.host.c_str(), server.port(),
+      device.c_str(), static_cast<long long>(max_model_len), static_cast<long long>(num_blocks),
+      static_cast<long long>(block_size), ec.enable_prefix_caching ? "on" : "off");
   std::fflush(stdout);
   int sig = 0;
   sigwait(&signals, &sig);
@@ -150,6 +215,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization)->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype)->capture_default_str();
   cmd->add_option("--index-cache-dtype", a->index_cache_dtype)->capture_default_str();
+  cmd->add_option("--kv-cache-memory-bytes", a->kv_cache_memory_bytes,
+                  "KV pool size (default: from --gpu-memory-utilization; CPU: 4 GiB at most)");
   cmd->add_flag("--enable-prefix-caching", a->enable_prefix_caching);
   cmd->add_flag("--no-enable-prefix-caching", a->no_enable_prefix_caching);
   cmd->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice);

@@ -3,7 +3,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <utility>
+
+#include <sys/mman.h>
 
 #include "kernels/cache/cpu.h"
 #include "kernels/elementwise/cpu.h"
@@ -47,14 +51,31 @@ class CpuBackend final : public Backend {
   DeviceKind kind() const override { return DeviceKind::kCpu; }
 
   void* allocate(size_t num_bytes) override {
-    // 256-byte aligned, as cudaMalloc is: workspace offsets keep that alignment.
+    // 256-byte aligned, as cudaMalloc is: workspace offsets keep that alignment. Large
+    // buffers (the KV pool) are anonymous mappings: zero pages cost nothing until written.
     const size_t rounded = (std::max<size_t>(num_bytes, 1) + 255) / 256 * 256;
+    if (rounded >= kMapThresholdBytes) {
+      void* p = mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      CHECK(p != MAP_FAILED, "out of host memory mapping ", num_bytes, " bytes");
+      std::lock_guard lock(mu_);
+      mapped_.emplace(p, rounded);
+      return p;
+    }
     void* p = std::aligned_alloc(256, rounded);
     CHECK(p != nullptr, "out of host memory allocating ", num_bytes, " bytes");
     std::memset(p, 0, rounded);
     return p;
   }
-  void release(void* ptr) override { std::free(ptr); }
+  void release(void* ptr) override {
+    std::lock_guard lock(mu_);
+    const auto it = mapped_.find(ptr);
+    if (it == mapped_.end()) {
+      std::free(ptr);
+      return;
+    }
+    munmap(it->first, it->second);
+    mapped_.erase(it);
+  }
   void copy(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
   void upload(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
   void download(void* dst, const void* src, size_t n) override { std::memmove(dst, src, n); }
@@ -122,6 +143,11 @@ class CpuBackend final : public Backend {
     for (int64_t r = 0; r < rows; ++r)
       std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * 4);
   }
+
+ private:
+  static constexpr size_t kMapThresholdBytes = size_t{1} << 24;
+  std::mutex mu_;                             // guards mapped_
+  std::unordered_map<void*, size_t> mapped_;  // mmap'ed buffers and their sizes
 };
 
 }  // namespace

@@ -115,6 +115,10 @@ std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_
   return std::make_unique<KvCache>(*backend_, cache_plan(min_block_size), num_blocks);
 }
 
+int64_t Model::context_transient_bytes(int64_t max_context) const {
+  return config_.has_indexer() ? kIndexerQueryChunk * max_context * 4 : 0;
+}
+
 SequenceState Model::new_sequence(int64_t capacity) const {
   SequenceState s;
   const CachePlan plan = cache_plan();

@@ -80,6 +80,10 @@ class Model {
   // CachePlanOptions.
   CachePlan cache_plan(int64_t min_block_size = 64) const;
   std::unique_ptr<KvCache> new_cache(int64_t num_blocks, int64_t min_block_size = 64) const;
+  // Bytes of the one transient buffer of a forward whose size grows with the context
+  // rather than the step's tokens: the indexer's score chunk, [256 queries, max_context]
+  // fp32 (0 without indexer). Memory planning adds it to a profiled step.
+  int64_t context_transient_bytes(int64_t max_context) const;
 
   // A standalone sequence with room for `capacity` tokens (grown on demand).
   SequenceState new_sequence(int64_t capacity = 0) const;

@@ -37,6 +37,12 @@ void DeviceBuffer::download(void* dst, size_t num_bytes, size_t offset) const {
       cudaMemcpy(dst, static_cast<const char*>(ptr_) + offset, num_bytes, cudaMemcpyDeviceToHost));
 }
 
+MemoryInfo memory_info() {
+  MemoryInfo m;
+  CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+  return m;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {

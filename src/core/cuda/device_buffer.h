@@ -55,4 +55,11 @@ std::vector<T> to_host(const DeviceBuffer& b, size_t count) {
 // Number of CUDA devices usable by this process (0 when no driver or no GPU).
 int device_count();
 
+// Free and total memory of the current device, in bytes.
+struct MemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
+MemoryInfo memory_info();
+
 }  // namespace hyserve::cuda
