@@ -64,6 +64,14 @@ def create(srv, client, messages=QUESTION, **extra):
                                           tools=[WEATHER_TOOL], **GREEDY, **extra)
 
 
+def count_prompt_tokens(srv, messages, **extra):
+    """The chat prompt's length as POST /tokenize counts it, tools declared."""
+    r = requests.post(srv.url("/tokenize"), json={"model": srv.model, "messages": messages,
+                                                  "tools": [WEATHER_TOOL], **extra}, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    return r.json()["count"]
+
+
 def reasoning_of(obj):
     """The server's `reasoning` field of a message or delta (an extra field to the SDK)."""
     return (obj.model_extra or {}).get("reasoning")
@@ -98,6 +106,7 @@ def test_tool_call_with_reasoning(tool_server, tool_client):
     assert json.loads(call.function.arguments) == ARGUMENTS
     assert call.function.arguments == REPLY["arguments"]  # as generated, not re-serialized
     usage = response.usage
+    assert usage.prompt_tokens == count_prompt_tokens(tool_server, QUESTION)
     assert usage.completion_tokens == len(REPLY["reply_token_ids"])  # <|im_end|> counts
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
@@ -140,7 +149,8 @@ def test_streamed_tool_call_with_reasoning(tool_server, tool_client):
     assert finish_reasons == ["tool_calls"]
     assert usage is not None
     assert usage.completion_tokens == len(REPLY["reply_token_ids"])
-    assert usage.prompt_tokens == reference.usage.prompt_tokens
+    assert usage.prompt_tokens == reference.usage.prompt_tokens == count_prompt_tokens(
+        tool_server, QUESTION)
     assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
@@ -154,6 +164,8 @@ def test_thinking_off_gives_the_tool_call_without_reasoning(tool_server, tool_cl
     assert [c.id for c in choice.message.tool_calls] == ["functions.get_weather:0"]
     assert json.loads(choice.message.tool_calls[0].function.arguments) == ARGUMENTS
     assert response.usage.completion_tokens == len(REPLY["no_thinking_reply_token_ids"])
+    assert response.usage.prompt_tokens == count_prompt_tokens(
+        tool_server, QUESTION, chat_template_kwargs={"thinking": False})
 
 
 def test_tool_result_turn_renders(tool_server, tool_client):
@@ -173,15 +185,17 @@ def test_tool_result_turn_renders(tool_server, tool_client):
     # The scripted model answers every prompt ending in <think> the same way.
     second = raw.parse()
     assert second.choices[0].finish_reason == "tool_calls"
-    assert second.usage.prompt_tokens > create(tool_server, tool_client).usage.prompt_tokens
+    assert second.usage.prompt_tokens == count_prompt_tokens(tool_server, messages)
     # The history renders as the template says: the call and its result are in the prompt.
     r = requests.post(tool_server.url("/tokenize"),
-                      json={"model": tool_server.model, "messages": messages}, timeout=10)
+                      json={"model": tool_server.model, "messages": messages,
+                            "tools": [WEATHER_TOOL]}, timeout=10)
     assert r.status_code == 200, r.text[:300]
     r = requests.post(tool_server.url("/detokenize"),
                       json={"model": tool_server.model, "tokens": r.json()["tokens"]},
                       timeout=REQUEST_TIMEOUT_S)
     prompt = r.json()["prompt"]
+    assert prompt.startswith("<|im_system|>tool_declare<|im_middle|>[{")
     assert ("<think>The user would like the weather in Paris</think>"
             "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
             '<|tool_call_argument_begin|>{"city": "Paris"}<|tool_call_end|>'
