@@ -116,7 +116,7 @@ def test_streamed_tool_call_with_reasoning(tool_server, tool_client):
     stream = create(tool_server, tool_client, stream=True,
                     stream_options={"include_usage": True})
     reasoning, content = "", ""
-    calls = {}  # index -> {"id", "type", "name", "arguments"}
+    arguments = {}  # call index -> its argument pieces, joined
     finish_reasons, usage, ids = [], None, set()
     for chunk in stream:
         ids.add(chunk.id)
@@ -129,23 +129,23 @@ def test_streamed_tool_call_with_reasoning(tool_server, tool_client):
             reasoning += reasoning_of(delta) or ""
             content += delta.content or ""
             for piece in delta.tool_calls or []:
-                if piece.index not in calls:
+                if piece.index not in arguments:
                     # The first delta of a call names it.
                     assert piece.id == "functions.get_weather:0"
                     assert piece.type == "function"
                     assert piece.function.name == "get_weather"
-                    calls[piece.index] = {"arguments": ""}
+                    arguments[piece.index] = ""
                 else:
                     assert piece.id is None and piece.function.name is None, piece
-                calls[piece.index]["arguments"] += piece.function.arguments or ""
+                arguments[piece.index] += piece.function.arguments or ""
             if choice.finish_reason is not None:
                 finish_reasons.append(choice.finish_reason)
     assert len(ids) == 1
     assert reasoning == REPLY["reasoning"]
     assert content == ""
-    assert list(calls) == [0]
-    assert calls[0]["arguments"] == REPLY["arguments"]
-    assert json.loads(calls[0]["arguments"]) == ARGUMENTS
+    assert list(arguments) == [0]
+    assert arguments[0] == REPLY["arguments"]
+    assert json.loads(arguments[0]) == ARGUMENTS
     assert finish_reasons == ["tool_calls"]
     assert usage is not None
     assert usage.completion_tokens == len(REPLY["reply_token_ids"])
