@@ -62,6 +62,54 @@ TEST(ServerGeneration, ToolCallsAndReasoningFromATokenStream) {
   EXPECT_EQ(p.all_content(), "Let me check.");
 }
 
+// A model's turn ends with <|im_end|>, the EOS the engine stops at. The parsers keep special
+// tokens in the text, but the stopping token's text is left out (vLLM's rule), so it is
+// neither content nor the stop_reason.
+TEST(ServerGeneration, EosTextIsNotContentWhenParsing) {
+  const auto tok = Tokenizer::load(kTiny);
+  const int32_t eos = tok->token_id("<|im_end|>");
+  ASSERT_GE(eos, 0);
+  std::vector<int32_t> ids = tok->encode(
+      "ok</think><|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"
+      "<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_calls_section_end|>",
+      /*allow_special=*/true);
+  ids.push_back(eos);
+  std::vector<RequestOutput> outs = outputs(ids, "stop");
+  outs.back().stop_token_id = eos;  // as the engine reports an EOS stop
+  ChoiceOptions o;
+  o.parse_reasoning = true;
+  o.parse_tool_calls = true;
+  ChoiceProcessor p(*tok, o);
+  std::string content;
+  ChoiceDelta last;
+  for (const RequestOutput& out : outs) {
+    last = p.feed(out);
+    content += last.content;
+  }
+  EXPECT_TRUE(last.finished);
+  EXPECT_EQ(last.finish_reason, "tool_calls");
+  EXPECT_TRUE(last.stop_reason.is_null());
+  EXPECT_EQ(content, "");
+  EXPECT_EQ(p.all_content(), "");
+  EXPECT_EQ(p.all_reasoning(), "ok");
+  ASSERT_EQ(p.all_tool_calls().size(), 1u);
+  EXPECT_EQ(p.all_tool_calls()[0].id, "functions.f:0");
+  EXPECT_EQ(p.num_tokens(), static_cast<int64_t>(ids.size()));  // EOS still counts
+}
+
+TEST(ServerGeneration, EosTextIsKeptWhenAskedFor) {
+  const auto tok = Tokenizer::load(kTiny);
+  const int32_t eos = tok->token_id("<|im_end|>");
+  std::vector<RequestOutput> outs = outputs({tok->encode("hi", false)[0], eos}, "stop");
+  outs.back().stop_token_id = eos;
+  ChoiceOptions o;
+  o.skip_special_tokens = false;
+  o.include_stop_str_in_output = true;
+  ChoiceProcessor p(*tok, o);
+  for (const RequestOutput& out : outs) p.feed(out);
+  EXPECT_EQ(p.all_content(), "hi<|im_end|>");
+}
+
 TEST(ServerGeneration, StopStringIsCutAndHeldBack) {
   const auto tok = Tokenizer::load(kTiny);
   const std::vector<int32_t> ids = tok->encode("one two three four", false);

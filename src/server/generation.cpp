@@ -42,17 +42,19 @@ void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
 ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   ChoiceDelta d;
   if (finished_) return d;
-  // A stop token from stop_token_ids ends the output without its text (as vLLM does,
-  // unless include_stop_str_in_output); EOS is not reported as a stop_reason.
+  // The token that stopped the request, EOS or a stop_token_ids entry, ends the output
+  // without its text (as vLLM does, unless include_stop_str_in_output). That matters when
+  // the parsers keep special tokens: <|im_end|> is not content. Only a stop_token_ids entry
+  // is reported as the stop_reason.
+  const bool stop_terminated = out.finished && out.stop_token_id.has_value();
   const bool by_stop_token =
-      out.finished && out.stop_token_id &&
-      std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(),
-                *out.stop_token_id) != options_.stop_token_ids.end();
+      stop_terminated && std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(),
+                                   *out.stop_token_id) != options_.stop_token_ids.end();
   for (size_t i = 0; i < out.new_tokens.size(); ++i) {
     const OutputToken& t = out.new_tokens[i];
     ++num_tokens_;
     const bool last = i + 1 == out.new_tokens.size();
-    if (!(last && by_stop_token && !options_.include_stop_str_in_output))
+    if (!(last && stop_terminated && !options_.include_stop_str_in_output))
       text_ += detok_.push(t.token);
     if (options_.logprobs) {
       TokenLogprob lp;

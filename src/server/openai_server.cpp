@@ -485,9 +485,16 @@ void OpenAIServer::tokenize(const HttpRequest& req, HttpResponseWriter& w) {
   std::string text;
   if (body.contains("messages")) {
     try {
-      const ChatTemplate tmpl(templates_.select(false));
+      // `tools` as in a chat request (vLLM's tokenize takes them too): the prompt's count
+      // then equals the chat request's usage.prompt_tokens.
+      const ordered_json tools = body.value("tools", ordered_json());
+      if (!tools.is_null() && !tools.is_array()) {
+        send_json(w, 400, error_body(400, "'tools' must be a list", "tools"));
+        return;
+      }
+      const ChatTemplate tmpl(templates_.select(!tools.empty()));
       text =
-          tmpl.render(body["messages"], nullptr, body.value("add_generation_prompt", true),
+          tmpl.render(body["messages"], tools, body.value("add_generation_prompt", true),
                       body.value("chat_template_kwargs", ordered_json::object()), special_tokens_);
     } catch (const Error& e) {
       send_json(w, 400, error_body(400, client_message(e.what()), "messages"));

@@ -2,8 +2,9 @@
 
 The binary is $HYSERVE_BINARY (default build/hyserve, relative to the repository root); the
 model is the bundled models/tiny-kimi-k3. One server is shared by the whole session; tests
-that need other flags (--api-key) start their own through `start_server`. Every wait is
-bounded; a server that dies or never becomes healthy fails the fixture with its log tail.
+that need other flags (--api-key) or another model folder start their own through
+`start_server`. Every wait is bounded; a server that dies or never becomes healthy fails the
+fixture with its log tail.
 """
 
 import os
@@ -86,11 +87,11 @@ def check_binary():
     return binary
 
 
-def start_server(log_dir, extra_args=(), api_key=None):
+def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR):
     binary = check_binary()
     port = free_port()
     log_path = Path(log_dir) / f"hyserve-{port}.log"
-    cmd = [str(binary), "serve", str(MODEL_DIR), "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(binary), "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
            *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -7,6 +7,8 @@ regex, specials at 768 + offset), as tools/make_bundled_tokenizer.py builds it.
 import pytest
 import requests
 
+from conftest import assert_openai_error
+
 pytestmark = pytest.mark.server
 
 CASES = [
@@ -32,3 +34,32 @@ def test_tokenize_matches_tiktoken(server, text, ids):
                       timeout=10)
     assert d.status_code == 200, d.text[:300]
     assert d.json()["prompt"] == text
+
+
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}
+
+
+# As in vLLM, chat tokenization takes `tools`: the template declares them first, and the
+# count is what a chat request with those tools reports as usage.prompt_tokens.
+def test_tokenize_messages_with_tools(server):
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    counts = {}
+    for name, tools in (("without", {}), ("with", {"tools": [TOOL]})):
+        r = requests.post(server.url("/tokenize"),
+                          json={"model": server.model, "messages": messages, **tools}, timeout=10)
+        assert r.status_code == 200, r.text[:300]
+        counts[name] = r.json()["count"]
+        text = requests.post(server.url("/detokenize"),
+                             json={"model": server.model, "tokens": r.json()["tokens"]},
+                             timeout=10).json()["prompt"]
+        assert text.startswith("<|im_system|>tool_declare<|im_middle|>") == (name == "with")
+    chat = requests.post(server.url("/v1/chat/completions"),
+                         json={"model": server.model, "messages": messages, "tools": [TOOL],
+                               "max_tokens": 1}, timeout=60)
+    assert chat.status_code == 200, chat.text[:300]
+    assert chat.json()["usage"]["prompt_tokens"] == counts["with"] > counts["without"]
+    bad = requests.post(server.url("/tokenize"),
+                        json={"model": server.model, "messages": messages, "tools": "x"},
+                        timeout=10)
+    assert_openai_error(bad, 400)
