@@ -42,17 +42,19 @@ void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
 ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   ChoiceDelta d;
   if (finished_) return d;
-  // A stop token from stop_token_ids ends the output without its text (as vLLM does,
-  // unless include_stop_str_in_output); EOS is not reported as a stop_reason.
+  // A stop token from stop_token_ids or an EOS id ends the output without its text (as vLLM
+  // does, unless include_stop_str_in_output); EOS is not reported as a stop_reason. (EOS ids
+  // are usually special tokens, dropped anyway; the bundled tiny model's EOS id 2 is not.)
   const bool by_stop_token =
       out.finished && out.stop_token_id &&
       std::find(options_.stop_token_ids.begin(), options_.stop_token_ids.end(),
                 *out.stop_token_id) != options_.stop_token_ids.end();
+  const bool drop_last = out.finished && out.stop_token_id.has_value();
   for (size_t i = 0; i < out.new_tokens.size(); ++i) {
     const OutputToken& t = out.new_tokens[i];
     ++num_tokens_;
     const bool last = i + 1 == out.new_tokens.size();
-    if (!(last && by_stop_token && !options_.include_stop_str_in_output))
+    if (!(last && drop_last && !options_.include_stop_str_in_output))
       text_ += detok_.push(t.token);
     if (options_.logprobs) {
       TokenLogprob lp;
