@@ -89,11 +89,11 @@ TEST(GuidedEngine, OutputsFollowTheSchemaUnderPreemption) {
       "ok": {"type": "boolean"}, "n": {"type": "integer"},
       "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
       "required": ["ok", "n"]})";
-  // 8 requests of up to 8 + 96 tokens in 120 blocks of 4 tokens: some get preempted.
-  GuidedRun run(config(120));
+  // 8 requests of up to ~70 tokens each in 20 blocks of 4 tokens: some get preempted.
+  GuidedRun run(config(20));
   auto constraint = std::make_shared<const TokenConstraint>(
       compile_json_schema(ordered_json::parse(schema_text)), run.vocab);
-  for (int i = 0; i < 8; ++i) run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 96);
+  for (int i = 0; i < 8; ++i) run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 64);
   run.run();
   EXPECT_GT(run.engine->stats().num_preemptions, 0);
   int num_stopped = 0;
