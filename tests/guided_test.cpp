@@ -459,6 +459,36 @@ std::vector<std::string> synthetic_vocab(size_t size) {
   return v;
 }
 
+// The string fast paths (UTF-8 only, whole safe subtrees) against brute force on a larger
+// BPE-like vocabulary, from states inside strings (also mid-character), keys and numbers.
+TEST(TokenMask, EqualsBruteForceOnASyntheticVocabulary) {
+  const std::vector<std::string> words = synthetic_vocab(6000);
+  auto vocab = std::make_shared<const VocabTrie>(VocabTrie::build(words));
+  const std::vector<Grammar> grammars = {
+      Grammar::any_object(),
+      schema(R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3}}})")};
+  for (const Grammar& g : grammars) {
+    auto constraint = std::make_shared<const TokenConstraint>(g, vocab);
+    for (const std::string prefix :
+         {"{\"", "{\"k\":\"", "{\"k\":\"ab\xe4", "{\"k\":\"\xf0\x9f", "{\"k\":\"a\\", "{\"k\":1",
+          "{\"s\":\"", "{\"s\":\"x\xc3", "{\"s\":\"xy"}) {
+      JsonMatcher reference(constraint->grammar());
+      if (!reference.advance(prefix)) continue;
+      std::vector<int32_t> outputs;
+      for (const char ch : prefix) outputs.push_back(static_cast<uint8_t>(ch));
+      ConstraintState state(constraint);
+      state.sync(outputs, {});
+      std::vector<uint8_t> allowed;
+      state.compute_mask({}, allowed);
+      for (size_t id = 0; id < words.size(); ++id) {
+        JsonMatcher copy = reference;
+        const bool expect = !words[id].empty() && copy.advance(words[id]);
+        ASSERT_EQ(allowed[id] != 0, expect) << ordered_json(prefix).dump() << " token " << id;
+      }
+    }
+  }
+}
+
 TEST(TokenMask, StepTimeOnAKimiSizedVocabulary) {
   const std::vector<std::string> words = synthetic_vocab(163840);
   const auto t0 = std::chrono::steady_clock::now();

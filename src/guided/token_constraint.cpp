@@ -48,7 +48,8 @@ void ConstraintState::sync(std::span<const int32_t> output_token_ids,
 // Preorder over the trie: walk_[d] is the matcher after the path to the current node at depth
 // d. Inside a plain string the walk follows UTF-8 states only (utf8_[d], chars_[d]) and keeps
 // the last full matcher's depth in full_[d]; a matcher is materialized only for bytes that
-// leave the plain string.
+// leave the plain string, and subtrees that never leave it (VocabTrie::string_safe) are
+// allowed whole without a visit.
 bool ConstraintState::walk(std::vector<uint8_t>& allowed) {
   const VocabTrie& vocab = constraint_->vocab();
   const size_t levels = vocab.max_depth + 1;
@@ -67,6 +68,15 @@ bool ConstraintState::walk(std::vector<uint8_t>& allowed) {
   for (size_t i = 0; i < num_nodes;) {
     const size_t d = vocab.depth[i];
     const uint8_t b = vocab.byte[i];
+    if (utf8_[d - 1] >= 0 && ((vocab.string_safe[i] >> utf8_[d - 1]) & 1)) {
+      // The whole subtree stays inside the string: allow its tokens, skip it.
+      const int32_t end = vocab.token_begin[static_cast<size_t>(vocab.next[i])];
+      for (int32_t k = vocab.token_begin[i]; k < end; ++k)
+        allowed[static_cast<size_t>(vocab.token_ids[static_cast<size_t>(k)])] = 1;
+      any = any || end > vocab.token_begin[i];
+      i = static_cast<size_t>(vocab.next[i]);
+      continue;
+    }
     if (utf8_[d - 1] >= 0 && JsonMatcher::is_plain_string_byte(b)) {
       const int next = JsonMatcher::utf8_next(static_cast<uint8_t>(utf8_[d - 1]), b);
       if (next < 0) {

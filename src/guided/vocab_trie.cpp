@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "guided/json_matcher.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -45,6 +46,24 @@ VocabTrie VocabTrie::build(std::span<const std::string> token_bytes) {
   }
   for (int32_t node : path) t.next[static_cast<size_t>(node)] = static_cast<int32_t>(t.byte.size());
   t.token_begin.push_back(static_cast<int32_t>(t.token_ids.size()));
+  // string_safe, children before parents: node i is safe from u when byte[i] is plain, valid
+  // from u, and every child is safe from the state after it.
+  t.string_safe.assign(t.byte.size(), 0);
+  for (size_t i = t.byte.size(); i-- > 0;) {
+    if (!JsonMatcher::is_plain_string_byte(t.byte[i])) continue;
+    uint8_t safe = 0;
+    for (uint8_t u = 0; u < 8; ++u) {
+      const int v = JsonMatcher::utf8_next(u, t.byte[i]);
+      if (v < 0) continue;
+      bool ok = true;
+      for (size_t c = i + 1; ok && c < static_cast<size_t>(t.next[i]);
+           c = static_cast<size_t>(t.next[c])) {
+        ok = (t.string_safe[c] >> v) & 1;
+      }
+      if (ok) safe = static_cast<uint8_t>(safe | (1u << u));
+    }
+    t.string_safe[i] = safe;
+  }
   t.token_bytes.resize(token_bytes.size());
   for (int32_t id : order) t.token_bytes[static_cast<size_t>(id)] = token_bytes[static_cast<size_t>(id)];
   return t;

@@ -6,7 +6,8 @@
 //
 //   node i: byte[i] on the edge from its parent, depth[i] (1 = child of the root),
 //           subtree = [i, next[i]), tokens ending here = token_ids[token_begin[i] ..
-//           token_begin[i + 1])
+//           token_begin[i + 1]); the subtree's tokens are token_ids[token_begin[i] ..
+//           token_begin[next[i]])
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,10 @@ struct VocabTrie {
   std::vector<int32_t> next;
   std::vector<int32_t> token_begin;  // [num_nodes + 1]
   std::vector<int32_t> token_ids;
+  // Bit u of string_safe[i]: from UTF-8 state u (JsonMatcher::utf8_next) before byte[i],
+  // every path through node i's subtree stays inside a JSON string body (plain bytes, valid
+  // UTF-8). Inside a string the walk then allows the subtree's tokens without visiting it.
+  std::vector<uint8_t> string_safe;
   std::vector<std::string> token_bytes;  // [vocab_size]; empty: left out
 
   // The bytes of an ordinary token; empty for ids left out or out of range.
