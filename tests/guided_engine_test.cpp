@@ -45,8 +45,8 @@ struct GuidedRun {
         VocabTrie::from_tokenizer(*tokenizer, engine->model().config().vocab_size));
   }
 
-  void add(const std::string& id, std::shared_ptr<const TokenConstraint> constraint,
-           uint64_t seed, int64_t max_tokens) {
+  void add(const std::string& id, std::shared_ptr<const TokenConstraint> constraint, uint64_t seed,
+           int64_t max_tokens) {
     Request r;
     r.id = id;
     r.prompt_token_ids = tokenizer->encode("Answer in JSON: ", false);
@@ -93,7 +93,8 @@ TEST(GuidedEngine, OutputsFollowTheSchemaUnderPreemption) {
   GuidedRun run(config(20));
   auto constraint = std::make_shared<const TokenConstraint>(
       compile_json_schema(ordered_json::parse(schema_text)), run.vocab);
-  for (int i = 0; i < 8; ++i) run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 64);
+  for (int i = 0; i < 8; ++i)
+    run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 64);
   run.run();
   EXPECT_GT(run.engine->stats().num_preemptions, 0);
   int num_stopped = 0;
@@ -118,7 +119,8 @@ TEST(GuidedEngine, OutputsFollowTheSchemaUnderPreemption) {
 TEST(GuidedEngine, JsonObjectOutputsAreObjectPrefixes) {
   GuidedRun run(config());
   auto constraint = std::make_shared<const TokenConstraint>(Grammar::any_object(), run.vocab);
-  for (int i = 0; i < 4; ++i) run.add(str_cat("o", i), constraint, 7 + static_cast<uint64_t>(i), 48);
+  for (int i = 0; i < 4; ++i)
+    run.add(str_cat("o", i), constraint, 7 + static_cast<uint64_t>(i), 48);
   run.run();
   for (const auto& [id, r] : run.results) {
     const std::string text = run.text(r);
@@ -136,7 +138,8 @@ TEST(GuidedEngine, ChoicesFinishWithOneOfThem) {
   GuidedRun run(config());
   const std::vector<std::string> choices = {"yes", "no", "maybe later"};
   auto constraint = std::make_shared<const TokenConstraint>(Grammar::choices(choices), run.vocab);
-  for (int i = 0; i < 6; ++i) run.add(str_cat("c", i), constraint, 40 + static_cast<uint64_t>(i), 32);
+  for (int i = 0; i < 6; ++i)
+    run.add(str_cat("c", i), constraint, 40 + static_cast<uint64_t>(i), 32);
   run.run();
   ASSERT_EQ(run.results.size(), 6u);
   for (const auto& [id, r] : run.results) {

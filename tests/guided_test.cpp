@@ -50,11 +50,20 @@ TEST(JsonMatcher, AnyValueAcceptsJsonAndRejectsTheRest) {
         "{ \"a\" :  1 ,\n\"b\":[ ]}", " [1]"}) {
     EXPECT_TRUE(matches(g, ok)) << ok;
   }
-  for (const char* bad :
-       {"01", "-", "1.", ".5", "1e", "+1", "tru", "nul", "True", R"("\x")", R"("\u12G4")",
-        "\"a\x01\"", "\"\xc3\x28\"", "\"\xed\xa0\x80\"", "\"\xc0\xaf\"", "[1,]", "[,1]",
-        R"({"a"})", R"({"a":1,})", R"({a:1})", "{'a':1}", "[1 2]", "1 2", "{}}", "[]]",
-        "\"abc", "[1", "1 "}) {
+  for (const char* bad : {"01",           "-",
+                          "1.",           ".5",
+                          "1e",           "+1",
+                          "tru",          "nul",
+                          "True",         R"("\x")",
+                          R"("\u12G4")",  "\"a\x01\"",
+                          "\"\xc3\x28\"", "\"\xed\xa0\x80\"",
+                          "\"\xc0\xaf\"", "[1,]",
+                          "[,1]",         R"({"a"})",
+                          R"({"a":1,})",  R"({a:1})",
+                          "{'a':1}",      "[1 2]",
+                          "1 2",          "{}}",
+                          "[]]",          "\"abc",
+                          "[1",           "1 "}) {
     EXPECT_FALSE(matches(g, bad)) << bad;
   }
 }
@@ -100,10 +109,14 @@ TEST(JsonMatcher, IncrementalEqualsWhole) {
       "name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"enum": ["a", 1, null]}},
       "n": {"anyOf": [{"type": "integer"}, {"type": "object", "properties": {"x": {"type": "boolean"}}}]}},
       "required": ["name"]})");
-  const std::vector<std::string> texts = {
-      R"({"name":"bob","tags":["a",1,null],"n":{"x":true}})", R"({"n":12,"name":"x"})",
-      R"({"name":"toolong"})", R"({"tags":[],"name":""})", R"({"name":"a","name":"b"})",
-      R"({"n":1.5,"name":"a"})", R"({"name":"a","zz":1})", R"({"n":{"x":false},"name":"é"})"};
+  const std::vector<std::string> texts = {R"({"name":"bob","tags":["a",1,null],"n":{"x":true}})",
+                                          R"({"n":12,"name":"x"})",
+                                          R"({"name":"toolong"})",
+                                          R"({"tags":[],"name":""})",
+                                          R"({"name":"a","name":"b"})",
+                                          R"({"n":1.5,"name":"a"})",
+                                          R"({"name":"a","zz":1})",
+                                          R"({"n":{"x":false},"name":"é"})"};
   std::mt19937 rng(7);
   for (const std::string& text : texts) {
     // Reference: byte by byte, the index of the first rejected byte.
@@ -159,10 +172,10 @@ TEST(JsonSchema, PropertiesRequiredAndAdditionalProperties) {
   EXPECT_TRUE(matches(closed, R"({"ab":"x"})"));
   EXPECT_TRUE(matches(closed, R"({"a":1,"ab":"x"})"));
   EXPECT_TRUE(matches(closed, R"({"ab":"x","a":1})"));
-  EXPECT_FALSE(matches(closed, R"({"a":1})"));            // required missing
-  EXPECT_FALSE(is_prefix(closed, R"({"a":1,"a")"));       // each key once
-  EXPECT_FALSE(is_prefix(closed, R"({"b)"));              // not listed
-  EXPECT_FALSE(is_prefix(closed, R"({"a":"x")"));         // wrong value type
+  EXPECT_FALSE(matches(closed, R"({"a":1})"));             // required missing
+  EXPECT_FALSE(is_prefix(closed, R"({"a":1,"a")"));        // each key once
+  EXPECT_FALSE(is_prefix(closed, R"({"b)"));               // not listed
+  EXPECT_FALSE(is_prefix(closed, R"({"a":"x")"));          // wrong value type
   EXPECT_FALSE(is_prefix(closed, R"({"a":1,"ab":"x",)"));  // no key left
   const Grammar open = schema(R"({"type": "object", "properties": {"a": {"type": "integer"}},
       "additionalProperties": true})");
@@ -172,7 +185,8 @@ TEST(JsonSchema, PropertiesRequiredAndAdditionalProperties) {
       "additionalProperties": {"type": "string"}})");
   EXPECT_TRUE(matches(typed_extra, R"({"z":"s","a":1})"));
   EXPECT_FALSE(is_prefix(typed_extra, R"({"z":1)"));
-  const Grammar explicit_false = schema(R"({"properties": {"a": {}}, "additionalProperties": false})");
+  const Grammar explicit_false =
+      schema(R"({"properties": {"a": {}}, "additionalProperties": false})");
   EXPECT_FALSE(is_prefix(explicit_false, R"({"b)"));
   const Grammar free = schema(R"({"type": "object"})");
   EXPECT_TRUE(matches(free, R"({"anything":{"x":[]}})"));
@@ -215,7 +229,8 @@ TEST(JsonSchema, ArraysItemsPrefixItemsAndCounts) {
   EXPECT_TRUE(matches(tuple, R"(["a"])"));
   EXPECT_FALSE(is_prefix(tuple, R"(["a",true,)"));
   EXPECT_FALSE(is_prefix(tuple, "[true"));
-  const Grammar rest = schema(R"({"prefixItems": [{"type": "null"}], "items": {"type": "integer"}})");
+  const Grammar rest =
+      schema(R"({"prefixItems": [{"type": "null"}], "items": {"type": "integer"}})");
   EXPECT_TRUE(matches(rest, "[null,1,2]"));
   EXPECT_FALSE(is_prefix(rest, "[null,null"));
 }
@@ -230,7 +245,8 @@ TEST(JsonSchema, StringLengths) {
 }
 
 TEST(JsonSchema, AnyOfOneOfAllOfAndRefs) {
-  const Grammar g = schema(R"({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
+  const Grammar g =
+      schema(R"({"anyOf": [{"type": "object", "properties": {"a": {"type": "integer"}},
       "required": ["a"]}, {"type": "object", "properties": {"a": {"type": "string"}, "b": {}},
       "required": ["a"]}, {"type": "null"}]})");
   EXPECT_TRUE(matches(g, R"({"a":1})"));
@@ -292,8 +308,9 @@ TEST(JsonSchema, UnsupportedKeywordsAreRefusedWithTheirPath) {
     }
   }
   EXPECT_THROW(schema("false"), SchemaError);
-  EXPECT_THROW(schema(R"({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}}, "$ref": "#/$defs/A"})"),
-               SchemaError);
+  EXPECT_THROW(
+      schema(R"({"$defs": {"A": {"anyOf": [{"$ref": "#/$defs/A"}]}}, "$ref": "#/$defs/A"})"),
+      SchemaError);
 }
 
 TEST(JsonSchema, ChoicesMatchRawBytesExactly) {
@@ -320,10 +337,12 @@ std::vector<std::string> toy_vocab() {
   std::vector<std::string> v;
   for (int b = 0; b < 256; ++b) v.emplace_back(1, static_cast<char>(b));
   for (const char* piece :
-       {"{\"", "\":", "\",", "\":\"", "\"}", "},", "}]", "[{", "true", "false", "null", "nul",
-        "name", "\"name\"", "age", "tags", "\"a", "ab", "  ", "\n ", "   ", "     ", "12", "0.",
-        ".5", "e+", "-1", "\\n", "\\u00", "\xc3\xa9", "\xc3", "\xa9\"", "\xe4\xb8\xad", "red",
-        "\"red\"", "green", ",\"", ":[", "]}", "yes", "no", "not", " sure", "xyz"}) {
+       {"{\"",          "\":",   "\",",     "\":\"", "\"}",   "},",       "}]",   "[{",
+        "true",         "false", "null",    "nul",   "name",  "\"name\"", "age",  "tags",
+        "\"a",          "ab",    "  ",      "\n ",   "   ",   "     ",    "12",   "0.",
+        ".5",           "e+",    "-1",      "\\n",   "\\u00", "\xc3\xa9", "\xc3", "\xa9\"",
+        "\xe4\xb8\xad", "red",   "\"red\"", "green", ",\"",   ":[",       "]}",   "yes",
+        "no",           "not",   " sure",   "xyz"}) {
     v.emplace_back(piece);
   }
   v.emplace_back("");  // a left-out id (special token)
@@ -402,8 +421,7 @@ TEST(TokenMask, FinishedStructureAllowsOnlyTerminatorsAndPreStartAllowsAll) {
 
   // Before the start token (the reasoning end marker) nothing is constrained.
   const int32_t marker = 'x';
-  auto deferred =
-      std::make_shared<const TokenConstraint>(Grammar::any_object(), vocab, marker);
+  auto deferred = std::make_shared<const TokenConstraint>(Grammar::any_object(), vocab, marker);
   ConstraintState d(deferred);
   outputs = {'a', 'b'};
   d.sync(outputs, terminators);
@@ -437,7 +455,8 @@ std::vector<std::string> synthetic_vocab(size_t size) {
       if (pick(2) == 0) s += ' ';
       const size_t len = 2 + pick(9);
       for (size_t i = 0; i < len; ++i) s += static_cast<char>('a' + pick(26));
-      if (pick(5) == 0) s[s[0] == ' ' ? 1 : 0] = static_cast<char>(std::toupper(s[s[0] == ' ' ? 1 : 0]));
+      if (pick(5) == 0)
+        s[s[0] == ' ' ? 1 : 0] = static_cast<char>(std::toupper(s[s[0] == ' ' ? 1 : 0]));
     } else if (kind < 8) {  // CJK: 1-3 characters of 3 bytes
       const size_t len = 1 + pick(3);
       for (size_t i = 0; i < len; ++i) {
@@ -448,7 +467,8 @@ std::vector<std::string> synthetic_vocab(size_t size) {
       }
     } else if (kind == 8) {  // digits and punctuation runs
       const size_t len = 1 + pick(3);
-      for (size_t i = 0; i < len; ++i) s += pick(2) ? punct[pick(punct.size())] : static_cast<char>('0' + pick(10));
+      for (size_t i = 0; i < len; ++i)
+        s += pick(2) ? punct[pick(punct.size())] : static_cast<char>('0' + pick(10));
     } else {  // whitespace runs, some with text after
       s = std::string(1 + pick(16), pick(3) ? ' ' : '\n');
       if (pick(2)) s += static_cast<char>('a' + pick(26));
@@ -499,11 +519,13 @@ TEST(TokenMask, StepTimeOnAKimiSizedVocabulary) {
       "age": {"type": "integer"}, "tags": {"type": "array", "items": {"type": "string"}}},
       "required": ["name", "age"]})");
   auto constraint = std::make_shared<const TokenConstraint>(g, vocab);
-  std::printf("{\"bench\": \"guided_mask\", \"vocab\": %zu, \"trie_nodes\": %zu, \"build_ms\": %.1f}\n",
-              words.size(), vocab->num_nodes(), build_ms);
+  std::printf(
+      "{\"bench\": \"guided_mask\", \"vocab\": %zu, \"trie_nodes\": %zu, \"build_ms\": %.1f}\n",
+      words.size(), vocab->num_nodes(), build_ms);
   // The state after each prefix: start, inside a key, inside a string value, after a value,
   // inside a free array of strings.
-  for (const std::string prefix : {"", "{\"na", "{\"name\":\"ab", "{\"name\":\"x\"", "{\"name\":\"x\",\"tags\":[\"q"}) {
+  for (const std::string prefix :
+       {"", "{\"na", "{\"name\":\"ab", "{\"name\":\"x\"", "{\"name\":\"x\",\"tags\":[\"q"}) {
     JsonMatcher m(g);
     ASSERT_TRUE(m.advance(prefix));
     // Feed the prefix as single-byte tokens (ids = byte values).
@@ -516,13 +538,14 @@ TEST(TokenMask, StepTimeOnAKimiSizedVocabulary) {
     constexpr int kReps = 5;
     const auto start = std::chrono::steady_clock::now();
     for (int r = 0; r < kReps; ++r) state.compute_mask({}, allowed);
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
-                                                                start)
-                          .count() /
-                      kReps;
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count() /
+        kReps;
     const auto num_allowed = std::count(allowed.begin(), allowed.end(), 1);
-    std::printf("{\"bench\": \"guided_mask\", \"prefix\": %s, \"allowed\": %ld, \"ms_per_step\": %.2f}\n",
-                ordered_json(prefix).dump().c_str(), static_cast<long>(num_allowed), ms);
+    std::printf(
+        "{\"bench\": \"guided_mask\", \"prefix\": %s, \"allowed\": %ld, \"ms_per_step\": %.2f}\n",
+        ordered_json(prefix).dump().c_str(), static_cast<long>(num_allowed), ms);
     EXPECT_GT(num_allowed, 0);
     EXPECT_LT(ms, 2000.0);  // a sanity bound, not a performance target
   }

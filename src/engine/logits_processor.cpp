@@ -76,8 +76,10 @@ void apply_allowed_tokens(std::span<float> logits, const std::vector<uint8_t>& a
   constexpr float kBanned = -std::numeric_limits<float>::infinity();
   bool any_finite = false;
   for (size_t i = 0; i < logits.size(); ++i) {
-    if (i >= allowed.size() || allowed[i] == 0) logits[i] = kBanned;
-    else any_finite = any_finite || logits[i] > kBanned;
+    if (i >= allowed.size() || allowed[i] == 0)
+      logits[i] = kBanned;
+    else
+      any_finite = any_finite || logits[i] > kBanned;
   }
   if (any_finite) return;
   for (size_t i = 0; i < logits.size() && i < allowed.size(); ++i) {

@@ -21,9 +21,7 @@ class ByteTrie {
 
   int32_t child(int32_t node, uint8_t byte) const;  // -1 when there is no such edge
   int32_t value(int32_t node) const { return nodes_[static_cast<size_t>(node)].value; }
-  bool has_children(int32_t node) const {
-    return !nodes_[static_cast<size_t>(node)].edges.empty();
-  }
+  bool has_children(int32_t node) const { return !nodes_[static_cast<size_t>(node)].edges.empty(); }
   // Bit v set when a string with value v < 64 ends in the node's subtree (the node included).
   uint64_t subtree_values(int32_t node) const {
     return nodes_[static_cast<size_t>(node)].subtree_values;

@@ -41,8 +41,8 @@ struct GrammarNode {
   // object
   std::vector<int32_t> property_nodes;  // [num properties] value node of property i
   uint64_t required = 0;                // bit i: property i must appear
-  int32_t key_trie = -1;     // Grammar::trie root of the properties' JSON-escaped names (value i)
-  int32_t additional = -1;   // node of properties not listed; -1: none allowed
+  int32_t key_trie = -1;    // Grammar::trie root of the properties' JSON-escaped names (value i)
+  int32_t additional = -1;  // node of properties not listed; -1: none allowed
   // array
   std::vector<int32_t> prefix_items;  // item i < size: this node
   int32_t items = -1;                 // later items; -1: none allowed
@@ -57,8 +57,7 @@ struct GrammarNode {
   std::vector<int32_t> alternatives;
 
   uint64_t all_properties() const {
-    return property_nodes.size() >= 64 ? ~uint64_t{0}
-                                       : (uint64_t{1} << property_nodes.size()) - 1;
+    return property_nodes.size() >= 64 ? ~uint64_t{0} : (uint64_t{1} << property_nodes.size()) - 1;
   }
 };
 

@@ -10,8 +10,8 @@ namespace {
 using nlohmann::ordered_json;
 
 const std::set<std::string, std::less<>> kAnnotations = {
-    "title",    "description", "default",  "examples",  "$comment", "$schema",
-    "$id",      "deprecated",  "readOnly", "writeOnly", "$defs",    "definitions"};
+    "title", "description", "default",  "examples",  "$comment", "$schema",
+    "$id",   "deprecated",  "readOnly", "writeOnly", "$defs",    "definitions"};
 const std::set<std::string, std::less<>> kObjectKeywords = {"properties", "required",
                                                             "additionalProperties"};
 const std::set<std::string, std::less<>> kArrayKeywords = {"items", "prefixItems", "minItems",
@@ -88,8 +88,10 @@ class SchemaCompiler {
       if (!ref.starts_with(prefix)) continue;
       std::string name = ref.substr(prefix.size());
       for (size_t p = 0; (p = name.find('~', p)) != std::string::npos; ++p) {
-        if (p + 1 < name.size() && name[p + 1] == '1') name.replace(p, 2, "/");
-        else if (p + 1 < name.size() && name[p + 1] == '0') name.replace(p, 2, "~");
+        if (p + 1 < name.size() && name[p + 1] == '1')
+          name.replace(p, 2, "/");
+        else if (p + 1 < name.size() && name[p + 1] == '0')
+          name.replace(p, 2, "~");
       }
       const std::string container(prefix.substr(2, prefix.size() - 3));
       if (root_.is_object() && root_.contains(container) && root_[container].is_object() &&
@@ -172,8 +174,8 @@ class SchemaCompiler {
     const auto only = [&](std::string_view keyword, bool allow_type) {
       for (const auto& [key, value] : s.items()) {
         if (key == keyword || kAnnotations.contains(key) || (allow_type && key == "type")) continue;
-        throw SchemaError(join(path, key), "'" + key + "' next to '" + std::string(keyword) +
-                                               "' is not supported");
+        throw SchemaError(join(path, key),
+                          "'" + key + "' next to '" + std::string(keyword) + "' is not supported");
       }
     };
 
@@ -208,8 +210,8 @@ class SchemaCompiler {
     if (s.contains("type")) {
       const auto& t = s["type"];
       const std::string p = join(path, "type");
-      std::vector<ordered_json> names = t.is_array() ? t.get<std::vector<ordered_json>>()
-                                                     : std::vector<ordered_json>{t};
+      std::vector<ordered_json> names =
+          t.is_array() ? t.get<std::vector<ordered_json>>() : std::vector<ordered_json>{t};
       for (const auto& name : names) {
         const uint8_t bit = name.is_string() ? type_bit(name.get<std::string>()) : 0;
         if (bit == 0) throw SchemaError(p, "unknown type " + name.dump());
@@ -305,7 +307,8 @@ class SchemaCompiler {
     n.items = s.contains("items") ? compile_optional(s["items"], join(path, "items")) : any_node();
     if (s.contains("minItems")) n.min_items = get_count(s["minItems"], join(path, "minItems"));
     if (s.contains("maxItems")) n.max_items = get_count(s["maxItems"], join(path, "maxItems"));
-    const int64_t most_items = n.items >= 0 ? n.max_items : static_cast<int64_t>(n.prefix_items.size());
+    const int64_t most_items =
+        n.items >= 0 ? n.max_items : static_cast<int64_t>(n.prefix_items.size());
     if ((types & kJsonArray) && most_items >= 0 &&
         (n.min_items > most_items || (n.max_items >= 0 && n.min_items > n.max_items))) {
       throw SchemaError(join(path, "minItems"), "minItems is more than the array can hold");

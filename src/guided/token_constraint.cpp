@@ -38,8 +38,8 @@ void ConstraintState::accept(int32_t token, std::span<const int32_t> terminators
 void ConstraintState::sync(std::span<const int32_t> output_token_ids,
                            std::span<const int32_t> terminators) {
   CHECK(static_cast<int64_t>(output_token_ids.size()) >= num_consumed_,
-        "ConstraintState: the outputs shrank from ", num_consumed_, " to ",
-        output_token_ids.size(), " tokens");
+        "ConstraintState: the outputs shrank from ", num_consumed_, " to ", output_token_ids.size(),
+        " tokens");
   for (size_t i = static_cast<size_t>(num_consumed_); i < output_token_ids.size(); ++i)
     accept(output_token_ids[i], terminators);
   num_consumed_ = static_cast<int64_t>(output_token_ids.size());

@@ -67,8 +67,8 @@ class ConstraintState {
   JsonMatcher matcher_;
   int64_t num_consumed_ = 0;
   bool started_ = true;
-  bool terminated_ = false;        // a terminator was accepted: nothing more to match
-  bool failed_ = false;            // a token outside the grammar was accepted
+  bool terminated_ = false;  // a terminator was accepted: nothing more to match
+  bool failed_ = false;      // a token outside the grammar was accepted
   // Vocabulary walk scratch, [max_depth + 1] each, reused across steps.
   std::vector<JsonMatcher> walk_;
   std::vector<int> utf8_;

@@ -65,7 +65,8 @@ VocabTrie VocabTrie::build(std::span<const std::string> token_bytes) {
     t.string_safe[i] = safe;
   }
   t.token_bytes.resize(token_bytes.size());
-  for (int32_t id : order) t.token_bytes[static_cast<size_t>(id)] = token_bytes[static_cast<size_t>(id)];
+  for (int32_t id : order)
+    t.token_bytes[static_cast<size_t>(id)] = token_bytes[static_cast<size_t>(id)];
   return t;
 }
 

@@ -35,8 +35,9 @@ struct VocabTrie {
 
   // The bytes of an ordinary token; empty for ids left out or out of range.
   std::string_view bytes_of(int32_t token) const {
-    return token >= 0 && token < vocab_size ? std::string_view(token_bytes[static_cast<size_t>(token)])
-                                            : std::string_view();
+    return token >= 0 && token < vocab_size
+               ? std::string_view(token_bytes[static_cast<size_t>(token)])
+               : std::string_view();
   }
 
   size_t num_nodes() const { return byte.size(); }

@@ -54,8 +54,7 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
     const OutputToken& t = out.new_tokens[i];
     ++num_tokens_;
     const bool last = i + 1 == out.new_tokens.size();
-    if (!(last && drop_last && !options_.include_stop_str_in_output))
-      text_ += detok_.push(t.token);
+    if (!(last && drop_last && !options_.include_stop_str_in_output)) text_ += detok_.push(t.token);
     if (options_.logprobs) {
       TokenLogprob lp;
       lp.token = token_text(t.token);

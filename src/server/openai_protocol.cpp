@@ -206,8 +206,7 @@ void read_guided(BodyReader& body, GenerationRequest& request) {
     add(GuidedDecoding::Kind::kJsonSchema, "guided_json")->schema = get_schema(*v, "guided_json");
   }
   if (const auto* v = body.get("guided_choice")) {
-    add(GuidedDecoding::Kind::kChoice, "guided_choice")->choices =
-        get_choices(*v, "guided_choice");
+    add(GuidedDecoding::Kind::kChoice, "guided_choice")->choices = get_choices(*v, "guided_choice");
   }
   for (const char* key : {"guided_regex", "guided_grammar"}) {
     if (body.get(key)) fail_unsupported_guided(key);

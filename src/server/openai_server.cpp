@@ -9,10 +9,10 @@
 
 #include "guided/json_schema.h"
 #include "guided/token_constraint.h"
-#include "tokenizer/reasoning_parser.h"
 #include "server/generation.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/jinja_lexer.h"
+#include "tokenizer/reasoning_parser.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
 
