@@ -104,6 +104,17 @@ TEST(JsonMatcher, NumbersAreBoundedAndEndOnlyWithEosAtTopLevel) {
   EXPECT_FALSE(is_prefix(g, std::string(JsonMatcher::kMaxNumberBytes, '7') + "e"));
 }
 
+TEST(JsonMatcher, NestingIsBounded) {
+  const Grammar g = Grammar::any_value();
+  const std::string deepest(JsonMatcher::kMaxDepth, '[');
+  EXPECT_TRUE(matches(g, deepest + std::string(JsonMatcher::kMaxDepth, ']')));
+  EXPECT_FALSE(is_prefix(g, deepest + "["));
+  EXPECT_FALSE(is_prefix(g, deepest + "{"));
+  std::string deep_schema = R"({"type": "integer"})";
+  for (int i = 0; i < 70; ++i) deep_schema = R"({"type": "array", "items": )" + deep_schema + "}";
+  EXPECT_THROW(schema(deep_schema), SchemaError);
+}
+
 TEST(JsonMatcher, IncrementalEqualsWhole) {
   const Grammar g = schema(R"({"type": "object", "properties": {
       "name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"enum": ["a", 1, null]}},

@@ -180,9 +180,10 @@ JsonMatcher::JsonMatcher(const Grammar& grammar) : grammar_(&grammar) {
   threads_.push_back(std::move(s));
 }
 
-bool JsonMatcher::start_value(Frame& f, uint8_t b) const {
+bool JsonMatcher::start_value(Frame& f, uint8_t b, size_t depth) const {
   const uint8_t types = node(f.node).types;
   const int32_t id = f.node;
+  if ((b == '{' || b == '[') && depth > kMaxDepth) return false;
   if (b == '{' && (types & kJsonObject)) {
     f = make_frame(kObject, id);
     f.phase = kObjectOpen;
@@ -221,7 +222,7 @@ JsonMatcher::Step JsonMatcher::step(Stack& s, uint8_t b) const {
           f = make_frame(kLiteral, f.node, n.literal_trie);
           continue;
         }
-        return start_value(f, b) ? Step::kOk : Step::kReject;
+        return start_value(f, b, s.size()) ? Step::kOk : Step::kReject;
       }
       case kLiteral: {
         const int32_t c = trie.child(f.aux, b);

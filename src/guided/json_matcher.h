@@ -15,6 +15,7 @@
 //   - JSON (RFC 8259) with at most kMaxWhitespace bytes of whitespace in each gap between
 //     tokens, none after the top-level value; strings are valid UTF-8 without control bytes;
 //     \u escapes take any 4 hex digits.
+//   - at most kMaxDepth objects and arrays open at once (the matcher state stays small);
 //   - numbers have at most kMaxNumberBytes bytes (plus an exponent that must be finished);
 //     an "integer" is written without fraction or exponent.
 //   - enum / const values and guided choices match their compact JSON text (raw bytes for
@@ -37,6 +38,7 @@ class JsonMatcher {
  public:
   static constexpr int kMaxWhitespace = 4;
   static constexpr uint32_t kMaxNumberBytes = 32;
+  static constexpr size_t kMaxDepth = 64;  // open objects and arrays at most
 
   // `grammar` must outlive the matcher and its copies.
   explicit JsonMatcher(const Grammar& grammar);
@@ -79,7 +81,7 @@ class JsonMatcher {
   using Stack = std::vector<Frame>;
 
   Step step(Stack& stack, uint8_t byte) const;
-  bool start_value(Frame& frame, uint8_t byte) const;
+  bool start_value(Frame& frame, uint8_t byte, size_t depth) const;
   const GrammarNode& node(int32_t id) const { return grammar_->nodes[static_cast<size_t>(id)]; }
   bool advance_forking(uint8_t byte);
 

@@ -20,6 +20,8 @@ const std::set<std::string, std::less<>> kStringKeywords = {"minLength", "maxLen
 const std::set<std::string, std::less<>> kOtherKeywords = {"type",  "enum",  "const", "anyOf",
                                                            "oneOf", "allOf", "$ref"};
 
+constexpr int kMaxSchemaDepth = 64;
+
 std::string join(const std::string& path, std::string_view key) {
   return path.empty() ? std::string(key) : path + "." + std::string(key);
 }
@@ -141,6 +143,15 @@ class SchemaCompiler {
   }
 
   void compile_into(int32_t id, const ordered_json& s, const std::string& path) {
+    struct Nesting {
+      int& depth;
+      explicit Nesting(int& d) : depth(++d) {}
+      ~Nesting() { --depth; }
+    } nesting(depth_);
+    if (depth_ > kMaxSchemaDepth) {
+      throw SchemaError(
+          path, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
+    }
     GrammarNode n;
     if (s.is_boolean()) {
       if (!s.get<bool>()) throw SchemaError(path, "the schema 'false' accepts nothing");
@@ -348,6 +359,7 @@ class SchemaCompiler {
   std::map<std::string, int32_t> refs_;
   std::set<std::string> resolving_;
   int32_t any_ = -1;
+  int depth_ = 0;  // compile_into calls in progress
 };
 
 }  // namespace

@@ -15,7 +15,7 @@
 // other numeric bounds, patternProperties, propertyNames, uniqueItems, not, if/then/else,
 // and every keyword not listed above; more than 64 properties in one object; unsatisfiable
 // schemas (false, empty enum, minItems above what items allow, a required property that is
-// not listed).
+// not listed); schemas nested deeper than 64 levels.
 #pragma once
 
 #include <string>
