@@ -149,5 +149,42 @@ TEST(GuidedEngine, ChoicesFinishWithOneOfThem) {
   }
 }
 
+// ignore_eos and min_tokens fight a finished structure (only EOS may follow): the request
+// goes on with EOS tokens, and the engine never meets a row with nothing to sample.
+TEST(GuidedEngine, IgnoreEosAndMinTokensKeepTheEngineAlive) {
+  GuidedRun run(config());
+  auto constraint = std::make_shared<const TokenConstraint>(Grammar::choices({"ok"}), run.vocab);
+  for (int i = 0; i < 2; ++i) {
+    Request r;
+    r.id = str_cat("e", i);
+    r.prompt_token_ids = run.tokenizer->encode("x", false);
+    r.sampling_params.temperature = 1.0f;
+    r.sampling_params.seed = 5;
+    r.sampling_params.max_tokens = 12;
+    if (i == 0) r.sampling_params.ignore_eos = true;
+    if (i == 1) r.sampling_params.min_tokens = 8;
+    r.sampling_params.constraint = constraint;
+    run.engine->add_request(std::move(r), [&run](const RequestOutput& o) {
+      Result& res = run.results[o.request_id];
+      for (const OutputToken& t : o.new_tokens) res.ids.push_back(t.token);
+      if (o.finished) res.finish_reason = o.finish_reason;
+    });
+  }
+  run.run();
+  EXPECT_TRUE(run.engine->alive());
+  const auto& eos = run.engine->config().scheduler.eos_token_ids;
+  for (const auto& [id, r] : run.results) {
+    std::vector<int32_t> text_ids;
+    for (int32_t t : r.ids) {
+      if (std::find(eos.begin(), eos.end(), t) == eos.end()) text_ids.push_back(t);
+    }
+    EXPECT_EQ(run.tokenizer->decode(text_ids, false), "ok") << id;
+  }
+  EXPECT_EQ(run.results["e0"].finish_reason, "length");
+  EXPECT_EQ(run.results["e0"].ids.size(), 12u);
+  EXPECT_EQ(run.results["e1"].finish_reason, "stop");
+  EXPECT_EQ(run.results["e1"].ids.size(), 8u);
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -53,10 +53,11 @@ OutputToken make_logprobs(std::span<const float> row, int32_t token, int32_t top
   return out;
 }
 
-// The ids that end a request: its EOS ids (unless ignore_eos) and stop_token_ids.
+// The ids guided decoding allows once the structure is complete: stop_token_ids and the EOS
+// ids (also under ignore_eos, where they then fill the output up to max_tokens).
 std::vector<int32_t> terminator_ids(const SamplingParams& sp, std::span<const int32_t> eos) {
   std::vector<int32_t> ids(sp.stop_token_ids);
-  if (!sp.ignore_eos) ids.insert(ids.end(), eos.begin(), eos.end());
+  ids.insert(ids.end(), eos.begin(), eos.end());
   return ids;
 }
 

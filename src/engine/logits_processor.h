@@ -38,7 +38,8 @@ void apply_logits_processors(std::span<float> logits, const LogitsProcessorInput
 
 // Sets logits[id] = -inf where allowed[id] == 0 (ids beyond `allowed` too). Should that leave
 // no finite logit (min_tokens banned the EOS a finished structure asks for), the allowed ids
-// get logit 0 instead, so sampling still draws one of them.
+// get logit 0 instead, so sampling still draws one of them; with no id allowed at all, the
+// row is left as it is (sampling must draw something).
 void apply_allowed_tokens(std::span<float> logits, const std::vector<uint8_t>& allowed);
 
 }  // namespace hyserve
