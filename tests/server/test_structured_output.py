@@ -10,7 +10,7 @@ import json
 import pytest
 import requests
 
-from conftest import NO_THINK, assert_openai_error
+from conftest import NO_THINK, assert_openai_error, start_server
 
 pytestmark = pytest.mark.server
 
@@ -272,3 +272,33 @@ def test_server_healthy_after_guided_errors(server, client):
     assert requests.get(server.url("/health"), timeout=10).status_code == 200
     r = client.completions.create(model=server.model, prompt="ok", max_tokens=2)
     assert r.usage.completion_tokens >= 1
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory):
+    srv = start_server(tmp_path_factory.mktemp("guided-reasoning"),
+                       ["--reasoning-parser", "kimi_k3"])
+    yield srv
+    srv.stop()
+
+
+def test_with_a_reasoning_parser_the_constraint_starts_after_think_end(reasoning_server):
+    srv = reasoning_server
+    r = requests.post(srv.url("/tokenize"), json={"prompt": "</think>"}, timeout=10)
+    (think_end,) = r.json()["tokens"]
+    choices = ["alpha", "beta"]
+    body = {"model": srv.model, "messages": MSG, "max_tokens": 24, "seed": 1,
+            "guided_choice": choices}
+    # Thinking off: the answer is constrained from its first token.
+    r = requests.post(srv.url("/v1/chat/completions"), json={**body, **NO_THINK}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["content"] in choices
+    # Thinking on: nothing is constrained until </think> (forced here by a logit bias);
+    # what follows it is.
+    r = requests.post(srv.url("/v1/chat/completions"),
+                      json={**body, "logit_bias": {str(think_end): 100}}, timeout=60)
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop"
+    assert choice["message"]["content"] in choices
+
