@@ -2,8 +2,8 @@
 // one byte and says whether the bytes so far are still a prefix of some text the grammar
 // accepts; accepting() says whether they already are such a text (EOS may follow), finished()
 // whether nothing but EOS may follow. Feeding a text in one call or byte by byte gives the same
-// answers. Guided decoding copies a matcher per vocabulary trie node, so the state is a few
-// small vectors of plain frames.
+// answers. The vocabulary walk copies matchers often, so the state is a few small vectors of
+// plain frames.
 //
 // The state is a pushdown stack of frames, one per open value (object, key, array, string,
 // number, keyword, literal); a frame's phase says what may come next. anyOf runs its

@@ -54,6 +54,7 @@ struct ToolChoice {
   std::string function_name;  // kNamed only
 };
 
+// response_format as sent; json_object / json_schema are enforced through `guided`.
 struct ResponseFormat {
   std::string type = "text";           // text | json_object | json_schema
   nlohmann::ordered_json json_schema;  // the "json_schema" object, or null
