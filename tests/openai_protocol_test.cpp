@@ -62,7 +62,7 @@ TEST(OpenAIProtocolChat, ParsesEveryField) {
     "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {}}},
     "chat_template_kwargs": {"thinking": false}, "skip_special_tokens": false,
     "include_stop_str_in_output": true, "user": "u1", "priority": -1, "cache_salt": "salt",
-    "guided_json": {}, "frobnicate": 1})");
+    "frobnicate": 1})");
   EXPECT_EQ(r.model, "kimi");
   ASSERT_EQ(r.messages.size(), 5u);
   EXPECT_EQ(r.messages[0].role, "system");
@@ -113,7 +113,9 @@ TEST(OpenAIProtocolChat, ParsesEveryField) {
   EXPECT_EQ(*r.user, "u1");
   EXPECT_EQ(r.priority, -1);
   EXPECT_EQ(*r.cache_salt, "salt");
-  EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"guided_json", "frobnicate"}));
+  EXPECT_EQ(r.guided.kind, GuidedDecoding::Kind::kJsonSchema);
+  EXPECT_EQ(r.guided.param, "response_format.json_schema.schema");
+  EXPECT_EQ(r.unknown_fields, (std::vector<std::string>{"frobnicate"}));
 }
 
 TEST(OpenAIProtocolChat, DefaultsAndNulls) {

@@ -132,5 +132,26 @@ TEST(ServerGeneration, StopStringIsCutAndHeldBack) {
   EXPECT_EQ(content, "one two ");
 }
 
+// An EOS id that is an ordinary token (the tiny model's id 2) ends the output without its
+// text, like a stop token id, but is not reported as the stop_reason.
+TEST(ServerGeneration, EosTextIsDroppedWithoutAStopReason) {
+  const auto tok = Tokenizer::load(kTiny);
+  std::vector<int32_t> ids = tok->encode("{}", false);
+  ids.push_back(2);
+  ChoiceProcessor p(*tok, ChoiceOptions{});
+  std::string content;
+  ChoiceDelta d;
+  std::vector<RequestOutput> outs = outputs(ids, "stop");
+  outs.back().stop_token_id = 2;
+  for (const RequestOutput& out : outs) {
+    d = p.feed(out);
+    content += d.content;
+  }
+  EXPECT_TRUE(d.finished);
+  EXPECT_EQ(d.finish_reason, "stop");
+  EXPECT_TRUE(d.stop_reason.is_null());
+  EXPECT_EQ(content, "{}");
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "engine/logits_processor.h"
+#include "guided/token_constraint.h"
 #include "kernels/kda/params.h"
 #include "kernels/sampling/cpu.h"
 #include "util/error.h"
@@ -53,6 +54,14 @@ OutputToken make_logprobs(std::span<const float> row, int32_t token, int32_t top
   return out;
 }
 
+// The ids guided decoding allows once the structure is complete: stop_token_ids and the EOS
+// ids (also under ignore_eos, where they then fill the output up to max_tokens).
+std::vector<int32_t> terminator_ids(const SamplingParams& sp, std::span<const int32_t> eos) {
+  std::vector<int32_t> ids(sp.stop_token_ids);
+  ids.insert(ids.end(), eos.begin(), eos.end());
+  return ids;
+}
+
 RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
                               const std::string& reason) {
   RequestOutput out;
@@ -77,6 +86,9 @@ struct Engine::Impl {
     std::chrono::steady_clock::time_point arrival;  // when add_request was called
     bool scheduled_once = false;
     double queue_time_s = 0.0;  // arrival to first scheduling
+    // Guided decoding: advanced over the request's outputs only (so a recompute after
+    // preemption never feeds it twice); null when unconstrained.
+    std::unique_ptr<ConstraintState> constraint;
   };
   // An add or an abort from any thread, applied at the start of the next step.
   struct Command {
@@ -114,6 +126,7 @@ struct Engine::Impl {
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
   std::vector<float> logits;                         // [rows, vocab] of the last forward
+  std::vector<uint8_t> allowed;                      // [vocab] guided decoding mask
   bool has_work = false;                             // engine thread
 
   std::mutex mu;
@@ -147,6 +160,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       const SamplingParams& sp = c.request.sampling_params;
       l.seed = sp.seed ? *sp.seed : seed_rng();
       l.prompt_logprobs = sp.prompt_logprobs;
+      if (sp.constraint) l.constraint = std::make_unique<ConstraintState>(sp.constraint);
       if (l.prompt_logprobs)
         l.prompt_logprob_values.resize(static_cast<size_t>(l.num_prompt_tokens));
       try {
@@ -256,6 +270,15 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
           std::span<float>(processed.data() + sampling.size() * static_cast<size_t>(vocab),
                            static_cast<size_t>(vocab)),
           {&sp, r->prompt_token_ids, r->output_token_ids, eos});
+    }
+    if (l.constraint) {
+      const std::vector<int32_t> stops = terminator_ids(sp, config.scheduler.eos_token_ids);
+      l.constraint->sync(r->output_token_ids, stops);
+      l.constraint->compute_mask(stops, allowed);
+      apply_allowed_tokens(
+          std::span<float>(processed.data() + sampling.size() * static_cast<size_t>(vocab),
+                           static_cast<size_t>(vocab)),
+          allowed);
     }
     options.push_back({sp.temperature, sp.top_k == -1 ? 0 : sp.top_k, sp.top_p, sp.min_p, l.seed,
                        static_cast<uint64_t>(r->num_output_tokens())});

@@ -1,5 +1,6 @@
 #include "engine/logits_processor.h"
 
+#include <algorithm>
 #include <limits>
 #include <vector>
 
@@ -69,6 +70,22 @@ void apply_logits_processors(std::span<float> logits, const LogitsProcessorInput
         logits[static_cast<size_t>(token)] = kBanned;
       }
     }
+  }
+}
+
+void apply_allowed_tokens(std::span<float> logits, const std::vector<uint8_t>& allowed) {
+  constexpr float kBanned = -std::numeric_limits<float>::infinity();
+  if (std::find(allowed.begin(), allowed.end(), uint8_t{1}) == allowed.end()) return;
+  bool any_finite = false;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (i >= allowed.size() || allowed[i] == 0)
+      logits[i] = kBanned;
+    else
+      any_finite = any_finite || logits[i] > kBanned;
+  }
+  if (any_finite) return;
+  for (size_t i = 0; i < logits.size() && i < allowed.size(); ++i) {
+    if (allowed[i] != 0) logits[i] = 0.0f;
   }
 }
 

@@ -9,11 +9,15 @@
 //   min_tokens            while fewer outputs than min_tokens: the stop_token_ids and (unless
 //                         ignore_eos) the EOS ids get -inf, so they cannot be drawn
 //
+//   guided decoding       (apply_allowed_tokens, after the above) ids outside the request's
+//                         ConstraintState mask get -inf
+//
 // Logprobs are reported from the raw logits, before any of this.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "engine/sampling_params.h"
 
@@ -31,5 +35,11 @@ bool needs_logits_processing(const SamplingParams& params, int64_t num_output_to
 
 // Adjusts one row of logits [vocab] in place. Throws on token ids outside the row.
 void apply_logits_processors(std::span<float> logits, const LogitsProcessorInput& input);
+
+// Sets logits[id] = -inf where allowed[id] == 0 (ids beyond `allowed` too). Should that leave
+// no finite logit (min_tokens banned the EOS a finished structure asks for), the allowed ids
+// get logit 0 instead, so sampling still draws one of them; with no id allowed at all, the
+// row is left as it is (sampling must draw something).
+void apply_allowed_tokens(std::span<float> logits, const std::vector<uint8_t>& allowed);
 
 }  // namespace hyserve

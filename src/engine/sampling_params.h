@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -16,6 +17,8 @@
 #include "util/error.h"
 
 namespace hyserve {
+
+class TokenConstraint;  // guided/token_constraint.h
 
 struct SamplingParams {
   float temperature = 1.0f;  // 0: greedy
@@ -36,6 +39,10 @@ struct SamplingParams {
   std::optional<int32_t> logprobs;         // top-N per sampled token; 0: the chosen one only
   std::optional<int32_t> prompt_logprobs;  // top-N per prompt token
   bool skip_special_tokens = true;
+  // Guided decoding (response_format json_object / json_schema, guided_choice): the grammar
+  // and vocabulary every output must follow; null: unconstrained. Shared by the n choices;
+  // each engine request keeps its own ConstraintState.
+  std::shared_ptr<const TokenConstraint> constraint;
 
   static constexpr int32_t kMaxLogprobs = 20;
 

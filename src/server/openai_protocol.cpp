@@ -150,6 +150,92 @@ std::vector<std::pair<int32_t, float>> get_logit_bias(const ordered_json& value)
   return bias;
 }
 
+// A JSON Schema given as an object (or a boolean), or as a string holding one.
+ordered_json get_schema(const ordered_json& value, const std::string& param) {
+  if (value.is_object() || value.is_boolean()) return value;
+  if (!value.is_string()) fail_type(param, "JSON Schema object", value);
+  try {
+    ordered_json schema = ordered_json::parse(value.get<std::string>());
+    if (schema.is_object() || schema.is_boolean()) return schema;
+  } catch (const ordered_json::parse_error&) {
+  }
+  fail(param, str_cat("'", param, "' is not a JSON Schema object"));
+}
+
+std::vector<std::string> get_choices(const ordered_json& value, const std::string& param) {
+  if (!value.is_array() || value.empty()) fail_type(param, "non-empty list of strings", value);
+  std::vector<std::string> choices;
+  for (size_t i = 0; i < value.size(); ++i) {
+    choices.push_back(get_string(value[i], str_cat(param, "[", i, "]")));
+    if (choices.back().empty()) fail(str_cat(param, "[", i, "]"), "a choice cannot be empty");
+  }
+  return choices;
+}
+
+[[noreturn]] void fail_unsupported_guided(const std::string& param) {
+  fail(param, str_cat("'", param,
+                      "' is not supported: guided decoding supports JSON Schema "
+                      "(response_format json_schema, guided_json), JSON objects (response_format "
+                      "json_object) and choices (guided_choice), not regular expressions or "
+                      "grammars"));
+}
+
+// response_format (already read) and vLLM's guided decoding fields into request.guided; at
+// most one of them may ask for guided decoding.
+void read_guided(BodyReader& body, GenerationRequest& request) {
+  std::vector<GuidedDecoding> asked;
+  const auto add = [&](GuidedDecoding::Kind kind, std::string param) {
+    GuidedDecoding g;
+    g.kind = kind;
+    g.param = std::move(param);
+    asked.push_back(std::move(g));
+    return &asked.back();
+  };
+  const ResponseFormat& rf = request.response_format;
+  if (rf.type == "json_object") add(GuidedDecoding::Kind::kJsonObject, "response_format");
+  if (rf.type == "json_schema") {
+    const auto& js = rf.json_schema;
+    if (!present(js, "schema")) {
+      fail("response_format.json_schema.schema",
+           "response_format.json_schema.schema is required (the JSON Schema to follow)");
+    }
+    add(GuidedDecoding::Kind::kJsonSchema, "response_format.json_schema.schema")->schema =
+        get_schema(js["schema"], "response_format.json_schema.schema");
+  }
+  if (const auto* v = body.get("guided_json")) {
+    add(GuidedDecoding::Kind::kJsonSchema, "guided_json")->schema = get_schema(*v, "guided_json");
+  }
+  if (const auto* v = body.get("guided_choice")) {
+    add(GuidedDecoding::Kind::kChoice, "guided_choice")->choices = get_choices(*v, "guided_choice");
+  }
+  for (const char* key : {"guided_regex", "guided_grammar"}) {
+    if (body.get(key)) fail_unsupported_guided(key);
+  }
+  if (const auto* v = body.get("structured_outputs")) {
+    if (!v->is_object()) fail_type("structured_outputs", "object", *v);
+    for (const char* key : {"regex", "grammar", "structural_tag"}) {
+      if (present(*v, key)) fail_unsupported_guided(str_cat("structured_outputs.", key));
+    }
+    if (present(*v, "json")) {
+      add(GuidedDecoding::Kind::kJsonSchema, "structured_outputs.json")->schema =
+          get_schema((*v)["json"], "structured_outputs.json");
+    }
+    if (present(*v, "choice")) {
+      add(GuidedDecoding::Kind::kChoice, "structured_outputs.choice")->choices =
+          get_choices((*v)["choice"], "structured_outputs.choice");
+    }
+    if (present(*v, "json_object") &&
+        get_bool((*v)["json_object"], "structured_outputs.json_object")) {
+      add(GuidedDecoding::Kind::kJsonObject, "structured_outputs.json_object");
+    }
+  }
+  if (asked.size() > 1) {
+    fail(asked[1].param, str_cat("'", asked[0].param, "' and '", asked[1].param,
+                                 "' both ask for guided decoding; give one"));
+  }
+  if (!asked.empty()) request.guided = std::move(asked[0]);
+}
+
 // Fields common to both endpoints; `logprobs` is endpoint-specific and read by the caller.
 void read_common(BodyReader& body, GenerationRequest& request) {
   SamplingParams& s = request.sampling;
@@ -215,6 +301,7 @@ void read_common(BodyReader& body, GenerationRequest& request) {
       request.response_format.json_schema = (*v)["json_schema"];
     }
   }
+  read_guided(body, request);
   if (const auto* v = body.get("skip_special_tokens")) {
     s.skip_special_tokens = get_bool(*v, "skip_special_tokens");
   }

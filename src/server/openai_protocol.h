@@ -54,10 +54,21 @@ struct ToolChoice {
   std::string function_name;  // kNamed only
 };
 
-// Recorded, not enforced: hyserve has no guided decoding yet.
+// response_format as sent; json_object / json_schema are enforced through `guided`.
 struct ResponseFormat {
   std::string type = "text";           // text | json_object | json_schema
   nlohmann::ordered_json json_schema;  // the "json_schema" object, or null
+};
+
+// The guided decoding a request asks for, from whichever field: response_format
+// (json_object, json_schema), vLLM's guided_json / guided_choice, or
+// structured_outputs.{json, choice, json_object}. Regex and grammar forms are refused (400).
+struct GuidedDecoding {
+  enum class Kind { kNone, kJsonObject, kJsonSchema, kChoice };
+  Kind kind = Kind::kNone;
+  nlohmann::ordered_json schema;     // kJsonSchema
+  std::vector<std::string> choices;  // kChoice
+  std::string param;                 // the field it came from, for errors ("guided_json")
 };
 
 // Fields both endpoints share.
@@ -69,6 +80,7 @@ struct GenerationRequest {
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;
   ResponseFormat response_format;
+  GuidedDecoding guided;
   std::optional<std::string> user;
   int32_t priority = 0;
   std::optional<std::string> cache_salt;

@@ -7,9 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "guided/json_schema.h"
+#include "guided/token_constraint.h"
 #include "server/generation.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/jinja_lexer.h"
+#include "tokenizer/reasoning_parser.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
 
@@ -57,6 +60,8 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
       tokenizer_(tokenizer),
       templates_(std::move(templates)),
       special_tokens_(std::move(special_tokens)),
+      vocab_(std::make_shared<const VocabTrie>(
+          VocabTrie::from_tokenizer(tokenizer, engine.model().config().vocab_size))),
       metrics_(options_.served_model_name),
       http_([&] {
         HttpServerOptions o;
@@ -396,11 +401,37 @@ bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) cons
     send_json(w, 503, error_body(503, "the engine is not running"));
     return false;
   }
-  if (r.response_format.type != "text") {
-    throw RequestError("response_format", "response_format of type '" + r.response_format.type +
-                                              "' needs guided decoding, which is not built yet");
-  }
   return true;
+}
+
+std::shared_ptr<const TokenConstraint> OpenAIServer::make_constraint(const GuidedDecoding& guided,
+                                                                     bool after_reasoning) const {
+  Grammar grammar;
+  switch (guided.kind) {
+    case GuidedDecoding::Kind::kNone:
+      return nullptr;
+    case GuidedDecoding::Kind::kJsonObject:
+      grammar = Grammar::any_object();
+      break;
+    case GuidedDecoding::Kind::kJsonSchema:
+      try {
+        grammar = compile_json_schema(guided.schema);
+      } catch (const SchemaError& e) {
+        const std::string param = e.path().empty() ? guided.param : guided.param + "." + e.path();
+        throw RequestError(param, "Invalid or unsupported JSON Schema at '" + param +
+                                      "': " + client_message(e.what()));
+      }
+      break;
+    case GuidedDecoding::Kind::kChoice:
+      grammar = Grammar::choices(guided.choices);
+      break;
+  }
+  std::optional<int32_t> start_after;
+  if (after_reasoning) {
+    const int32_t id = tokenizer_.token_id(kThinkEnd);
+    if (id >= 0) start_after = id;
+  }
+  return std::make_shared<const TokenConstraint>(std::move(grammar), vocab_, start_after);
 }
 
 void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& w) {
@@ -433,6 +464,8 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     g.choice.parse_tool_calls = options_.enable_auto_tool_choice && has_tools &&
                                 r.tool_choice.mode != ToolChoiceMode::kNone;
     g.choice.logprobs = r.logprobs;
+    g.sampling.constraint =
+        make_constraint(r.guided, g.choice.parse_reasoning && g.choice.thinking_enabled);
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
@@ -465,6 +498,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     validate_sampling(r.sampling, engine_.model().config().vocab_size, max_len);
     fill_generation(r, g);
     g.choice.logprobs = r.sampling.logprobs.has_value();
+    g.sampling.constraint = make_constraint(r.guided, /*after_reasoning=*/false);
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "guided/vocab_trie.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -46,6 +47,11 @@ class OpenAIServer {
   // The model name, engine health and unsupported options of a generation request;
   // answers and returns false (404, 503) or throws RequestError.
   bool admit(const GenerationRequest& r, HttpResponseWriter& w) const;
+  // The request's guided decoding as a constraint over this tokenizer (null when none);
+  // throws RequestError (400) for a schema outside the supported subset. after_reasoning:
+  // constrain only what follows the reasoning end marker.
+  std::shared_ptr<const TokenConstraint> make_constraint(const GuidedDecoding& guided,
+                                                         bool after_reasoning) const;
   void chat_completions(const HttpRequest& req, HttpResponseWriter& w);
   void completions(const HttpRequest& req, HttpResponseWriter& w);
   void models(const HttpRequest& req, HttpResponseWriter& w);
@@ -57,6 +63,7 @@ class OpenAIServer {
   const Tokenizer& tokenizer_;
   ChatTemplates templates_;
   SpecialTokens special_tokens_;
+  std::shared_ptr<const VocabTrie> vocab_;  // the tokenizer's vocabulary, for guided decoding
   ServerMetrics metrics_;
   HttpServer http_;
   int64_t created_;

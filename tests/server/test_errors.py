@@ -75,10 +75,10 @@ def test_server_still_healthy_after_errors(server, client):
     assert r.usage.completion_tokens >= 1
 
 
-def test_response_format_json_is_refused_not_ignored(server):
+def test_regex_guided_decoding_is_refused_not_ignored(server):
     body = {"model": server.model, "messages": [{"role": "user", "content": "hi"}],
-            "max_tokens": 2, "response_format": {"type": "json_object"}}
+            "max_tokens": 2, "guided_regex": "[a-z]+"}
     r = requests.post(server.url("/v1/chat/completions"), json=body, timeout=30)
     assert r.status_code == 400
     err = r.json()["error"]
-    assert err["code"] == 400 and err["param"] == "response_format"
+    assert err["code"] == 400 and err["param"] == "guided_regex"
