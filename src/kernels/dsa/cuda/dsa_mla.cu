@@ -419,6 +419,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   .part_o = reinterpret_cast<float*>(base),
                   .part_ml = reinterpret_cast<float2*>(base + plan.part_o_bytes)};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
+  CHECK(rows <= 65535, "dsa_mla_decode: B * n_q = ", rows, " above 65535");
   CUDA_CHECK(cudaFuncSetAttribute(mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   SmemLayout::kBytes));
   const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_groups),

@@ -20,6 +20,9 @@
 // resident). Each phase's scan result is also stored by the item of chunk 0 so that the
 // next phase scans only one histogram. Rows with n <= topk skip the select and copy.
 //
+// Everything written by other blocks during the kernel (histograms, state, counts) is
+// read with ld.global.cg (L2), never through L1.
+//
 // Workspace: barrier counter | hist0 [rows, 2048] (both zeroed by a memset before the
 // launch) | hist1, hist2 [rows, 2048] (zeroed in phase 0) | state [rows, 3] (prefix,
 // need) | counts [rows, num_chunks, 2].
@@ -111,7 +114,7 @@ __device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, in
 #pragma unroll
   for (int k = 0; k < kBinsPerThread; ++k) {
     const int idx = num_bins - 1 - (threadIdx.x * kBinsPerThread + k);
-    local[k] = idx >= 0 ? hist[idx] : 0;
+    local[k] = idx >= 0 ? __ldcg(hist + idx) : 0;  // L2: written by other blocks
     sum += local[k];
   }
   int above = 0;
@@ -206,7 +209,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       uint32_t prefix = 0;
       int need = topk;
       if (phase > 1) {
-        const uint2 st = a.state[it.row * 3 + phase - 2];
+        const uint2 st = __ldcg(a.state + it.row * 3 + phase - 2);
         prefix = st.x;
         need = static_cast<int>(st.y);
       }
@@ -265,14 +268,14 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       continue;
     }
     if (it.begin >= it.end) continue;
-    const uint2 st = a.state[it.row * 3 + 2];
+    const uint2 st = __ldcg(a.state + it.row * 3 + 2);
     const uint32_t threshold = st.x;
     const int need = static_cast<int>(st.y);
     // Winners and == K keys of the row's earlier chunks.
     const int64_t first_item = it.row * a.num_chunks;
     int gt_before = 0, eq_before = 0;
     for (int64_t c = first_item + threadIdx.x; c < item; c += kThreads) {
-      const int2 cnt = a.counts[c];
+      const int2 cnt = __ldcg(a.counts + c);
       gt_before += cnt.x;
       eq_before += cnt.y;
     }
