@@ -487,5 +487,61 @@ TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
   }
 }
 
+// The step reads every per-request value from device memory: captured once in a CUDA
+// graph, then replayed after the lengths change, it must give exactly what a direct call
+// with the new lengths gives.
+TEST(DsaGpu, WholeStepReplaysFromACudaGraph) {
+  REQUIRE_GPU();
+  DsaTestPool t = make_dsa_test_pool({3000, 700, 1}, 64, 2, 16, 32, 901);
+  DevicePool d(t);
+  const int64_t topk = 256;
+  const int64_t rows = t.num_requests() * t.num_q;
+  const int64_t heads = rows * t.heads;
+  DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
+  DeviceBuffer slots(sizeof(int32_t) * rows * topk);
+  const DsaDecodeParams p{.cache = d.cache(t),
+                          .batch = d.batch(t),
+                          .index_q8 = d.q8.as<uint8_t>(),
+                          .index_weights = d.weights.as<float>(),
+                          .index_num_heads = t.index_heads,
+                          .topk = topk,
+                          .q_lat = d.q_lat.as<float>(),
+                          .q_pe = d.q_pe.as<float>(),
+                          .num_heads = t.heads,
+                          .softmax_scale = kSoftmaxScale,
+                          .o_lat = o.as<float>(),
+                          .lse = lse.as<float>(),
+                          .slots = slots.as<int32_t>()};
+  DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda::dsa_decode(p, ws.data(), ws.size(), stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // New lengths (within max_context), then replay vs. a direct call.
+  const std::vector<int32_t> new_lens = {2999, 1500, 2};
+  d.lens.upload(new_lens.data(), new_lens.size() * sizeof(int32_t));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> graph_o = to_host<float>(o, heads * kDsaLoraDim);
+  const std::vector<float> graph_lse = to_host<float>(lse, heads);
+  const std::vector<int32_t> graph_slots = to_host<int32_t>(slots, rows * topk);
+  cuda::dsa_decode(p, ws.data(), ws.size(), stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(graph_slots, to_host<int32_t>(slots, rows * topk)) << "selection differs";
+  EXPECT_EQ(0, std::memcmp(graph_o.data(), to_host<float>(o, heads * kDsaLoraDim).data(),
+                           graph_o.size() * sizeof(float)))
+      << "o_lat differs (the step must be deterministic)";
+  EXPECT_EQ(0, std::memcmp(graph_lse.data(), to_host<float>(lse, heads).data(),
+                           graph_lse.size() * sizeof(float)))
+      << "lse differs";
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -42,6 +42,21 @@ struct KeyTile {
   float2 scales[4];   // n-tile j: scales of keys 2t, 2t + 1
 };
 
+// Word w (0..7) of 32 bytes held as two uint4; w is a constant after unrolling.
+__device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int w) {
+  const uint4& h = v[w >> 2];
+  switch (w & 3) {
+    case 0:
+      return h.x;
+    case 1:
+      return h.y;
+    case 2:
+      return h.z;
+    default:
+      return h.w;
+  }
+}
+
 __device__ __forceinline__ void load_tile(const DsaIndexerParams& p, int64_t b, int64_t tile0,
                                           int64_t end, int g, int t, KeyTile& k) {
   if (tile0 >= end) return;
@@ -100,26 +115,21 @@ __global__ void __launch_bounds__(kThreads, 2)
   load_tile(p, b, tile0, end, g, t, cur);
   for (; tile0 < end; tile0 += kBlockStepKeys) {
     load_tile(p, b, tile0 + kBlockStepKeys, end, g, t, next);
-    const uint32_t* kw[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) kw[j] = reinterpret_cast<const uint32_t*>(cur.codes[j]);
     for (int i = 0; i < num_q; ++i) {
       float part[4][2] = {};
       for (int mt = 0; mt < num_mtiles; ++mt) {
         const int row = i * num_heads + mt * 16 + g;
         const uint4* qa = reinterpret_cast<const uint4*>(q_s + row * kQPitch + t * 32);
         const uint4* qb = reinterpret_cast<const uint4*>(q_s + (row + 8) * kQPitch + t * 32);
-        uint4 a_lo[2] = {qa[0], qa[1]};
-        uint4 b_lo[2] = {qb[0], qb[1]};
-        const uint32_t* ra = reinterpret_cast<const uint32_t*>(a_lo);
-        const uint32_t* rb = reinterpret_cast<const uint32_t*>(b_lo);
+        const uint4 ra[2] = {qa[0], qa[1]};  // row g
+        const uint4 rb[2] = {qb[0], qb[1]};  // row g + 8
         float acc[4][4] = {};
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
 #pragma unroll
           for (int j = 0; j < 4; ++j) {
-            mma_e4m3(acc[j], ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1], kw[j][2 * s],
-                     kw[j][2 * s + 1]);
+            mma_e4m3(acc[j], word(ra, 2 * s), word(rb, 2 * s), word(ra, 2 * s + 1),
+                     word(rb, 2 * s + 1), word(cur.codes[j], 2 * s), word(cur.codes[j], 2 * s + 1));
           }
         }
         const float w0 = w_s[row];
