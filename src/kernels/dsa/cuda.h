@@ -2,7 +2,8 @@
 // DEVICE pointers. Every launch reads per-request data (block tables, lengths) from device
 // memory and sizes its grid from B, n_q, H and max_context only, so a step can be captured
 // in a CUDA graph. Nothing allocates; the callers pass 256-byte aligned workspaces sized
-// by the *_workspace_bytes functions.
+// by the *_workspace_bytes functions. A seq_lens[b] above max_context breaks the contract;
+// the kernels then clamp it to max_context rather than touch memory outside the buffers.
 //
 //   dsa_indexer_scores  FP8 tensor-core scorer (mma.sync m16n8k32 e4m3): a block takes a
 //                       range of one request's keys and every query of that request, so

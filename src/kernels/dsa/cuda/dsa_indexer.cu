@@ -93,7 +93,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* w_s = reinterpret_cast<float*>(smem + num_rows * kQPitch);  // [rows]
 
   const int64_t b = blockIdx.y;
-  const int64_t seq_len = p.batch.seq_lens[b];
+  // Clamped so that a length beyond the host bound (a caller bug) cannot write outside.
+  const int64_t seq_len = min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context);
   const int64_t begin = blockIdx.x * keys_per_block;
   if (begin >= seq_len) return;
   const int64_t end = min(seq_len, begin + keys_per_block);

@@ -102,7 +102,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const bool sparse = p.slots != nullptr;
   int64_t total = p.topk_width;
   if (!sparse) {
-    const int64_t n = int64_t{p.batch.seq_lens[b]} - p.batch.num_q + i + 1;
+    const int64_t len = min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context);
+    const int64_t n = len - p.batch.num_q + i + 1;
     total = n < 0 ? 0 : n;
   }
   const int64_t begin = split * a.keys_per_split;

@@ -146,8 +146,9 @@ __device__ Item make_item(const TopkArgs& a, int64_t item) {
   const int64_t c = item % a.num_chunks;
   it.b = it.row / a.p.batch.num_q;
   it.i = it.row % a.p.batch.num_q;
-  const int64_t n = int64_t{a.p.batch.seq_lens[it.b]} - a.p.batch.num_q + it.i + 1;
-  it.n = n < 0 ? 0 : (n > a.p.batch.max_context ? a.p.batch.max_context : n);
+  const int64_t len = min(int64_t{a.p.batch.seq_lens[it.b]}, a.p.batch.max_context);
+  const int64_t n = len - a.p.batch.num_q + it.i + 1;
+  it.n = n < 0 ? 0 : n;
   it.begin = c * a.chunk_len;
   it.end = min(it.n, it.begin + a.chunk_len);
   it.scores = a.p.scores + it.row * a.p.score_stride;
