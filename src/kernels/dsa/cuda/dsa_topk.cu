@@ -19,6 +19,8 @@
 // Phases are separated by a grid barrier (the launch is cooperative, so every block is
 // resident). Each phase's scan result is also stored by the item of chunk 0 so that the
 // next phase scans only one histogram. Rows with n <= topk skip the select and copy.
+// When every item has its own block and chunks are at most 8192 scores, a block keeps its
+// chunk in shared memory after phase 0, so the scores are read from memory once.
 //
 // Everything written by other blocks during the kernel (histograms, state, counts) is
 // read with ld.global.cg (L2), never through L1.
@@ -44,6 +46,8 @@ constexpr int kThreads = 512;
 constexpr int kBins = 2048;
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kMinChunk = 2048;
+constexpr int kUnroll = 8;             // loads in flight per thread in the chunk loops
+constexpr int kMaxCachedChunk = 8192;  // scores a block keeps in shared memory (32 KB)
 
 struct TopkArgs {
   DsaTopkParams p;
@@ -54,6 +58,7 @@ struct TopkArgs {
   int* hist;    // [3, rows, kBins]
   uint2* state; // [rows, 3]
   int2* counts; // [rows, num_chunks]
+  bool cache_chunk;  // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
 };
 
 struct Layout {
@@ -138,7 +143,12 @@ __device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, in
 struct Item {
   int64_t row, b, i, n, begin, end;  // positions [begin, end) of the row's n visible
   const float* scores;
+  const float* cached;  // the chunk's scores in shared memory (from begin), or null
 };
+
+__device__ __forceinline__ uint32_t key_at(const Item& it, int64_t s) {
+  return order_key(it.cached != nullptr ? it.cached[s - it.begin] : __ldg(it.scores + s));
+}
 
 __device__ Item make_item(const TopkArgs& a, int64_t item) {
   Item it;
@@ -152,6 +162,7 @@ __device__ Item make_item(const TopkArgs& a, int64_t item) {
   it.begin = c * a.chunk_len;
   it.end = min(it.n, it.begin + a.chunk_len);
   it.scores = a.p.scores + it.row * a.p.score_stride;
+  it.cached = nullptr;
   return it;
 }
 
@@ -161,15 +172,20 @@ __device__ void chunk_histogram(Shared& sh, const Item& it, int shift, int num_b
                                 int match_shift, uint32_t match, int* global_hist) {
   for (int k = threadIdx.x; k < kBins; k += kThreads) sh.hist[k] = 0;
   __syncthreads();
-  for (int64_t base = it.begin; base < it.end; base += kThreads) {
-    const int64_t s = base + threadIdx.x;
-    uint32_t key = 0;
-    bool active = s < it.end;
-    if (active) {
-      key = order_key(__ldg(it.scores + s));
-      active = match_shift >= 32 || (key >> match_shift) == match;
+  for (int64_t base = it.begin; base < it.end; base += kThreads * kUnroll) {
+    uint32_t keys[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t s = base + u * kThreads + threadIdx.x;
+      keys[u] = s < it.end ? key_at(it, s) : 0u;
     }
-    hist_add(sh.hist, (key >> shift) & (num_bins - 1), active);
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t s = base + u * kThreads + threadIdx.x;
+      const bool active =
+          s < it.end && (match_shift >= 32 || (keys[u] >> match_shift) == match);
+      hist_add(sh.hist, (keys[u] >> shift) & (num_bins - 1), active);
+    }
   }
   __syncthreads();
   for (int k = threadIdx.x; k < kBins; k += kThreads) {
@@ -179,6 +195,7 @@ __device__ void chunk_histogram(Shared& sh, const Item& it, int shift, int num_b
 
 __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
   __shared__ Shared sh;
+  extern __shared__ float chunk_s[];  // [kMaxCachedChunk] when a.cache_chunk
   const DsaTopkParams& p = a.p;
   const int64_t num_items = a.num_rows * a.num_chunks;
   const int topk = static_cast<int>(p.topk);
@@ -196,7 +213,18 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
         hist2[it.row * kBins + k] = 0;
       }
     }
-    if (it.n > topk && it.begin < it.end) chunk_histogram(sh, it, 21, kBins, 32, 0, hist0 + it.row * kBins);
+    if (it.n > topk && it.begin < it.end) {
+      if (a.cache_chunk) {
+#pragma unroll 4
+        for (int64_t s = it.begin + threadIdx.x; s < it.end; s += kThreads) {
+          chunk_s[s - it.begin] = __ldg(it.scores + s);
+        }
+        __syncthreads();
+      }
+      Item cached_it = it;
+      if (a.cache_chunk) cached_it.cached = chunk_s;
+      chunk_histogram(sh, cached_it, 21, kBins, 32, 0, hist0 + it.row * kBins);
+    }
     __syncthreads();
   }
   barrier_target += gridDim.x;
@@ -205,7 +233,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
   // Phases 1..3: scan the previous histogram, then histogram the next digit (or count).
   for (int phase = 1; phase <= 3; ++phase) {
     for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-      const Item it = make_item(a, item);
+      Item it = make_item(a, item);
+      if (a.cache_chunk) it.cached = chunk_s;
       if (it.n <= topk) continue;  // uniform over the block
       uint32_t prefix = 0;
       int need = topk;
@@ -229,8 +258,9 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
         chunk_histogram(sh, it, 0, 1024, 10, prefix >> 10, hist2 + it.row * kBins);
       } else {
         int gt = 0, eq = 0;
+#pragma unroll 8
         for (int64_t s = it.begin + threadIdx.x; s < it.end; s += kThreads) {
-          const uint32_t key = order_key(__ldg(it.scores + s));
+          const uint32_t key = key_at(it, s);
           gt += key > prefix;
           eq += key == prefix;
         }
@@ -247,7 +277,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
 
   // Phase 4: ordered compaction.
   for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const Item it = make_item(a, item);
+    Item it = make_item(a, item);
+    if (a.cache_chunk) it.cached = chunk_s;
     int32_t* slots = p.slots + it.row * p.topk;
     int32_t* positions = p.positions != nullptr ? p.positions + it.row * p.topk : nullptr;
     const int32_t* table = p.batch.block_tables + it.b * p.batch.max_blocks;
@@ -291,31 +322,45 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
     int taken = sh.found_bin;
     int eq_seen = sh.found_need;
     __syncthreads();
-    for (int64_t base = it.begin; base < it.end; base += kThreads) {
-      const int64_t s = base + threadIdx.x;
-      const bool valid = s < it.end;
-      const uint32_t key = valid ? order_key(__ldg(it.scores + s)) : 0u;
-      if (__syncthreads_or(valid && key >= threshold) == 0) continue;
-      const int is_equal = valid && key == threshold;
-      int equal_before = 0, equal_total = 0;
-      cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(is_equal, equal_before, equal_total);
-      __syncthreads();
-      const int take = valid && (key > threshold || (is_equal && eq_seen + equal_before < need));
-      int taken_before = 0, taken_total = 0;
-      cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(take, taken_before, taken_total);
-      __syncthreads();
-      if (take) {
-        slots[taken + taken_before] = slot_of(s);
-        if (positions != nullptr) positions[taken + taken_before] = static_cast<int32_t>(s);
+    // Super-tiles of kUnroll tiles of kThreads positions: keys loaded together, the
+    // super-tile skipped when no key reaches the threshold (the common case).
+    for (int64_t base = it.begin; base < it.end; base += kThreads * kUnroll) {
+      uint32_t keys[kUnroll];
+      bool any = false;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t s = base + u * kThreads + threadIdx.x;
+        keys[u] = s < it.end ? key_at(it, s) : 0u;
+        any = any || (s < it.end && keys[u] >= threshold);
       }
-      taken += taken_total;
-      eq_seen += equal_total;
+      if (__syncthreads_or(any) == 0) continue;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t s = base + u * kThreads + threadIdx.x;
+        const bool valid = s < it.end;
+        const uint32_t key = keys[u];
+        const int is_equal = valid && key == threshold;
+        int equal_before = 0, equal_total = 0;
+        cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(is_equal, equal_before, equal_total);
+        __syncthreads();
+        const int take = valid && (key > threshold || (is_equal && eq_seen + equal_before < need));
+        int taken_before = 0, taken_total = 0;
+        cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(take, taken_before, taken_total);
+        __syncthreads();
+        if (take) {
+          slots[taken + taken_before] = slot_of(s);
+          if (positions != nullptr) positions[taken + taken_before] = static_cast<int32_t>(s);
+        }
+        taken += taken_total;
+        eq_seen += equal_total;
+      }
     }
   }
 }
 
 struct Plan {
   int64_t rows, num_chunks, chunk_len;
+  bool cache_chunk;
 };
 
 Plan make_plan(const DsaTopkParams& p, int64_t grid_capacity) {
@@ -327,15 +372,20 @@ Plan make_plan(const DsaTopkParams& p, int64_t grid_capacity) {
   chunk = std::max<int64_t>(kMinChunk, (chunk + kThreads - 1) / kThreads * kThreads);
   plan.chunk_len = chunk;
   plan.num_chunks = (ctx + chunk - 1) / chunk;
+  plan.cache_chunk = plan.rows * plan.num_chunks <= grid_capacity && chunk <= kMaxCachedChunk;
   return plan;
 }
+
+// Every launch carries the chunk cache's shared memory, so the capacity never changes.
+constexpr size_t kCachedBytes = sizeof(float) * kMaxCachedChunk;
 
 // Blocks that can be resident at once (the cooperative grid's limit).
 int64_t grid_capacity() {
   int device = 0, num_sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_kernel, kThreads, 0));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_kernel, kThreads,
+                                                           kCachedBytes));
   CHECK(per_sm > 0, "dsa_topk: the kernel does not fit an SM");
   return int64_t{num_sms} * per_sm;
 }
@@ -377,13 +427,14 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
              .barrier = reinterpret_cast<unsigned*>(base + layout.barrier),
              .hist = reinterpret_cast<int*>(base + layout.hist),
              .state = reinterpret_cast<uint2*>(base + layout.state),
-             .counts = reinterpret_cast<int2*>(base + layout.counts)};
+             .counts = reinterpret_cast<int2*>(base + layout.counts),
+             .cache_chunk = plan.cache_chunk};
   CUDA_CHECK(cudaMemsetAsync(base, 0, layout.memset_bytes, stream));
   const int64_t grid = std::min(capacity, plan.rows * plan.num_chunks);
   void* args[] = {&a};
   CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(topk_kernel),
                                          dim3(static_cast<unsigned>(grid)), dim3(kThreads), args,
-                                         0, stream));
+                                         kCachedBytes, stream));
 }
 
 }  // namespace hyserve::cuda
