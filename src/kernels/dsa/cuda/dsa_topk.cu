@@ -28,7 +28,6 @@
 // Workspace: barrier counter | hist0 [rows, 2048] (both zeroed by a memset before the
 // launch) | hist1, hist2 [rows, 2048] (zeroed in phase 0) | state [rows, 3] (prefix,
 // need) | counts [rows, num_chunks, 2].
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -431,10 +430,19 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
              .cache_chunk = plan.cache_chunk};
   CUDA_CHECK(cudaMemsetAsync(base, 0, layout.memset_bytes, stream));
   const int64_t grid = std::min(capacity, plan.rows * plan.num_chunks);
-  void* args[] = {&a};
-  CUDA_CHECK(cudaLaunchCooperativeKernel(reinterpret_cast<const void*>(topk_kernel),
-                                         dim3(static_cast<unsigned>(grid)), dim3(kThreads), args,
-                                         kCachedBytes, stream));
+  // Cooperative (all blocks resident, or the launch fails) through the launch attribute,
+  // which stream capture turns into a cooperative kernel node.
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeCooperative;
+  attr.val.cooperative = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(grid));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kCachedBytes;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, topk_kernel, a));
 }
 
 }  // namespace hyserve::cuda
