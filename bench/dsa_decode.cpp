@@ -105,9 +105,11 @@ void fill_pool(uint8_t* pool, int64_t num_blocks, const DsaCache& cache, std::mt
   std::vector<uint8_t> chunk(static_cast<size_t>(rows_per_chunk * cache.row_bytes));
   for (auto& v : chunk) v = static_cast<uint8_t>(rng() & 0xf7);
   for (int64_t r = 0; r < rows_per_chunk; ++r) {
-    auto* scales = reinterpret_cast<float*>(chunk.data() + r * cache.row_bytes + cache.index_offset +
-                                            int64_t{cache.block_size} * kDsaIndexDim);
-    for (int64_t j = 0; j < cache.block_size; ++j) scales[j] = std::ldexp(1.0f, -8 - static_cast<int>(rng() % 4));
+    auto* scales =
+        reinterpret_cast<float*>(chunk.data() + r * cache.row_bytes + cache.index_offset +
+                                 int64_t{cache.block_size} * kDsaIndexDim);
+    for (int64_t j = 0; j < cache.block_size; ++j)
+      scales[j] = std::ldexp(1.0f, -8 - static_cast<int>(rng() % 4));
   }
   cuda::DeviceBuffer staging = cuda::to_device(chunk);
   for (int64_t r = 0; r < num_blocks; r += rows_per_chunk) {
@@ -249,12 +251,13 @@ void run_case(const Shape& s, double copy_bw, Timer& timer, std::mt19937_64& rng
   const size_t sparse_ws = cuda::dsa_mla_workspace_bytes(sparse);
   CHECK(topk_ws <= d_ws.size() && sparse_ws <= d_ws.size(), "bench workspace too small");
 
-  const float indexer_us =
-      timer.time_us([&] { cuda::dsa_indexer_scores(indexer, nullptr); });
-  const float topk_us = timer.time_us([&] { cuda::dsa_topk(topk, d_ws.data(), d_ws.size(), nullptr); });
+  const float indexer_us = timer.time_us([&] { cuda::dsa_indexer_scores(indexer, nullptr); });
+  const float topk_us =
+      timer.time_us([&] { cuda::dsa_topk(topk, d_ws.data(), d_ws.size(), nullptr); });
   const float sparse_us =
       timer.time_us([&] { cuda::dsa_mla_decode(sparse, d_ws.data(), d_ws.size(), nullptr); });
-  const float step_us = timer.time_us([&] { cuda::dsa_decode(p, d_ws.data(), d_ws.size(), nullptr); });
+  const float step_us =
+      timer.time_us([&] { cuda::dsa_decode(p, d_ws.data(), d_ws.size(), nullptr); });
   const float dense_us =
       timer.time_us([&] { cuda::dsa_mla_decode(dense, d_ws.data(), d_ws.size(), nullptr); });
 

@@ -28,10 +28,10 @@ struct DsaTestPool {
   // Queries.
   int64_t index_heads = 32;
   int64_t heads = 16;
-  std::vector<uint8_t> q8;       // [B, n_q, Hi, 128]
-  std::vector<float> weights;    // [B, n_q, Hi]
-  std::vector<float> q_lat;      // [B, n_q, H, 512]
-  std::vector<float> q_pe;       // [B, n_q, H, 64]
+  std::vector<uint8_t> q8;     // [B, n_q, Hi, 128]
+  std::vector<float> weights;  // [B, n_q, Hi]
+  std::vector<float> q_lat;    // [B, n_q, H, 512]
+  std::vector<float> q_pe;     // [B, n_q, H, 64]
 
   int64_t num_requests() const { return static_cast<int64_t>(seq_lens.size()); }
   DsaBatch batch(const int32_t* tables, const int32_t* lens) const {
@@ -84,7 +84,8 @@ inline DsaTestPool make_dsa_test_pool(const std::vector<int32_t>& seq_lens, int6
   t.heads = heads;
   t.index_heads = index_heads;
   t.seq_lens = seq_lens;
-  const int32_t longest = seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end());
+  const int32_t longest =
+      seq_lens.empty() ? 0 : *std::max_element(seq_lens.begin(), seq_lens.end());
   t.max_context = longest + extra_context;
   t.max_blocks = std::max<int64_t>(1, (t.max_context + block_size - 1) / block_size);
   const int64_t num_requests = t.num_requests();
@@ -112,7 +113,8 @@ inline DsaTestPool make_dsa_test_pool(const std::vector<int32_t>& seq_lens, int6
     for (int64_t i = 0; i < block_size * kDsaLatentDim; ++i) {
       row[t.cache.latent_offset + i] = random_small_e4m3(rng);
     }
-    float* scales = reinterpret_cast<float*>(row + t.cache.index_offset + block_size * kDsaIndexDim);
+    float* scales =
+        reinterpret_cast<float*>(row + t.cache.index_offset + block_size * kDsaIndexDim);
     for (int64_t j = 0; j < block_size; ++j) {
       scales[j] = std::ldexp(1.0f, static_cast<int>(rng() % 9) - 12);
     }

@@ -92,8 +92,9 @@ double score_bound(const DsaTestPool& t, int64_t row, int64_t b, int64_t pos) {
   for (int64_t h = 0; h < t.index_heads; ++h) {
     double dot = 0.0;
     for (int d = 0; d < kDsaIndexDim; ++d) {
-      dot += std::fabs(double{test::e4m3_value(t.q8[(row * t.index_heads + h) * kDsaIndexDim + d])} *
-                       test::e4m3_value(k[d]));
+      dot +=
+          std::fabs(double{test::e4m3_value(t.q8[(row * t.index_heads + h) * kDsaIndexDim + d])} *
+                    test::e4m3_value(k[d]));
     }
     sum += std::fabs(t.weights[row * t.index_heads + h]) * dot;
   }
@@ -123,7 +124,8 @@ void expect_scores_match(const DsaTestPool& t, int64_t stride, const std::vector
                           << "; 12345 = untouched, -inf = masked); " << describe(t);
           continue;
         }
-        const double excess = std::fabs(double{g} - w) / (score_bound(t, row, b, pos) * 0x1p-10 + 1e-30);
+        const double excess =
+            std::fabs(double{g} - w) / (score_bound(t, row, b, pos) * 0x1p-10 + 1e-30);
         if (excess > worst || std::isnan(g)) {
           worst = std::isnan(g) ? INFINITY : excess;
           worst_at = row * stride + pos;
@@ -144,8 +146,8 @@ TEST(DsaGpu, IndexerScoresMatchCpu) {
     for (const int64_t num_q : {1, 2, 8}) {
       for (const int64_t hi : {32, 64, 16}) {
         if (num_q == 8 && hi == 16) continue;
-        DsaTestPool t = make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, 8, hi,
-                                           ++seed, 7);
+        DsaTestPool t =
+            make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, 8, hi, ++seed, 7);
         DevicePool d(t);
         const int64_t stride = t.max_context + 3;
         expect_scores_match(t, stride, gpu_scores(t, d, stride));
@@ -344,7 +346,8 @@ void expect_mla_matches(const DsaTestPool& t, const MlaResult& got, const MlaRes
   }
   const float c_max = 3.75f * t.cache.latent_scale;
   const testing::AssertionResult lse_ok = test::all_close(got.lse, want.lse, 1e-2f, 0.0f);
-  const testing::AssertionResult o_ok = test::all_close(got.o_lat, want.o_lat, 1e-2f * c_max, 1e-2f);
+  const testing::AssertionResult o_ok =
+      test::all_close(got.o_lat, want.o_lat, 1e-2f * c_max, 1e-2f);
   auto where = [&](const testing::AssertionResult& r, int64_t width) {
     // all_close names the flat index; decode it.
     const std::string msg = r.message();
@@ -392,8 +395,8 @@ TEST(DsaGpu, SparseMlaMatchesCpu) {
     for (const int64_t heads : {8, 12, 16, 32, 64, 128}) {
       for (const int64_t num_q : {1, 2, 8}) {
         if (heads == 128 && num_q == 8) continue;
-        DsaTestPool t = make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, heads,
-                                           32, ++seed);
+        DsaTestPool t =
+            make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, heads, 32, ++seed);
         DevicePool d(t);
         for (const int64_t width : {1, 65, 2048}) {
           const std::vector<int32_t> slots = random_selection(t, width, ++seed);

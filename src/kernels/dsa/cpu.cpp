@@ -21,13 +21,13 @@ void check_cache(const DsaCache& c) {
         "block_size must be a power of two, got ", c.block_size);
   CHECK(c.row_bytes > 0 && c.row_bytes % 256 == 0, "row_bytes ", c.row_bytes,
         " must be a positive multiple of 256");
-  CHECK(c.latent_offset % 256 == 0 && c.index_offset % 256 == 0, "page offsets ",
-        c.latent_offset, ", ", c.index_offset, " must be 256-byte aligned");
-  CHECK(c.latent_offset >= 0 && c.latent_offset + int64_t{c.block_size} * kDsaLatentDim <=
-                                    c.row_bytes,
+  CHECK(c.latent_offset % 256 == 0 && c.index_offset % 256 == 0, "page offsets ", c.latent_offset,
+        ", ", c.index_offset, " must be 256-byte aligned");
+  CHECK(c.latent_offset >= 0 &&
+            c.latent_offset + int64_t{c.block_size} * kDsaLatentDim <= c.row_bytes,
         "latent page does not fit the row");
-  CHECK(c.index_offset >= 0 && c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <=
-                                   c.row_bytes,
+  CHECK(c.index_offset >= 0 &&
+            c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <= c.row_bytes,
         "index page does not fit the row");
 }
 
@@ -37,8 +37,8 @@ void check_batch(const DsaBatch& b) {
   if (b.num_requests == 0) return;
   CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
   for (int64_t r = 0; r < b.num_requests; ++r) {
-    CHECK(b.seq_lens[r] >= 0 && b.seq_lens[r] <= b.max_context, "seq_lens[", r, "] = ",
-          b.seq_lens[r], " outside 0..max_context ", b.max_context);
+    CHECK(b.seq_lens[r] >= 0 && b.seq_lens[r] <= b.max_context, "seq_lens[", r,
+          "] = ", b.seq_lens[r], " outside 0..max_context ", b.max_context);
   }
 }
 
@@ -62,8 +62,8 @@ float decode(uint8_t code) {
 void dsa_indexer_scores(const DsaIndexerParams& p) {
   check_batch(p.batch);
   CHECK(p.num_heads > 0, "num_heads ", p.num_heads);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride,
-        " < max_context ", p.batch.max_context);
+  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
+        p.batch.max_context);
   if (p.batch.num_requests == 0) return;
   check_cache(p.cache);
   CHECK(p.q8 != nullptr && p.weights != nullptr && p.scores != nullptr,
@@ -75,7 +75,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p) {
   for (int64_t b = 0; b < batch.num_requests; ++b) {
     for (int64_t i = 0; i < batch.num_q; ++i) {
       const int64_t row = b * batch.num_q + i;
-      for (int64_t j = 0; j < hi * kDsaIndexDim; ++j) q[j] = decode(p.q8[row * hi * kDsaIndexDim + j]);
+      for (int64_t j = 0; j < hi * kDsaIndexDim; ++j)
+        q[j] = decode(p.q8[row * hi * kDsaIndexDim + j]);
       const float* w = p.weights + row * hi;
       float* out = p.scores + row * p.score_stride;
       const int64_t visible = num_visible(batch, b, i);
@@ -102,8 +103,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p) {
 void dsa_topk(const DsaTopkParams& p) {
   check_batch(p.batch);
   CHECK(p.topk > 0, "topk ", p.topk);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride,
-        " < max_context ", p.batch.max_context);
+  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
+        p.batch.max_context);
   if (p.batch.num_requests == 0) return;
   CHECK(p.block_size > 0, "block_size ", p.block_size);
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");

@@ -37,8 +37,7 @@ namespace hyserve::cuda {
 void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream);
 
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p);
-void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream);
+void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 size_t dsa_mla_workspace_bytes(const DsaMlaParams& p);
 void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,

@@ -37,11 +37,11 @@
 namespace hyserve {
 
 // Fixed dimensions of K3.1 Pro's MLA latent and indexer key.
-constexpr int kDsaLoraDim = 512;                        // kv_lora_rank: c
-constexpr int kDsaRopeDim = 64;                         // qk_rope_head_dim: k_pe
+constexpr int kDsaLoraDim = 512;                          // kv_lora_rank: c
+constexpr int kDsaRopeDim = 64;                           // qk_rope_head_dim: k_pe
 constexpr int kDsaLatentDim = kDsaLoraDim + kDsaRopeDim;  // 576 codes = bytes per token
-constexpr int kDsaIndexDim = 128;                       // index_head_dim
-constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;     // codes + fp32 scale
+constexpr int kDsaIndexDim = 128;                         // index_head_dim
+constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;       // codes + fp32 scale
 
 // One full-attention layer's view of the packed pool.
 struct DsaCache {
@@ -80,8 +80,8 @@ struct DsaBatch {
 };
 
 // Physical slot of position pos of request b (block_tables in the caller's memory).
-HYSERVE_DSA_HOST_DEVICE inline int64_t dsa_slot(const DsaBatch& batch, int32_t block_size, int64_t b,
-                                            int64_t pos) {
+HYSERVE_DSA_HOST_DEVICE inline int64_t dsa_slot(const DsaBatch& batch, int32_t block_size,
+                                                int64_t b, int64_t pos) {
   return int64_t{batch.block_tables[b * batch.max_blocks + pos / block_size]} * block_size +
          pos % block_size;
 }
@@ -95,11 +95,11 @@ HYSERVE_DSA_HOST_DEVICE inline int64_t dsa_slot(const DsaBatch& batch, int32_t b
 struct DsaIndexerParams {
   DsaCache cache;
   DsaBatch batch;
-  const uint8_t* q8 = nullptr;       // [B, n_q, Hi, 128] e4m3 codes
-  const float* weights = nullptr;    // [B, n_q, Hi] head weights times q scale
-  int64_t num_heads = 0;             // Hi: 16, 32 or 64 (a multiple of 16, <= 64)
-  float* scores = nullptr;           // [B, n_q, score_stride] out
-  int64_t score_stride = 0;          // >= max_context
+  const uint8_t* q8 = nullptr;     // [B, n_q, Hi, 128] e4m3 codes
+  const float* weights = nullptr;  // [B, n_q, Hi] head weights times q scale
+  int64_t num_heads = 0;           // Hi: 16, 32 or 64 (a multiple of 16, <= 64)
+  float* scores = nullptr;         // [B, n_q, score_stride] out
+  int64_t score_stride = 0;        // >= max_context
 };
 
 // Exact top-k per (b, i) over the scores of keys 0..position (ties: lower position
@@ -107,12 +107,12 @@ struct DsaIndexerParams {
 // order, padded with -1.
 struct DsaTopkParams {
   DsaBatch batch;
-  int32_t block_size = 0;             // of the cache, to turn positions into slots
-  const float* scores = nullptr;      // [B, n_q, score_stride]
+  int32_t block_size = 0;         // of the cache, to turn positions into slots
+  const float* scores = nullptr;  // [B, n_q, score_stride]
   int64_t score_stride = 0;
-  int64_t topk = 0;                   // index_topk (2048)
-  int32_t* slots = nullptr;           // [B, n_q, topk] out: physical slot ids, -1 = empty
-  int32_t* positions = nullptr;       // [B, n_q, topk] out, optional: positions, -1 = empty
+  int64_t topk = 0;              // index_topk (2048)
+  int32_t* slots = nullptr;      // [B, n_q, topk] out: physical slot ids, -1 = empty
+  int32_t* positions = nullptr;  // [B, n_q, topk] out, optional: positions, -1 = empty
 };
 
 // MLA decode in the absorbed form (MODEL.md §2.6) for query i of request b and head h:
@@ -125,31 +125,31 @@ struct DsaTopkParams {
 struct DsaMlaParams {
   DsaCache cache;
   DsaBatch batch;
-  const float* q_lat = nullptr;     // [B, n_q, H, 512]
-  const float* q_pe = nullptr;      // [B, n_q, H, 64]
-  const int32_t* slots = nullptr;   // [B, n_q, topk_width] (sparse); null: dense
-  int64_t topk_width = 0;           // entries per query in slots
-  int64_t num_heads = 0;            // H = num_attention_heads / tp, 1..128
+  const float* q_lat = nullptr;    // [B, n_q, H, 512]
+  const float* q_pe = nullptr;     // [B, n_q, H, 64]
+  const int32_t* slots = nullptr;  // [B, n_q, topk_width] (sparse); null: dense
+  int64_t topk_width = 0;          // entries per query in slots
+  int64_t num_heads = 0;           // H = num_attention_heads / tp, 1..128
   float softmax_scale = 0.0f;
-  float* o_lat = nullptr;           // [B, n_q, H, 512] out
-  float* lse = nullptr;             // [B, n_q, H] out
+  float* o_lat = nullptr;  // [B, n_q, H, 512] out
+  float* lse = nullptr;    // [B, n_q, H] out
 };
 
 // The whole DSA step: indexer -> top-k -> sparse MLA.
 struct DsaDecodeParams {
   DsaCache cache;
   DsaBatch batch;
-  const uint8_t* index_q8 = nullptr;       // [B, n_q, Hi, 128]
-  const float* index_weights = nullptr;    // [B, n_q, Hi]
-  int64_t index_num_heads = 0;             // Hi
-  int64_t topk = 0;                        // index_topk
-  const float* q_lat = nullptr;            // [B, n_q, H, 512]
-  const float* q_pe = nullptr;             // [B, n_q, H, 64]
-  int64_t num_heads = 0;                   // H
+  const uint8_t* index_q8 = nullptr;     // [B, n_q, Hi, 128]
+  const float* index_weights = nullptr;  // [B, n_q, Hi]
+  int64_t index_num_heads = 0;           // Hi
+  int64_t topk = 0;                      // index_topk
+  const float* q_lat = nullptr;          // [B, n_q, H, 512]
+  const float* q_pe = nullptr;           // [B, n_q, H, 64]
+  int64_t num_heads = 0;                 // H
   float softmax_scale = 0.0f;
-  float* o_lat = nullptr;                  // [B, n_q, H, 512] out
-  float* lse = nullptr;                    // [B, n_q, H] out
-  int32_t* slots = nullptr;                // [B, n_q, topk] out, optional: the selection
+  float* o_lat = nullptr;    // [B, n_q, H, 512] out
+  float* lse = nullptr;      // [B, n_q, H] out
+  int32_t* slots = nullptr;  // [B, n_q, topk] out, optional: the selection
 };
 
 }  // namespace hyserve

@@ -32,8 +32,8 @@ inline void check_cache(const DsaCache& c) {
         "latent page does not fit the row");
   CHECK(c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <= c.row_bytes,
         "index page does not fit the row");
-  CHECK(c.num_blocks * c.block_size < (int64_t{1} << 31), "slot ids must fit int32: ",
-        c.num_blocks, " blocks of ", c.block_size);
+  CHECK(c.num_blocks * c.block_size < (int64_t{1} << 31), "slot ids must fit int32: ", c.num_blocks,
+        " blocks of ", c.block_size);
 }
 
 inline void check_batch(const DsaBatch& b) {

@@ -82,8 +82,8 @@ void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_byte
         "dsa_decode workspace must be non-null and 256-byte aligned");
   auto* base = static_cast<char*>(workspace);
   const Step s = plan_step(p, base);
-  CHECK(workspace_bytes >= s.total, "dsa_decode workspace of ", workspace_bytes,
-        " bytes, need ", s.total);
+  CHECK(workspace_bytes >= s.total, "dsa_decode workspace of ", workspace_bytes, " bytes, need ",
+        s.total);
   dsa_indexer_scores(s.indexer, stream);
   dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
   dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream);

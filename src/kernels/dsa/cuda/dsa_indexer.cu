@@ -32,7 +32,7 @@ using dsa::mma_e4m3;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kTileKeys = 32;                      // per warp and step
+constexpr int kTileKeys = 32;                       // per warp and step
 constexpr int kBlockStepKeys = kWarps * kTileKeys;  // 256
 constexpr int kQPitch = 144;                        // bytes per query row in shared memory
 constexpr int kMaxRows = 8 * 64;                    // n_q * Hi
@@ -64,7 +64,8 @@ __device__ __forceinline__ void load_tile(const DsaIndexerParams& p, int64_t b, 
   // A 32-key tile never straddles a block (block_size >= 32, tiles 32-aligned).
   const int64_t block = p.batch.block_tables[b * p.batch.max_blocks + tile0 / c.block_size];
   const uint8_t* page = c.pool + block * c.row_bytes + c.index_offset;
-  const auto* scale_page = reinterpret_cast<const float*>(page + int64_t{c.block_size} * kDsaIndexDim);
+  const auto* scale_page =
+      reinterpret_cast<const float*>(page + int64_t{c.block_size} * kDsaIndexDim);
   const int64_t j0 = tile0 % c.block_size;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int num_heads = static_cast<int>(p.num_heads);
   const int num_q = static_cast<int>(p.batch.num_q);
   const int num_rows = num_q * num_heads;
-  uint8_t* q_s = smem;                                            // [rows, kQPitch]
+  uint8_t* q_s = smem;                                               // [rows, kQPitch]
   float* w_s = reinterpret_cast<float*>(smem + num_rows * kQPitch);  // [rows]
 
   const int64_t b = blockIdx.y;
@@ -175,8 +176,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   dsa::check_batch(p.batch);
   CHECK(p.num_heads >= 16 && p.num_heads <= 64 && p.num_heads % 16 == 0,
         "indexer heads must be 16, 32, 48 or 64, got ", p.num_heads);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride,
-        " < max_context ", p.batch.max_context);
+  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
+        p.batch.max_context);
   if (p.batch.num_requests == 0 || p.batch.max_context == 0) return;
   dsa::check_cache(p.cache);
   CHECK(p.q8 != nullptr && p.weights != nullptr && p.scores != nullptr,
@@ -191,8 +192,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   const int64_t target_blocks = 4 * int64_t{num_sms};
   const int64_t total_keys = p.batch.num_requests * p.batch.max_context;
   int64_t keys_per_block = (total_keys + target_blocks - 1) / target_blocks;
-  keys_per_block = std::max<int64_t>(kBlockStepKeys, (keys_per_block + kBlockStepKeys - 1) /
-                                                          kBlockStepKeys * kBlockStepKeys);
+  keys_per_block = std::max<int64_t>(
+      kBlockStepKeys, (keys_per_block + kBlockStepKeys - 1) / kBlockStepKeys * kBlockStepKeys);
   const int64_t num_chunks = (p.batch.max_context + keys_per_block - 1) / keys_per_block;
   const size_t smem = static_cast<size_t>(rows) * (kQPitch + sizeof(float));
   CUDA_CHECK(cudaFuncSetAttribute(indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

@@ -42,12 +42,12 @@ namespace {
 using dsa::mma_f16;
 
 constexpr int kThreads = 256;
-constexpr int kRows = 32;          // heads per block
-constexpr int kKeys = 64;          // keys per tile
-constexpr int kLatPitch = 592;     // bytes per key in shared memory
-constexpr int kQPitch = 584;       // halves per q row (1168 B: conflict-free A loads)
-constexpr int kLogitPitch = 68;    // floats
-constexpr int kPPitch = 72;        // halves
+constexpr int kRows = 32;        // heads per block
+constexpr int kKeys = 64;        // keys per tile
+constexpr int kLatPitch = 592;   // bytes per key in shared memory
+constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
+constexpr int kLogitPitch = 68;  // floats
+constexpr int kPPitch = 72;      // halves
 constexpr int kChunksPerKey = kDsaLatentDim / 16;  // 36
 constexpr int kCombineThreads = 128;
 constexpr int64_t kMaxSplits = 256;
@@ -55,13 +55,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct SmemLayout {
-  static constexpr int kLat = 0;                                       // [2][64][592] B
-  static constexpr int kQ = kLat + 2 * kKeys * kLatPitch;              // [32][584] half
-  static constexpr int kLogits = kQ + kRows * kQPitch * 2;             // [32][68] float
-  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;         // [32][72] half
-  static constexpr int kValid = kP + kRows * kPPitch * 2;              // [2][64] int
-  static constexpr int kCorr = kValid + 2 * kKeys * 4;                 // [32] float
-  static constexpr int kRowFactor = kCorr + kRows * 4;                 // [32] float
+  static constexpr int kLat = 0;                                // [2][64][592] B
+  static constexpr int kQ = kLat + 2 * kKeys * kLatPitch;       // [32][584] half
+  static constexpr int kLogits = kQ + kRows * kQPitch * 2;      // [32][68] float
+  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;  // [32][72] half
+  static constexpr int kValid = kP + kRows * kPPitch * 2;       // [2][64] int
+  static constexpr int kCorr = kValid + 2 * kKeys * 4;          // [32] float
+  static constexpr int kRowFactor = kCorr + kRows * 4;          // [32] float
   static constexpr int kBytes = kRowFactor + kRows * 4;
 };
 
@@ -125,10 +125,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       v[k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
       amax = fmaxf(amax, fabsf(v[k]));
     }
-    for (int off = 16; off > 0; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    for (int off = 16; off > 0; off /= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     int exponent = 0;
     if (amax > 0.0f && isfinite(amax)) frexpf(amax, &exponent);  // amax in [2^(e-1), 2^e)
-    const float scale = ldexpf(1.0f, exponent - 14);                // q / scale < 2^14
+    const float scale = ldexpf(1.0f, exponent - 14);             // q / scale < 2^14
     const float inv = ldexpf(1.0f, 14 - exponent);
 #pragma unroll
     for (int k = 0; k < kDsaLatentDim / 32; ++k) {
@@ -147,8 +148,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       const int64_t e = tile0 + key;
       int64_t slot = -1;
       if (e < end) {
-        slot = sparse ? int64_t{list[e]}
-                      : int64_t{table[e / cache.block_size]} * cache.block_size + e % cache.block_size;
+        slot = sparse
+                   ? int64_t{list[e]}
+                   : int64_t{table[e / cache.block_size]} * cache.block_size + e % cache.block_size;
       }
       const bool valid = slot >= 0;
       const uint8_t* src = valid ? dsa_latent_row(cache, slot) + chunk * 16 : cache.pool;
@@ -198,8 +200,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
         const uint32_t* rb = reinterpret_cast<const uint32_t*>(a_hi);
 #pragma unroll
         for (int jn = 0; jn < 2; ++jn) {
-          const uint4 lw = *reinterpret_cast<const uint4*>(tile + (qk_keys + jn * 8 + g) * kLatPitch +
-                                                           64 * S + 16 * t);
+          const uint4 lw = *reinterpret_cast<const uint4*>(
+              tile + (qk_keys + jn * 8 + g) * kLatPitch + 64 * S + 16 * t);
           const uint32_t w[4] = {lw.x, lw.y, lw.z, lw.w};
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
@@ -226,7 +228,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
 
     // Online softmax, base 2; rows past rows_here are computed on zero q and discarded.
     {
-      const float4* src = reinterpret_cast<const float4*>(logit_s + sm_row * kLogitPitch + sm_part * 8);
+      const float4* src =
+          reinterpret_cast<const float4*>(logit_s + sm_row * kLogitPitch + sm_part * 8);
       const float4 x0 = src[0], x1 = src[1];
       float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
       if (sm_row >= rows_here) {  // padding rows (their logits may be unwritten)
@@ -322,7 +325,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     }
   }
   if (sm_part == 0 && sm_row < rows_here) {
-    a.part_ml[(row * num_heads + head0 + sm_row) * num_splits + split] = make_float2(run_max, run_sum);
+    a.part_ml[(row * num_heads + head0 + sm_row) * num_splits + split] =
+        make_float2(run_max, run_sum);
   }
 }
 
@@ -368,7 +372,8 @@ Plan make_plan(const DsaMlaParams& p) {
   Plan plan{};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
   plan.num_groups = (p.num_heads + kRows - 1) / kRows;
-  const int64_t entries = std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
+  const int64_t entries =
+      std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
   const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
   const int64_t blocks = std::max<int64_t>(1, rows * plan.num_groups);
   const int64_t want = (2 * int64_t{num_sms} + blocks - 1) / blocks;
@@ -384,8 +389,7 @@ Plan make_plan(const DsaMlaParams& p) {
 
 void check_params(const DsaMlaParams& p) {
   dsa::check_batch(p.batch);
-  CHECK(p.num_heads >= 1 && p.num_heads <= 128, "MLA heads must be in 1..128, got ",
-        p.num_heads);
+  CHECK(p.num_heads >= 1 && p.num_heads <= 128, "MLA heads must be in 1..128, got ", p.num_heads);
   CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
         p.softmax_scale);
   if (p.slots != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);

@@ -54,9 +54,9 @@ struct TopkArgs {
   int64_t num_chunks;  // per row
   int64_t num_rows;
   unsigned* barrier;
-  int* hist;    // [3, rows, kBins]
-  uint2* state; // [rows, 3]
-  int2* counts; // [rows, num_chunks]
+  int* hist;         // [3, rows, kBins]
+  uint2* state;      // [rows, 3]
+  int2* counts;      // [rows, num_chunks]
   bool cache_chunk;  // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
 };
 
@@ -181,8 +181,7 @@ __device__ void chunk_histogram(Shared& sh, const Item& it, int shift, int num_b
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t s = base + u * kThreads + threadIdx.x;
-      const bool active =
-          s < it.end && (match_shift >= 32 || (keys[u] >> match_shift) == match);
+      const bool active = s < it.end && (match_shift >= 32 || (keys[u] >> match_shift) == match);
       hist_add(sh.hist, (keys[u] >> shift) & (num_bins - 1), active);
     }
   }
@@ -340,7 +339,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
         const uint32_t key = keys[u];
         const int is_equal = valid && key == threshold;
         int equal_before = 0, equal_total = 0;
-        cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(is_equal, equal_before, equal_total);
+        cub::BlockScan<int, kThreads>(sh.cub.scan)
+            .ExclusiveSum(is_equal, equal_before, equal_total);
         __syncthreads();
         const int take = valid && (key > threshold || (is_equal && eq_seen + equal_before < need));
         int taken_before = 0, taken_total = 0;
@@ -383,8 +383,8 @@ int64_t grid_capacity() {
   int device = 0, num_sms = 0, per_sm = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_kernel, kThreads,
-                                                           kCachedBytes));
+  CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_kernel, kThreads, kCachedBytes));
   CHECK(per_sm > 0, "dsa_topk: the kernel does not fit an SM");
   return int64_t{num_sms} * per_sm;
 }
@@ -392,10 +392,9 @@ int64_t grid_capacity() {
 void check_params(const DsaTopkParams& p) {
   dsa::check_batch(p.batch);
   CHECK(p.topk > 0 && p.topk <= (int64_t{1} << 20), "topk ", p.topk);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride,
-        " < max_context ", p.batch.max_context);
-  CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0, "block_size ",
-        p.block_size);
+  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
+        p.batch.max_context);
+  CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0, "block_size ", p.block_size);
 }
 
 }  // namespace
