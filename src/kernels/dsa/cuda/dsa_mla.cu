@@ -1,19 +1,21 @@
 // Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h).
 //
-// Block (split, head group, (b, i)): 32 heads of one query token (two MMA m-tiles; fewer
-// heads are zero-padded) against its keys in tiles of 64, double-buffered in shared
-// memory by cp.async (576 B per key, each selected latent read once per head group).
-// Sparse: the split's range of the query's slot list; dense: its range of positions
+// Block (split, head group, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
+// one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
+// double-buffered in shared memory by cp.async (576 B per key, each selected latent read once per
+// head group). Sparse: the split's range of the query's slot list; dense: its range of positions
 // 0..position. Per tile, 8 warps:
 //
-//   QK   warp (m-tile w % 2, keys 16 * (w / 2) ..+16): logits = q . latent over 576 dims,
+//   QK   warp (m-tile w % 2, keys 16 * (w / 2) ..+16; with one m-tile: keys 8w ..+8):
+//        logits = q . latent over 576 dims,
 //        fp16 x fp16 -> fp32 (m16n8k16). The dims are permuted identically for A and B
 //        so that a lane's operands are contiguous: lane (g, t) of k-step s in dim group S
 //        (64 dims) uses dims 64S + 16t + 4s + {0, 1} (regs a0/a1, b0) and + {2, 3}
 //        (a2/a3, b1): one 16-byte load of latent codes per key covers 4 k-steps.
 //   softmax  8 threads per head row, online in base 2 (running max m, sum l kept in the
 //        row's threads); probabilities stored as fp16 P, the rescale factor per row.
-//   PV   warp (m-tile w % 2, 128 output columns 128 * (w / 2)): o += P . latent[:, :512].
+//   PV   warp (m-tile w % 2, 128 output columns 128 * (w / 2); with one m-tile: 64
+//        columns 64w): o += P . latent[:, :512].
 //        The 32 columns of 4 n-tiles are permuted so that a lane's 4 columns are one
 //        4-byte word: n-tile 4q + r, column g <-> column 32q + 4g + r; four words (keys
 //        2t, 2t+1, 2t+8, 2t+9) are byte-transposed with prmt into 4 B fragments.
@@ -74,7 +76,13 @@ struct MlaArgs {
   float2* part_ml;         // [B*n_q, H, splits] (max, sum), base 2
 };
 
+// kMTiles = 2: 32 heads per block (warps split over the two m-tiles); kMTiles = 1 (H <= 16):
+// 16 heads, every warp on the one m-tile with half the keys (QK) or columns (PV) each.
+template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
+  constexpr int kGroupRows = 16 * kMTiles;
+  constexpr int kQkNTiles = kMTiles;      // n-tiles of 8 keys per warp in QK
+  constexpr int kPvGroups = 2 * kMTiles;  // groups of 32 output columns per warp in PV
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* lat_s = smem + SmemLayout::kLat;
   __half* q_s = reinterpret_cast<__half*>(smem + SmemLayout::kQ);
@@ -91,8 +99,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int64_t b = row / p.batch.num_q;
   const int64_t i = row % p.batch.num_q;
   const int num_heads = static_cast<int>(p.num_heads);
-  const int head0 = static_cast<int>(group) * kRows;
-  const int rows_here = min(kRows, num_heads - head0);
+  const int head0 = static_cast<int>(group) * kGroupRows;
+  const int rows_here = min(kGroupRows, num_heads - head0);
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int g = lane / 4;
@@ -161,11 +169,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   };
 
   const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
-  const int mt = warp & 1;
+  const int mt = kMTiles == 2 ? (warp & 1) : 0;
   const bool mt_active = mt * 16 < rows_here;  // warp-uniform
-  const int qk_keys = (warp >> 1) * 16;
-  const int pv_cols = (warp >> 1) * 128;
-  float o[16][4] = {};
+  const int qk_keys = kMTiles == 2 ? (warp >> 1) * 16 : warp * 8;
+  const int pv_cols = kMTiles == 2 ? (warp >> 1) * 128 : warp * 64;
+  float o[4 * kPvGroups][4] = {};
   // Softmax state of row (threadIdx.x / 8), kept by its 8 threads.
   const int sm_row = threadIdx.x / 8;
   const int sm_part = threadIdx.x % 8;
@@ -186,7 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
 
     // QK.
     if (mt_active) {
-      float acc[2][4] = {};
+      float acc[kQkNTiles][4] = {};
       const __half* qa = q_s + (mt * 16 + g) * kQPitch + 16 * t;
       const __half* qb = qa + 8 * kQPitch;
 #pragma unroll 3
@@ -199,7 +207,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
         const uint32_t* ra = reinterpret_cast<const uint32_t*>(a_lo);
         const uint32_t* rb = reinterpret_cast<const uint32_t*>(a_hi);
 #pragma unroll
-        for (int jn = 0; jn < 2; ++jn) {
+        for (int jn = 0; jn < kQkNTiles; ++jn) {
           const uint4 lw = *reinterpret_cast<const uint4*>(
               tile + (qk_keys + jn * 8 + g) * kLatPitch + 64 * S + 16 * t);
           const uint32_t w[4] = {lw.x, lw.y, lw.z, lw.w};
@@ -213,7 +221,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       const float f0 = factor_s[mt * 16 + g];
       const float f1 = factor_s[mt * 16 + g + 8];
 #pragma unroll
-      for (int jn = 0; jn < 2; ++jn) {
+      for (int jn = 0; jn < kQkNTiles; ++jn) {
         const int key = qk_keys + jn * 8 + 2 * t;
         const bool v0 = valid[key] != 0, v1 = valid[key + 1] != 0;
         float* l0 = logit_s + (mt * 16 + g) * kLogitPitch + key;
@@ -273,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       const float c0 = corr_s[mt * 16 + g];
       const float c1 = corr_s[mt * 16 + g + 8];
 #pragma unroll
-      for (int n = 0; n < 16; ++n) {
+      for (int n = 0; n < 4 * kPvGroups; ++n) {
         o[n][0] *= c0;
         o[n][1] *= c0;
         o[n][2] *= c1;
@@ -289,7 +297,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
         const uint32_t a3 = *reinterpret_cast<const uint32_t*>(pb + kc * 16 + 8);
         const uint8_t* k0 = tile + (kc * 16 + 2 * t) * kLatPitch + pv_cols + 4 * g;
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {
+        for (int q = 0; q < kPvGroups; ++q) {
           const uint32_t w0 = *reinterpret_cast<const uint32_t*>(k0 + 32 * q);
           const uint32_t w1 = *reinterpret_cast<const uint32_t*>(k0 + kLatPitch + 32 * q);
           const uint32_t w2 = *reinterpret_cast<const uint32_t*>(k0 + 8 * kLatPitch + 32 * q);
@@ -316,7 +324,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       if (r < rows_here) {
         float* dst = a.part_o + ((row * num_heads + head0 + r) * num_splits + split) * kDsaLoraDim;
 #pragma unroll
-        for (int n = 0; n < 16; ++n) {
+        for (int n = 0; n < 4 * kPvGroups; ++n) {
           const int q = n / 4, rr = n % 4;
           dst[pv_cols + 32 * q + 4 * (2 * t) + rr] = o[n][2 * half];
           dst[pv_cols + 32 * q + 4 * (2 * t + 1) + rr] = o[n][2 * half + 1];
@@ -371,7 +379,8 @@ Plan make_plan(const DsaMlaParams& p) {
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   Plan plan{};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
-  plan.num_groups = (p.num_heads + kRows - 1) / kRows;
+  const int64_t group_rows = p.num_heads <= 16 ? 16 : kRows;  // the kernel's kMTiles
+  plan.num_groups = (p.num_heads + group_rows - 1) / group_rows;
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
   const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
@@ -425,11 +434,12 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   .part_ml = reinterpret_cast<float2*>(base + plan.part_o_bytes)};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
   CHECK(rows <= 65535, "dsa_mla_decode: B * n_q = ", rows, " above 65535");
-  CUDA_CHECK(cudaFuncSetAttribute(mla_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   SmemLayout::kBytes));
   const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_groups),
                   static_cast<unsigned>(rows));
-  mla_kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
+  kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
   combine_kernel<<<static_cast<unsigned>(rows * p.num_heads), kCombineThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
