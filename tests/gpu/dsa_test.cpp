@@ -262,6 +262,21 @@ TEST(DsaGpu, TopkExactWithTiesShortAndMaskedRows) {
   }
 }
 
+// More rows than resident blocks: each block loops over several (row, chunk) items in
+// every phase, with the scores read from memory (no shared-memory chunk cache).
+TEST(DsaGpu, TopkMoreRowsThanBlocks) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(42);
+  std::vector<int32_t> lens(80);
+  for (auto& l : lens) l = static_cast<int32_t>(1 + rng() % 6000);
+  lens[3] = 0;
+  lens[7] = 2049;
+  for (const int64_t topk : {64, 2048}) {
+    expect_topk_matches({lens, 8, 64, topk, true}, 11 + topk);
+    expect_topk_matches({lens, 8, 128, topk, false}, 12 + topk);
+  }
+}
+
 TEST(DsaGpu, TopkAllInvalidAndEmptyRows) {
   REQUIRE_GPU();
   expect_topk_matches({{0, 0}, 1, 64, 2048, true}, 1);
