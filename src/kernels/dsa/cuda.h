@@ -1,0 +1,53 @@
+// CUDA DSA decode over the packed block cache (params.h). Pointers in the Params are
+// DEVICE pointers. Every launch reads per-request data (block tables, lengths) from device
+// memory and sizes its grid from B, n_q, H and max_context only, so a step can be captured
+// in a CUDA graph. Nothing allocates; the callers pass 256-byte aligned workspaces sized
+// by the *_workspace_bytes functions. A seq_lens[b] above max_context breaks the contract;
+// the kernels then clamp it to max_context rather than touch memory outside the buffers.
+//
+//   dsa_indexer_scores  FP8 tensor-core scorer (mma.sync m16n8k32 e4m3): a block takes a
+//                       range of one request's keys and every query of that request, so
+//                       each key is read once per step; the keys of all requests are cut
+//                       into enough ranges to fill every SM even at B = 1.
+//   dsa_topk            exact radix select (11 + 11 + 10 bits of the order-preserving
+//                       score key) in one cooperative kernel: each row is split over many
+//                       blocks, histograms are merged in global memory (integer atomics,
+//                       exact) between grid barriers; then an ordered compaction writes
+//                       the winners in ascending position order (ties: lower position).
+//                       Equal to cpu::dsa_topk for NaN-free rows.
+//   dsa_mla_decode      sparse (top-k slots) or dense (positions 0..pos) MLA decode over
+//                       the FP8 latent: fp16 tensor cores (q rounded to fp16 with a
+//                       power-of-two scale per row; latent codes are exact in fp16), split
+//                       over the keys, then an LSE combine of the splits.
+//   dsa_decode          the whole step: indexer -> top-k -> sparse MLA.
+//
+// Tolerances against the CPU reference: scores to fp32 summation order (the e4m3
+// products are exact); attention to the fp16 rounding of q and of the probabilities
+// (~2^-11 relative each) - see tests/gpu/dsa_test.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+
+#include "kernels/dsa/params.h"
+
+namespace hyserve::cuda {
+
+void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream);
+
+size_t dsa_topk_workspace_bytes(const DsaTopkParams& p);
+void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
+
+size_t dsa_mla_workspace_bytes(const DsaMlaParams& p);
+void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
+
+// Workspace of the whole step: scores [B*n_q, max_context] fp32, the top-k's histograms,
+// the selected slots (when p.slots is null) and the MLA splits. Depends on B, n_q, Hi,
+// H, topk and max_context only.
+size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p);
+void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream);
+
+}  // namespace hyserve::cuda

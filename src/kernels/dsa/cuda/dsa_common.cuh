@@ -1,0 +1,90 @@
+// Small device helpers shared by the DSA decode kernels: validation of the Params on the
+// host, workspace alignment, and the warp-level MMA wrappers (PTX, sm_89+).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/dsa/params.h"
+#include "util/error.h"
+
+namespace hyserve::cuda::dsa {
+
+constexpr size_t kAlign = 256;
+
+inline size_t align_up(size_t n) {
+  return (n + kAlign - 1) / kAlign * kAlign;
+}
+
+inline void check_cache(const DsaCache& c) {
+  CHECK(c.pool != nullptr, "null pool");
+  CHECK(reinterpret_cast<uintptr_t>(c.pool) % 256 == 0, "pool must be 256-byte aligned");
+  CHECK(c.block_size >= 32 && c.block_size <= 1024 && (c.block_size & (c.block_size - 1)) == 0,
+        "block_size must be a power of two in 32..1024, got ", c.block_size);
+  CHECK(c.row_bytes > 0 && c.row_bytes % 256 == 0, "row_bytes ", c.row_bytes,
+        " must be a positive multiple of 256");
+  CHECK(c.latent_offset >= 0 && c.latent_offset % 256 == 0 && c.index_offset >= 0 &&
+            c.index_offset % 256 == 0,
+        "page offsets ", c.latent_offset, ", ", c.index_offset, " must be 256-byte aligned");
+  CHECK(c.latent_offset + int64_t{c.block_size} * kDsaLatentDim <= c.row_bytes,
+        "latent page does not fit the row");
+  CHECK(c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <= c.row_bytes,
+        "index page does not fit the row");
+  CHECK(c.num_blocks * c.block_size < (int64_t{1} << 31), "slot ids must fit int32: ", c.num_blocks,
+        " blocks of ", c.block_size);
+}
+
+inline void check_batch(const DsaBatch& b) {
+  CHECK(b.num_requests >= 0 && b.num_requests < 65536, "num_requests ", b.num_requests);
+  CHECK(b.num_q >= 1 && b.num_q <= 8, "num_q must be in 1..8, got ", b.num_q);
+  CHECK(b.max_context >= 0 && b.max_context < (int64_t{1} << 31), "max_context ", b.max_context);
+  if (b.num_requests == 0) return;
+  CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
+  CHECK(b.max_blocks > 0, "max_blocks ", b.max_blocks);
+}
+
+// d += a * b, m16n8k32, e4m3 x e4m3 -> f32 (A row-major 16x32, B "col" 32x8).
+__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                         uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// d += a * b, m16n8k16, f16 x f16 -> f32.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Two e4m3 codes (low byte -> low half) to f16x2, exactly (cvt.rn.f16x2.e4m3x2).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes16) {
+  uint32_t out;
+  const uint16_t in = static_cast<uint16_t>(codes16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(out) : "h"(in));
+  return out;
+}
+
+// 16-byte async copy global -> shared; src_bytes 0 fills zeros without reading.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(src_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+}  // namespace hyserve::cuda::dsa

@@ -1,0 +1,92 @@
+// The whole DSA decode step (cuda.h): indexer -> top-k -> sparse MLA, three launches
+// (four kernels and one memset) into a caller-provided workspace:
+//   scores [B * n_q, stride] fp32 | top-k workspace | slots [B * n_q, topk] int32 (when the
+//   caller does not ask for them) | sparse MLA splits
+// stride = max_context rounded up to 4. The scores are the one round trip through memory
+// left (B * n_q * max_context * 4 bytes written once, read by the top-k).
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "kernels/dsa/cuda.h"
+#include "kernels/dsa/cuda/dsa_common.cuh"
+#include "util/cuda_check.h"
+
+namespace hyserve::cuda {
+namespace {
+
+struct Step {
+  DsaIndexerParams indexer;
+  DsaTopkParams topk;
+  DsaMlaParams mla;
+  size_t scores_offset, topk_offset, slots_offset, mla_offset, total;
+};
+
+Step plan_step(const DsaDecodeParams& p, char* base) {
+  Step s{};
+  const int64_t rows = p.batch.num_requests * p.batch.num_q;
+  const int64_t stride = std::max<int64_t>(4, (p.batch.max_context + 3) / 4 * 4);
+  s.scores_offset = 0;
+  auto* scores = reinterpret_cast<float*>(base + s.scores_offset);
+  s.indexer = {.cache = p.cache,
+               .batch = p.batch,
+               .q8 = p.index_q8,
+               .weights = p.index_weights,
+               .num_heads = p.index_num_heads,
+               .scores = scores,
+               .score_stride = stride};
+  s.topk_offset = s.scores_offset + dsa::align_up(sizeof(float) * rows * stride);
+  s.topk = {.batch = p.batch,
+            .block_size = p.cache.block_size,
+            .scores = scores,
+            .score_stride = stride,
+            .topk = p.topk,
+            .slots = p.slots,
+            .positions = nullptr};
+  s.slots_offset = s.topk_offset + dsa::align_up(dsa_topk_workspace_bytes(s.topk));
+  s.mla_offset = s.slots_offset;
+  if (p.slots == nullptr) {
+    s.topk.slots = reinterpret_cast<int32_t*>(base + s.slots_offset);
+    s.mla_offset += dsa::align_up(sizeof(int32_t) * rows * p.topk);
+  }
+  s.mla = {.cache = p.cache,
+           .batch = p.batch,
+           .q_lat = p.q_lat,
+           .q_pe = p.q_pe,
+           .slots = s.topk.slots,
+           .topk_width = p.topk,
+           .num_heads = p.num_heads,
+           .softmax_scale = p.softmax_scale,
+           .o_lat = p.o_lat,
+           .lse = p.lse};
+  // A stand-in pointer so that the workspace plan marks the MLA call as sparse.
+  if (s.mla.slots == nullptr) s.mla.slots = reinterpret_cast<const int32_t*>(base + s.slots_offset);
+  s.total = s.mla_offset + dsa::align_up(dsa_mla_workspace_bytes(s.mla));
+  return s;
+}
+
+}  // namespace
+
+size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p) {
+  dsa::check_batch(p.batch);
+  CHECK(p.topk > 0, "topk ", p.topk);
+  return plan_step(p, nullptr).total;
+}
+
+void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_bytes,
+                cudaStream_t stream) {
+  dsa::check_batch(p.batch);
+  CHECK(p.topk > 0, "topk ", p.topk);
+  if (p.batch.num_requests == 0) return;
+  CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
+        "dsa_decode workspace must be non-null and 256-byte aligned");
+  auto* base = static_cast<char*>(workspace);
+  const Step s = plan_step(p, base);
+  CHECK(workspace_bytes >= s.total, "dsa_decode workspace of ", workspace_bytes, " bytes, need ",
+        s.total);
+  dsa_indexer_scores(s.indexer, stream);
+  dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
+  dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream);
+}
+
+}  // namespace hyserve::cuda

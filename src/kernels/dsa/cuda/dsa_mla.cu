@@ -1,0 +1,448 @@
+// Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h).
+//
+// Block (split, head group, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
+// one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
+// double-buffered in shared memory by cp.async (576 B per key, each selected latent read once per
+// head group). Sparse: the split's range of the query's slot list; dense: its range of positions
+// 0..position. Per tile, 8 warps:
+//
+//   QK   warp (m-tile w % 2, keys 16 * (w / 2) ..+16; with one m-tile: keys 8w ..+8):
+//        logits = q . latent over 576 dims,
+//        fp16 x fp16 -> fp32 (m16n8k16). The dims are permuted identically for A and B
+//        so that a lane's operands are contiguous: lane (g, t) of k-step s in dim group S
+//        (64 dims) uses dims 64S + 16t + 4s + {0, 1} (regs a0/a1, b0) and + {2, 3}
+//        (a2/a3, b1): one 16-byte load of latent codes per key covers 4 k-steps.
+//   softmax  8 threads per head row, online in base 2 (running max m, sum l kept in the
+//        row's threads); probabilities stored as fp16 P, the rescale factor per row.
+//   PV   warp (m-tile w % 2, 128 output columns 128 * (w / 2); with one m-tile: 64
+//        columns 64w): o += P . latent[:, :512].
+//        The 32 columns of 4 n-tiles are permuted so that a lane's 4 columns are one
+//        4-byte word: n-tile 4q + r, column g <-> column 32q + 4g + r; four words (keys
+//        2t, 2t+1, 2t+8, 2t+9) are byte-transposed with prmt into 4 B fragments.
+//
+// Latent codes go to fp16 exactly (cvt.f16x2.e4m3x2); latent_scale is applied to the
+// logits and in the combine. q is rounded to fp16 with a power-of-two scale per row
+// (max |q| -> [2^13, 2^14)), undone on the logits. The key pitch of 592 bytes keeps the
+// PV loads free of bank conflicts.
+//
+// Each block writes its unnormalized o (relative to its max m), m and l; the combine
+// kernel merges the splits: o_lat = sum_s 2^(m_s - M) o_s / L * latent_scale,
+// lse = (M + log2 L) ln 2. A head with no key gets o_lat = 0, lse = -inf.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/dsa/cuda.h"
+#include "kernels/dsa/cuda/dsa_common.cuh"
+#include "util/cuda_check.h"
+
+namespace hyserve::cuda {
+namespace {
+
+using dsa::mma_f16;
+
+constexpr int kThreads = 256;
+constexpr int kRows = 32;        // heads per block
+constexpr int kKeys = 64;        // keys per tile
+constexpr int kLatPitch = 592;   // bytes per key in shared memory
+constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
+constexpr int kLogitPitch = 68;  // floats
+constexpr int kPPitch = 72;      // halves
+constexpr int kChunksPerKey = kDsaLatentDim / 16;  // 36
+constexpr int kCombineThreads = 128;
+constexpr int64_t kMaxSplits = 256;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+struct SmemLayout {
+  static constexpr int kLat = 0;                                // [2][64][592] B
+  static constexpr int kQ = kLat + 2 * kKeys * kLatPitch;       // [32][584] half
+  static constexpr int kLogits = kQ + kRows * kQPitch * 2;      // [32][68] float
+  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;  // [32][72] half
+  static constexpr int kValid = kP + kRows * kPPitch * 2;       // [2][64] int
+  static constexpr int kCorr = kValid + 2 * kKeys * 4;          // [32] float
+  static constexpr int kRowFactor = kCorr + kRows * 4;          // [32] float
+  static constexpr int kBytes = kRowFactor + kRows * 4;
+};
+
+struct MlaArgs {
+  DsaMlaParams p;
+  int64_t num_splits;
+  int64_t keys_per_split;  // multiple of kKeys
+  int64_t num_groups;      // head groups of kRows
+  float* part_o;           // [B*n_q, H, splits, 512]
+  float2* part_ml;         // [B*n_q, H, splits] (max, sum), base 2
+};
+
+// kMTiles = 2: 32 heads per block (warps split over the two m-tiles); kMTiles = 1 (H <= 16):
+// 16 heads, every warp on the one m-tile with half the keys (QK) or columns (PV) each.
+template <int kMTiles>
+__global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
+  constexpr int kGroupRows = 16 * kMTiles;
+  constexpr int kQkNTiles = kMTiles;      // n-tiles of 8 keys per warp in QK
+  constexpr int kPvGroups = 2 * kMTiles;  // groups of 32 output columns per warp in PV
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* lat_s = smem + SmemLayout::kLat;
+  __half* q_s = reinterpret_cast<__half*>(smem + SmemLayout::kQ);
+  float* logit_s = reinterpret_cast<float*>(smem + SmemLayout::kLogits);
+  __half* p_s = reinterpret_cast<__half*>(smem + SmemLayout::kP);
+  int* valid_s = reinterpret_cast<int*>(smem + SmemLayout::kValid);
+  float* corr_s = reinterpret_cast<float*>(smem + SmemLayout::kCorr);
+  float* factor_s = reinterpret_cast<float*>(smem + SmemLayout::kRowFactor);
+
+  const DsaMlaParams& p = a.p;
+  const int64_t split = blockIdx.x;
+  const int64_t group = blockIdx.y;
+  const int64_t row = blockIdx.z;  // b * n_q + i
+  const int64_t b = row / p.batch.num_q;
+  const int64_t i = row % p.batch.num_q;
+  const int num_heads = static_cast<int>(p.num_heads);
+  const int head0 = static_cast<int>(group) * kGroupRows;
+  const int rows_here = min(kGroupRows, num_heads - head0);
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int g = lane / 4;
+  const int t = lane % 4;
+
+  // The split's entries: slot-list indices (sparse) or positions (dense).
+  const bool sparse = p.slots != nullptr;
+  int64_t total = p.topk_width;
+  if (!sparse) {
+    const int64_t len = min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context);
+    const int64_t n = len - p.batch.num_q + i + 1;
+    total = n < 0 ? 0 : n;
+  }
+  const int64_t begin = split * a.keys_per_split;
+  const int64_t end = min(total, begin + a.keys_per_split);
+  const int32_t* list = sparse ? p.slots + row * p.topk_width : nullptr;
+  const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
+  const DsaCache& cache = p.cache;
+
+  // q rows -> fp16 with a power-of-two scale each (a warp per row).
+  for (int r = warp; r < kRows; r += kThreads / 32) {
+    const int h = head0 + r;
+    const float* q_lat = p.q_lat + (row * num_heads + h) * kDsaLoraDim;
+    const float* q_pe = p.q_pe + (row * num_heads + h) * kDsaRopeDim;
+    float v[kDsaLatentDim / 32];
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDsaLatentDim / 32; ++k) {
+      const int d = k * 32 + lane;
+      v[k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
+      amax = fmaxf(amax, fabsf(v[k]));
+    }
+    for (int off = 16; off > 0; off /= 2)
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    int exponent = 0;
+    if (amax > 0.0f && isfinite(amax)) frexpf(amax, &exponent);  // amax in [2^(e-1), 2^e)
+    const float scale = ldexpf(1.0f, exponent - 14);             // q / scale < 2^14
+    const float inv = ldexpf(1.0f, 14 - exponent);
+#pragma unroll
+    for (int k = 0; k < kDsaLatentDim / 32; ++k) {
+      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[k] * inv);
+    }
+    if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
+  }
+
+  // Issues the cp.async loads of tile k into stage k % 2.
+  auto load_tile = [&](int64_t k) {
+    const int64_t tile0 = begin + k * kKeys;
+    uint8_t* dst = lat_s + (k & 1) * kKeys * kLatPitch;
+    for (int c = threadIdx.x; c < kKeys * kChunksPerKey; c += kThreads) {
+      const int key = c / kChunksPerKey;
+      const int chunk = c % kChunksPerKey;
+      const int64_t e = tile0 + key;
+      int64_t slot = -1;
+      if (e < end) {
+        slot = sparse
+                   ? int64_t{list[e]}
+                   : int64_t{table[e / cache.block_size]} * cache.block_size + e % cache.block_size;
+      }
+      const bool valid = slot >= 0;
+      const uint8_t* src = valid ? dsa_latent_row(cache, slot) + chunk * 16 : cache.pool;
+      dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
+      if (chunk == 0) valid_s[(k & 1) * kKeys + key] = valid;
+    }
+    dsa::cp_async_commit();
+  };
+
+  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  const int mt = kMTiles == 2 ? (warp & 1) : 0;
+  const bool mt_active = mt * 16 < rows_here;  // warp-uniform
+  const int qk_keys = kMTiles == 2 ? (warp >> 1) * 16 : warp * 8;
+  const int pv_cols = kMTiles == 2 ? (warp >> 1) * 128 : warp * 64;
+  float o[4 * kPvGroups][4] = {};
+  // Softmax state of row (threadIdx.x / 8), kept by its 8 threads.
+  const int sm_row = threadIdx.x / 8;
+  const int sm_part = threadIdx.x % 8;
+  float run_max = -INFINITY;
+  float run_sum = 0.0f;
+
+  if (num_tiles > 0) load_tile(0);
+  for (int64_t k = 0; k < num_tiles; ++k) {
+    if (k + 1 < num_tiles) {
+      load_tile(k + 1);
+      dsa::cp_async_wait<1>();
+    } else {
+      dsa::cp_async_wait<0>();
+    }
+    __syncthreads();
+    const uint8_t* tile = lat_s + (k & 1) * kKeys * kLatPitch;
+    const int* valid = valid_s + (k & 1) * kKeys;
+
+    // QK.
+    if (mt_active) {
+      float acc[kQkNTiles][4] = {};
+      const __half* qa = q_s + (mt * 16 + g) * kQPitch + 16 * t;
+      const __half* qb = qa + 8 * kQPitch;
+#pragma unroll 3
+      for (int S = 0; S < kDsaLatentDim / 64; ++S) {
+        uint4 a_lo[2], a_hi[2];
+        a_lo[0] = *reinterpret_cast<const uint4*>(qa + 64 * S);
+        a_lo[1] = *reinterpret_cast<const uint4*>(qa + 64 * S + 8);
+        a_hi[0] = *reinterpret_cast<const uint4*>(qb + 64 * S);
+        a_hi[1] = *reinterpret_cast<const uint4*>(qb + 64 * S + 8);
+        const uint32_t* ra = reinterpret_cast<const uint32_t*>(a_lo);
+        const uint32_t* rb = reinterpret_cast<const uint32_t*>(a_hi);
+#pragma unroll
+        for (int jn = 0; jn < kQkNTiles; ++jn) {
+          const uint4 lw = *reinterpret_cast<const uint4*>(
+              tile + (qk_keys + jn * 8 + g) * kLatPitch + 64 * S + 16 * t);
+          const uint32_t w[4] = {lw.x, lw.y, lw.z, lw.w};
+#pragma unroll
+          for (int s = 0; s < 4; ++s) {
+            mma_f16(acc[jn], ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1],
+                    dsa::e4m3x2_to_f16x2(w[s] & 0xffffu), dsa::e4m3x2_to_f16x2(w[s] >> 16));
+          }
+        }
+      }
+      const float f0 = factor_s[mt * 16 + g];
+      const float f1 = factor_s[mt * 16 + g + 8];
+#pragma unroll
+      for (int jn = 0; jn < kQkNTiles; ++jn) {
+        const int key = qk_keys + jn * 8 + 2 * t;
+        const bool v0 = valid[key] != 0, v1 = valid[key + 1] != 0;
+        float* l0 = logit_s + (mt * 16 + g) * kLogitPitch + key;
+        float* l1 = l0 + 8 * kLogitPitch;
+        *reinterpret_cast<float2*>(l0) =
+            make_float2(v0 ? acc[jn][0] * f0 : -INFINITY, v1 ? acc[jn][1] * f0 : -INFINITY);
+        *reinterpret_cast<float2*>(l1) =
+            make_float2(v0 ? acc[jn][2] * f1 : -INFINITY, v1 ? acc[jn][3] * f1 : -INFINITY);
+      }
+    }
+    __syncthreads();
+
+    // Online softmax, base 2; rows past rows_here are computed on zero q and discarded.
+    {
+      const float4* src =
+          reinterpret_cast<const float4*>(logit_s + sm_row * kLogitPitch + sm_part * 8);
+      const float4 x0 = src[0], x1 = src[1];
+      float v[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      if (sm_row >= rows_here) {  // padding rows (their logits may be unwritten)
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = -INFINITY;
+      }
+      float tile_max = v[0];
+#pragma unroll
+      for (int j = 1; j < 8; ++j) tile_max = fmaxf(tile_max, v[j]);
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 4));
+      const float new_max = fmaxf(run_max, tile_max);
+      float corr = 1.0f;
+      float sum = 0.0f;
+      __align__(16) __half probs[8];
+      if (new_max == -INFINITY) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) probs[j] = __float2half_rn(0.0f);
+      } else {
+        corr = exp2f(run_max - new_max);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          probs[j] = __float2half_rn(exp2f(v[j] - new_max));
+          sum += __half2float(probs[j]);
+        }
+      }
+      sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+      run_sum = run_sum * corr + sum;
+      run_max = new_max;
+      *reinterpret_cast<uint4*>(p_s + sm_row * kPPitch + sm_part * 8) =
+          *reinterpret_cast<const uint4*>(probs);
+      if (sm_part == 0) corr_s[sm_row] = corr;
+    }
+    __syncthreads();
+
+    // PV.
+    if (mt_active) {
+      const float c0 = corr_s[mt * 16 + g];
+      const float c1 = corr_s[mt * 16 + g + 8];
+#pragma unroll
+      for (int n = 0; n < 4 * kPvGroups; ++n) {
+        o[n][0] *= c0;
+        o[n][1] *= c0;
+        o[n][2] *= c1;
+        o[n][3] *= c1;
+      }
+      const __half* pa = p_s + (mt * 16 + g) * kPPitch + 2 * t;
+      const __half* pb = pa + 8 * kPPitch;
+#pragma unroll
+      for (int kc = 0; kc < kKeys / 16; ++kc) {
+        const uint32_t a0 = *reinterpret_cast<const uint32_t*>(pa + kc * 16);
+        const uint32_t a1 = *reinterpret_cast<const uint32_t*>(pb + kc * 16);
+        const uint32_t a2 = *reinterpret_cast<const uint32_t*>(pa + kc * 16 + 8);
+        const uint32_t a3 = *reinterpret_cast<const uint32_t*>(pb + kc * 16 + 8);
+        const uint8_t* k0 = tile + (kc * 16 + 2 * t) * kLatPitch + pv_cols + 4 * g;
+#pragma unroll
+        for (int q = 0; q < kPvGroups; ++q) {
+          const uint32_t w0 = *reinterpret_cast<const uint32_t*>(k0 + 32 * q);
+          const uint32_t w1 = *reinterpret_cast<const uint32_t*>(k0 + kLatPitch + 32 * q);
+          const uint32_t w2 = *reinterpret_cast<const uint32_t*>(k0 + 8 * kLatPitch + 32 * q);
+          const uint32_t w3 = *reinterpret_cast<const uint32_t*>(k0 + 9 * kLatPitch + 32 * q);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) {
+            const uint32_t sel = static_cast<uint32_t>(r) | (static_cast<uint32_t>(r + 4) << 4);
+            const uint32_t b0 = dsa::e4m3x2_to_f16x2(__byte_perm(w0, w1, sel));
+            const uint32_t b1 = dsa::e4m3x2_to_f16x2(__byte_perm(w2, w3, sel));
+            mma_f16(o[4 * q + r], a0, a1, a2, a3, b0, b1);
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Partials: o (unnormalized), max and sum per head.
+  const int64_t num_splits = a.num_splits;
+  if (mt_active) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int r = mt * 16 + g + 8 * half;
+      if (r < rows_here) {
+        float* dst = a.part_o + ((row * num_heads + head0 + r) * num_splits + split) * kDsaLoraDim;
+#pragma unroll
+        for (int n = 0; n < 4 * kPvGroups; ++n) {
+          const int q = n / 4, rr = n % 4;
+          dst[pv_cols + 32 * q + 4 * (2 * t) + rr] = o[n][2 * half];
+          dst[pv_cols + 32 * q + 4 * (2 * t + 1) + rr] = o[n][2 * half + 1];
+        }
+      }
+    }
+  }
+  if (sm_part == 0 && sm_row < rows_here) {
+    a.part_ml[(row * num_heads + head0 + sm_row) * num_splits + split] =
+        make_float2(run_max, run_sum);
+  }
+}
+
+// Block per (b * n_q + i, h): merges the splits.
+__global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
+  const DsaMlaParams& p = a.p;
+  const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
+  const float2* ml = a.part_ml + qh * a.num_splits;
+  float* out = p.o_lat + qh * kDsaLoraDim;
+  float max_all = -INFINITY;
+  for (int64_t s = 0; s < a.num_splits; ++s) max_all = fmaxf(max_all, ml[s].x);
+  if (max_all == -INFINITY) {
+    for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) out[d] = 0.0f;
+    if (threadIdx.x == 0) p.lse[qh] = -INFINITY;
+    return;
+  }
+  float sum_all = 0.0f;
+  for (int64_t s = 0; s < a.num_splits; ++s) {
+    if (ml[s].x != -INFINITY) sum_all += exp2f(ml[s].x - max_all) * ml[s].y;
+  }
+  const float norm = p.cache.latent_scale / sum_all;
+  const float* part = a.part_o + qh * a.num_splits * kDsaLoraDim;
+  for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) {
+    float acc = 0.0f;
+    for (int64_t s = 0; s < a.num_splits; ++s) {
+      if (ml[s].x != -INFINITY) acc += exp2f(ml[s].x - max_all) * part[s * kDsaLoraDim + d];
+    }
+    out[d] = acc * norm;
+  }
+  if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
+}
+
+struct Plan {
+  int64_t num_groups, num_splits, keys_per_split;
+  size_t part_o_bytes, part_ml_bytes;
+  size_t total() const { return part_o_bytes + part_ml_bytes; }
+};
+
+Plan make_plan(const DsaMlaParams& p) {
+  int device = 0, num_sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  Plan plan{};
+  const int64_t rows = p.batch.num_requests * p.batch.num_q;
+  const int64_t group_rows = p.num_heads <= 16 ? 16 : kRows;  // the kernel's kMTiles
+  plan.num_groups = (p.num_heads + group_rows - 1) / group_rows;
+  const int64_t entries =
+      std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
+  const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
+  const int64_t blocks = std::max<int64_t>(1, rows * plan.num_groups);
+  const int64_t want = (2 * int64_t{num_sms} + blocks - 1) / blocks;
+  plan.num_splits = std::clamp<int64_t>(want, 1, std::min(kMaxSplits, max_tiles));
+  const int64_t tiles_per_split = (max_tiles + plan.num_splits - 1) / plan.num_splits;
+  plan.keys_per_split = tiles_per_split * kKeys;
+  plan.num_splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
+  const int64_t heads = rows * p.num_heads;
+  plan.part_o_bytes = dsa::align_up(sizeof(float) * heads * plan.num_splits * kDsaLoraDim);
+  plan.part_ml_bytes = dsa::align_up(sizeof(float2) * heads * plan.num_splits);
+  return plan;
+}
+
+void check_params(const DsaMlaParams& p) {
+  dsa::check_batch(p.batch);
+  CHECK(p.num_heads >= 1 && p.num_heads <= 128, "MLA heads must be in 1..128, got ", p.num_heads);
+  CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
+        p.softmax_scale);
+  if (p.slots != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
+}
+
+}  // namespace
+
+size_t dsa_mla_workspace_bytes(const DsaMlaParams& p) {
+  check_params(p);
+  return make_plan(p).total();
+}
+
+void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
+  check_params(p);
+  if (p.batch.num_requests == 0) return;
+  dsa::check_cache(p.cache);
+  CHECK(std::isfinite(p.cache.latent_scale) && p.cache.latent_scale > 0.0f, "latent_scale ",
+        p.cache.latent_scale);
+  CHECK(p.q_lat != nullptr && p.q_pe != nullptr && p.o_lat != nullptr && p.lse != nullptr,
+        "null q_lat, q_pe, o_lat or lse");
+  const Plan plan = make_plan(p);
+  CHECK(workspace != nullptr && workspace_bytes >= plan.total(), "dsa_mla workspace of ",
+        workspace_bytes, " bytes, need ", plan.total());
+  CHECK(reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
+        "dsa_mla workspace must be 256-byte aligned");
+  auto* base = static_cast<char*>(workspace);
+  const MlaArgs a{.p = p,
+                  .num_splits = plan.num_splits,
+                  .keys_per_split = plan.keys_per_split,
+                  .num_groups = plan.num_groups,
+                  .part_o = reinterpret_cast<float*>(base),
+                  .part_ml = reinterpret_cast<float2*>(base + plan.part_o_bytes)};
+  const int64_t rows = p.batch.num_requests * p.batch.num_q;
+  CHECK(rows <= 65535, "dsa_mla_decode: B * n_q = ", rows, " above 65535");
+  auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  SmemLayout::kBytes));
+  const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_groups),
+                  static_cast<unsigned>(rows));
+  kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+  combine_kernel<<<static_cast<unsigned>(rows * p.num_heads), kCombineThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace hyserve::cuda

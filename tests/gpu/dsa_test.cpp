@@ -1,0 +1,565 @@
+// CUDA DSA decode (kernels/dsa/cuda.h) against the CPU reference over the same packed
+// pool bytes: indexer scores within the FP8 tensor cores' accumulation tolerance; the
+// top-k exactly (slots and positions, ties, short, empty and all-masked rows, a 1M row);
+// sparse and dense MLA o_lat / lse within the fp16 tolerance; the whole step.
+#include "kernels/dsa/cuda.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/dtype.h"
+#include "dsa_test_pool.h"
+#include "gpu/gpu_test_util.h"
+#include "kernels/dsa/cpu.h"
+
+namespace hyserve {
+namespace {
+
+using cuda::DeviceBuffer;
+using cuda::to_device;
+using cuda::to_host;
+using test::DsaTestPool;
+using test::make_dsa_test_pool;
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+void sync() {
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// The pool, tables and queries of a DsaTestPool on the device.
+struct DevicePool {
+  DeviceBuffer pool, tables, lens, q8, weights, q_lat, q_pe;
+  explicit DevicePool(const DsaTestPool& t)
+      : pool(to_device(t.pool)),
+        tables(to_device(t.block_tables)),
+        lens(to_device(t.seq_lens)),
+        q8(to_device(t.q8)),
+        weights(to_device(t.weights)),
+        q_lat(to_device(t.q_lat)),
+        q_pe(to_device(t.q_pe)) {}
+  DsaBatch batch(const DsaTestPool& t) const {
+    return t.batch(tables.as<int32_t>(), lens.as<int32_t>());
+  }
+  DsaCache cache(const DsaTestPool& t) const { return t.cache_at(pool.as<uint8_t>()); }
+};
+
+std::string describe(const DsaTestPool& t) {
+  std::ostringstream os;
+  os << "block_size " << t.block_size << ", n_q " << t.num_q << ", H " << t.heads << ", Hi "
+     << t.index_heads << ", seq_lens {";
+  for (size_t i = 0; i < t.seq_lens.size(); ++i) os << (i ? "," : "") << t.seq_lens[i];
+  return os.str() + "}";
+}
+
+// ---------------------------------------------------------------- indexer
+
+std::vector<float> gpu_scores(const DsaTestPool& t, const DevicePool& d, int64_t stride) {
+  const int64_t rows = t.num_requests() * t.num_q;
+  std::vector<float> init(rows * stride, 12345.0f);
+  DeviceBuffer scores = to_device(init);
+  cuda::dsa_indexer_scores({.cache = d.cache(t),
+                            .batch = d.batch(t),
+                            .q8 = d.q8.as<uint8_t>(),
+                            .weights = d.weights.as<float>(),
+                            .num_heads = t.index_heads,
+                            .scores = scores.as<float>(),
+                            .score_stride = stride},
+                           nullptr);
+  sync();
+  return to_host<float>(scores, init.size());
+}
+
+// Tolerance of one score: the e4m3 products are exact, but the FP8 tensor cores add them
+// with a reduced-precision accumulator (about 2^-13 relative to the running sum), and the
+// heads are summed in another order: 2^-10 of the sum of |terms| covers both.
+double score_bound(const DsaTestPool& t, int64_t row, int64_t b, int64_t pos) {
+  const int64_t block = t.block_tables[b * t.max_blocks + pos / t.block_size];
+  const uint8_t* page = t.pool.data() + block * t.cache.row_bytes + t.cache.index_offset;
+  const uint8_t* k = page + (pos % t.block_size) * kDsaIndexDim;
+  float k_scale;
+  std::memcpy(&k_scale, page + t.block_size * kDsaIndexDim + (pos % t.block_size) * 4, 4);
+  double sum = 0.0;
+  for (int64_t h = 0; h < t.index_heads; ++h) {
+    double dot = 0.0;
+    for (int d = 0; d < kDsaIndexDim; ++d) {
+      dot +=
+          std::fabs(double{test::e4m3_value(t.q8[(row * t.index_heads + h) * kDsaIndexDim + d])} *
+                    test::e4m3_value(k[d]));
+    }
+    sum += std::fabs(t.weights[row * t.index_heads + h]) * dot;
+  }
+  return sum * k_scale;
+}
+
+void expect_scores_match(const DsaTestPool& t, int64_t stride, const std::vector<float>& got) {
+  const int64_t rows = t.num_requests() * t.num_q;
+  std::vector<float> want(rows * stride, 12345.0f);
+  cpu::dsa_indexer_scores({.cache = t.cache_at(t.pool.data()),
+                           .batch = t.host_batch(),
+                           .q8 = t.q8.data(),
+                           .weights = t.weights.data(),
+                           .num_heads = t.index_heads,
+                           .scores = want.data(),
+                           .score_stride = stride});
+  double worst = 0.0;
+  int64_t worst_at = -1;
+  for (int64_t b = 0; b < t.num_requests(); ++b) {
+    for (int64_t i = 0; i < t.num_q; ++i) {
+      const int64_t row = b * t.num_q + i;
+      for (int64_t pos = 0; pos < stride; ++pos) {
+        const float g = got[row * stride + pos], w = want[row * stride + pos];
+        if (pos >= t.seq_lens[b] || std::isinf(w)) {
+          ASSERT_EQ(g, w) << "exact element differs at request " << b << ", query " << i
+                          << ", position " << pos << " (seq_len " << t.seq_lens[b]
+                          << "; 12345 = untouched, -inf = masked); " << describe(t);
+          continue;
+        }
+        const double excess =
+            std::fabs(double{g} - w) / (score_bound(t, row, b, pos) * 0x1p-10 + 1e-30);
+        if (excess > worst || std::isnan(g)) {
+          worst = std::isnan(g) ? INFINITY : excess;
+          worst_at = row * stride + pos;
+        }
+      }
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "worst score at request " << worst_at / stride / t.num_q << ", query "
+                        << worst_at / stride % t.num_q << ", position " << worst_at % stride
+                        << ": got " << got[worst_at] << ", want " << want[worst_at]
+                        << " (error / tolerance = " << worst << "); " << describe(t);
+}
+
+TEST(DsaGpu, IndexerScoresMatchCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 1;
+  for (const int64_t block_size : {64, 128}) {
+    for (const int64_t num_q : {1, 2, 8}) {
+      for (const int64_t hi : {32, 64, 16}) {
+        if (num_q == 8 && hi == 16) continue;
+        DsaTestPool t =
+            make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, 8, hi, ++seed, 7);
+        DevicePool d(t);
+        const int64_t stride = t.max_context + 3;
+        expect_scores_match(t, stride, gpu_scores(t, d, stride));
+      }
+    }
+  }
+}
+
+TEST(DsaGpu, IndexerScoresShortAndEmptyRequests) {
+  REQUIRE_GPU();
+  // seq_len 0 and seq_len < n_q (the first queries see no key), B = 1 with a long row.
+  for (const auto& lens : std::vector<std::vector<int32_t>>{{0, 2, 5}, {4000}, {1}}) {
+    DsaTestPool t = make_dsa_test_pool(lens, 64, 4, 8, 32, 99 + lens.size());
+    DevicePool d(t);
+    expect_scores_match(t, t.max_context, gpu_scores(t, d, t.max_context));
+  }
+}
+
+// ---------------------------------------------------------------- top-k
+
+// Block tables only (no pool) for top-k tests: request b owns blocks in a shuffled order.
+struct TopkCase {
+  std::vector<int32_t> seq_lens;
+  int64_t num_q, block_size, topk;
+  bool ties;
+  bool all_equal = false;  // every visible score 0.5
+};
+
+void expect_topk_matches(const TopkCase& c, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t num_requests = static_cast<int64_t>(c.seq_lens.size());
+  const int64_t max_context = *std::max_element(c.seq_lens.begin(), c.seq_lens.end());
+  const int64_t max_blocks = std::max<int64_t>(1, (max_context + c.block_size - 1) / c.block_size);
+  std::vector<int32_t> tables(num_requests * max_blocks);
+  std::iota(tables.begin(), tables.end(), 3);
+  std::shuffle(tables.begin(), tables.end(), rng);
+  const int64_t rows = num_requests * c.num_q;
+  const int64_t stride = std::max<int64_t>(1, max_context);
+  // Scores: few levels (ties everywhere, with +0, -0, -inf) or a continuum; beyond each
+  // row's visible range, huge values that must never be selected.
+  const float levels[] = {0.0f, -0.0f, 1.5f, -2.25f, 3.0f, kNegInf, 1e-30f, -1e-30f};
+  std::uniform_real_distribution<float> uni(-10.0f, 10.0f);
+  std::vector<float> scores(rows * stride);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / c.num_q, i = r % c.num_q;
+    const int64_t visible = std::max<int64_t>(0, c.seq_lens[b] - c.num_q + i + 1);
+    for (int64_t p = 0; p < stride; ++p) {
+      scores[r * stride + p] =
+          p >= visible ? 1e30f : (c.all_equal ? 0.5f : (c.ties ? levels[rng() % 8] : uni(rng)));
+    }
+  }
+  DsaBatch batch{.block_tables = tables.data(),
+                 .seq_lens = c.seq_lens.data(),
+                 .num_requests = num_requests,
+                 .max_blocks = max_blocks,
+                 .num_q = c.num_q,
+                 .max_context = max_context};
+  std::vector<int32_t> want_slots(rows * c.topk), want_pos(rows * c.topk);
+  cpu::dsa_topk({.batch = batch,
+                 .block_size = static_cast<int32_t>(c.block_size),
+                 .scores = scores.data(),
+                 .score_stride = stride,
+                 .topk = c.topk,
+                 .slots = want_slots.data(),
+                 .positions = want_pos.data()});
+  DeviceBuffer d_tables = to_device(tables), d_lens = to_device(c.seq_lens),
+               d_scores = to_device(scores);
+  std::vector<int32_t> junk(rows * c.topk, 777777);
+  DeviceBuffer d_slots = to_device(junk), d_pos = to_device(junk);
+  batch.block_tables = d_tables.as<int32_t>();
+  batch.seq_lens = d_lens.as<int32_t>();
+  const DsaTopkParams p{.batch = batch,
+                        .block_size = static_cast<int32_t>(c.block_size),
+                        .scores = d_scores.as<float>(),
+                        .score_stride = stride,
+                        .topk = c.topk,
+                        .slots = d_slots.as<int32_t>(),
+                        .positions = d_pos.as<int32_t>()};
+  DeviceBuffer ws(cuda::dsa_topk_workspace_bytes(p));
+  // Twice: the second run checks that the workspace needs no cleaning between steps.
+  for (int run = 0; run < 2; ++run) {
+    cuda::dsa_topk(p, ws.data(), ws.size(), nullptr);
+    sync();
+    const std::vector<int32_t> got_slots = to_host<int32_t>(d_slots, want_slots.size());
+    const std::vector<int32_t> got_pos = to_host<int32_t>(d_pos, want_pos.size());
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < c.topk; ++j) {
+        const int64_t k = r * c.topk + j;
+        ASSERT_TRUE(got_pos[k] == want_pos[k] && got_slots[k] == want_slots[k])
+            << "run " << run << ", row " << r << " (request " << r / c.num_q << ", query "
+            << r % c.num_q << ", seq_len " << c.seq_lens[r / c.num_q] << "), entry " << j
+            << ": got position " << got_pos[k] << " slot " << got_slots[k] << ", want position "
+            << want_pos[k] << " slot " << want_slots[k] << "; topk " << c.topk << ", n_q "
+            << c.num_q << ", block_size " << c.block_size << (c.ties ? ", tied scores" : "");
+      }
+    }
+  }
+}
+
+TEST(DsaGpu, TopkExactWithTiesShortAndMaskedRows) {
+  REQUIRE_GPU();
+  uint64_t seed = 100;
+  for (const int64_t block_size : {64, 128}) {
+    for (const int64_t num_q : {1, 3, 8}) {
+      for (const int64_t topk : {1, 64, 2048}) {
+        for (const bool ties : {true, false}) {
+          expect_topk_matches({{1, 3, 63, 65, 321, 2049, 5000, 2}, num_q, block_size, topk, ties},
+                              ++seed);
+        }
+      }
+    }
+  }
+}
+
+// More rows than resident blocks: each block loops over several (row, chunk) items in
+// every phase, with the scores read from memory (no shared-memory chunk cache).
+TEST(DsaGpu, TopkMoreRowsThanBlocks) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(42);
+  std::vector<int32_t> lens(80);
+  for (auto& l : lens) l = static_cast<int32_t>(1 + rng() % 6000);
+  lens[3] = 0;
+  lens[7] = 2049;
+  for (const int64_t topk : {64, 2048}) {
+    expect_topk_matches({lens, 8, 64, topk, true}, 11 + topk);
+    expect_topk_matches({lens, 8, 128, topk, false}, 12 + topk);
+  }
+}
+
+TEST(DsaGpu, TopkAllInvalidAndEmptyRows) {
+  REQUIRE_GPU();
+  expect_topk_matches({{0, 0}, 1, 64, 2048, true}, 1);
+  expect_topk_matches({{0, 1, 2}, 4, 64, 16, false}, 2);  // queries before any key
+}
+
+TEST(DsaGpu, TopkAllEqualScoresKeepLowestPositions) {
+  REQUIRE_GPU();
+  // Every visible score tied: the lowest positions win.
+  TopkCase c{{70000}, 2, 64, 2048, true, true};
+  expect_topk_matches(c, 5);
+}
+
+TEST(DsaGpu, TopkMillionKeys) {
+  REQUIRE_GPU();
+  expect_topk_matches({{1 << 20}, 1, 64, 2048, false}, 7);
+  expect_topk_matches({{1 << 20, 300000}, 2, 128, 2048, true}, 8);
+}
+
+// ---------------------------------------------------------------- MLA
+
+struct MlaResult {
+  std::vector<float> o_lat, lse;
+};
+
+constexpr float kSoftmaxScale = 4.0f;  // sharp enough that the softmax is far from uniform
+
+MlaResult cpu_mla(const DsaTestPool& t, const int32_t* slots, int64_t width) {
+  const int64_t heads = t.num_requests() * t.num_q * t.heads;
+  MlaResult r{std::vector<float>(heads * kDsaLoraDim), std::vector<float>(heads)};
+  cpu::dsa_mla_decode({.cache = t.cache_at(t.pool.data()),
+                       .batch = t.host_batch(),
+                       .q_lat = t.q_lat.data(),
+                       .q_pe = t.q_pe.data(),
+                       .slots = slots,
+                       .topk_width = width,
+                       .num_heads = t.heads,
+                       .softmax_scale = kSoftmaxScale,
+                       .o_lat = r.o_lat.data(),
+                       .lse = r.lse.data()});
+  return r;
+}
+
+MlaResult gpu_mla(const DsaTestPool& t, const DevicePool& d, const int32_t* d_slots,
+                  int64_t width) {
+  const int64_t heads = t.num_requests() * t.num_q * t.heads;
+  DeviceBuffer o = to_device(std::vector<float>(heads * kDsaLoraDim, 12345.0f));
+  DeviceBuffer lse = to_device(std::vector<float>(heads, 12345.0f));
+  const DsaMlaParams p{.cache = d.cache(t),
+                       .batch = d.batch(t),
+                       .q_lat = d.q_lat.as<float>(),
+                       .q_pe = d.q_pe.as<float>(),
+                       .slots = d_slots,
+                       .topk_width = width,
+                       .num_heads = t.heads,
+                       .softmax_scale = kSoftmaxScale,
+                       .o_lat = o.as<float>(),
+                       .lse = lse.as<float>()};
+  DeviceBuffer ws(std::max<size_t>(256, cuda::dsa_mla_workspace_bytes(p)));
+  cuda::dsa_mla_decode(p, ws.data(), ws.size(), nullptr);
+  sync();
+  return {to_host<float>(o, heads * kDsaLoraDim), to_host<float>(lse, heads)};
+}
+
+// Tolerance: q is rounded to fp16 (2^-12 relative) and the probabilities too (2^-12), so
+// a logit is off by at most ~2^-12 * sum|q c| * scale (about 1e-3 for these inputs, whose
+// logits spread over ~+-10) and o_lat by that much relative to max |c| = 3.75 *
+// latent_scale. lse: 1e-2 absolute; o_lat: 1e-2 * max |c| absolute + 1e-2 relative.
+// Heads with no key must be exactly o = 0, lse = -inf.
+void expect_mla_matches(const DsaTestPool& t, const MlaResult& got, const MlaResult& want,
+                        const std::string& what) {
+  const int64_t heads = t.num_requests() * t.num_q * t.heads;
+  for (int64_t k = 0; k < heads; ++k) {
+    if (std::isinf(want.lse[k]) || std::isinf(got.lse[k])) {
+      ASSERT_EQ(got.lse[k], want.lse[k])
+          << what << ": lse of request " << k / t.heads / t.num_q << ", query "
+          << k / t.heads % t.num_q << ", head " << k % t.heads << "; " << describe(t);
+      for (int d = 0; d < kDsaLoraDim; ++d) {
+        ASSERT_EQ(got.o_lat[k * kDsaLoraDim + d], 0.0f) << what << ": empty head " << k;
+      }
+    }
+  }
+  const float c_max = 3.75f * t.cache.latent_scale;
+  const testing::AssertionResult lse_ok = test::all_close(got.lse, want.lse, 1e-2f, 0.0f);
+  const testing::AssertionResult o_ok =
+      test::all_close(got.o_lat, want.o_lat, 1e-2f * c_max, 1e-2f);
+  auto where = [&](const testing::AssertionResult& r, int64_t width) {
+    // all_close names the flat index; decode it.
+    const std::string msg = r.message();
+    const auto pos = msg.find("worst element ");
+    if (pos == std::string::npos) return msg;
+    const int64_t idx = std::stoll(msg.substr(pos + 14));
+    const int64_t head = idx / width;
+    std::ostringstream os;
+    os << msg << " = request " << head / t.heads / t.num_q << ", query " << head / t.heads % t.num_q
+       << ", head " << head % t.heads;
+    if (width > 1) os << ", dim " << idx % width;
+    return os.str();
+  };
+  EXPECT_TRUE(lse_ok) << what << " lse: " << where(lse_ok, 1) << "; " << describe(t);
+  EXPECT_TRUE(o_ok) << what << " o_lat: " << where(o_ok, kDsaLoraDim) << "; " << describe(t);
+}
+
+// A random selection per query: up to `width` distinct visible positions (as slots), in
+// random order, padded with -1 at random places.
+std::vector<int32_t> random_selection(const DsaTestPool& t, int64_t width, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const int64_t rows = t.num_requests() * t.num_q;
+  std::vector<int32_t> slots(rows * width, -1);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t b = r / t.num_q, i = r % t.num_q;
+    const int64_t visible = std::max<int64_t>(0, t.seq_lens[b] - t.num_q + i + 1);
+    std::vector<int64_t> pos(visible);
+    std::iota(pos.begin(), pos.end(), 0);
+    std::shuffle(pos.begin(), pos.end(), rng);
+    const int64_t n = std::min<int64_t>(visible, static_cast<int64_t>(rng() % (width + 1)));
+    std::vector<int32_t> row(width, -1);
+    for (int64_t j = 0; j < n; ++j) {
+      row[j] = static_cast<int32_t>(dsa_slot(t.host_batch(), t.cache.block_size, b, pos[j]));
+    }
+    std::shuffle(row.begin(), row.end(), rng);
+    std::copy(row.begin(), row.end(), slots.begin() + r * width);
+  }
+  return slots;
+}
+
+TEST(DsaGpu, SparseMlaMatchesCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 300;
+  for (const int64_t block_size : {64, 128}) {
+    for (const int64_t heads : {8, 12, 16, 32, 64, 128}) {
+      for (const int64_t num_q : {1, 2, 8}) {
+        if (heads == 128 && num_q == 8) continue;
+        DsaTestPool t =
+            make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, heads, 32, ++seed);
+        DevicePool d(t);
+        for (const int64_t width : {1, 65, 2048}) {
+          const std::vector<int32_t> slots = random_selection(t, width, ++seed);
+          DeviceBuffer d_slots = to_device(slots);
+          expect_mla_matches(t, gpu_mla(t, d, d_slots.as<int32_t>(), width),
+                             cpu_mla(t, slots.data(), width),
+                             "sparse (width " + std::to_string(width) + ")");
+        }
+      }
+    }
+  }
+}
+
+TEST(DsaGpu, SparseMlaAllInvalidRows) {
+  REQUIRE_GPU();
+  DsaTestPool t = make_dsa_test_pool({100, 5}, 64, 2, 16, 32, 77);
+  DevicePool d(t);
+  const std::vector<int32_t> slots(2 * 2 * 2048, -1);
+  DeviceBuffer d_slots = to_device(slots);
+  const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), 2048);
+  for (float l : got.lse) ASSERT_EQ(l, kNegInf);
+  for (float o : got.o_lat) ASSERT_EQ(o, 0.0f);
+}
+
+TEST(DsaGpu, DenseMlaMatchesCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const int64_t block_size : {64, 128}) {
+    for (const int64_t heads : {8, 16, 32, 64, 12}) {
+      for (const int64_t num_q : {1, 3}) {
+        // Includes seq_len 1 < n_q (queries with no key) and a long request (many splits).
+        DsaTestPool t = make_dsa_test_pool({1, 3, 63, 65, 321, 2049, 9000}, block_size, num_q,
+                                           heads, 32, ++seed);
+        DevicePool d(t);
+        expect_mla_matches(t, gpu_mla(t, d, nullptr, 0), cpu_mla(t, nullptr, 0), "dense");
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- whole step
+
+TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 700;
+  for (const int64_t num_q : {1, 4}) {
+    for (const int64_t topk : {64, 2048}) {
+      DsaTestPool t = make_dsa_test_pool({1, 65, 321, 2049, 5000}, 64, num_q, 16, 32, ++seed);
+      DevicePool d(t);
+      const int64_t rows = t.num_requests() * num_q;
+      const int64_t heads = rows * t.heads;
+      DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
+      DeviceBuffer slots(sizeof(int32_t) * rows * topk);
+      const DsaDecodeParams p{.cache = d.cache(t),
+                              .batch = d.batch(t),
+                              .index_q8 = d.q8.as<uint8_t>(),
+                              .index_weights = d.weights.as<float>(),
+                              .index_num_heads = t.index_heads,
+                              .topk = topk,
+                              .q_lat = d.q_lat.as<float>(),
+                              .q_pe = d.q_pe.as<float>(),
+                              .num_heads = t.heads,
+                              .softmax_scale = kSoftmaxScale,
+                              .o_lat = o.as<float>(),
+                              .lse = lse.as<float>(),
+                              .slots = slots.as<int32_t>()};
+      DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
+      cuda::dsa_decode(p, ws.data(), ws.size(), nullptr);
+      sync();
+      // The selection equals the CPU top-k over the GPU's own scores (the scores differ
+      // from the CPU's by summation order, which may reorder near-ties).
+      const std::vector<float> scores = gpu_scores(t, d, t.max_context);
+      std::vector<int32_t> want_slots(rows * topk);
+      cpu::dsa_topk({.batch = t.host_batch(),
+                     .block_size = t.cache.block_size,
+                     .scores = scores.data(),
+                     .score_stride = t.max_context,
+                     .topk = topk,
+                     .slots = want_slots.data(),
+                     .positions = nullptr});
+      const std::vector<int32_t> got_slots = to_host<int32_t>(slots, want_slots.size());
+      for (size_t k = 0; k < want_slots.size(); ++k) {
+        ASSERT_EQ(got_slots[k], want_slots[k])
+            << "selection of row " << k / topk << ", entry " << k % topk << "; topk " << topk
+            << "; " << describe(t);
+      }
+      const MlaResult got{to_host<float>(o, heads * kDsaLoraDim), to_host<float>(lse, heads)};
+      expect_mla_matches(t, got, cpu_mla(t, want_slots.data(), topk),
+                         "whole step (topk " + std::to_string(topk) + ")");
+    }
+  }
+}
+
+// The step reads every per-request value from device memory: captured once in a CUDA
+// graph, then replayed after the lengths change, it must give exactly what a direct call
+// with the new lengths gives.
+TEST(DsaGpu, WholeStepReplaysFromACudaGraph) {
+  REQUIRE_GPU();
+  DsaTestPool t = make_dsa_test_pool({3000, 700, 1}, 64, 2, 16, 32, 901);
+  DevicePool d(t);
+  const int64_t topk = 256;
+  const int64_t rows = t.num_requests() * t.num_q;
+  const int64_t heads = rows * t.heads;
+  DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
+  DeviceBuffer slots(sizeof(int32_t) * rows * topk);
+  const DsaDecodeParams p{.cache = d.cache(t),
+                          .batch = d.batch(t),
+                          .index_q8 = d.q8.as<uint8_t>(),
+                          .index_weights = d.weights.as<float>(),
+                          .index_num_heads = t.index_heads,
+                          .topk = topk,
+                          .q_lat = d.q_lat.as<float>(),
+                          .q_pe = d.q_pe.as<float>(),
+                          .num_heads = t.heads,
+                          .softmax_scale = kSoftmaxScale,
+                          .o_lat = o.as<float>(),
+                          .lse = lse.as<float>(),
+                          .slots = slots.as<int32_t>()};
+  DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
+  cudaStream_t stream;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  cuda::dsa_decode(p, ws.data(), ws.size(), stream);
+  CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  // New lengths (within max_context), then replay vs. a direct call.
+  const std::vector<int32_t> new_lens = {2999, 1500, 2};
+  d.lens.upload(new_lens.data(), new_lens.size() * sizeof(int32_t));
+  CUDA_CHECK(cudaGraphLaunch(exec, stream));
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  const std::vector<float> graph_o = to_host<float>(o, heads * kDsaLoraDim);
+  const std::vector<float> graph_lse = to_host<float>(lse, heads);
+  const std::vector<int32_t> graph_slots = to_host<int32_t>(slots, rows * topk);
+  cuda::dsa_decode(p, ws.data(), ws.size(), stream);
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  EXPECT_EQ(graph_slots, to_host<int32_t>(slots, rows * topk)) << "selection differs";
+  EXPECT_EQ(0, std::memcmp(graph_o.data(), to_host<float>(o, heads * kDsaLoraDim).data(),
+                           graph_o.size() * sizeof(float)))
+      << "o_lat differs (the step must be deterministic)";
+  EXPECT_EQ(0, std::memcmp(graph_lse.data(), to_host<float>(lse, heads).data(),
+                           graph_lse.size() * sizeof(float)))
+      << "lse differs";
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
+}  // namespace
+}  // namespace hyserve
