@@ -45,11 +45,15 @@ struct GuidedRun {
         VocabTrie::from_tokenizer(*tokenizer, engine->model().config().vocab_size));
   }
 
+  // The prompt is "Answer in JSON: ", after num_filler_tokens copies of " a".
   void add(const std::string& id, std::shared_ptr<const TokenConstraint> constraint, uint64_t seed,
-           int64_t max_tokens) {
+           int64_t max_tokens, int64_t num_filler_tokens = 0) {
     Request r;
     r.id = id;
-    r.prompt_token_ids = tokenizer->encode("Answer in JSON: ", false);
+    r.prompt_token_ids.assign(static_cast<size_t>(num_filler_tokens),
+                              tokenizer->encode(" a", false).front());
+    const auto tail = tokenizer->encode("Answer in JSON: ", false);
+    r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
     r.sampling_params.temperature = 1.0f;
     r.sampling_params.seed = seed;
     r.sampling_params.max_tokens = max_tokens;
@@ -79,7 +83,6 @@ EngineConfig config(int32_t num_blocks = 0) {
   EngineConfig c;
   c.scheduler.max_model_len = 256;
   c.scheduler.max_num_seqs = 8;
-  c.block_size = 4;
   c.num_blocks = num_blocks;
   return c;
 }
@@ -89,12 +92,18 @@ TEST(GuidedEngine, OutputsFollowTheSchemaUnderPreemption) {
       "ok": {"type": "boolean"}, "n": {"type": "integer"},
       "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 3}},
       "required": ["ok", "n"]})";
-  // 8 requests of up to ~70 tokens each in 20 blocks of 4 tokens: some get preempted.
-  GuidedRun run(config(20));
+  // 8 prompts ending a few tokens before a block boundary, outputs of up to 64 tokens: each
+  // request holds 2 rows (token block + KDA state) at admission and needs a third as it
+  // grows; 7 rows admit three at once, so growing ones preempt others.
+  GuidedRun run(config(7));
+  const int64_t block_size = run.engine->model().cache_plan().block_size;
+  const int64_t num_prompt =
+      static_cast<int64_t>(run.tokenizer->encode("Answer in JSON: ", false).size());
   auto constraint = std::make_shared<const TokenConstraint>(
       compile_json_schema(ordered_json::parse(schema_text)), run.vocab);
   for (int i = 0; i < 8; ++i)
-    run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 64);
+    run.add(str_cat("r", i), constraint, 100 + static_cast<uint64_t>(i), 64,
+            block_size - 4 - num_prompt);
   run.run();
   EXPECT_GT(run.engine->stats().num_preemptions, 0);
   int num_stopped = 0;
