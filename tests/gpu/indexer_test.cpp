@@ -193,8 +193,12 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
 
 TEST(GpuIndexer, ScoresRefuseHeadDimOver128OnFp8) {
   REQUIRE_GPU();
-  IndexerScoreParams p{
-      .num_tokens = 1, .num_keys = 1, .num_heads = 1, .head_dim = 256, .fp8 = true};
+  IndexerScoreParams p;
+  p.num_tokens = 1;
+  p.num_keys = 1;
+  p.num_heads = 1;
+  p.head_dim = 256;
+  p.fp8 = true;
   EXPECT_THROW(cuda::indexer_scores(p, nullptr), InvalidArgument);
 }
 
