@@ -36,13 +36,16 @@ inline void check_cache(const DsaCache& c) {
         " blocks of ", c.block_size);
 }
 
-inline void check_batch(const DsaBatch& b) {
+// need_pointers false: sizes only (workspace planning before the buffers exist).
+inline void check_batch(const DsaBatch& b, bool need_pointers = true) {
   CHECK(b.num_requests >= 0 && b.num_requests < 65536, "num_requests ", b.num_requests);
   CHECK(b.num_q >= 1 && b.num_q <= 8, "num_q must be in 1..8, got ", b.num_q);
   CHECK(b.max_context >= 0 && b.max_context < (int64_t{1} << 31), "max_context ", b.max_context);
   if (b.num_requests == 0) return;
-  CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
   CHECK(b.max_blocks > 0, "max_blocks ", b.max_blocks);
+  if (need_pointers) {
+    CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
+  }
 }
 
 // d += a * b, m16n8k32, e4m3 x e4m3 -> f32 (A row-major 16x32, B "col" 32x8).

@@ -68,7 +68,7 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
 }  // namespace
 
 size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p) {
-  dsa::check_batch(p.batch);
+  dsa::check_batch(p.batch, /*need_pointers=*/false);
   CHECK(p.topk > 0, "topk ", p.topk);
   return plan_step(p, nullptr).total;
 }

@@ -396,8 +396,8 @@ Plan make_plan(const DsaMlaParams& p) {
   return plan;
 }
 
-void check_params(const DsaMlaParams& p) {
-  dsa::check_batch(p.batch);
+void check_params(const DsaMlaParams& p, bool need_pointers = true) {
+  dsa::check_batch(p.batch, need_pointers);
   CHECK(p.num_heads >= 1 && p.num_heads <= 128, "MLA heads must be in 1..128, got ", p.num_heads);
   CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
         p.softmax_scale);
@@ -407,7 +407,7 @@ void check_params(const DsaMlaParams& p) {
 }  // namespace
 
 size_t dsa_mla_workspace_bytes(const DsaMlaParams& p) {
-  check_params(p);
+  check_params(p, /*need_pointers=*/false);
   return make_plan(p).total();
 }
 

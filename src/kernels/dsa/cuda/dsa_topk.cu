@@ -389,8 +389,8 @@ int64_t grid_capacity() {
   return int64_t{num_sms} * per_sm;
 }
 
-void check_params(const DsaTopkParams& p) {
-  dsa::check_batch(p.batch);
+void check_params(const DsaTopkParams& p, bool need_pointers = true) {
+  dsa::check_batch(p.batch, need_pointers);
   CHECK(p.topk > 0 && p.topk <= (int64_t{1} << 20), "topk ", p.topk);
   CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
         p.batch.max_context);
@@ -400,7 +400,7 @@ void check_params(const DsaTopkParams& p) {
 }  // namespace
 
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
-  check_params(p);
+  check_params(p, /*need_pointers=*/false);
   const Plan plan = make_plan(p, grid_capacity());
   return make_layout(plan.rows, plan.num_chunks).total;
 }
