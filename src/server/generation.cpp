@@ -42,6 +42,7 @@ void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
 ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   ChoiceDelta d;
   if (finished_) return d;
+  num_cached_tokens_ = std::max(num_cached_tokens_, out.num_cached_tokens);
   // The token that stopped the request, EOS or a stop_token_ids entry, ends the output
   // without its text (as vLLM does, unless include_stop_str_in_output). That matters when
   // the parsers keep special tokens: <|im_end|> is not content. Only a stop_token_ids entry

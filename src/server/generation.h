@@ -51,6 +51,8 @@ class ChoiceProcessor {
   // Consumes one engine output of this choice.
   ChoiceDelta feed(const RequestOutput& out);
   int64_t num_tokens() const { return num_tokens_; }
+  // Prompt tokens the engine served from the prefix cache for this choice.
+  int64_t num_cached_tokens() const { return num_cached_tokens_; }
   bool finished() const { return finished_; }
   // Everything emitted so far, as one message (non-streaming responses).
   const std::string& all_content() const { return all_content_; }
@@ -70,6 +72,7 @@ class ChoiceProcessor {
   size_t emitted_ = 0;   // bytes of text_ passed on
   size_t max_stop_ = 0;  // longest stop string
   int64_t num_tokens_ = 0;
+  int64_t num_cached_tokens_ = 0;
   bool finished_ = false;
   std::string all_content_, all_reasoning_;
   std::vector<ToolCall> tool_calls_;

@@ -232,6 +232,13 @@ class GenerationRun {
     Usage u;
     for (const auto& p : g_.prompts) u.prompt_tokens += static_cast<int64_t>(p.size());
     for (const auto& p : processors_) u.completion_tokens += p.num_tokens();
+    // Cached prompt tokens: each prompt once (its n choices share the prompt).
+    for (size_t prompt = 0; prompt < g_.prompts.size(); ++prompt) {
+      int64_t cached = 0;
+      for (int32_t c = 0; c < g_.n; ++c)
+        cached = std::max(cached, processors_[prompt * g_.n + c].num_cached_tokens());
+      u.cached_tokens += cached;
+    }
     return u;
   }
 
