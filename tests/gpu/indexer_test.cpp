@@ -194,7 +194,7 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
 TEST(GpuIndexer, ScoresRefuseHeadDimOver128OnFp8) {
   REQUIRE_GPU();
   IndexerScoreParams p{
-      .num_tokens = 1, .num_keys = 1, .num_heads = 1, .head_dim = 256, .fp8 = true};
+      .k_pages = {}, .num_tokens = 1, .num_keys = 1, .num_heads = 1, .head_dim = 256, .fp8 = true};
   EXPECT_THROW(cuda::indexer_scores(p, nullptr), InvalidArgument);
 }
 
