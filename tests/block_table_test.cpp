@@ -71,8 +71,11 @@ TEST(BlockTableTest, PageAddressesByHand) {
   EXPECT_EQ(latent_page_address(base, plan, 3, 4), base + 3 * 2048 + 1024);
   EXPECT_EQ(index_page_address(base, plan, 3, 4), base + 3 * 2048 + 1536);
   EXPECT_EQ(latent_slot_address(base, plan, {.block = 3, .offset = 5}, 2), base + 6144 + 5 * 38);
+  // FP8 index keys: 8 x 32 code bytes, then 8 x 4 scale bytes.
   EXPECT_EQ(index_slot_address(base, plan, {.block = 3, .offset = 5}, 2),
-            base + 6144 + 512 + 5 * 36);
+            base + 6144 + 512 + 5 * 32);
+  EXPECT_EQ(index_scale_slot_address(base, plan, {.block = 3, .offset = 5}, 2),
+            base + 6144 + 512 + 8 * 32 + 5 * 4);
   const KdaStateAddress s = kda_state_address(base, plan, 6, 3);
   EXPECT_EQ(s.conv, base + 6 * 2048 + 1024);
   EXPECT_EQ(s.recurrent, base + 6 * 2048 + 1280);
@@ -109,7 +112,8 @@ TEST(BlockTableTest, PagesAndStatesTileTheRowWithoutOverlap) {
         for (int32_t off = 0; off < plan.block_size; ++off) {
           const Slot s{.block = block, .offset = off};
           claim(latent_slot_address(base, plan, s, page.layer), 38, "latent");
-          claim(index_slot_address(base, plan, s, page.layer), 36, "index");
+          claim(index_slot_address(base, plan, s, page.layer), 32, "index codes");
+          claim(index_scale_slot_address(base, plan, s, page.layer), 4, "index scale");
         }
       }
       int64_t claimed = 0;

@@ -52,7 +52,17 @@ uint64_t index_slot_address(uint64_t base, const CachePlan& plan, const Slot& sl
   CHECK(slot.offset >= 0 && slot.offset < plan.block_size, "slot offset ", slot.offset,
         " outside the block");
   return index_page_address(base, plan, slot.block, layer) +
-         slot.offset * (plan.page(layer).index_bytes / plan.block_size);
+         slot.offset * plan.page(layer).index_code_bytes;
+}
+
+uint64_t index_scale_slot_address(uint64_t base, const CachePlan& plan, const Slot& slot,
+                                  int64_t layer) {
+  CHECK(slot.offset >= 0 && slot.offset < plan.block_size, "slot offset ", slot.offset,
+        " outside the block");
+  const CachePage& page = plan.page(layer);
+  CHECK(page.index_scale_bytes > 0, "layer ", layer, ": its index keys have no scales");
+  return index_page_address(base, plan, slot.block, layer) +
+         plan.block_size * page.index_code_bytes + slot.offset * page.index_scale_bytes;
 }
 
 KdaStateAddress kda_state_address(uint64_t base, const CachePlan& plan, int32_t state_block,

@@ -63,7 +63,11 @@ uint64_t row_address(uint64_t base, const CachePlan& plan, int32_t block);
 uint64_t latent_page_address(uint64_t base, const CachePlan& plan, int32_t block, int64_t layer);
 uint64_t index_page_address(uint64_t base, const CachePlan& plan, int32_t block, int64_t layer);
 uint64_t latent_slot_address(uint64_t base, const CachePlan& plan, const Slot& slot, int64_t layer);
+// An index key's codes, and its scales (FP8 / MXFP4 keys): the page holds every token's
+// codes, then every token's scales.
 uint64_t index_slot_address(uint64_t base, const CachePlan& plan, const Slot& slot, int64_t layer);
+uint64_t index_scale_slot_address(uint64_t base, const CachePlan& plan, const Slot& slot,
+                                  int64_t layer);
 KdaStateAddress kda_state_address(uint64_t base, const CachePlan& plan, int32_t state_block,
                                   int64_t layer);
 

@@ -81,6 +81,19 @@ int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
   return 0;
 }
 
+int64_t index_key_scale_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
+  if (!c.has_indexer()) return 0;
+  switch (t) {
+    case IndexCacheDtype::kFp8:
+      return 4;
+    case IndexCacheDtype::kMxfp4:
+      return c.index_head_dim / 32;
+    case IndexCacheDtype::kFp32:
+      return 0;
+  }
+  return 0;
+}
+
 int64_t cache_bytes_per_token(const ModelConfig& c, LatentCacheDtype latent,
                               IndexCacheDtype index) {
   return c.num_mla_layers() *

@@ -34,6 +34,9 @@ std::optional<IndexCacheDtype> parse_index_cache_dtype(std::string_view s);
 // Bytes per token per full-attention layer.
 int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t);
 int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t);  // 0 without indexer
+// Of those, the bytes of the key's scales (fp8 4, mxfp4 index_head_dim / 32, fp32 0). An
+// index-key page stores every token's codes first, then every token's scales.
+int64_t index_key_scale_bytes_per_token(const ModelConfig& c, IndexCacheDtype t);
 
 // Bytes per token over all full-attention layers (one GPU holds every layer's latent
 // and keys under TP: MLA latents are replicated).

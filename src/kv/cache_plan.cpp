@@ -160,6 +160,10 @@ CachePlan plan_cache(const ModelConfig& c, const CachePlanOptions& options) {
   plan.row_bytes = std::max(row.bytes, plan.kda_state_bytes);
   plan.padding_bytes = row.padding_bytes;
   plan.pages = std::move(row.pages);
+  for (CachePage& p : plan.pages) {
+    p.index_scale_bytes = index_key_scale_bytes_per_token(c, options.index);
+    p.index_code_bytes = index_key_bytes_per_token(c, options.index) - p.index_scale_bytes;
+  }
 
   plan.layer_page.assign(c.num_hidden_layers, -1);
   for (size_t i = 0; i < plan.pages.size(); ++i) {

@@ -49,6 +49,9 @@ struct CachePage {
   int64_t latent_bytes = 0;  // block_size * latent bytes per token
   int64_t index_offset = 0;
   int64_t index_bytes = 0;  // block_size * index-key bytes per token; 0 without indexer
+  // Inside the index page: [block_size x code bytes | block_size x scale bytes].
+  int64_t index_code_bytes = 0;   // per token
+  int64_t index_scale_bytes = 0;  // per token (0 for fp32 keys)
 };
 
 // The tensors of one KDA layer inside a state row (offsets from the row start), fp32.

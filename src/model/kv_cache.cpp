@@ -29,9 +29,8 @@ uint8_t* KvCache::index_page(int64_t layer) const {
 
 float* KvCache::index_scale_page(int64_t layer) const {
   CHECK(plan_.options.index == IndexCacheDtype::kFp8, "KV cache: index keys are not FP8");
-  // A token's index key: index_head_dim code bytes + one fp32 scale.
-  const int64_t code_bytes = plan_.page(layer).index_bytes / plan_.block_size - 4;
-  return reinterpret_cast<float*>(index_page(layer) + plan_.block_size * code_bytes);
+  return reinterpret_cast<float*>(index_page(layer) +
+                                  plan_.block_size * plan_.page(layer).index_code_bytes);
 }
 
 PagedRows KvCache::pages(const int32_t* block_table) const {
