@@ -218,7 +218,7 @@ TEST(PagedCache, KvCacheAddressesEqualBlockTableArithmetic) {
         EXPECT_EQ(reinterpret_cast<uint64_t>(cache.kda_recurrent_state(b, kp.layer)), a.recurrent)
             << what << " layer " << kp.layer << " block " << b;
       }
-      EXPECT_THROW(cache.kda_conv_state(7, kp.layer, 0), InvalidArgument);
+      EXPECT_THROW(cache.kda_conv_state(8, kp.layer, 0), InvalidArgument);  // 7 blocks + scratch
       EXPECT_THROW(cache.kda_conv_state(0, kp.layer, 3), InvalidArgument);
       EXPECT_THROW(cache.kda_recurrent_state(-1, kp.layer), InvalidArgument);
     }
@@ -226,6 +226,7 @@ TEST(PagedCache, KvCacheAddressesEqualBlockTableArithmetic) {
 }
 
 // zero_block and copy_block change exactly one row; grow keeps every row and adds zeros.
+// The pool has one scratch row after its blocks (padding rows of captured decode graphs).
 TEST(PagedCache, KvCacheRowOperationsTouchExactlyTheirRow) {
   const ModelConfig c = ModelConfig::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
   const CachePlan plan =
@@ -233,7 +234,8 @@ TEST(PagedCache, KvCacheRowOperationsTouchExactlyTheirRow) {
   auto backend = make_cpu_backend();
   KvCache cache(*backend, plan, 5);
   const auto row = static_cast<size_t>(plan.row_bytes);
-  ASSERT_EQ(cache.num_bytes(), 5 * row);
+  ASSERT_EQ(cache.num_bytes(), 6 * row);
+  ASSERT_EQ(cache.scratch_block(), 5);
   std::vector<uint8_t> want = random_bytes(cache.num_bytes(), 77);
   std::memcpy(cache.base(), want.data(), want.size());
   auto pool = [&] { return std::vector<uint8_t>(cache.base(), cache.base() + cache.num_bytes()); };
@@ -249,8 +251,8 @@ TEST(PagedCache, KvCacheRowOperationsTouchExactlyTheirRow) {
   cache.copy_block(0, 2);  // a zeroed row copied over
   std::fill_n(want.begin(), row, uint8_t{0});
   EXPECT_TRUE(same_bytes(pool(), want)) << "copy_block(0, 2)";
-  EXPECT_THROW(cache.zero_block(5), InvalidArgument);
-  EXPECT_THROW(cache.copy_block(5, 0), InvalidArgument);
+  EXPECT_THROW(cache.zero_block(6), InvalidArgument);
+  EXPECT_THROW(cache.copy_block(6, 0), InvalidArgument);
   EXPECT_THROW(cache.copy_block(0, -1), InvalidArgument);
 
   cache.grow(3);  // never shrinks
@@ -258,7 +260,9 @@ TEST(PagedCache, KvCacheRowOperationsTouchExactlyTheirRow) {
   EXPECT_TRUE(same_bytes(pool(), want)) << "grow(3)";
   cache.grow(9);
   EXPECT_EQ(cache.num_blocks(), 9);
-  want.resize(9 * row, 0);
+  EXPECT_EQ(cache.scratch_block(), 9);
+  want.resize(10 * row, 0);
+  std::fill(want.begin() + 5 * row, want.end(), uint8_t{0});  // the old scratch row is not kept
   EXPECT_TRUE(same_bytes(pool(), want)) << "grow(9)";
   // The pages moved with the pool.
   EXPECT_EQ(reinterpret_cast<uint8_t*>(cache.latent_page(2)),

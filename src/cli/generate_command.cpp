@@ -24,6 +24,7 @@ struct GenerateArgs {
   std::string device = "cpu";
   bool ignore_eos = false;
   bool indexer_fp8 = false;
+  bool enforce_eager = false;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -38,6 +39,9 @@ int run_generate(const GenerateArgs& a) {
   const auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig& c = model->config();
+  if (a.device == "cuda" && !a.enforce_eager) {
+    model->enable_decode_graphs(1, static_cast<int64_t>(a.prompt_ids.size()) + a.max_tokens);
+  }
 
   std::vector<int32_t> prompt;
   for (int64_t id : a.prompt_ids) {
@@ -92,6 +96,7 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after an end-of-sequence token");
+  cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   cmd->add_flag("--indexer-fp8", a->indexer_fp8,
                 "score the DSA indexer on FP8 index keys with the Hadamard rotation");
   return [a] { return run_generate(*a); };

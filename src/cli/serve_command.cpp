@@ -42,6 +42,7 @@ struct ServeArgs {
   std::string api_key;
   std::string device = "auto";
   bool batch_invariant = false;
+  bool enforce_eager = false;
 };
 
 int device_count_or_zero() {
@@ -156,6 +157,11 @@ int run_serve(const ServeArgs& a) {
   // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
   ec.enable_prefix_caching = !a.no_enable_prefix_caching;
   ec.num_blocks = static_cast<int32_t>(plan_kv_blocks(*model, a, ec, device));
+  // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
+  if (device == "cuda" && !a.enforce_eager) {
+    model->enable_decode_graphs(std::min<int64_t>(ec.scheduler.max_num_seqs, 256),
+                                ec.scheduler.max_model_len);
+  }
   const int64_t num_blocks = ec.num_blocks;
   const int64_t block_size = model->cache_plan(ec.min_block_size).block_size;
   Engine engine(std::move(model), ec);
@@ -226,6 +232,7 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY'");
   cmd->add_option("--device", a->device, "cpu, cuda or auto")->capture_default_str();
   cmd->add_flag("--batch-invariant", a->batch_invariant);
+  cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   return [a] { return run_serve(*a); };
 }
 

@@ -36,6 +36,14 @@ struct PagedRows {
            (s % block_size) * row_bytes;
   }
 
+  // The pages of query t when every query has its own block table, table_stride apart
+  // (batched decode); this table when table_stride is 0.
+  HYSERVE_HOST_DEVICE PagedRows for_query(int64_t t, int64_t table_stride) const {
+    PagedRows r = *this;
+    if (table_stride > 0 && r.block_table != nullptr) r.block_table += t * table_stride;
+    return r;
+  }
+
   template <typename T>
   HYSERVE_HOST_DEVICE const T* row(const T* base, int64_t s, int64_t width) const {
     return reinterpret_cast<const T*>(reinterpret_cast<const char*>(base) +

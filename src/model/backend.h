@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 #include "core/weight.h"
@@ -21,6 +22,7 @@
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"
 #include "kernels/rope/params.h"
+#include "util/error.h"
 
 namespace hyserve {
 
@@ -73,6 +75,17 @@ class Backend {
   virtual void freeze() {}
   // The device stream ops are issued on (cudaStream_t for CUDA), or null.
   virtual void* native_stream() const { return nullptr; }
+
+  // Graphs (CUDA graphs for decode). capture_graph records the ops `fn` issues into graph
+  // `id` without running them, replacing an earlier graph of that id; replay_graph runs
+  // it. The ops read and write the same memory at every replay; fn must not allocate.
+  virtual bool supports_graphs() const { return false; }
+  virtual void capture_graph(int64_t id, const std::function<void()>& fn) {
+    HYSERVE_THROW(InvalidArgument, "this backend has no graphs (graph ", id, ")");
+  }
+  virtual void replay_graph(int64_t id) {
+    HYSERVE_THROW(InvalidArgument, "this backend has no graphs (graph ", id, ")");
+  }
 
   // Ops (MODEL.md); each forwards to the device's kernel for that Params struct.
   virtual void linear(const LinearParams& p) = 0;

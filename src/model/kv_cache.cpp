@@ -8,12 +8,12 @@ KvCache::KvCache(Backend& backend, CachePlan plan, int64_t num_blocks)
     : backend_(&backend), plan_(std::move(plan)), num_blocks_(num_blocks) {
   CHECK(num_blocks >= 1, "KV cache: num_blocks must be >= 1, got ", num_blocks);
   CHECK(plan_.row_bytes > 0 && plan_.block_size > 0, "KV cache: empty plan");
-  pool_ = BackendBuffer(backend_, static_cast<size_t>(num_blocks * plan_.row_bytes));
+  pool_ = BackendBuffer(backend_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
 }
 
 uint8_t* KvCache::row(int32_t block) const {
-  CHECK(block >= 0 && block < num_blocks_, "KV cache: block ", block, " outside the pool of ",
-        num_blocks_);
+  CHECK(block >= 0 && block <= num_blocks_, "KV cache: block ", block, " outside the pool of ",
+        num_blocks_, " (+1 scratch)");
   return base() + static_cast<int64_t>(block) * plan_.row_bytes;
 }
 
@@ -58,8 +58,8 @@ void KvCache::copy_block(int32_t dst, int32_t src) {
 
 void KvCache::grow(int64_t num_blocks) {
   if (num_blocks <= num_blocks_) return;
-  BackendBuffer bigger(backend_, static_cast<size_t>(num_blocks * plan_.row_bytes));
-  backend_->copy(bigger.data(), pool_.data(), pool_.size());
+  BackendBuffer bigger(backend_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
+  backend_->copy(bigger.data(), pool_.data(), static_cast<size_t>(num_blocks_ * plan_.row_bytes));
   pool_ = std::move(bigger);
   num_blocks_ = num_blocks;
 }

@@ -5,7 +5,7 @@
 // (kv/block_pool.h) decides which. This class only owns the bytes and turns (block, layer)
 // into addresses; what a row holds is the engine's business.
 //
-//   pool:  | row 0 | row 1 | ... | row num_blocks-1 |        row = plan.row_bytes bytes
+//   pool:  | row 0 | row 1 | ... | row num_blocks-1 | scratch |   row = plan.row_bytes bytes
 //   latent page of `layer` in block b:     base + b * row_bytes + page(layer).latent_offset
 //   index-key page (FP8):                  [block_size x index_head_dim codes | block_size fp32
 //   scales] KDA conv state of `layer` in row b:    [3 (q, k, v), conv_kernel - 1, H*K] fp32 KDA
@@ -26,6 +26,9 @@ class KvCache {
 
   const CachePlan& plan() const { return plan_; }
   int64_t num_blocks() const { return num_blocks_; }
+  // One more row after the pool's: padding rows of a captured decode batch read it and
+  // write their KDA state there. The block pool never hands it out.
+  int32_t scratch_block() const { return static_cast<int32_t>(num_blocks_); }
   int64_t block_size() const { return plan_.block_size; }
   size_t num_bytes() const { return pool_.size(); }
   uint8_t* base() const { return pool_.as<uint8_t>(); }

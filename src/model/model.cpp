@@ -254,7 +254,55 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].num_computed, batch[i].cache,
                       tables_dev + table_offset[i], batch[i].state_block});
   }
+  decode_ = BatchedDecode{};
+  const bool batched_decode = std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
+    return in.tokens.size() == 1 && in.cache == batch[0].cache;
+  });
+  if (batched_decode && forward_graph(batch, logits)) return;
+  if (batched_decode) {
+    // Block tables padded to one width, and the KDA state rows.
+    size_t width = 0;
+    int64_t max_keys = 0;
+    for (const SequenceInput& in : batch) {
+      width = std::max(width, in.blocks.size());
+      max_keys = std::max(max_keys, in.num_computed + 1);
+    }
+    std::vector<int32_t> padded(batch.size() * width, 0);
+    std::vector<int32_t> rows(batch.size(), 0);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), padded.begin() + i * width);
+      rows[i] = std::max(batch[i].state_block, 0);
+    }
+    int32_t* padded_dev = workspace_.ints(static_cast<int64_t>(padded.size()));
+    int32_t* rows_dev = workspace_.ints(static_cast<int64_t>(rows.size()));
+    backend_->upload(padded_dev, padded.data(), padded.size() * 4);
+    backend_->upload(rows_dev, rows.data(), rows.size() * 4);
+    decode_ = {batch[0].cache, padded_dev, static_cast<int64_t>(width), rows_dev, max_keys};
+  }
 
+  float* h = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
+  // logits = lm_head(rms(h)) for the rows asked for.
+  trace("lm_head");
+  float* rows = workspace_.floats(num_rows * d);
+  int64_t r = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const int64_t n = offset[i + 1] - offset[i];
+    const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
+    const int64_t count = batch[i].all_logits ? n : 1;
+    backend_->copy(rows + r * d, h + first * d, static_cast<size_t>(count * d) * 4);
+    r += count;
+  }
+  rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
+  float* logits_dev = linear(rows, num_rows, weights_.lm_head);
+  dump("logits", logits_dev, num_rows, c.vocab_size);
+  logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
+  backend_->download(logits.data(), logits_dev, logits.size() * 4);
+}
+
+float* Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
+                         std::span<const Slice> slices, int64_t t) const {
+  const ModelConfig& c = config_;
+  const int64_t d = c.hidden_size;
   // h = embed_tokens(ids)
   float* h = workspace_.floats(t * d);
   float* x = workspace_.floats(t * d);
@@ -289,22 +337,102 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     backend_->add(h, out, t * d);
     dump(layer_name(layer, "hidden"), h, t, d);
   }
-  // logits = lm_head(rms(h)) for the rows asked for.
-  trace("lm_head");
-  float* rows = workspace_.floats(num_rows * d);
-  int64_t r = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t n = offset[i + 1] - offset[i];
-    const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
-    const int64_t count = batch[i].all_logits ? n : 1;
-    backend_->copy(rows + r * d, h + first * d, static_cast<size_t>(count * d) * 4);
-    r += count;
+  return h;
+}
+
+void Model::enable_decode_graphs(int64_t max_batch, int64_t max_context) {
+  CHECK(max_batch >= 1 && max_context >= 1, "decode graphs: max_batch ", max_batch,
+        ", max_context ", max_context);
+  graph_max_batch_ = max_batch;
+  graph_max_context_ = max_context;
+}
+
+int64_t Model::num_decode_graphs() const {
+  int64_t n = 0;
+  for (const auto& [shape, g] : graphs_) n += g.captured ? 1 : 0;
+  return n;
+}
+
+bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+  if (graph_max_batch_ == 0 || !backend_->supports_graphs()) return false;
+  const auto num_seqs = static_cast<int64_t>(batch.size());
+  int64_t max_keys = 0;
+  for (const SequenceInput& in : batch) max_keys = std::max(max_keys, in.num_computed + 1);
+  if (num_seqs > graph_max_batch_ || max_keys > graph_max_context_) return false;
+  int64_t rows = 1;
+  while (rows < num_seqs) rows *= 2;
+  rows = std::min(rows, graph_max_batch_);
+  int64_t context = 4096;
+  while (context < max_keys) context *= 2;
+  context = std::min(context, graph_max_context_);
+
+  KvCache& cache = *batch[0].cache;
+  const CachePlan& plan = cache.plan();
+  const int64_t width = plan.blocks_for_tokens(context);
+  const int64_t vocab = config_.vocab_size, d = config_.hidden_size;
+  DecodeGraph& g = graphs_[{rows, context}];
+  if (g.batch == 0) {
+    Backend* b = backend_.get();
+    g.id = static_cast<int64_t>(graphs_.size());
+    g.batch = rows;
+    g.context = context;
+    g.table_width = width;
+    g.ids = BackendBuffer(b, static_cast<size_t>(rows) * 4);
+    g.pos = BackendBuffer(b, static_cast<size_t>(rows) * 8);
+    g.slots = BackendBuffer(b, static_cast<size_t>(rows) * 8);
+    g.tables = BackendBuffer(b, static_cast<size_t>(rows * width) * 4);
+    g.state_rows = BackendBuffer(b, static_cast<size_t>(rows) * 4);
+    g.logits = BackendBuffer(b, static_cast<size_t>(rows * vocab) * 4);
   }
-  rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
-  float* logits_dev = linear(rows, num_rows, weights_.lm_head);
-  dump("logits", logits_dev, num_rows, c.vocab_size);
-  logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
-  backend_->download(logits.data(), logits_dev, logits.size() * 4);
+  // The graph holds the cache's addresses.
+  if (g.cache != &cache || g.pool != cache.base()) g.captured = false;
+
+  // This step's inputs; padding rows: token 0 at position 0 in the scratch row, no write.
+  const int32_t scratch = cache.scratch_block();
+  const int64_t bs = plan.block_size;
+  std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
+  std::vector<int64_t> pos(static_cast<size_t>(rows), 0), slots(static_cast<size_t>(rows), -1);
+  std::vector<int32_t> tables(static_cast<size_t>(rows * width), scratch);
+  std::vector<int32_t> state_rows(static_cast<size_t>(rows), scratch);
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const SequenceInput& in = batch[static_cast<size_t>(i)];
+    const int64_t p = in.num_computed;
+    ids[i] = in.tokens[0];
+    pos[i] = p;
+    slots[i] = static_cast<int64_t>(in.blocks[p / bs]) * bs + p % bs;
+    std::copy(in.blocks.begin(), in.blocks.end(), tables.begin() + i * width);
+    if (in.state_block >= 0) state_rows[i] = in.state_block;
+  }
+  backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
+  backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
+  backend_->upload(g.slots.data(), slots.data(), slots.size() * 8);
+  backend_->upload(g.tables.data(), tables.data(), tables.size() * 4);
+  backend_->upload(g.state_rows.data(), state_rows.data(), state_rows.size() * 4);
+
+  const Slice all{0, rows, 0, &cache, g.tables.as<int32_t>(), scratch};
+  auto step = [&] {
+    workspace_.reset();
+    decode_ = {&cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), context};
+    float* h = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(), g.slots.as<int64_t>(),
+                          std::span<const Slice>(&all, 1), rows);
+    trace("lm_head");
+    float* x = workspace_.floats(rows * d);
+    rms_norm(h, weights_.final_norm, rows, d, config_.rms_norm_eps, x);
+    linear_into(x, rows, weights_.lm_head, g.logits.as<float>());
+  };
+  if (g.captured) {
+    backend_->replay_graph(g.id);
+  } else {
+    step();  // this step's result; then the same ops are recorded
+    backend_->capture_graph(g.id, step);
+    g.cache = &cache;
+    g.pool = cache.base();
+    g.captured = true;
+  }
+  decode_ = BatchedDecode{};
+  logits.resize(static_cast<size_t>(num_seqs * vocab));
+  backend_->download(logits.data(), g.logits.data(), logits.size() * 4);
+  return true;
 }
 
 void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
@@ -386,25 +514,37 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
   //    absorbed for decode).
   float* o = workspace_.floats(t * h * dv);
-  for (const Slice& sq : seqs) {
+  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
+  auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
+                    PagedRows pages, int64_t table_stride, bool absorbed) {
     MlaAttentionParams p;
-    p.q = q + sq.offset * h * dqk;
-    p.latent = sq.cache->latent_page(layer);
-    p.latent_pages = sq.cache->pages(sq.blocks);
+    p.q = q + offset * h * dqk;
+    p.latent = cache.latent_page(layer);
+    p.latent_pages = pages;
+    p.table_stride = table_stride;
     p.kv_b = &w.kv_b_proj;
-    p.q_pos = pos + sq.offset;
-    p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
+    p.q_pos = pos + offset;
+    p.topk = topk ? topk + offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
-    p.out = o + sq.offset * h * dv;
-    p.num_tokens = sq.n;
-    p.num_keys = sq.num_computed + sq.n;
+    p.out = o + offset * h * dv;
+    p.num_tokens = n;
+    p.num_keys = num_keys;
     p.num_heads = h;
     p.dn = dn;
     p.dr = dr;
     p.dv = dv;
     p.kv_lora = kv;
     p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
-    backend_->mla_attention(p, /*absorbed=*/sq.n == 1);
+    backend_->mla_attention(p, absorbed);
+  };
+  if (decode_.cache != nullptr) {
+    attend(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
+           decode_.table_stride, /*absorbed=*/true);
+  } else {
+    for (const Slice& sq : seqs) {
+      attend(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0,
+             /*absorbed=*/sq.n == 1);
+    }
   }
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
@@ -463,27 +603,28 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
 
   const int64_t k = c.index_topk;
   int32_t* selected = workspace_.ints(t * k);
-  for (const Slice& sq : seqs) {
-    const KvCache& cache = *sq.cache;
-    const PagedRows pages = cache.pages(sq.blocks);
-    const int64_t s = sq.num_computed + sq.n;
-    // 6./7. Score its queries in chunks (bounded buffer), keep the causal top-k.
+  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
+  // chunks (a bounded buffer), keeping the causal top-k.
+  auto select = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
+                    PagedRows pages, int64_t table_stride) {
     const Workspace::Mark mark = workspace_.mark();
-    const int64_t chunk = std::min(sq.n, kIndexerQueryChunk);
-    float* scores = workspace_.floats(chunk * s);
-    for (int64_t b = sq.offset; b < sq.offset + sq.n; b += chunk) {
-      const int64_t n = std::min(chunk, sq.offset + sq.n - b);
+    const int64_t chunk = std::min(n, kIndexerQueryChunk);
+    float* scores = workspace_.floats(chunk * num_keys);
+    for (int64_t b = offset; b < offset + n; b += chunk) {
+      const int64_t m = std::min(chunk, offset + n - b);
+      const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
       if (options_.indexer_fp8) {
         IndexerFp8CacheScoreParams p;
         p.q = qi + b * hi * di;
         p.k_fp8 = cache.index_page(layer);
         p.k_scales = cache.index_scale_page(layer);
-        p.k_pages = pages;
+        p.k_pages = chunk_pages;
+        p.table_stride = table_stride;
         p.head_weights = hw + b * hi;
         p.q_pos = pos + b;
         p.scores = scores;
-        p.num_tokens = n;
-        p.num_keys = s;
+        p.num_tokens = m;
+        p.num_keys = num_keys;
         p.num_heads = hi;
         p.head_dim = di;
         backend_->indexer_scores_fp8_cache(p);
@@ -491,19 +632,28 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
         IndexerScoreParams p;
         p.q = qi + b * hi * di;
         p.k = reinterpret_cast<const float*>(cache.index_page(layer));
-        p.k_pages = pages;
+        p.k_pages = chunk_pages;
+        p.table_stride = table_stride;
         p.head_weights = hw + b * hi;
         p.q_pos = pos + b;
         p.scores = scores;
-        p.num_tokens = n;
-        p.num_keys = s;
+        p.num_tokens = m;
+        p.num_keys = num_keys;
         p.num_heads = hi;
         p.head_dim = di;
         backend_->indexer_scores(p);
       }
-      backend_->causal_topk(scores, pos + b, n, s, k, selected + b * k);
+      backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
     }
     workspace_.rewind(mark);
+  };
+  if (decode_.cache != nullptr) {
+    select(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
+           decode_.table_stride);
+  } else {
+    for (const Slice& sq : seqs) {
+      select(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0);
+    }
   }
   return selected;
 }
@@ -518,6 +668,22 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   auto conv = [&](const Weight& proj, const Vec& weight, int which) {
     const float* raw = linear(x, t, proj);
     float* y = workspace_.floats(t * width);
+    if (decode_.cache != nullptr) {
+      // One token of each sequence: t * width channels, each sequence's state in its row.
+      ShortConvParams p;
+      p.x = raw;
+      p.weight = weight.data;
+      p.conv_state = decode_.cache->kda_conv_state(0, layer, which);
+      p.y = y;
+      p.num_tokens = 1;
+      p.channels = t * width;
+      p.kernel_size = c.linear_conv_kernel;
+      p.state_rows = decode_.state_rows;
+      p.state_row_bytes = decode_.cache->plan().row_bytes;
+      p.channels_per_row = width;
+      backend_->short_conv_silu(p);
+      return y;
+    }
     for (const Slice& sq : seqs) {
       ShortConvParams p;
       p.x = raw + sq.offset * width;
@@ -557,22 +723,41 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
 
   // 5./6. The delta-rule recurrence per sequence: chunked for prefill, recurrent for decode.
   float* o = workspace_.floats(t * width);
-  for (const Slice& sq : seqs) {
+  if (decode_.cache != nullptr) {
+    // One token of each sequence: t * h heads, each sequence's states in its row.
     KdaParams p;
-    p.q = q + sq.offset * width;
-    p.k = kk + sq.offset * width;
-    p.v = v + sq.offset * width;
-    p.g = g + sq.offset * width;
-    p.beta = beta + sq.offset * h;
-    p.state = sq.cache->kda_recurrent_state(sq.state_block, layer);
-    p.o = o + sq.offset * width;
-    p.num_tokens = sq.n;
-    p.num_heads = h;
+    p.q = q;
+    p.k = kk;
+    p.v = v;
+    p.g = g;
+    p.beta = beta;
+    p.state = decode_.cache->kda_recurrent_state(0, layer);
+    p.o = o;
+    p.num_tokens = 1;
+    p.num_heads = t * h;
     p.head_dim = k;
-    if (sq.n > 1) {
-      backend_->kda_chunked(p);
-    } else {
-      backend_->kda_recurrent(p);
+    p.state_rows = decode_.state_rows;
+    p.state_row_bytes = decode_.cache->plan().row_bytes;
+    p.heads_per_row = h;
+    backend_->kda_recurrent(p);
+  } else {
+    for (const Slice& sq : seqs) {
+      KdaParams p;
+      p.q = q + sq.offset * width;
+      p.k = kk + sq.offset * width;
+      p.v = v + sq.offset * width;
+      p.g = g + sq.offset * width;
+      p.beta = beta + sq.offset * h;
+      p.state = sq.cache->kda_recurrent_state(sq.state_block, layer);
+      p.o = o + sq.offset * width;
+      p.num_tokens = sq.n;
+      p.num_heads = h;
+      p.head_dim = k;
+      if (sq.n > 1) {
+        backend_->kda_chunked(p);
+      } else {
+        backend_->kda_recurrent(p);
+      }
     }
   }
   dump(layer_name(layer, "kda_core"), o, t, width);

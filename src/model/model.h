@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -102,7 +103,18 @@ class Model {
   void forward(std::span<const int32_t> tokens, SequenceState& state, std::vector<float>& logits,
                bool all_positions = false) const;
 
-  // Scratch memory of the forward pass (the CUDA runner freezes it after warm-up).
+  // CUDA graphs for batched decode, on backends that have graphs. A decode batch (B
+  // single-token sequences sharing one cache, B <= max_batch, every sequence at most
+  // max_context tokens) runs as the graph of its shape: the smallest batch of 1, 2, 4, ...
+  // (or max_batch) >= B and the smallest context bound 4096 * 2^k (or max_context) >= its
+  // longest sequence. Padding rows read the cache's scratch row and write their KDA state
+  // there. The first step of a shape runs eagerly and captures its graph; later steps of
+  // that shape only upload their inputs, replay it and download the logits. Off by default.
+  void enable_decode_graphs(int64_t max_batch, int64_t max_context);
+  // Graphs captured so far.
+  int64_t num_decode_graphs() const;
+
+  // Scratch memory of the forward pass.
   Workspace& workspace() const { return workspace_; }
 
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
@@ -130,6 +142,22 @@ class Model {
   // Projections, norms and gates run over all T tokens at once; only what reads or
   // writes a sequence's own state (conv, recurrence, cache writes, attention) runs
   // per sequence. pos: [T] positions of the tokens.
+  // A batch of single-token sequences that share one cache runs each attention op once
+  // for the whole batch (batched decode), every query reading its own block-table row and
+  // KDA state row; any other batch runs attention per sequence.
+  struct BatchedDecode {
+    KvCache* cache = nullptr;         // null: per sequence
+    const int32_t* tables = nullptr;  // [B, table_stride] block tables
+    int64_t table_stride = 0;
+    const int32_t* state_rows = nullptr;  // [B] KDA state rows
+    int64_t max_keys = 0;                 // the largest num_computed + 1 of the batch
+  };
+
+  // Embedding and every decoder layer over the batch's T tokens (the cache written as
+  // they go); returns the final hidden states h [T, D] (workspace).
+  float* run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
+                    std::span<const Slice> slices, int64_t t) const;
+
   // slots: [T] each token's cache slot (block * block_size + offset).
   void mla_attention(int64_t layer, const float* x, int64_t num_tokens, const int64_t* pos,
                      const int64_t* slots, std::span<const Slice> seqs, float* out) const;
@@ -164,6 +192,26 @@ class Model {
   std::vector<BackendBuffer> weight_buffers_;  // backend copies (non-CPU backends)
   RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
   CachePlanOptions cache_options_;
+  mutable BatchedDecode decode_;  // of the forward in progress
+
+  // A captured decode step: its shape, its input and logits buffers (fixed addresses the
+  // graph reads and writes) and the cache it was captured on.
+  struct DecodeGraph {
+    int64_t id = 0;
+    int64_t batch = 0;        // rows, padding included
+    int64_t context = 0;      // key bound
+    int64_t table_width = 0;  // blocks per block-table row
+    const KvCache* cache = nullptr;
+    const uint8_t* pool = nullptr;  // the cache's pool when captured (it moves when it grows)
+    bool captured = false;
+    BackendBuffer ids, pos, slots, tables, state_rows, logits;
+  };
+  // Runs a decode batch through its graph; false when graphs are off or the batch does
+  // not fit one (the caller then runs it eagerly).
+  bool forward_graph(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
+  int64_t graph_max_batch_ = 0;
+  int64_t graph_max_context_ = 0;
+  mutable std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
   mutable Workspace workspace_;
   DumpFn dump_;
   std::function<void(std::string_view)> trace_;

@@ -35,12 +35,40 @@ class CudaBackend final : public Backend {
     blas_ = std::make_unique<cuda::Blas>(stream_);
   }
   ~CudaBackend() override {
+    for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
     blas_.reset();
     if (stream_) cudaStreamDestroy(stream_);
   }
 
   DeviceKind kind() const override { return DeviceKind::kCuda; }
   void* native_stream() const override { return stream_; }
+
+  bool supports_graphs() const override { return true; }
+  void capture_graph(int64_t id, const std::function<void()>& fn) override {
+    // Relaxed: launchers may set kernel attributes while capturing; nothing allocates.
+    CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+    cudaGraph_t graph = nullptr;
+    try {
+      fn();
+    } catch (...) {
+      cudaStreamEndCapture(stream_, &graph);
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      throw;
+    }
+    CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t st = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    CUDA_CHECK(st);
+    const auto it = graphs_.find(id);
+    if (it != graphs_.end()) cudaGraphExecDestroy(it->second);
+    graphs_[id] = exec;
+  }
+  void replay_graph(int64_t id) override {
+    const auto it = graphs_.find(id);
+    CHECK(it != graphs_.end(), "no CUDA graph ", id, " was captured");
+    CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  }
   void freeze() override { frozen_ = true; }
 
   void* allocate(size_t n) override {
@@ -152,14 +180,16 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  // The shared op workspace, grown (before freeze) to the largest request seen.
+  // The shared op workspace, grown (before freeze) to the largest request seen. A
+  // smaller one it replaces stays allocated: captured graphs may still use it.
   void* scratch(size_t bytes) {
     if (bytes == 0) return nullptr;
     if (workspace_.size() < bytes) {
       CHECK(!frozen_, "op workspace of ", bytes, " bytes exceeds the ", workspace_.size(),
             " sized before the CUDA backend was frozen");
-      CUDA_CHECK(cudaStreamSynchronize(stream_));
-      workspace_ = cuda::DeviceBuffer(std::max(bytes, workspace_.size() * 2));
+      const size_t old_size = workspace_.size();
+      if (old_size > 0) retired_.push_back(std::move(workspace_));
+      workspace_ = cuda::DeviceBuffer(std::max(bytes, 2 * old_size));
     }
     return workspace_.data();
   }
@@ -168,6 +198,8 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<cuda::Blas> blas_;
   cuda::DeviceBuffer workspace_;
+  std::vector<cuda::DeviceBuffer> retired_;  // earlier op workspaces (graphs may use them)
+  std::map<int64_t, cudaGraphExec_t> graphs_;
   std::map<const RopeTable*, cuda::DeviceRopeTable> rope_tables_;
   std::map<const MlpWeights*, cuda::MoeExperts> experts_;
   bool frozen_ = false;

@@ -110,8 +110,27 @@ void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q, f
       16);
 }
 
+// Per-query block tables (batched decode): the queries one at a time, each with its table.
+template <typename Params, typename Fn>
+bool per_query_tables(const Params& p, Fn score) {
+  if (p.table_stride == 0 || !p.k_pages.paged()) return false;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    Params one = p;
+    one.q += t * p.num_heads * p.head_dim;
+    one.head_weights += t * p.num_heads;
+    one.q_pos += t;
+    one.scores += t * p.num_keys;
+    one.num_tokens = 1;
+    one.k_pages = p.k_pages.for_query(t, p.table_stride);
+    one.table_stride = 0;
+    score(one);
+  }
+  return true;
+}
+
 void indexer_scores(const IndexerScoreParams& p) {
   check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
+  if (per_query_tables(p, [](const IndexerScoreParams& one) { indexer_scores(one); })) return;
   if (p.num_tokens == 0) return;
   CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr &&
             (p.scores != nullptr || p.num_keys == 0),
@@ -154,6 +173,10 @@ void indexer_scores(const IndexerScoreParams& p) {
 
 void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
   check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
+  if (per_query_tables(
+          p, [](const IndexerFp8CacheScoreParams& one) { indexer_scores_fp8_cache(one); })) {
+    return;
+  }
   CHECK(p.head_dim <= kIndexerFp8BlockSize,
         "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
         p.head_dim);

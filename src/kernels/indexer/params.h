@@ -26,7 +26,8 @@ constexpr float kE4m3Max = 448.0f;
 struct IndexerScoreParams {
   const float* q = nullptr;             // [T, Hi, d]
   const float* k = nullptr;             // [S, d], or the page of block 0 when paged
-  PagedRows k_pages;                    // block table of the key pages; default: contiguous
+  PagedRows k_pages{};                  // block table of the key pages; default: contiguous
+  int64_t table_stride = 0;             // > 0: query t reads k_pages.block_table + t * table_stride
   const float* head_weights = nullptr;  // [T, Hi] weights_proj(x) * Hi^-0.5 * d^-0.5
   const int64_t* q_pos = nullptr;       // [T] key s is visible iff s <= q_pos[t]
   float* scores = nullptr;              // [T, S] out
@@ -44,7 +45,8 @@ struct IndexerFp8CacheScoreParams {
   const float* q = nullptr;             // [T, Hi, d]
   const uint8_t* k_fp8 = nullptr;       // [S, d] e4m3 codes (page of block 0 when paged)
   const float* k_scales = nullptr;      // [S] power-of-two scale per key (same)
-  PagedRows k_pages;                    // one block table for codes and scales; default: contiguous
+  PagedRows k_pages{};                  // one block table for codes and scales; default: contiguous
+  int64_t table_stride = 0;             // > 0: query t reads k_pages.block_table + t * table_stride
   const float* head_weights = nullptr;  // [T, Hi] weights_proj(x) * Hi^-0.5 * d^-0.5
   const int64_t* q_pos = nullptr;       // [T] key s is visible iff s <= q_pos[t]
   float* scores = nullptr;              // [T, S] out

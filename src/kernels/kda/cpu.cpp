@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "kernels/kda/check.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -34,6 +35,7 @@ void check_kda_params(const KdaParams& p, const char* op) {
   CHECK(p.num_heads > 0, op, ": num_heads = ", p.num_heads);
   CHECK(p.head_dim > 0, op, ": head_dim = ", p.head_dim);
   CHECK(p.state != nullptr, op, ": null state");
+  check_kda_state_rows(p, op);
   if (p.num_tokens == 0) return;
   CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr &&
             p.o != nullptr,
@@ -51,7 +53,7 @@ struct HeadView {
   const float* g(int64_t t) const { return p.g + row(t); }
   float beta(int64_t t) const { return p.beta[t * p.num_heads + h]; }
   float* o(int64_t t) const { return p.o + row(t); }
-  float* state() const { return p.state + h * p.head_dim * p.head_dim; }
+  float* state() const { return kda_head_state(p, h); }
 };
 
 // One head over all tokens, token by token. s is [K, V]; kv is scratch [V].
@@ -227,6 +229,7 @@ void short_conv_silu(const ShortConvParams& p) {
   CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr,
         "short_conv_silu: null x, weight or y");
   CHECK(p.x != p.y, "short_conv_silu: y must not alias x");
+  check_conv_state_rows(p);
 
   const int64_t num_tokens = p.num_tokens;
   const int64_t num_channels = p.channels;
@@ -236,10 +239,11 @@ void short_conv_silu(const ShortConvParams& p) {
       num_channels,
       [&](int64_t c_begin, int64_t c_end) {
         for (int64_t c = c_begin; c < c_end; ++c) {
-          const float* w = p.weight + c * width;
+          const ShortConvChannel ch = short_conv_channel(p, c);
+          const float* w = ch.weight;
           // Input at time `src` (negative: from the state), channel c.
           auto input = [&](int64_t src) {
-            return src < 0 ? p.conv_state[(num_state + src) * num_channels + c]
+            return src < 0 ? ch.state[(num_state + src) * ch.state_stride]
                            : p.x[src * num_channels + c];
           };
           for (int64_t t = 0; t < num_tokens; ++t) {
@@ -250,7 +254,7 @@ void short_conv_silu(const ShortConvParams& p) {
           // Row r becomes the input at time T - (W-1) + r; a state source row
           // (T + r) is never below r, so ascending r reads rows not yet rewritten.
           for (int64_t r = 0; r < num_state; ++r) {
-            p.conv_state[r * num_channels + c] = input(num_tokens - num_state + r);
+            ch.state[r * ch.state_stride] = input(num_tokens - num_state + r);
           }
         }
       },

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "core/paged.h"
+
 namespace hyserve {
 
 // Tokens per chunk of the chunked KDA prefill. Its result depends on where the chunks
@@ -28,7 +30,31 @@ struct ShortConvParams {
   int64_t num_tokens = 0;         // T >= 0; T == 0 leaves conv_state unchanged
   int64_t channels = 0;           // C
   int64_t kernel_size = 0;        // W
+  // Batched decode (T == 1): C = B * channels_per_row channels of B sequences, sequence
+  // b's conv state [W-1, channels_per_row] at conv_state + state_rows[b] * state_row_bytes
+  // bytes (rows of the packed cache; device memory for CUDA). Unset: one sequence.
+  const int32_t* state_rows = nullptr;  // [B]
+  int64_t state_row_bytes = 0;
+  int64_t channels_per_row = 0;
 };
+
+// Conv state of channel c (batched decode: its sequence's row), [W-1] strided by the
+// sequence's channel count; and the weight row of c.
+struct ShortConvChannel {
+  float* state;
+  int64_t state_stride;
+  const float* weight;
+};
+HYSERVE_HOST_DEVICE inline ShortConvChannel short_conv_channel(const ShortConvParams& p,
+                                                               int64_t c) {
+  if (p.state_rows == nullptr) return {p.conv_state + c, p.channels, p.weight + c * p.kernel_size};
+  const int64_t b = c / p.channels_per_row, ch = c % p.channels_per_row;
+  float* base = p.conv_state == nullptr
+                    ? nullptr
+                    : reinterpret_cast<float*>(reinterpret_cast<char*>(p.conv_state) +
+                                               p.state_rows[b] * p.state_row_bytes);
+  return {base == nullptr ? nullptr : base + ch, p.channels_per_row, p.weight + ch * p.kernel_size};
+}
 
 // Per-channel log-decay: g = -exp(a_log[h]) * softplus(f + dt_bias), softplus with
 // threshold 20 (x > 20 -> x). g <= 0.
@@ -55,7 +81,22 @@ struct KdaParams {
   int64_t num_tokens = 0;       // T >= 0; T == 0 leaves state unchanged
   int64_t num_heads = 0;        // H
   int64_t head_dim = 0;         // K = V
+  // Batched decode: H = B * heads_per_row heads of B sequences, sequence b's states
+  // [heads_per_row, K, V] at state + state_rows[b] * state_row_bytes bytes (rows of the
+  // packed cache; device memory for CUDA). Unset: one sequence, state [H, K, V].
+  const int32_t* state_rows = nullptr;  // [B]
+  int64_t state_row_bytes = 0;
+  int64_t heads_per_row = 0;
 };
+
+// The [K, V] state of head h.
+HYSERVE_HOST_DEVICE inline float* kda_head_state(const KdaParams& p, int64_t h) {
+  const int64_t size = p.head_dim * p.head_dim;
+  if (p.state_rows == nullptr) return p.state + h * size;
+  return reinterpret_cast<float*>(reinterpret_cast<char*>(p.state) +
+                                  p.state_rows[h / p.heads_per_row] * p.state_row_bytes) +
+         (h % p.heads_per_row) * size;
+}
 
 // y = o / sqrt(mean_v(o^2) + eps) * weight * sigmoid(gate), normalized per head.
 struct GatedRmsNormParams {

@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/cuda/device_buffer.h"
 #include "kernels/linear/params.h"
 
 namespace hyserve::cuda {
@@ -35,8 +36,10 @@ class Blas {
   cudaStream_t stream() const { return stream_; }
 
  private:
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   cublasHandle_t handle_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  DeviceBuffer workspace_;
 };
 
 inline constexpr int64_t kSmallBatchMaxTokens = 16;

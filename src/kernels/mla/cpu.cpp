@@ -91,8 +91,9 @@ std::vector<float> decode_head_weights(const MlaAttentionParams& p, int64_t h) {
 const float* q_row(const MlaAttentionParams& p, int64_t t, int64_t h) {
   return p.q + (t * p.num_heads + h) * (p.dn + p.dr);
 }
-const float* latent_row(const MlaAttentionParams& p, int64_t s) {
-  return p.latent_pages.row(p.latent, s, p.kv_lora + p.dr);
+// Latent row s as query t sees it (its own block table in batched decode).
+const float* latent_row(const MlaAttentionParams& p, int64_t t, int64_t s) {
+  return p.latent_pages.for_query(t, p.table_stride).row(p.latent, s, p.kv_lora + p.dr);
 }
 
 // Writes out = 0 and lse = -inf for a query that sees no key.
@@ -110,7 +111,7 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
   std::vector<float> kv(static_cast<size_t>(p.num_keys * kv_width));
   for (int64_t s = 0; s < p.num_keys; ++s) {
     for (int64_t j = 0; j < kv_width; ++j) {
-      kv[s * kv_width + j] = dot(&w[j * p.kv_lora], latent_row(p, s), p.kv_lora);
+      kv[s * kv_width + j] = dot(&w[j * p.kv_lora], latent_row(p, 0, s), p.kv_lora);
     }
   }
   std::vector<int64_t> keys;
@@ -127,7 +128,7 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
     for (size_t i = 0; i < keys.size(); ++i) {
       const int64_t s = keys[i];
       const float nope = dot(q_nope, &kv[s * kv_width], p.dn);
-      const float pe = dot(q_pe, latent_row(p, s) + p.kv_lora, p.dr);
+      const float pe = dot(q_pe, latent_row(p, 0, s) + p.kv_lora, p.dr);
       probs[i] = (nope + pe) * p.softmax_scale;
     }
     const float lse = softmax(probs);
@@ -163,14 +164,14 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
     }
     probs.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      const float* c = latent_row(p, keys[i]);
+      const float* c = latent_row(p, t, keys[i]);
       probs[i] =
           (dot(q_lat.data(), c, p.kv_lora) + dot(q_pe, c + p.kv_lora, p.dr)) * p.softmax_scale;
     }
     const float lse = softmax(probs);
     std::fill(o_lat.begin(), o_lat.end(), 0.0f);
     for (size_t i = 0; i < keys.size(); ++i) {
-      const float* c = latent_row(p, keys[i]);
+      const float* c = latent_row(p, t, keys[i]);
       for (int64_t l = 0; l < p.kv_lora; ++l) o_lat[l] += probs[i] * c[l];
     }
     float* out = p.out + (t * p.num_heads + h) * p.dv;
@@ -191,6 +192,8 @@ void run_heads(const MlaAttentionParams& p, HeadFn head_fn) {
 }  // namespace
 
 void mla_attention_expanded(const MlaAttentionParams& p) {
+  CHECK(p.table_stride == 0, "the expanded MLA form reads one block table (table_stride ",
+        p.table_stride, ")");
   run_heads(p, expanded_head);
 }
 

@@ -23,9 +23,12 @@
 namespace hyserve {
 
 struct MlaAttentionParams {
-  const float* q = nullptr;        // [T, H, dn + dr]
-  const float* latent = nullptr;   // [S, kv_lora + dr], or the page of block 0 when paged
-  PagedRows latent_pages;          // block table of the latent pages; default: contiguous
+  const float* q = nullptr;       // [T, H, dn + dr]
+  const float* latent = nullptr;  // [S, kv_lora + dr], or the page of block 0 when paged
+  PagedRows latent_pages{};       // block table of the latent pages; default: contiguous
+  // Batched decode: query t reads its own block table, latent_pages.block_table +
+  // t * table_stride (sequences of one query each; absorbed form). 0: one table for all.
+  int64_t table_stride = 0;
   const Weight* kv_b = nullptr;    // [H*(dn+dv), kv_lora] kv_b_proj, any Weight format
   const int64_t* q_pos = nullptr;  // [T] position of each query
   const int32_t* topk = nullptr;   // [T, topk_width] key positions, -1 = empty; null = dense

@@ -114,6 +114,7 @@ struct ScoreArgs {
   const uint8_t* k_fp8;       // [S, d] (kFp8Cache)
   const float* k_scales;      // [S] (kFp8Cache)
   PagedRows k_pages;          // of k, or of k_fp8 and k_scales
+  int64_t table_stride;       // > 0: query t's block table is t * table_stride further
   const float* head_weights;  // [T, Hi]
   const int64_t* q_pos;       // [T]
   float* scores;              // [T, S]
@@ -134,6 +135,7 @@ __global__ void score_kernel(ScoreArgs a) {
   constexpr int kPitch = kScoreTile + 1;
 
   const int64_t t = blockIdx.y;
+  const PagedRows pages = a.k_pages.for_query(t, a.table_stride);
   const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * kScoreTile;
   const int64_t s = tile0 + threadIdx.x;
   const int64_t last = a.q_pos[t] < a.num_keys ? a.q_pos[t] : a.num_keys - 1;
@@ -157,9 +159,9 @@ __global__ void score_kernel(ScoreArgs a) {
     float val = 0.0f;
     if (src <= last) {
       if constexpr (kMode == KeyMode::kFp8Cache) {
-        val = e4m3_to_f32(a.k_pages.row(a.k_fp8, src, d)[dd]);
+        val = e4m3_to_f32(pages.row(a.k_fp8, src, d)[dd]);
       } else {
-        val = a.k_pages.row(a.k, src, d)[dd];
+        val = pages.row(a.k, src, d)[dd];
       }
     }
     k_t[dd * kPitch + key] = val;
@@ -191,7 +193,7 @@ __global__ void score_kernel(ScoreArgs a) {
       kv = e4m3_to_f32(f32_to_e4m3(clamp_e4m3(kv / k_scale)));
     }
   } else if constexpr (kMode == KeyMode::kFp8Cache) {
-    if (s <= last) k_scale = *a.k_pages.row(a.k_scales, s, 1);
+    if (s <= last) k_scale = *pages.row(a.k_scales, s, 1);
   }
   __syncthreads();
 
@@ -280,6 +282,7 @@ void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
                     .k_fp8 = nullptr,
                     .k_scales = nullptr,
                     .k_pages = p.k_pages,
+                    .table_stride = p.table_stride,
                     .head_weights = p.head_weights,
                     .q_pos = p.q_pos,
                     .scores = p.scores,
@@ -307,6 +310,7 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t 
                     .k_fp8 = p.k_fp8,
                     .k_scales = p.k_scales,
                     .k_pages = p.k_pages,
+                    .table_stride = p.table_stride,
                     .head_weights = p.head_weights,
                     .q_pos = p.q_pos,
                     .scores = p.scores,

@@ -3,6 +3,7 @@
 // the CPU does; the norms run one warp per row.
 #include <cuda_runtime.h>
 
+#include "kernels/kda/check.h"
 #include "kernels/kda/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -36,10 +37,10 @@ __global__ void short_conv_kernel(ShortConvParams p) {
   const int64_t num_channels = p.channels;
   const int64_t width = p.kernel_size;
   const int64_t num_state = width - 1;
-  const float* w = p.weight + c * width;
+  const ShortConvChannel ch = short_conv_channel(p, c);
+  const float* w = ch.weight;
   auto input = [&](int64_t src) {
-    return src < 0 ? p.conv_state[(num_state + src) * num_channels + c]
-                   : p.x[src * num_channels + c];
+    return src < 0 ? ch.state[(num_state + src) * ch.state_stride] : p.x[src * num_channels + c];
   };
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     float acc = 0.0f;
@@ -48,7 +49,7 @@ __global__ void short_conv_kernel(ShortConvParams p) {
   }
   // Ascending r reads rows not yet rewritten (source row T + r >= r), as on the CPU.
   for (int64_t r = 0; r < num_state; ++r) {
-    p.conv_state[r * num_channels + c] = input(p.num_tokens - num_state + r);
+    ch.state[r * ch.state_stride] = input(p.num_tokens - num_state + r);
   }
 }
 
@@ -100,6 +101,7 @@ void short_conv_silu(const ShortConvParams& p, cudaStream_t stream) {
   CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr,
         "short_conv_silu: null x, weight or y");
   CHECK(p.x != p.y, "short_conv_silu: y must not alias x");
+  check_conv_state_rows(p);
   short_conv_kernel<<<blocks_for(p.channels, kThreads), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

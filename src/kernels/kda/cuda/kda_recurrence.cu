@@ -12,6 +12,7 @@
 //   | S [K, kSlice]          (K = 128, C = 64: 168 KiB)
 #include <cuda_runtime.h>
 
+#include "kernels/kda/check.h"
 #include "kernels/kda/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -41,7 +42,7 @@ __global__ void recurrent_kernel(KdaParams p) {
   float* q_s = s_col + dk * kSlice;  // [K]
   float* k_s = q_s + dk;             // [K]
   float* decay_s = k_s + dk;         // [K]
-  float* state = p.state + blockIdx.x * dk * dv;
+  float* state = kda_head_state(p, blockIdx.x);
   const bool active = e < dv;
   if (active) {
     for (int64_t d = 0; d < dk; ++d) s_col[d * kSlice + lane] = state[d * dv + e];
@@ -113,7 +114,7 @@ __global__ void chunked_kernel(KdaParams p, int64_t chunk) {
   const int64_t e0 = static_cast<int64_t>(blockIdx.y) * kSlice;
   const int64_t num_cols = dv - e0 < kSlice ? dv - e0 : kSlice;
   const ChunkShared sh = carve(smem_d, chunk, dk);
-  float* state = p.state + h * dk * dv;
+  float* state = kda_head_state(p, h);
   const int tid = threadIdx.x;
   const int nthreads = blockDim.x;
   auto beta = [&](int64_t t) { return p.beta[t * p.num_heads + h]; };
@@ -242,6 +243,7 @@ void check_kda_params(const KdaParams& p, const char* op) {
   CHECK(p.head_dim > 0 && p.head_dim <= kMaxHeadDim, op, ": head_dim = ", p.head_dim,
         " (the CUDA kernels take 1..", kMaxHeadDim, ")");
   CHECK(p.state != nullptr, op, ": null state");
+  check_kda_state_rows(p, op);
   if (p.num_tokens == 0) return;
   CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr &&
             p.o != nullptr,

@@ -159,7 +159,9 @@ __global__ void attend_kernel(MlaArgs a) {
       const int64_t s = p.topk != nullptr ? p.topk[t * p.topk_width + slot] : slot;
       const bool valid = s >= 0 && s < p.num_keys && s <= q_pos;
       float dot = 0.0f;
-      const float* c = valid ? p.latent_pages.row(p.latent, s, a.latent_stride) : nullptr;
+      const float* c =
+          valid ? p.latent_pages.for_query(t, p.table_stride).row(p.latent, s, a.latent_stride)
+                : nullptr;
       if (valid) {
         for (int64_t i = lane; i < width; i += 32) dot += q_s[i] * c[i];
         dot = warp_sum(dot);
