@@ -28,36 +28,12 @@
 #include "core/cuda/device_buffer.h"
 #include "model/model.h"
 #include "model/random_weights.h"
+#include "peaks.h"
 #include "timing_backend.h"
 #include "util/cuda_check.h"
 
 namespace hyserve::bench {
 namespace {
-
-float median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0f : v[v.size() / 2];
-}
-
-// Device-to-device copy bandwidth, bytes read + written per second.
-double measure_copy_bandwidth() {
-  const size_t n = size_t{2} << 30;
-  cuda::DeviceBuffer a(n), b(n);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 25; ++i) {
-    CUDA_CHECK(cudaEventRecord(e0));
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float t;
-    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 5) ms.push_back(t);
-  }
-  return 2.0 * n / (median(ms) * 1e-3);
-}
 
 // bf16 GEMM 8192^3 with fp32 accumulation (cuBLAS), FLOP/s.
 double measure_gemm_rate() {

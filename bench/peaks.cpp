@@ -1,0 +1,39 @@
+#include "peaks.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstddef>
+
+#include "core/cuda/device_buffer.h"
+#include "util/cuda_check.h"
+
+namespace hyserve::bench {
+
+float median(std::vector<float> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0f : v[v.size() / 2];
+}
+
+double measure_copy_bandwidth() {
+  const size_t n = size_t{2} << 30;
+  cuda::DeviceBuffer a(n), b(n);
+  cudaEvent_t e0, e1;
+  CUDA_CHECK(cudaEventCreate(&e0));
+  CUDA_CHECK(cudaEventCreate(&e1));
+  std::vector<float> ms;
+  for (int i = 0; i < 25; ++i) {
+    CUDA_CHECK(cudaEventRecord(e0));
+    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(e1));
+    CUDA_CHECK(cudaEventSynchronize(e1));
+    float t;
+    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
+    if (i >= 5) ms.push_back(t);
+  }
+  CUDA_CHECK(cudaEventDestroy(e0));
+  CUDA_CHECK(cudaEventDestroy(e1));
+  return 2.0 * n / (median(ms) * 1e-3);
+}
+
+}  // namespace hyserve::bench
