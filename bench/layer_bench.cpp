@@ -16,6 +16,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <map>
 #include <random>
@@ -63,13 +64,13 @@ double measure_gemm_rate() {
   return 2.0 * n * n * static_cast<double>(n) / (median(ms) * 1e-3);
 }
 
-// Fills a sequence's cache for `context` past tokens with random data of the right kind:
-// the latent and index-key pages of its blocks and its KDA state row.
-void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19937_64& rng) {
+// Fills the cache of a sequence with `context` past tokens in `blocks` (and KDA state row
+// `state_block`) with random data of the right kind: the latent and index-key pages of its
+// blocks and its KDA state.
+void fill_cache(const Model& model, const KvCache& cache, std::span<const int32_t> blocks,
+                int32_t state_block, int64_t context, std::mt19937_64& rng) {
   const ModelConfig& c = model.config();
   Backend& b = model.backend();
-  model.reserve(s, context + 64);
-  const KvCache& cache = *s.cache;
   const CachePlan& plan = cache.plan();
   auto random_floats = [&](size_t n, float amp) {
     std::vector<float> v(n);
@@ -86,11 +87,11 @@ void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19
     if (c.is_kda(l)) {
       const auto st =
           random_floats(static_cast<size_t>(plan.kda_page(l).recurrent_bytes / 4), 0.05f);
-      b.upload(cache.kda_recurrent_state(s.state_block, l), st.data(), st.size() * 4);
+      b.upload(cache.kda_recurrent_state(state_block, l), st.data(), st.size() * 4);
       continue;
     }
     for (int64_t i = 0; i < used_blocks; ++i) {
-      const int32_t block = s.blocks[static_cast<size_t>(i)];
+      const int32_t block = blocks[static_cast<size_t>(i)];
       const auto lat =
           random_floats(bs * static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 1.0f);
       b.upload(in_block(cache.latent_page(l), block), lat.data(), lat.size() * 4);
@@ -107,8 +108,14 @@ void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19
       }
     }
   }
-  s.num_tokens = context;
   b.synchronize();
+}
+
+// A standalone sequence with `context` random past tokens.
+void fill_state(const Model& model, SequenceState& s, int64_t context, std::mt19937_64& rng) {
+  model.reserve(s, context + 64);
+  fill_cache(model, *s.cache, s.blocks, s.state_block, context, rng);
+  s.num_tokens = context;
 }
 
 struct Peaks {
@@ -254,6 +261,55 @@ int run(int argc, char** argv) {
       }
       model->forward(batch, logits);
     });
+  }
+  // Decode as the engine runs it: every sequence in one shared pool, so attention runs once
+  // for the batch; per-op figures for eager steps, then the whole step's wall time (inputs
+  // uploaded, logits downloaded) eager and replaying CUDA graphs.
+  for (int64_t b : batches) {
+    const CachePlan plan = model->cache_plan();
+    const int64_t per_seq = plan.blocks_for_tokens(context + 64);
+    auto cache = model->new_cache(b * (per_seq + 1));
+    std::vector<std::vector<int32_t>> blocks(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) {
+      for (int64_t j = 0; j < per_seq; ++j)
+        blocks[i].push_back(static_cast<int32_t>(i * per_seq + j));
+      fill_cache(*model, *cache, blocks[i], static_cast<int32_t>(b * per_seq + i), context, rng);
+    }
+    std::vector<int32_t> tokens(static_cast<size_t>(b));
+    for (int64_t i = 0; i < b; ++i) tokens[i] = static_cast<int32_t>(rng() % c.vocab_size);
+    std::vector<SequenceInput> batch;
+    for (int64_t i = 0; i < b; ++i) {
+      batch.push_back({cache.get(), blocks[i], static_cast<int32_t>(b * per_seq + i), context,
+                       std::span<const int32_t>(&tokens[i], 1), false});
+    }
+    std::vector<float> logits;
+    auto step = [&] { model->forward(batch, logits); };
+    model->enable_decode_graphs(0, 0);
+    report("decode_batched", b, context, b, timing, peaks, iters, step);
+    // Whole-step wall time, median of iters after 2 warm-ups (the first captures).
+    auto wall_us = [&] {
+      std::vector<float> us;
+      for (int i = 0; i < iters + 2; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        step();
+        const auto t1 = std::chrono::steady_clock::now();
+        if (i >= 2) us.push_back(std::chrono::duration<float, std::micro>(t1 - t0).count());
+      }
+      return median(us);
+    };
+    const float eager_us = wall_us();
+    model->enable_decode_graphs(256, context + 64);
+    const float graph_us = wall_us();
+    model->enable_decode_graphs(0, 0);
+    nlohmann::json j;
+    j["bench"] = "decode_step";
+    j["batch"] = b;
+    j["context"] = context;
+    j["eager_us"] = eager_us;
+    j["graph_us"] = graph_us;
+    j["graphs_captured"] = model->num_decode_graphs();
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
   }
   {
     std::vector<int32_t> prompt(static_cast<size_t>(prefill));

@@ -14,6 +14,11 @@ TimingBackend::~TimingBackend() {
   for (cudaEvent_t e : events_) cudaEventDestroy(e);
 }
 
+void TimingBackend::capture_graph(int64_t id, const std::function<void()>& fn) {
+  CHECK(!recording_, "TimingBackend: graphs are captured outside begin() / end()");
+  inner_->capture_graph(id, fn);
+}
+
 void TimingBackend::begin() {
   records_.clear();
   recording_ = true;

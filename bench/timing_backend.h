@@ -44,6 +44,10 @@ class TimingBackend final : public Backend {
   void synchronize() override { inner_->synchronize(); }
   void freeze() override { inner_->freeze(); }
   void* native_stream() const override { return inner_->native_stream(); }
+  // Graphs are captured while not recording: the ops pass straight to the inner backend.
+  bool supports_graphs() const override { return inner_->supports_graphs(); }
+  void capture_graph(int64_t id, const std::function<void()>& fn) override;
+  void replay_graph(int64_t id) override { inner_->replay_graph(id); }
 
   void linear(const LinearParams& p) override;
   void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;

@@ -341,8 +341,8 @@ float* Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const i
 }
 
 void Model::enable_decode_graphs(int64_t max_batch, int64_t max_context) {
-  CHECK(max_batch >= 1 && max_context >= 1, "decode graphs: max_batch ", max_batch,
-        ", max_context ", max_context);
+  CHECK(max_batch >= 0 && (max_batch == 0 || max_context >= 1), "decode graphs: max_batch ",
+        max_batch, ", max_context ", max_context);
   graph_max_batch_ = max_batch;
   graph_max_context_ = max_context;
 }

@@ -109,7 +109,8 @@ class Model {
   // (or max_batch) >= B and the smallest context bound 4096 * 2^k (or max_context) >= its
   // longest sequence. Padding rows read the cache's scratch row and write their KDA state
   // there. The first step of a shape runs eagerly and captures its graph; later steps of
-  // that shape only upload their inputs, replay it and download the logits. Off by default.
+  // that shape only upload their inputs, replay it and download the logits. Off by default;
+  // max_batch 0 turns them off again (captured graphs are kept).
   void enable_decode_graphs(int64_t max_batch, int64_t max_context);
   // Graphs captured so far.
   int64_t num_decode_graphs() const;
