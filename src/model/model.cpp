@@ -239,6 +239,10 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     num_rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
   }
   const int64_t t = offset.back();
+  const bool batched_decode = std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
+    return in.tokens.size() == 1 && in.cache == batch[0].cache;
+  });
+  if (batched_decode && forward_graph(batch, logits)) return;
 
   workspace_.reset();
   int32_t* ids_dev = workspace_.ints(t);
@@ -255,10 +259,6 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
                       tables_dev + table_offset[i], batch[i].state_block});
   }
   decode_ = BatchedDecode{};
-  const bool batched_decode = std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
-    return in.tokens.size() == 1 && in.cache == batch[0].cache;
-  });
-  if (batched_decode && forward_graph(batch, logits)) return;
   if (batched_decode) {
     // Block tables padded to one width, and the KDA state rows.
     size_t width = 0;
