@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <filesystem>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -14,24 +12,14 @@
 
 #include "engine/engine.h"
 #include "gpu/gpu_test_util.h"
+#include "gpu/tiny_model_util.h"
 #include "model/model.h"
 
 namespace hyserve {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::unique_ptr<Model> load_tiny_on_gpu() {
-  return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {},
-                     make_cuda_backend(0));
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (auto& t : v) t = static_cast<int32_t>(3 + rng() % static_cast<uint32_t>(vocab - 3));
-  return v;
-}
+using test::load_tiny_on_gpu;
+using test::random_prompt;
 
 std::string request_id(int i) {
   std::string id = "r";
@@ -52,7 +40,7 @@ TEST(GpuDecodeGraph, ReplayEqualsTheCapturingStepBitwise) {
   const int64_t vocab = model->config().vocab_size;
   auto cache = model->new_cache(16);
   const std::vector<int32_t> a_blocks = {0}, b_blocks = {2};
-  const auto prompt = random_tokens(37, 1, vocab);
+  const auto prompt = random_prompt(37, 1, vocab);
   std::vector<float> logits;
   model->forward(std::vector<SequenceInput>{{cache.get(), a_blocks, 1, 0, prompt, false}}, logits);
   cache->copy_block(2, 0);
@@ -87,7 +75,7 @@ TEST(GpuDecodeGraph, GraphDecodeFollowsEagerDecodeAndPaddingTouchesNothing) {
   std::vector<std::vector<int32_t>> tokens;
   std::vector<int64_t> length;
   for (int i = 0; i < 4; ++i) {
-    tokens.push_back(random_tokens(5 + 9 * i, 10 + static_cast<uint32_t>(i), vocab));
+    tokens.push_back(random_prompt(5 + 9 * i, 10 + static_cast<uint32_t>(i), vocab));
     length.push_back(static_cast<int64_t>(tokens.back().size()));
     std::vector<float> l;
     for (auto* m : {graphs.get(), eager.get()}) {
@@ -153,7 +141,7 @@ TEST(GpuDecodeGraph, EngineWithGraphsGivesTheEagerEngineTokens) {
     for (int i = 0; i < 6; ++i) {
       Request r;
       r.id = request_id(i);
-      r.prompt_token_ids = random_tokens(3 + 17 * i, 40 + static_cast<uint32_t>(i), vocab);
+      r.prompt_token_ids = random_prompt(3 + 17 * i, 40 + static_cast<uint32_t>(i), vocab);
       r.sampling_params.temperature = 0.0f;
       r.sampling_params.max_tokens = 4 + 5 * i;
       r.sampling_params.ignore_eos = true;

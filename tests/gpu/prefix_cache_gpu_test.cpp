@@ -7,8 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -16,25 +14,14 @@
 
 #include "engine/engine.h"
 #include "gpu/gpu_test_util.h"
+#include "gpu/tiny_model_util.h"
 #include "util/error.h"
 
 namespace hyserve {
 namespace {
 
-namespace fs = std::filesystem;
-
-std::unique_ptr<Model> load_tiny_on_gpu() {
-  return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {},
-                     make_cuda_backend(0));
-}
-
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int32_t& t : p) t = tok(rng);
-  return p;
-}
+using test::load_tiny_on_gpu;
+using test::random_prompt;
 
 struct Result {
   std::vector<OutputToken> tokens;
