@@ -60,8 +60,9 @@ constexpr int64_t kCpuKvCacheBytes = int64_t{4} << 30;
 
 // Rows of the KV pool. --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's
 // method: a warm-up step of max_num_batched_tokens tokens sizes the activations, the
-// workspaces and the per-weight device tables; the indexer's score chunk is added for a
-// max_model_len context; the pool gets what --gpu-memory-utilization of the device leaves.
+// workspaces and the per-weight device tables, the model's workspace is then reserved with
+// the indexer's score chunk grown to a max_model_len context, and the pool gets what
+// --gpu-memory-utilization of the device leaves.
 // On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
 int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfig& ec,
                        const std::string& device) {
@@ -72,20 +73,23 @@ int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfi
   if (bytes == 0 && device == "cpu") {
     bytes = std::min(kCpuKvCacheBytes, sc.max_num_seqs * per_request * plan.row_bytes);
   }
+  // Scratch of a step: what a step of max_num_batched_tokens tokens takes, plus the score
+  // chunk's growth up to max_model_len keys, reserved at once so steps never grow it.
+  {
+    SequenceState warm = model.new_sequence();
+    const std::vector<int32_t> tokens(
+        static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
+    std::vector<float> logits;
+    model.forward(tokens, warm, logits);
+  }
+  model.workspace().reserve(model.workspace().capacity_bytes() +
+                            static_cast<size_t>(model.context_transient_bytes(sc.max_model_len)));
 #ifdef HYSERVE_WITH_CUDA
   if (bytes == 0) {
-    {
-      SequenceState warm = model.new_sequence();
-      const std::vector<int32_t> tokens(
-          static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
-      std::vector<float> logits;
-      model.forward(tokens, warm, logits);
-    }
     const cuda::MemoryInfo m = cuda::memory_info();
     const auto usable =
         static_cast<int64_t>(static_cast<double>(m.total_bytes) * a.gpu_memory_utilization);
-    const int64_t used = static_cast<int64_t>(m.total_bytes - m.free_bytes) +
-                         model.context_transient_bytes(sc.max_model_len);
+    const int64_t used = static_cast<int64_t>(m.total_bytes - m.free_bytes);
     bytes = usable - used;
     CHECK(bytes > 0, "--gpu-memory-utilization ", a.gpu_memory_utilization, ": ", usable >> 20,
           " MiB usable, the weights and a step's buffers take ", used >> 20,

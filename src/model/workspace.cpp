@@ -43,6 +43,16 @@ void* Workspace::take(size_t num_bytes) {
   return blocks_.back().data();
 }
 
+void Workspace::reserve(size_t num_bytes) {
+  CHECK(!frozen_, "reserve on a frozen workspace");
+  const size_t total = std::max(num_bytes, capacity_bytes());
+  if (blocks_.size() != 1 || blocks_[0].size() < total) {
+    blocks_.clear();
+    blocks_.emplace_back(backend_, total);
+  }
+  reset();
+}
+
 void Workspace::freeze() {
   if (blocks_.size() > 1) {
     const size_t total = capacity_bytes();

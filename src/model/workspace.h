@@ -31,8 +31,13 @@ class Workspace {
   int64_t* longs(int64_t n) { return static_cast<int64_t*>(take(static_cast<size_t>(n) * 8)); }
   uint8_t* bytes(int64_t n) { return static_cast<uint8_t*>(take(static_cast<size_t>(n))); }
 
+  // Replaces the blocks by one of at least num_bytes (and at least the capacity so far):
+  // a forward whose live scratch never exceeds it then never grows the workspace. Only
+  // before anything keeps workspace addresses (captured graphs).
+  void reserve(size_t num_bytes);
   // Merges the blocks into one of the peak size seen, then forbids growth.
   void freeze();
+  size_t num_blocks() const { return blocks_.size(); }
   bool frozen() const { return frozen_; }
   size_t capacity_bytes() const;
 
