@@ -1,9 +1,11 @@
 // Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h).
 //
-// Block (split, head group, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
+// Block (head group, split, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
 // one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
-// double-buffered in shared memory by cp.async (576 B per key, each selected latent read once per
-// head group). Sparse: the split's range of the query's slot list; dense: its range of positions
+// double-buffered in shared memory by cp.async (576 B per key). The head group is the
+// fastest grid index, so the groups of one split run side by side and all but the first
+// find the latents in L2: DRAM sees each latent about once per (request, query token).
+// Sparse: the split's range of the query's slot list; dense: its range of positions
 // 0..position. Per tile, 8 warps:
 //
 //   QK   warp (m-tile w % 2, keys 16 * (w / 2) ..+16; with one m-tile: keys 8w ..+8):
@@ -33,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
@@ -50,9 +53,16 @@ constexpr int kLatPitch = 592;   // bytes per key in shared memory
 constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
 constexpr int kLogitPitch = 68;  // floats
 constexpr int kPPitch = 72;      // halves
-constexpr int kChunksPerKey = kDsaLatentDim / 16;  // 36
+constexpr int kChunksPerKey = kDsaLatentDim / 16;                   // 36
+constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
+static_assert(kKeys * kChunksPerKey % kThreads == 0);
 constexpr int kCombineThreads = 128;
 constexpr int64_t kMaxSplits = 256;
+// Blocks resident per SM: the shared memory of two exceeds the SM's 228 KiB.
+constexpr int64_t kCtasPerSm = 1;
+// Cost of a block's prologue (q conversion, first tile's latency) and partial writes,
+// in tile times, for the split plan.
+constexpr int64_t kOverheadTiles = 2;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -66,6 +76,7 @@ struct SmemLayout {
   static constexpr int kRowFactor = kCorr + kRows * 4;          // [32] float
   static constexpr int kBytes = kRowFactor + kRows * 4;
 };
+static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block per SM");
 
 struct MlaArgs {
   DsaMlaParams p;
@@ -93,8 +104,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   float* factor_s = reinterpret_cast<float*>(smem + SmemLayout::kRowFactor);
 
   const DsaMlaParams& p = a.p;
-  const int64_t split = blockIdx.x;
-  const int64_t group = blockIdx.y;
+  const int64_t group = blockIdx.x;  // fastest: a split's head groups run side by side
+  const int64_t split = blockIdx.y;
   const int64_t row = blockIdx.z;  // b * n_q + i
   const int64_t b = row / p.batch.num_q;
   const int64_t i = row % p.batch.num_q;
@@ -119,20 +130,76 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int32_t* list = sparse ? p.slots + row * p.topk_width : nullptr;
   const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
   const DsaCache& cache = p.cache;
+  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  // block_size is a power of two (check_cache): slot -> (block, offset) by shift and mask.
+  const int bs_shift = __ffs(cache.block_size) - 1;
+  const int32_t bs_mask = cache.block_size - 1;
 
-  // q rows -> fp16 with a power-of-two scale each (a warp per row).
-  for (int r = warp; r < kRows; r += kThreads / 32) {
+  // Thread tid copies chunks tid + kThreads * j (j < kChunksPerThread) of a tile. Its
+  // entries' slot ids (sparse) or block ids (dense) are fetched one tile ahead into
+  // registers (-1: past the split's end), so that no global load sits between a tile's
+  // turn and its cp.async.
+  auto fetch_tile = [&](int64_t k, int32_t(&raw)[kChunksPerThread]) {
+    const int64_t tile0 = begin + k * kKeys;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int64_t e = tile0 + (static_cast<int>(threadIdx.x) + kThreads * j) / kChunksPerKey;
+      raw[j] = -1;
+      if (e < end) raw[j] = sparse ? list[e] : table[e >> bs_shift];
+    }
+  };
+  // Issues the cp.async loads of tile k into stage k % 2 from its fetched ids.
+  auto issue_tile = [&](int64_t k, const int32_t(&raw)[kChunksPerThread]) {
+    const int64_t tile0 = begin + k * kKeys;
+    uint8_t* dst = lat_s + (k & 1) * kKeys * kLatPitch;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + kThreads * j;
+      const int key = c / kChunksPerKey;
+      const int chunk = c % kChunksPerKey;
+      const int32_t id = raw[j];
+      const bool valid = id >= 0;
+      const int64_t block = sparse ? int64_t{id >> bs_shift} : int64_t{id};
+      const int64_t in_block = sparse ? int64_t{id & bs_mask} : (tile0 + key) & bs_mask;
+      const uint8_t* src = valid ? cache.pool + block * cache.row_bytes + cache.latent_offset +
+                                       in_block * kDsaLatentDim + chunk * 16
+                                 : cache.pool;
+      dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
+      if (chunk == 0) valid_s[(k & 1) * kKeys + key] = valid;
+    }
+    dsa::cp_async_commit();
+  };
+
+  // Tile 0 is in flight and tile 1's ids are on their way while q is converted.
+  int32_t raw[kChunksPerThread];
+  if (num_tiles > 0) {
+    fetch_tile(0, raw);
+    issue_tile(0, raw);
+    fetch_tile(1, raw);
+  }
+
+  // q rows -> fp16 with a power-of-two scale each (a warp per row; all of a warp's rows
+  // loaded before any is converted, so that the loads overlap).
+  constexpr int kRowsPerWarp = kRows / (kThreads / 32);
+  float v[kRowsPerWarp][kDsaLatentDim / 32];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + (kThreads / 32) * j;
     const int h = head0 + r;
     const float* q_lat = p.q_lat + (row * num_heads + h) * kDsaLoraDim;
     const float* q_pe = p.q_pe + (row * num_heads + h) * kDsaRopeDim;
-    float v[kDsaLatentDim / 32];
-    float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < kDsaLatentDim / 32; ++k) {
       const int d = k * 32 + lane;
-      v[k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
-      amax = fmaxf(amax, fabsf(v[k]));
+      v[j][k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
     }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + (kThreads / 32) * j;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDsaLatentDim / 32; ++k) amax = fmaxf(amax, fabsf(v[j][k]));
     for (int off = 16; off > 0; off /= 2)
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     int exponent = 0;
@@ -141,34 +208,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     const float inv = ldexpf(1.0f, 14 - exponent);
 #pragma unroll
     for (int k = 0; k < kDsaLatentDim / 32; ++k) {
-      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[k] * inv);
+      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[j][k] * inv);
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
   }
 
-  // Issues the cp.async loads of tile k into stage k % 2.
-  auto load_tile = [&](int64_t k) {
-    const int64_t tile0 = begin + k * kKeys;
-    uint8_t* dst = lat_s + (k & 1) * kKeys * kLatPitch;
-    for (int c = threadIdx.x; c < kKeys * kChunksPerKey; c += kThreads) {
-      const int key = c / kChunksPerKey;
-      const int chunk = c % kChunksPerKey;
-      const int64_t e = tile0 + key;
-      int64_t slot = -1;
-      if (e < end) {
-        slot = sparse
-                   ? int64_t{list[e]}
-                   : int64_t{table[e / cache.block_size]} * cache.block_size + e % cache.block_size;
-      }
-      const bool valid = slot >= 0;
-      const uint8_t* src = valid ? dsa_latent_row(cache, slot) + chunk * 16 : cache.pool;
-      dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
-      if (chunk == 0) valid_s[(k & 1) * kKeys + key] = valid;
-    }
-    dsa::cp_async_commit();
-  };
-
-  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
   const int mt = kMTiles == 2 ? (warp & 1) : 0;
   const bool mt_active = mt * 16 < rows_here;  // warp-uniform
   const int qk_keys = kMTiles == 2 ? (warp >> 1) * 16 : warp * 8;
@@ -180,10 +224,10 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
-  if (num_tiles > 0) load_tile(0);
   for (int64_t k = 0; k < num_tiles; ++k) {
     if (k + 1 < num_tiles) {
-      load_tile(k + 1);
+      issue_tile(k + 1, raw);
+      fetch_tile(k + 2, raw);
       dsa::cp_async_wait<1>();
     } else {
       dsa::cp_async_wait<0>();
@@ -384,12 +428,24 @@ Plan make_plan(const DsaMlaParams& p) {
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
   const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
+  // Splits: the count whose grid finishes first, modelled as (waves of kCtasPerSm blocks
+  // per SM) x (tiles per split + kOverheadTiles for a block's prologue and partials);
+  // ties go to fewer splits (less combine work).
   const int64_t blocks = std::max<int64_t>(1, rows * plan.num_groups);
-  const int64_t want = (2 * int64_t{num_sms} + blocks - 1) / blocks;
-  plan.num_splits = std::clamp<int64_t>(want, 1, std::min(kMaxSplits, max_tiles));
-  const int64_t tiles_per_split = (max_tiles + plan.num_splits - 1) / plan.num_splits;
-  plan.keys_per_split = tiles_per_split * kKeys;
-  plan.num_splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
+  const int64_t slots_per_wave = int64_t{num_sms} * kCtasPerSm;
+  int64_t best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= std::min(kMaxSplits, max_tiles); ++s) {
+    const int64_t tiles_per_split = (max_tiles + s - 1) / s;
+    const int64_t splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
+    if (splits != s) continue;  // same tiles per split as a smaller count
+    const int64_t waves = (blocks * splits + slots_per_wave - 1) / slots_per_wave;
+    const int64_t cost = waves * (tiles_per_split + kOverheadTiles);
+    if (cost < best_cost) {
+      best_cost = cost;
+      plan.num_splits = splits;
+      plan.keys_per_split = tiles_per_split * kKeys;
+    }
+  }
   const int64_t heads = rows * p.num_heads;
   plan.part_o_bytes = dsa::align_up(sizeof(float) * heads * plan.num_splits * kDsaLoraDim);
   plan.part_ml_bytes = dsa::align_up(sizeof(float2) * heads * plan.num_splits);
@@ -437,7 +493,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
   auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   SmemLayout::kBytes));
-  const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_groups),
+  const dim3 grid(static_cast<unsigned>(plan.num_groups), static_cast<unsigned>(plan.num_splits),
                   static_cast<unsigned>(rows));
   kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
