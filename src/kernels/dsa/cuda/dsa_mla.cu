@@ -2,7 +2,7 @@
 //
 // Block (head group, split, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
 // one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
-// double-buffered in shared memory by cp.async (576 B per key). The head group is the
+// triple-buffered in shared memory by cp.async (576 B per key). The head group is the
 // fastest grid index, so the groups of one split run side by side and all but the first
 // find the latents in L2: DRAM sees each latent about once per (request, query token).
 // Sparse: the split's range of the query's slot list; dense: its range of positions
@@ -49,6 +49,7 @@ using dsa::mma_f16;
 constexpr int kThreads = 256;
 constexpr int kRows = 32;        // heads per block
 constexpr int kKeys = 64;        // keys per tile
+constexpr int kStages = 3;       // latent tiles in shared memory (two in flight)
 constexpr int kLatPitch = 592;   // bytes per key in shared memory
 constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
 constexpr int kLogitPitch = 68;  // floats
@@ -67,16 +68,17 @@ constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct SmemLayout {
-  static constexpr int kLat = 0;                                // [2][64][592] B
-  static constexpr int kQ = kLat + 2 * kKeys * kLatPitch;       // [32][584] half
-  static constexpr int kLogits = kQ + kRows * kQPitch * 2;      // [32][68] float
-  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;  // [32][72] half
-  static constexpr int kValid = kP + kRows * kPPitch * 2;       // [2][64] int
-  static constexpr int kCorr = kValid + 2 * kKeys * 4;          // [32] float
-  static constexpr int kRowFactor = kCorr + kRows * 4;          // [32] float
+  static constexpr int kLat = 0;                                 // [3][64][592] B
+  static constexpr int kQ = kLat + kStages * kKeys * kLatPitch;  // [32][584] half
+  static constexpr int kLogits = kQ + kRows * kQPitch * 2;       // [32][68] float
+  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;   // [32][72] half
+  static constexpr int kValid = kP + kRows * kPPitch * 2;        // [3][64] int
+  static constexpr int kCorr = kValid + kStages * kKeys * 4;     // [32] float
+  static constexpr int kRowFactor = kCorr + kRows * 4;           // [32] float
   static constexpr int kBytes = kRowFactor + kRows * 4;
 };
 static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block per SM");
+static_assert(SmemLayout::kBytes <= 227 * 1024, "above the H100/H200 block limit");
 
 struct MlaArgs {
   DsaMlaParams p;
@@ -148,10 +150,12 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       if (e < end) raw[j] = sparse ? list[e] : table[e >> bs_shift];
     }
   };
-  // Issues the cp.async loads of tile k into stage k % 2 from its fetched ids.
+  // Issues the cp.async loads of tile k into stage k % kStages from its fetched ids, as one
+  // commit group.
   auto issue_tile = [&](int64_t k, const int32_t(&raw)[kChunksPerThread]) {
     const int64_t tile0 = begin + k * kKeys;
-    uint8_t* dst = lat_s + (k & 1) * kKeys * kLatPitch;
+    const int stage = static_cast<int>(k % kStages);
+    uint8_t* dst = lat_s + stage * kKeys * kLatPitch;
 #pragma unroll
     for (int j = 0; j < kChunksPerThread; ++j) {
       const int c = static_cast<int>(threadIdx.x) + kThreads * j;
@@ -165,12 +169,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
                                        in_block * kDsaLatentDim + chunk * 16
                                  : cache.pool;
       dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
-      if (chunk == 0) valid_s[(k & 1) * kKeys + key] = valid;
+      if (chunk == 0) valid_s[stage * kKeys + key] = valid;
     }
     dsa::cp_async_commit();
   };
 
-  // Tile 0 is in flight and tile 1's ids are on their way while q is converted.
+  // Tile 0 is in flight and tile 1's ids are on their way while q is converted. Every
+  // issue point commits one group (empty past the last tile), so that before tile k is
+  // used the groups of tiles k + 1 and k + 2 are the only ones that may be pending.
   int32_t raw[kChunksPerThread];
   if (num_tiles > 0) {
     fetch_tile(0, raw);
@@ -212,6 +218,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
   }
+  if (num_tiles > 0) {
+    if (num_tiles > 1) {
+      issue_tile(1, raw);
+    } else {
+      dsa::cp_async_commit();
+    }
+    fetch_tile(2, raw);
+  }
 
   const int mt = kMTiles == 2 ? (warp & 1) : 0;
   const bool mt_active = mt * 16 < rows_here;  // warp-uniform
@@ -225,16 +239,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   float run_sum = 0.0f;
 
   for (int64_t k = 0; k < num_tiles; ++k) {
-    if (k + 1 < num_tiles) {
-      issue_tile(k + 1, raw);
-      fetch_tile(k + 2, raw);
-      dsa::cp_async_wait<1>();
+    // Stage (k + 2) % kStages held tile k - 1, released by the last iteration's barrier.
+    if (k + 2 < num_tiles) {
+      issue_tile(k + 2, raw);
     } else {
-      dsa::cp_async_wait<0>();
+      dsa::cp_async_commit();
     }
+    fetch_tile(k + 3, raw);
+    dsa::cp_async_wait<kStages - 1>();  // tile k's group is complete
     __syncthreads();
-    const uint8_t* tile = lat_s + (k & 1) * kKeys * kLatPitch;
-    const int* valid = valid_s + (k & 1) * kKeys;
+    const int stage = static_cast<int>(k % kStages);
+    const uint8_t* tile = lat_s + stage * kKeys * kLatPitch;
+    const int* valid = valid_s + stage * kKeys;
 
     // QK.
     if (mt_active) {
