@@ -398,32 +398,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   }
 }
 
-// Block per (b * n_q + i, h): merges the splits.
+// Block per (b * n_q + i, h): merges the splits. The splits' (max, sum) go to shared
+// memory with their weights 2^(m_s - M) (0 for an empty split, whose o is 0), so that the
+// loop over o reads only the partials, several loads in flight per thread.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
+  constexpr int kColsPerThread = kDsaLoraDim / kCombineThreads;
+  static_assert(kDsaLoraDim % kCombineThreads == 0);
+  __shared__ float2 ml_s[kMaxSplits];
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float warp_max_s[kCombineThreads / 32];
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
-  const float2* ml = a.part_ml + qh * a.num_splits;
+  const int num_splits = static_cast<int>(a.num_splits);
+  const float2* ml = a.part_ml + qh * num_splits;
   float* out = p.o_lat + qh * kDsaLoraDim;
   float max_all = -INFINITY;
-  for (int64_t s = 0; s < a.num_splits; ++s) max_all = fmaxf(max_all, ml[s].x);
+  for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+    ml_s[s] = ml[s];
+    max_all = fmaxf(max_all, ml_s[s].x);
+  }
+  for (int off = 16; off > 0; off /= 2)
+    max_all = fmaxf(max_all, __shfl_xor_sync(0xffffffffu, max_all, off));
+  if (threadIdx.x % 32 == 0) warp_max_s[threadIdx.x / 32] = max_all;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kCombineThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_s[w]);
   if (max_all == -INFINITY) {
     for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) out[d] = 0.0f;
     if (threadIdx.x == 0) p.lse[qh] = -INFINITY;
     return;
   }
+  for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+    weight_s[s] = ml_s[s].x != -INFINITY ? exp2f(ml_s[s].x - max_all) : 0.0f;
+  }
+  __syncthreads();
   float sum_all = 0.0f;
-  for (int64_t s = 0; s < a.num_splits; ++s) {
-    if (ml[s].x != -INFINITY) sum_all += exp2f(ml[s].x - max_all) * ml[s].y;
-  }
+  for (int s = 0; s < num_splits; ++s) sum_all += weight_s[s] * ml_s[s].y;
   const float norm = p.cache.latent_scale / sum_all;
-  const float* part = a.part_o + qh * a.num_splits * kDsaLoraDim;
-  for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < a.num_splits; ++s) {
-      if (ml[s].x != -INFINITY) acc += exp2f(ml[s].x - max_all) * part[s * kDsaLoraDim + d];
+  const float* part = a.part_o + qh * num_splits * kDsaLoraDim + threadIdx.x;
+  float acc[kColsPerThread] = {};
+#pragma unroll 4
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = weight_s[s];
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      acc[j] += w * part[s * kDsaLoraDim + j * kCombineThreads];
     }
-    out[d] = acc * norm;
   }
+#pragma unroll
+  for (int j = 0; j < kColsPerThread; ++j) out[threadIdx.x + j * kCombineThreads] = acc[j] * norm;
   if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
