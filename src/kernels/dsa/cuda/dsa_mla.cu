@@ -138,9 +138,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int32_t bs_mask = cache.block_size - 1;
 
   // Thread tid copies chunks tid + kThreads * j (j < kChunksPerThread) of a tile. Its
-  // entries' slot ids (sparse) or block ids (dense) are fetched one tile ahead into
-  // registers (-1: past the split's end), so that no global load sits between a tile's
-  // turn and its cp.async.
+  // entries' slot ids (sparse) or block ids (dense) are fetched into registers an
+  // iteration before the tile is issued (-1: past the split's end), so that no global
+  // load sits between a tile's turn and its cp.async.
   auto fetch_tile = [&](int64_t k, int32_t(&raw)[kChunksPerThread]) {
     const int64_t tile0 = begin + k * kKeys;
 #pragma unroll
