@@ -64,6 +64,7 @@ constexpr int64_t kCtasPerSm = 1;
 // Cost of a block's prologue (q conversion, first tile's latency) and partial writes,
 // in tile times, for the split plan.
 constexpr int64_t kOverheadTiles = 2;
+constexpr double kSplitSlack = 1.05;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -467,24 +468,25 @@ Plan make_plan(const DsaMlaParams& p) {
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
   const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
-  // Splits: the count whose grid finishes first, modelled as (waves of kCtasPerSm blocks
-  // per SM) x (tiles per split + kOverheadTiles for a block's prologue and partials);
-  // ties go to fewer splits (less combine work).
+  // Splits: modelled time (waves of kCtasPerSm blocks per SM) x (tiles per split +
+  // kOverheadTiles for a block's prologue and partials); the fewest splits within
+  // kSplitSlack of the best (each split costs partial memory and combine work).
   const int64_t blocks = std::max<int64_t>(1, rows * plan.num_groups);
   const int64_t slots_per_wave = int64_t{num_sms} * kCtasPerSm;
-  int64_t best_cost = INT64_MAX;
-  for (int64_t s = 1; s <= std::min(kMaxSplits, max_tiles); ++s) {
-    const int64_t tiles_per_split = (max_tiles + s - 1) / s;
-    const int64_t splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
-    if (splits != s) continue;  // same tiles per split as a smaller count
+  const int64_t max_splits = std::min(kMaxSplits, max_tiles);
+  auto split_cost = [&](int64_t splits) {
+    const int64_t tiles_per_split = (max_tiles + splits - 1) / splits;
     const int64_t waves = (blocks * splits + slots_per_wave - 1) / slots_per_wave;
-    const int64_t cost = waves * (tiles_per_split + kOverheadTiles);
-    if (cost < best_cost) {
-      best_cost = cost;
-      plan.num_splits = splits;
-      plan.keys_per_split = tiles_per_split * kKeys;
-    }
-  }
+    return waves * (tiles_per_split + kOverheadTiles);
+  };
+  int64_t best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= max_splits; ++s) best_cost = std::min(best_cost, split_cost(s));
+  int64_t splits = 1;
+  while (static_cast<double>(split_cost(splits)) > kSplitSlack * static_cast<double>(best_cost))
+    ++splits;
+  const int64_t tiles_per_split = (max_tiles + splits - 1) / splits;
+  plan.keys_per_split = tiles_per_split * kKeys;
+  plan.num_splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
   const int64_t heads = rows * p.num_heads;
   plan.part_o_bytes = dsa::align_up(sizeof(float) * heads * plan.num_splits * kDsaLoraDim);
   plan.part_ml_bytes = dsa::align_up(sizeof(float2) * heads * plan.num_splits);
