@@ -1,9 +1,11 @@
 // Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h).
 //
-// Block (split, head group, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
+// Block (head group, split, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
 // one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
-// double-buffered in shared memory by cp.async (576 B per key, each selected latent read once per
-// head group). Sparse: the split's range of the query's slot list; dense: its range of positions
+// triple-buffered in shared memory by cp.async (576 B per key). The head group is the
+// fastest grid index, so the groups of one split run side by side and all but the first
+// find the latents in L2: DRAM sees each latent about once per (request, query token).
+// Sparse: the split's range of the query's slot list; dense: its range of positions
 // 0..position. Per tile, 8 warps:
 //
 //   QK   warp (m-tile w % 2, keys 16 * (w / 2) ..+16; with one m-tile: keys 8w ..+8):
@@ -33,6 +35,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
@@ -46,26 +49,37 @@ using dsa::mma_f16;
 constexpr int kThreads = 256;
 constexpr int kRows = 32;        // heads per block
 constexpr int kKeys = 64;        // keys per tile
+constexpr int kStages = 3;       // latent tiles in shared memory (two in flight)
 constexpr int kLatPitch = 592;   // bytes per key in shared memory
 constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
 constexpr int kLogitPitch = 68;  // floats
 constexpr int kPPitch = 72;      // halves
-constexpr int kChunksPerKey = kDsaLatentDim / 16;  // 36
+constexpr int kChunksPerKey = kDsaLatentDim / 16;                   // 36
+constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
+static_assert(kKeys * kChunksPerKey % kThreads == 0);
 constexpr int kCombineThreads = 128;
 constexpr int64_t kMaxSplits = 256;
+// Blocks resident per SM: the shared memory of two exceeds the SM's 228 KiB.
+constexpr int64_t kCtasPerSm = 1;
+// Cost of a block's prologue (q conversion, first tile's latency) and partial writes,
+// in tile times, for the split plan.
+constexpr int64_t kOverheadTiles = 2;
+constexpr double kSplitSlack = 1.05;
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
 struct SmemLayout {
-  static constexpr int kLat = 0;                                // [2][64][592] B
-  static constexpr int kQ = kLat + 2 * kKeys * kLatPitch;       // [32][584] half
-  static constexpr int kLogits = kQ + kRows * kQPitch * 2;      // [32][68] float
-  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;  // [32][72] half
-  static constexpr int kValid = kP + kRows * kPPitch * 2;       // [2][64] int
-  static constexpr int kCorr = kValid + 2 * kKeys * 4;          // [32] float
-  static constexpr int kRowFactor = kCorr + kRows * 4;          // [32] float
+  static constexpr int kLat = 0;                                 // [3][64][592] B
+  static constexpr int kQ = kLat + kStages * kKeys * kLatPitch;  // [32][584] half
+  static constexpr int kLogits = kQ + kRows * kQPitch * 2;       // [32][68] float
+  static constexpr int kP = kLogits + kRows * kLogitPitch * 4;   // [32][72] half
+  static constexpr int kValid = kP + kRows * kPPitch * 2;        // [3][64] int
+  static constexpr int kCorr = kValid + kStages * kKeys * 4;     // [32] float
+  static constexpr int kRowFactor = kCorr + kRows * 4;           // [32] float
   static constexpr int kBytes = kRowFactor + kRows * 4;
 };
+static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block per SM");
+static_assert(SmemLayout::kBytes <= 227 * 1024, "above the H100/H200 block limit");
 
 struct MlaArgs {
   DsaMlaParams p;
@@ -93,8 +107,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   float* factor_s = reinterpret_cast<float*>(smem + SmemLayout::kRowFactor);
 
   const DsaMlaParams& p = a.p;
-  const int64_t split = blockIdx.x;
-  const int64_t group = blockIdx.y;
+  const int64_t group = blockIdx.x;  // fastest: a split's head groups run side by side
+  const int64_t split = blockIdx.y;
   const int64_t row = blockIdx.z;  // b * n_q + i
   const int64_t b = row / p.batch.num_q;
   const int64_t i = row % p.batch.num_q;
@@ -119,20 +133,80 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int32_t* list = sparse ? p.slots + row * p.topk_width : nullptr;
   const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
   const DsaCache& cache = p.cache;
+  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  // block_size is a power of two (check_cache): slot -> (block, offset) by shift and mask.
+  const int bs_shift = __ffs(cache.block_size) - 1;
+  const int32_t bs_mask = cache.block_size - 1;
 
-  // q rows -> fp16 with a power-of-two scale each (a warp per row).
-  for (int r = warp; r < kRows; r += kThreads / 32) {
+  // Thread tid copies chunks tid + kThreads * j (j < kChunksPerThread) of a tile. Its
+  // entries' slot ids (sparse) or block ids (dense) are fetched into registers an
+  // iteration before the tile is issued (-1: past the split's end), so that no global
+  // load sits between a tile's turn and its cp.async.
+  auto fetch_tile = [&](int64_t k, int32_t(&raw)[kChunksPerThread]) {
+    const int64_t tile0 = begin + k * kKeys;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int64_t e = tile0 + (static_cast<int>(threadIdx.x) + kThreads * j) / kChunksPerKey;
+      raw[j] = -1;
+      if (e < end) raw[j] = sparse ? list[e] : table[e >> bs_shift];
+    }
+  };
+  // Issues the cp.async loads of tile k into stage k % kStages from its fetched ids, as one
+  // commit group.
+  auto issue_tile = [&](int64_t k, const int32_t(&raw)[kChunksPerThread]) {
+    const int64_t tile0 = begin + k * kKeys;
+    const int stage = static_cast<int>(k % kStages);
+    uint8_t* dst = lat_s + stage * kKeys * kLatPitch;
+#pragma unroll
+    for (int j = 0; j < kChunksPerThread; ++j) {
+      const int c = static_cast<int>(threadIdx.x) + kThreads * j;
+      const int key = c / kChunksPerKey;
+      const int chunk = c % kChunksPerKey;
+      const int32_t id = raw[j];
+      const bool valid = id >= 0;
+      const int64_t block = sparse ? int64_t{id >> bs_shift} : int64_t{id};
+      const int64_t in_block = sparse ? int64_t{id & bs_mask} : (tile0 + key) & bs_mask;
+      const uint8_t* src = valid ? cache.pool + block * cache.row_bytes + cache.latent_offset +
+                                       in_block * kDsaLatentDim + chunk * 16
+                                 : cache.pool;
+      dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
+      if (chunk == 0) valid_s[stage * kKeys + key] = valid;
+    }
+    dsa::cp_async_commit();
+  };
+
+  // Tile 0 is in flight and tile 1's ids are on their way while q is converted. Every
+  // issue point commits one group (empty past the last tile), so that before tile k is
+  // used the groups of tiles k + 1 and k + 2 are the only ones that may be pending.
+  int32_t raw[kChunksPerThread];
+  if (num_tiles > 0) {
+    fetch_tile(0, raw);
+    issue_tile(0, raw);
+    fetch_tile(1, raw);
+  }
+
+  // q rows -> fp16 with a power-of-two scale each (a warp per row; all of a warp's rows
+  // loaded before any is converted, so that the loads overlap).
+  constexpr int kRowsPerWarp = kRows / (kThreads / 32);
+  float v[kRowsPerWarp][kDsaLatentDim / 32];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + (kThreads / 32) * j;
     const int h = head0 + r;
     const float* q_lat = p.q_lat + (row * num_heads + h) * kDsaLoraDim;
     const float* q_pe = p.q_pe + (row * num_heads + h) * kDsaRopeDim;
-    float v[kDsaLatentDim / 32];
-    float amax = 0.0f;
 #pragma unroll
     for (int k = 0; k < kDsaLatentDim / 32; ++k) {
       const int d = k * 32 + lane;
-      v[k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
-      amax = fmaxf(amax, fabsf(v[k]));
+      v[j][k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
     }
+  }
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + (kThreads / 32) * j;
+    float amax = 0.0f;
+#pragma unroll
+    for (int k = 0; k < kDsaLatentDim / 32; ++k) amax = fmaxf(amax, fabsf(v[j][k]));
     for (int off = 16; off > 0; off /= 2)
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     int exponent = 0;
@@ -141,34 +215,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     const float inv = ldexpf(1.0f, 14 - exponent);
 #pragma unroll
     for (int k = 0; k < kDsaLatentDim / 32; ++k) {
-      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[k] * inv);
+      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[j][k] * inv);
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
   }
-
-  // Issues the cp.async loads of tile k into stage k % 2.
-  auto load_tile = [&](int64_t k) {
-    const int64_t tile0 = begin + k * kKeys;
-    uint8_t* dst = lat_s + (k & 1) * kKeys * kLatPitch;
-    for (int c = threadIdx.x; c < kKeys * kChunksPerKey; c += kThreads) {
-      const int key = c / kChunksPerKey;
-      const int chunk = c % kChunksPerKey;
-      const int64_t e = tile0 + key;
-      int64_t slot = -1;
-      if (e < end) {
-        slot = sparse
-                   ? int64_t{list[e]}
-                   : int64_t{table[e / cache.block_size]} * cache.block_size + e % cache.block_size;
-      }
-      const bool valid = slot >= 0;
-      const uint8_t* src = valid ? dsa_latent_row(cache, slot) + chunk * 16 : cache.pool;
-      dsa::cp_async_16(dst + key * kLatPitch + chunk * 16, src, valid ? 16 : 0);
-      if (chunk == 0) valid_s[(k & 1) * kKeys + key] = valid;
+  if (num_tiles > 0) {
+    if (num_tiles > 1) {
+      issue_tile(1, raw);
+    } else {
+      dsa::cp_async_commit();
     }
-    dsa::cp_async_commit();
-  };
+    fetch_tile(2, raw);
+  }
 
-  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
   const int mt = kMTiles == 2 ? (warp & 1) : 0;
   const bool mt_active = mt * 16 < rows_here;  // warp-uniform
   const int qk_keys = kMTiles == 2 ? (warp >> 1) * 16 : warp * 8;
@@ -180,17 +239,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   float run_max = -INFINITY;
   float run_sum = 0.0f;
 
-  if (num_tiles > 0) load_tile(0);
   for (int64_t k = 0; k < num_tiles; ++k) {
-    if (k + 1 < num_tiles) {
-      load_tile(k + 1);
-      dsa::cp_async_wait<1>();
+    // Stage (k + 2) % kStages held tile k - 1, released by the last iteration's barrier.
+    if (k + 2 < num_tiles) {
+      issue_tile(k + 2, raw);
     } else {
-      dsa::cp_async_wait<0>();
+      dsa::cp_async_commit();
     }
+    fetch_tile(k + 3, raw);
+    dsa::cp_async_wait<kStages - 1>();  // tile k's group is complete
     __syncthreads();
-    const uint8_t* tile = lat_s + (k & 1) * kKeys * kLatPitch;
-    const int* valid = valid_s + (k & 1) * kKeys;
+    const int stage = static_cast<int>(k % kStages);
+    const uint8_t* tile = lat_s + stage * kKeys * kLatPitch;
+    const int* valid = valid_s + stage * kKeys;
 
     // QK.
     if (mt_active) {
@@ -338,32 +399,55 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   }
 }
 
-// Block per (b * n_q + i, h): merges the splits.
+// Block per (b * n_q + i, h): merges the splits. The splits' (max, sum) go to shared
+// memory with their weights 2^(m_s - M) (0 for an empty split, whose o is 0), so that the
+// loop over o reads only the partials, several loads in flight per thread.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
+  constexpr int kColsPerThread = kDsaLoraDim / kCombineThreads;
+  static_assert(kDsaLoraDim % kCombineThreads == 0);
+  __shared__ float2 ml_s[kMaxSplits];
+  __shared__ float weight_s[kMaxSplits];
+  __shared__ float warp_max_s[kCombineThreads / 32];
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
-  const float2* ml = a.part_ml + qh * a.num_splits;
+  const int num_splits = static_cast<int>(a.num_splits);
+  const float2* ml = a.part_ml + qh * num_splits;
   float* out = p.o_lat + qh * kDsaLoraDim;
   float max_all = -INFINITY;
-  for (int64_t s = 0; s < a.num_splits; ++s) max_all = fmaxf(max_all, ml[s].x);
+  for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+    ml_s[s] = ml[s];
+    max_all = fmaxf(max_all, ml_s[s].x);
+  }
+  for (int off = 16; off > 0; off /= 2)
+    max_all = fmaxf(max_all, __shfl_xor_sync(0xffffffffu, max_all, off));
+  if (threadIdx.x % 32 == 0) warp_max_s[threadIdx.x / 32] = max_all;
+  __syncthreads();
+#pragma unroll
+  for (int w = 0; w < kCombineThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_s[w]);
   if (max_all == -INFINITY) {
     for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) out[d] = 0.0f;
     if (threadIdx.x == 0) p.lse[qh] = -INFINITY;
     return;
   }
+  for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
+    weight_s[s] = ml_s[s].x != -INFINITY ? exp2f(ml_s[s].x - max_all) : 0.0f;
+  }
+  __syncthreads();
   float sum_all = 0.0f;
-  for (int64_t s = 0; s < a.num_splits; ++s) {
-    if (ml[s].x != -INFINITY) sum_all += exp2f(ml[s].x - max_all) * ml[s].y;
-  }
+  for (int s = 0; s < num_splits; ++s) sum_all += weight_s[s] * ml_s[s].y;
   const float norm = p.cache.latent_scale / sum_all;
-  const float* part = a.part_o + qh * a.num_splits * kDsaLoraDim;
-  for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) {
-    float acc = 0.0f;
-    for (int64_t s = 0; s < a.num_splits; ++s) {
-      if (ml[s].x != -INFINITY) acc += exp2f(ml[s].x - max_all) * part[s * kDsaLoraDim + d];
+  const float* part = a.part_o + qh * num_splits * kDsaLoraDim + threadIdx.x;
+  float acc[kColsPerThread] = {};
+#pragma unroll 4
+  for (int s = 0; s < num_splits; ++s) {
+    const float w = weight_s[s];
+#pragma unroll
+    for (int j = 0; j < kColsPerThread; ++j) {
+      acc[j] += w * part[s * kDsaLoraDim + j * kCombineThreads];
     }
-    out[d] = acc * norm;
   }
+#pragma unroll
+  for (int j = 0; j < kColsPerThread; ++j) out[threadIdx.x + j * kCombineThreads] = acc[j] * norm;
   if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
@@ -384,10 +468,23 @@ Plan make_plan(const DsaMlaParams& p) {
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
   const int64_t max_tiles = (entries + kKeys - 1) / kKeys;
+  // Splits: modelled time (waves of kCtasPerSm blocks per SM) x (tiles per split +
+  // kOverheadTiles for a block's prologue and partials); the fewest splits within
+  // kSplitSlack of the best (each split costs partial memory and combine work).
   const int64_t blocks = std::max<int64_t>(1, rows * plan.num_groups);
-  const int64_t want = (2 * int64_t{num_sms} + blocks - 1) / blocks;
-  plan.num_splits = std::clamp<int64_t>(want, 1, std::min(kMaxSplits, max_tiles));
-  const int64_t tiles_per_split = (max_tiles + plan.num_splits - 1) / plan.num_splits;
+  const int64_t slots_per_wave = int64_t{num_sms} * kCtasPerSm;
+  const int64_t max_splits = std::min(kMaxSplits, max_tiles);
+  auto split_cost = [&](int64_t splits) {
+    const int64_t tiles_per_split = (max_tiles + splits - 1) / splits;
+    const int64_t waves = (blocks * splits + slots_per_wave - 1) / slots_per_wave;
+    return waves * (tiles_per_split + kOverheadTiles);
+  };
+  int64_t best_cost = INT64_MAX;
+  for (int64_t s = 1; s <= max_splits; ++s) best_cost = std::min(best_cost, split_cost(s));
+  int64_t splits = 1;
+  while (static_cast<double>(split_cost(splits)) > kSplitSlack * static_cast<double>(best_cost))
+    ++splits;
+  const int64_t tiles_per_split = (max_tiles + splits - 1) / splits;
   plan.keys_per_split = tiles_per_split * kKeys;
   plan.num_splits = (max_tiles + tiles_per_split - 1) / tiles_per_split;
   const int64_t heads = rows * p.num_heads;
@@ -437,7 +534,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
   auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   SmemLayout::kBytes));
-  const dim3 grid(static_cast<unsigned>(plan.num_splits), static_cast<unsigned>(plan.num_groups),
+  const dim3 grid(static_cast<unsigned>(plan.num_groups), static_cast<unsigned>(plan.num_splits),
                   static_cast<unsigned>(rows));
   kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
