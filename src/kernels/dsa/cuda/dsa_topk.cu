@@ -56,9 +56,9 @@ constexpr int kThreads = 512;
 constexpr int kBins = 2048;
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kMinChunk = 2048;
-constexpr int kUnroll = 8;             // loads in flight per thread in the chunk loops
-constexpr int kMaxCachedChunk = 8192;  // scores a block keeps in shared memory (32 KB)
-constexpr int64_t kMaxCandidates = 16384;  // per row: the phase-0 threshold bin's keys kept
+constexpr int kUnroll = 8;                 // loads in flight per thread in the chunk loops
+constexpr int kMaxCachedChunk = 8192;      // scores a block keeps in shared memory (32 KB)
+constexpr int64_t kMaxCandidates = 16384;  // per row: a threshold bucket kept when this small
 
 struct TopkArgs {
   DsaTopkParams p;
@@ -68,9 +68,9 @@ struct TopkArgs {
   unsigned* barrier;  // [2]: the grid barrier's counter, then the slow-row flag
   int* fill;          // [rows] candidates appended so far
   int* hist;          // [3, rows, kBins]
-  uint2* state;      // [rows, 3]
-  int2* counts;      // [rows, num_chunks]
-  uint2* cand;       // [rows, cand_cap] (key, position) of the phase-0 threshold bin
+  uint2* state;       // [rows, 3]
+  int2* counts;       // [rows, num_chunks]
+  uint2* cand;        // [rows, cand_cap] (key, position) of the threshold bucket
   int64_t cand_cap;
   bool cache_chunk;  // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
 };
@@ -194,9 +194,8 @@ struct Append {
 // key >> match_shift == match (match_shift 32: every key), added to global hist; the
 // matched keys are appended to out.cand when it is set. Returns this thread's count of
 // keys with key >> match_shift > match (match_shift < 32).
-__device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bins,
-                               int match_shift, uint32_t match, int* global_hist,
-                               Append out = {nullptr, nullptr}) {
+__device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bins, int match_shift,
+                               uint32_t match, int* global_hist, Append out = {nullptr, nullptr}) {
   int above = 0;
   for (int k = threadIdx.x; k < kBins; k += kThreads) sh.hist[k] = 0;
   __syncthreads();
