@@ -56,8 +56,12 @@ constexpr int kThreads = 512;
 constexpr int kBins = 2048;
 constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kMinChunk = 2048;
-constexpr int kUnroll = 8;                 // loads in flight per thread in the chunk loops
-constexpr int kMaxCachedChunk = 8192;      // scores a block keeps in shared memory (32 KB)
+constexpr int kUnroll = 8;             // loads in flight per thread in the chunk loops
+constexpr int kMaxCachedChunk = 8192;  // scores a block keeps in shared memory (32 KB)
+// Phase 4 has every item of a row read the row's candidates twice: a row of many chunks
+// collects in phase 1 only when num_chunks * candidates stays within this budget (else
+// one more pass and barrier, after which the 22-bit bucket is typically tiny, is cheaper).
+constexpr int64_t kCandidateReadBudget = int64_t{1} << 20;
 constexpr int64_t kMaxCandidates = 16384;  // per row: a threshold bucket kept when this small
 
 struct TopkArgs {
@@ -72,7 +76,8 @@ struct TopkArgs {
   int2* counts;       // [rows, num_chunks]
   uint2* cand;        // [rows, cand_cap] (key, position) of the threshold bucket
   int64_t cand_cap;
-  bool cache_chunk;  // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
+  int64_t cand_cap1;  // <= cand_cap: the bound for collecting in phase 1
+  bool cache_chunk;   // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
 };
 
 struct Layout {
@@ -238,7 +243,7 @@ __device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bi
 // (1 or 2); after phase 1 the answer 2 means "2 or 3".
 __device__ int row_level(const TopkArgs& a, int64_t row, int known) {
   const uint32_t prefix0 = __ldcg(a.state + row * 3).x;
-  if (__ldcg(a.hist + row * kBins + (prefix0 >> 21)) <= a.cand_cap) return 1;
+  if (__ldcg(a.hist + row * kBins + (prefix0 >> 21)) <= a.cand_cap1) return 1;
   if (known < 2) return 2;
   const uint32_t prefix1 = __ldcg(a.state + row * 3 + 1).x;
   const int* hist1 = a.hist + (a.num_rows + row) * kBins;
@@ -308,7 +313,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       // are also appended to the row's candidates, the chunk's count of keys in higher
       // buckets (all winners) is stored for phase 4, and the row needs no later phase.
       // Otherwise flag[phase] tells every block that phase + 1 must run.
-      const bool collect = phase < 3 && __ldcg(scanned + bin) <= a.cand_cap;
+      const bool collect =
+          phase < 3 && __ldcg(scanned + bin) <= (phase == 1 ? a.cand_cap1 : a.cand_cap);
       if (phase < 3 && !collect && it.begin == 0 && threadIdx.x == 0) {
         atomicOr(a.barrier + phase, 1u);
       }
@@ -472,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
 }
 
 struct Plan {
-  int64_t rows, num_chunks, chunk_len, cand_cap;
+  int64_t rows, num_chunks, chunk_len, cand_cap, cand_cap1;
   bool cache_chunk;
 };
 
@@ -487,6 +493,7 @@ Plan make_plan(const DsaTopkParams& p, int64_t grid_capacity) {
   plan.num_chunks = (ctx + chunk - 1) / chunk;
   plan.cache_chunk = plan.rows * plan.num_chunks <= grid_capacity && chunk <= kMaxCachedChunk;
   plan.cand_cap = std::min(kMaxCandidates, ctx);
+  plan.cand_cap1 = std::min(plan.cand_cap, kCandidateReadBudget / plan.num_chunks);
   return plan;
 }
 
@@ -544,6 +551,7 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
              .counts = reinterpret_cast<int2*>(base + layout.counts),
              .cand = reinterpret_cast<uint2*>(base + layout.cand),
              .cand_cap = plan.cand_cap,
+             .cand_cap1 = plan.cand_cap1,
              .cache_chunk = plan.cache_chunk};
   CUDA_CHECK(cudaMemsetAsync(base, 0, layout.memset_bytes, stream));
   const int64_t grid = std::min(capacity, plan.rows * plan.num_chunks);
