@@ -174,6 +174,7 @@ struct TopkCase {
   int64_t num_q, block_size, topk;
   bool ties;
   bool all_equal = false;  // every visible score 0.5
+  bool mixed = false;      // request b: tied levels, a continuum, all 0.5 for b % 3 = 0, 1, 2
 };
 
 void expect_topk_matches(const TopkCase& c, uint64_t seed) {
@@ -194,9 +195,11 @@ void expect_topk_matches(const TopkCase& c, uint64_t seed) {
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t b = r / c.num_q, i = r % c.num_q;
     const int64_t visible = std::max<int64_t>(0, c.seq_lens[b] - c.num_q + i + 1);
+    const bool all_equal = c.mixed ? b % 3 == 2 : c.all_equal;
+    const bool ties = c.mixed ? b % 3 == 0 : c.ties;
     for (int64_t p = 0; p < stride; ++p) {
       scores[r * stride + p] =
-          p >= visible ? 1e30f : (c.all_equal ? 0.5f : (c.ties ? levels[rng() % 8] : uni(rng)));
+          p >= visible ? 1e30f : (all_equal ? 0.5f : (ties ? levels[rng() % 8] : uni(rng)));
     }
   }
   DsaBatch batch{.block_tables = tables.data(),
@@ -288,6 +291,26 @@ TEST(DsaGpu, TopkAllEqualScoresKeepLowestPositions) {
   // Every visible score tied: the lowest positions win.
   TopkCase c{{70000}, 2, 64, 2048, true, true};
   expect_topk_matches(c, 5);
+}
+
+// A row finishes from the keys of its threshold bucket (kept as candidates) when the
+// bucket holds at most 16384 keys: the 11-bit bucket of phase 0 (short rows, most 128K
+// rows), else the 22-bit one of phase 1 (a 256K+ continuum), else neither (thousands of
+// keys tied at the threshold: the exact count pass). Rows of every kind in one launch,
+// with chunks kept in shared memory (n_q 1) or read from memory (n_q 4, long chunks);
+// then launches where no row needs the count pass, or only phase 1's.
+TEST(DsaGpu, TopkRowsFinishingFromCandidatesOrCounts) {
+  REQUIRE_GPU();
+  // Kinds by request: ties, continuum, all equal, ties, continuum, all equal, ...
+  const std::vector<int32_t> lens = {300000, 300000, 300000, 5000, 70000, 2049, 1, 1 << 18, 30000};
+  for (const int64_t num_q : {1, 4}) {
+    for (const int64_t topk : {2048, 100}) {
+      expect_topk_matches({lens, num_q, 64, topk, false, false, true}, 30 + num_q + topk);
+    }
+  }
+  expect_topk_matches({{1 << 18, 5000}, 1, 64, 2048, false}, 41);   // phases 0..2 only
+  expect_topk_matches({{1 << 18, 5000}, 3, 128, 2048, false}, 42);  // the same, uncached
+  expect_topk_matches({{100000, 20000}, 2, 64, 2048, false}, 43);   // phases 0, 1 only
 }
 
 TEST(DsaGpu, TopkMillionKeys) {

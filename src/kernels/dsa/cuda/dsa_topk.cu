@@ -16,18 +16,29 @@
 //            row's earlier == K keys (other chunks first) are fewer than need. Output
 //            index = winners in earlier chunks + rank in this chunk, so the result is in
 //            ascending position order with no sort, and the lower position wins ties.
+// Candidates: when the bucket a row's phase 1 (or 2) scan finds holds at most cand_cap
+// keys (its count is in the histogram just scanned), the pass of that phase also appends
+// the bucket's keys with their positions to the row's candidate list (any order) and
+// stores per chunk the count of keys in higher buckets. The row then skips the later
+// phases: phase 4 finds K from the candidates alone (a shared histogram of the last 10
+// bits, or hist2 when collected in phase 2) and the earlier chunks' winners and == K
+// keys from the counts plus the candidates before the chunk. Typical rows collect in
+// phase 1 or 2; only massive ties (thousands of keys sharing a 22-bit prefix around the
+// threshold) need phase 3. A flag per phase, set when some row needs the next phase and
+// read after the barrier (so grid-uniform), skips phases 2 and 3 with their barriers.
 // Phases are separated by a grid barrier (the launch is cooperative, so every block is
 // resident). Each phase's scan result is also stored by the item of chunk 0 so that the
 // next phase scans only one histogram. Rows with n <= topk skip the select and copy.
 // When every item has its own block and chunks are at most 8192 scores, a block keeps its
 // chunk in shared memory after phase 0, so the scores are read from memory once.
 //
-// Everything written by other blocks during the kernel (histograms, state, counts) is
-// read with ld.global.cg (L2), never through L1.
+// Everything written by other blocks during the kernel (histograms, state, counts,
+// candidates, flags) is read with ld.global.cg (L2), never through L1.
 //
-// Workspace: barrier counter | hist0 [rows, 2048] (both zeroed by a memset before the
-// launch) | hist1, hist2 [rows, 2048] (zeroed in phase 0) | state [rows, 3] (prefix,
-// need) | counts [rows, num_chunks, 2].
+// Workspace: barrier counter, flag[1], flag[2] | fill [rows] | hist0 [rows, 2048] (these
+// zeroed by a memset before the launch) | hist1, hist2 [rows, 2048] (zeroed in phase 0) |
+// state [rows, 3] (prefix, need) | counts [rows, num_chunks, 2] | candidates [rows,
+// cand_cap, 2] (key, position).
 #include <cuda_runtime.h>
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
@@ -47,30 +58,41 @@ constexpr int kBinsPerThread = kBins / kThreads;
 constexpr int kMinChunk = 2048;
 constexpr int kUnroll = 8;             // loads in flight per thread in the chunk loops
 constexpr int kMaxCachedChunk = 8192;  // scores a block keeps in shared memory (32 KB)
+// Phase 4 has every item of a row read the row's candidates twice: a row of many chunks
+// collects in phase 1 only when num_chunks * candidates stays within this budget (else
+// one more pass and barrier, after which the 22-bit bucket is typically tiny, is cheaper).
+constexpr int64_t kCandidateReadBudget = int64_t{1} << 20;
+constexpr int64_t kMaxCandidates = 16384;  // per row: a threshold bucket kept when this small
 
 struct TopkArgs {
   DsaTopkParams p;
   int64_t chunk_len;
   int64_t num_chunks;  // per row
   int64_t num_rows;
-  unsigned* barrier;
-  int* hist;         // [3, rows, kBins]
-  uint2* state;      // [rows, 3]
-  int2* counts;      // [rows, num_chunks]
-  bool cache_chunk;  // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
+  unsigned* barrier;  // [2]: the grid barrier's counter, then the slow-row flag
+  int* fill;          // [rows] candidates appended so far
+  int* hist;          // [3, rows, kBins]
+  uint2* state;       // [rows, 3]
+  int2* counts;       // [rows, num_chunks]
+  uint2* cand;        // [rows, cand_cap] (key, position) of the threshold bucket
+  int64_t cand_cap;
+  int64_t cand_cap1;  // <= cand_cap: the bound for collecting in phase 1
+  bool cache_chunk;   // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
 };
 
 struct Layout {
-  size_t barrier, hist, state, counts, total, memset_bytes;
+  size_t barrier, fill, hist, state, counts, cand, total, memset_bytes;
 };
 
-Layout make_layout(int64_t rows, int64_t num_chunks) {
+Layout make_layout(int64_t rows, int64_t num_chunks, int64_t cand_cap) {
   Layout l{};
   l.barrier = 0;
-  l.hist = dsa::kAlign;
+  l.fill = dsa::kAlign;
+  l.hist = l.fill + dsa::align_up(sizeof(int) * rows);
   l.state = l.hist + dsa::align_up(sizeof(int) * 3 * rows * kBins);
   l.counts = l.state + dsa::align_up(sizeof(uint2) * 3 * rows);
-  l.total = l.counts + dsa::align_up(sizeof(int2) * rows * num_chunks);
+  l.cand = l.counts + dsa::align_up(sizeof(int2) * rows * num_chunks);
+  l.total = l.cand + dsa::align_up(sizeof(uint2) * rows * cand_cap);
   l.memset_bytes = l.hist + sizeof(int) * rows * kBins;
   return l;
 }
@@ -110,7 +132,9 @@ struct Shared {
 };
 
 // Finds the bin holding the need-th largest key among hist[0..num_bins) (counted from the
-// top); returns it and how many keys of that bin are still needed. Block-wide.
+// top); returns it and how many keys of that bin are still needed. Block-wide. hist is in
+// global memory written by other blocks (read through L2), or in shared memory.
+template <bool kSharedHist = false>
 __device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, int& bin,
                          int& need_in_bin) {
   int local[kBinsPerThread];
@@ -118,7 +142,7 @@ __device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, in
 #pragma unroll
   for (int k = 0; k < kBinsPerThread; ++k) {
     const int idx = num_bins - 1 - (threadIdx.x * kBinsPerThread + k);
-    local[k] = idx >= 0 ? __ldcg(hist + idx) : 0;  // L2: written by other blocks
+    local[k] = idx < 0 ? 0 : (kSharedHist ? hist[idx] : __ldcg(hist + idx));
     sum += local[k];
   }
   int above = 0;
@@ -165,10 +189,19 @@ __device__ Item make_item(const TopkArgs& a, int64_t item) {
   return it;
 }
 
+// Where a chunk appends its matched keys: cand[atomicAdd(fill, 1)] = (key, position).
+struct Append {
+  uint2* cand;  // null: nothing appended
+  int* fill;
+};
+
 // Histogram of (key >> shift) & (num_bins - 1) over the chunk's keys with
-// key >> match_shift == match (match_shift 32: every key), added to global hist.
-__device__ void chunk_histogram(Shared& sh, const Item& it, int shift, int num_bins,
-                                int match_shift, uint32_t match, int* global_hist) {
+// key >> match_shift == match (match_shift 32: every key), added to global hist; the
+// matched keys are appended to out.cand when it is set. Returns this thread's count of
+// keys with key >> match_shift > match (match_shift < 32).
+__device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bins, int match_shift,
+                               uint32_t match, int* global_hist, Append out = {nullptr, nullptr}) {
+  int above = 0;
   for (int k = threadIdx.x; k < kBins; k += kThreads) sh.hist[k] = 0;
   __syncthreads();
   for (int64_t base = it.begin; base < it.end; base += kThreads * kUnroll) {
@@ -182,13 +215,39 @@ __device__ void chunk_histogram(Shared& sh, const Item& it, int shift, int num_b
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t s = base + u * kThreads + threadIdx.x;
       const bool active = s < it.end && (match_shift >= 32 || (keys[u] >> match_shift) == match);
+      if (match_shift < 32) above += s < it.end && (keys[u] >> match_shift) > match;
       hist_add(sh.hist, (keys[u] >> shift) & (num_bins - 1), active);
+      if (out.cand != nullptr) {  // warp-aggregated append
+        const unsigned mask = __ballot_sync(0xffffffffu, active);
+        const int lane = threadIdx.x & 31;
+        int first = 0;
+        if (lane == 0 && mask != 0) first = atomicAdd(out.fill, __popc(mask));
+        first = __shfl_sync(0xffffffffu, first, 0);
+        if (active) {
+          out.cand[first + __popc(mask & ((1u << lane) - 1u))] =
+              make_uint2(keys[u], static_cast<uint32_t>(s));
+        }
+      }
     }
   }
   __syncthreads();
   for (int k = threadIdx.x; k < kBins; k += kThreads) {
     if (sh.hist[k] != 0) atomicAdd(&global_hist[k], sh.hist[k]);
   }
+  return above;
+}
+
+// The phase after which a row (n > topk) kept its threshold bucket as candidates: 1 when
+// the phase-0 bin (11-bit prefix) holds at most cand_cap keys, else 2 when the 22-bit
+// bucket does, else 3 (none: the exact count pass). known = the last phase finished
+// (1 or 2); after phase 1 the answer 2 means "2 or 3".
+__device__ int row_level(const TopkArgs& a, int64_t row, int known) {
+  const uint32_t prefix0 = __ldcg(a.state + row * 3).x;
+  if (__ldcg(a.hist + row * kBins + (prefix0 >> 21)) <= a.cand_cap1) return 1;
+  if (known < 2) return 2;
+  const uint32_t prefix1 = __ldcg(a.state + row * 3 + 1).x;
+  const int* hist1 = a.hist + (a.num_rows + row) * kBins;
+  return __ldcg(hist1 + ((prefix1 >> 10) & (kBins - 1))) <= a.cand_cap ? 2 : 3;
 }
 
 __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
@@ -237,6 +296,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       uint32_t prefix = 0;
       int need = topk;
       if (phase > 1) {
+        if (row_level(a, it.row, phase - 1) < phase) continue;  // finished in phase 4
         const uint2 st = __ldcg(a.state + it.row * 3 + phase - 2);
         prefix = st.x;
         need = static_cast<int>(st.y);
@@ -249,11 +309,26 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       if (it.begin == 0 && threadIdx.x == 0) {
         a.state[it.row * 3 + phase - 1] = make_uint2(prefix, static_cast<uint32_t>(need_in_bin));
       }
+      // Phases 1 and 2, when the bucket just found holds at most cand_cap keys: its keys
+      // are also appended to the row's candidates, the chunk's count of keys in higher
+      // buckets (all winners) is stored for phase 4, and the row needs no later phase.
+      // Otherwise flag[phase] tells every block that phase + 1 must run.
+      const bool collect =
+          phase < 3 && __ldcg(scanned + bin) <= (phase == 1 ? a.cand_cap1 : a.cand_cap);
+      if (phase < 3 && !collect && it.begin == 0 && threadIdx.x == 0) {
+        atomicOr(a.barrier + phase, 1u);
+      }
       if (it.begin >= it.end) continue;
-      if (phase == 1) {
-        chunk_histogram(sh, it, 10, kBins, 21, prefix >> 21, hist1 + it.row * kBins);
-      } else if (phase == 2) {
-        chunk_histogram(sh, it, 0, 1024, 10, prefix >> 10, hist2 + it.row * kBins);
+      if (phase < 3) {
+        const Append out = collect ? Append{a.cand + it.row * a.cand_cap, a.fill + it.row}
+                                   : Append{nullptr, nullptr};
+        int above =
+            phase == 1
+                ? chunk_histogram(sh, it, 10, kBins, 21, prefix >> 21, hist1 + it.row * kBins, out)
+                : chunk_histogram(sh, it, 0, 1024, 10, prefix >> 10, hist2 + it.row * kBins, out);
+        __syncthreads();
+        above = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(above);
+        if (collect && threadIdx.x == 0) a.counts[item] = make_int2(above, 0);
       } else {
         int gt = 0, eq = 0;
 #pragma unroll 8
@@ -271,6 +346,9 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
     }
     barrier_target += gridDim.x;
     grid_barrier(a.barrier, barrier_target);
+    // No row needs the next phase (the flag is final after the barrier, so the test is
+    // grid-uniform): skip it and its barrier.
+    if (phase < 3 && __ldcg(a.barrier + phase) == 0) break;
   }
 
   // Phase 4: ordered compaction.
@@ -298,12 +376,54 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       continue;
     }
     if (it.begin >= it.end) continue;
-    const uint2 st = __ldcg(a.state + it.row * 3 + 2);
-    const uint32_t threshold = st.x;
-    const int need = static_cast<int>(st.y);
-    // Winners and == K keys of the row's earlier chunks.
+    uint32_t threshold = 0;
+    int need = 0;
+    int gt_before = 0, eq_before = 0;  // winners and == K keys of the row's earlier chunks
+    const int level = row_level(a, it.row, 2);
+    if (level < 3) {
+      // Threshold K from the candidates (the phase-`level` bucket's keys). Earlier chunks'
+      // winners = their keys in higher buckets (counts) + candidates > K before begin.
+      const uint2* cand = a.cand + it.row * a.cand_cap;
+      int num_cand = 0;
+      uint32_t prefix = 0;  // 22 bits
+      int need_in_bin = 0;
+      int bin = 0;
+      if (level == 1) {
+        // The 22-bit prefix from hist1, the last 10 bits from a shared histogram of the
+        // candidates under it.
+        const uint2 st = __ldcg(a.state + it.row * 3);
+        num_cand = __ldcg(hist0 + it.row * kBins + (st.x >> 21));
+        find_bin(sh, hist1 + it.row * kBins, kBins, static_cast<int>(st.y), bin, need_in_bin);
+        prefix = st.x | (static_cast<uint32_t>(bin) << 10);
+        for (int k = threadIdx.x; k < 1024; k += kThreads) sh.hist[k] = 0;
+        __syncthreads();
+        for (int j = threadIdx.x; j < num_cand; j += kThreads) {
+          const uint32_t key = __ldcg(cand + j).x;
+          if ((key >> 10) == (prefix >> 10)) atomicAdd(&sh.hist[key & 1023u], 1);
+        }
+        __syncthreads();
+        find_bin<true>(sh, sh.hist, 1024, need_in_bin, bin, need);
+      } else {
+        // The last 10 bits from hist2 (phase 2 histogrammed exactly the candidates).
+        const uint2 st = __ldcg(a.state + it.row * 3 + 1);
+        prefix = st.x;
+        num_cand = __ldcg(hist1 + it.row * kBins + ((prefix >> 10) & (kBins - 1)));
+        find_bin(sh, hist2 + it.row * kBins, 1024, static_cast<int>(st.y), bin, need);
+      }
+      threshold = prefix | static_cast<uint32_t>(bin);
+      for (int j = threadIdx.x; j < num_cand; j += kThreads) {
+        const uint2 e = __ldcg(cand + j);
+        if (e.y < it.begin) {
+          gt_before += e.x > threshold;
+          eq_before += e.x == threshold;
+        }
+      }
+    } else {
+      const uint2 st = __ldcg(a.state + it.row * 3 + 2);
+      threshold = st.x;
+      need = static_cast<int>(st.y);
+    }
     const int64_t first_item = it.row * a.num_chunks;
-    int gt_before = 0, eq_before = 0;
     for (int64_t c = first_item + threadIdx.x; c < item; c += kThreads) {
       const int2 cnt = __ldcg(a.counts + c);
       gt_before += cnt.x;
@@ -358,7 +478,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
 }
 
 struct Plan {
-  int64_t rows, num_chunks, chunk_len;
+  int64_t rows, num_chunks, chunk_len, cand_cap, cand_cap1;
   bool cache_chunk;
 };
 
@@ -372,6 +492,8 @@ Plan make_plan(const DsaTopkParams& p, int64_t grid_capacity) {
   plan.chunk_len = chunk;
   plan.num_chunks = (ctx + chunk - 1) / chunk;
   plan.cache_chunk = plan.rows * plan.num_chunks <= grid_capacity && chunk <= kMaxCachedChunk;
+  plan.cand_cap = std::min(kMaxCandidates, ctx);
+  plan.cand_cap1 = std::min(plan.cand_cap, kCandidateReadBudget / plan.num_chunks);
   return plan;
 }
 
@@ -402,7 +524,7 @@ void check_params(const DsaTopkParams& p, bool need_pointers = true) {
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
   check_params(p, /*need_pointers=*/false);
   const Plan plan = make_plan(p, grid_capacity());
-  return make_layout(plan.rows, plan.num_chunks).total;
+  return make_layout(plan.rows, plan.num_chunks, plan.cand_cap).total;
 }
 
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
@@ -412,7 +534,7 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
   const int64_t capacity = grid_capacity();
   const Plan plan = make_plan(p, capacity);
-  const Layout layout = make_layout(plan.rows, plan.num_chunks);
+  const Layout layout = make_layout(plan.rows, plan.num_chunks, plan.cand_cap);
   CHECK(workspace != nullptr && workspace_bytes >= layout.total, "dsa_topk workspace of ",
         workspace_bytes, " bytes, need ", layout.total);
   CHECK(reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
@@ -423,9 +545,13 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
              .num_chunks = plan.num_chunks,
              .num_rows = plan.rows,
              .barrier = reinterpret_cast<unsigned*>(base + layout.barrier),
+             .fill = reinterpret_cast<int*>(base + layout.fill),
              .hist = reinterpret_cast<int*>(base + layout.hist),
              .state = reinterpret_cast<uint2*>(base + layout.state),
              .counts = reinterpret_cast<int2*>(base + layout.counts),
+             .cand = reinterpret_cast<uint2*>(base + layout.cand),
+             .cand_cap = plan.cand_cap,
+             .cand_cap1 = plan.cand_cap1,
              .cache_chunk = plan.cache_chunk};
   CUDA_CHECK(cudaMemsetAsync(base, 0, layout.memset_bytes, stream));
   const int64_t grid = std::min(capacity, plan.rows * plan.num_chunks);
