@@ -1,5 +1,7 @@
 #include "model/kv_cache.h"
 
+#include "kv/block_table.h"
+
 #include "util/error.h"
 
 namespace hyserve {
@@ -11,26 +13,33 @@ KvCache::KvCache(Backend& backend, CachePlan plan, int64_t num_blocks)
   pool_ = BackendBuffer(backend_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
 }
 
-uint8_t* KvCache::row(int32_t block) const {
+void KvCache::check_block(int32_t block) const {
   CHECK(block >= 0 && block <= num_blocks_, "KV cache: block ", block, " outside the pool of ",
         num_blocks_, " (+1 scratch)");
-  return base() + static_cast<int64_t>(block) * plan_.row_bytes;
+}
+
+uint8_t* KvCache::row(int32_t block) const {
+  check_block(block);
+  return reinterpret_cast<uint8_t*>(row_address(address(), plan_, block));
+}
+
+// Addresses come from the block-table arithmetic of kv/block_table.h, the one definition
+// of the row layout.
+uint64_t KvCache::address() const {
+  return reinterpret_cast<uint64_t>(base());
 }
 
 float* KvCache::latent_page(int64_t layer) const {
-  return reinterpret_cast<float*>(base() + plan_.page(layer).latent_offset);
+  return reinterpret_cast<float*>(latent_page_address(address(), plan_, 0, layer));
 }
 
 uint8_t* KvCache::index_page(int64_t layer) const {
-  const CachePage& p = plan_.page(layer);
-  CHECK(p.index_bytes > 0, "KV cache: layer ", layer, " has no index keys");
-  return base() + p.index_offset;
+  CHECK(plan_.page(layer).index_bytes > 0, "KV cache: layer ", layer, " has no index keys");
+  return reinterpret_cast<uint8_t*>(index_page_address(address(), plan_, 0, layer));
 }
 
 float* KvCache::index_scale_page(int64_t layer) const {
-  CHECK(plan_.options.index == IndexCacheDtype::kFp8, "KV cache: index keys are not FP8");
-  return reinterpret_cast<float*>(index_page(layer) +
-                                  plan_.block_size * plan_.page(layer).index_code_bytes);
+  return reinterpret_cast<float*>(index_scale_slot_address(address(), plan_, Slot{}, layer));
 }
 
 PagedRows KvCache::pages(const int32_t* block_table) const {
@@ -38,13 +47,16 @@ PagedRows KvCache::pages(const int32_t* block_table) const {
 }
 
 float* KvCache::kda_conv_state(int32_t block, int64_t layer, int which) const {
-  const KdaStatePage& p = plan_.kda_page(layer);
   CHECK(which >= 0 && which < 3, "KV cache: conv state ", which);
-  return reinterpret_cast<float*>(row(block) + p.conv_offset + which * (p.conv_bytes / 3));
+  check_block(block);
+  const int64_t one_conv_bytes = plan_.kda_page(layer).conv_bytes / 3;
+  return reinterpret_cast<float*>(kda_state_address(address(), plan_, block, layer).conv +
+                                  which * one_conv_bytes);
 }
 
 float* KvCache::kda_recurrent_state(int32_t block, int64_t layer) const {
-  return reinterpret_cast<float*>(row(block) + plan_.kda_page(layer).recurrent_offset);
+  check_block(block);
+  return reinterpret_cast<float*>(kda_state_address(address(), plan_, block, layer).recurrent);
 }
 
 void KvCache::zero_block(int32_t block) {

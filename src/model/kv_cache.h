@@ -56,7 +56,9 @@ class KvCache {
   void grow(int64_t num_blocks);
 
  private:
+  void check_block(int32_t block) const;  // 0 <= block <= num_blocks (the scratch row)
   uint8_t* row(int32_t block) const;
+  uint64_t address() const;
 
   Backend* backend_;
   CachePlan plan_;

@@ -44,6 +44,24 @@ size_t weight_data_bytes(const Weight& w) {
   return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
 }
 
+// Cache slot of position p of a sequence (block * block_size + offset).
+int64_t slot_of(const SequenceInput& in, int64_t p, int64_t block_size) {
+  return static_cast<int64_t>(in.blocks[p / block_size]) * block_size + p % block_size;
+}
+
+// A decode batch's block tables as `rows` rows of `width` blocks, and its KDA state rows;
+// columns past a sequence's blocks, and rows past the batch, hold pad_block.
+void decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
+                   int32_t pad_block, std::vector<int32_t>& tables,
+                   std::vector<int32_t>& state_rows) {
+  tables.assign(static_cast<size_t>(rows * width), pad_block);
+  state_rows.assign(static_cast<size_t>(rows), pad_block);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), tables.begin() + i * width);
+    if (batch[i].state_block >= 0) state_rows[i] = batch[i].state_block;
+  }
+}
+
 std::string layer_name(int64_t layer, const char* what) {
   return "layers." + std::to_string(layer) + "." + what;
 }
@@ -231,7 +249,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
       const int64_t p = in.num_computed + static_cast<int64_t>(j);
       ids.push_back(in.tokens[j]);
       pos.push_back(p);
-      slots.push_back(static_cast<int64_t>(in.blocks[p / bs]) * bs + p % bs);
+      slots.push_back(slot_of(in, p, bs));
     }
     table_offset.push_back(static_cast<int64_t>(tables.size()));
     tables.insert(tables.end(), in.blocks.begin(), in.blocks.end());
@@ -261,23 +279,19 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   decode_ = BatchedDecode{};
   if (batched_decode) {
     // Block tables padded to one width, and the KDA state rows.
-    size_t width = 0;
-    int64_t max_keys = 0;
+    int64_t width = 0, max_keys = 0;
     for (const SequenceInput& in : batch) {
-      width = std::max(width, in.blocks.size());
+      width = std::max(width, static_cast<int64_t>(in.blocks.size()));
       max_keys = std::max(max_keys, in.num_computed + 1);
     }
-    std::vector<int32_t> padded(batch.size() * width, 0);
-    std::vector<int32_t> rows(batch.size(), 0);
-    for (size_t i = 0; i < batch.size(); ++i) {
-      std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), padded.begin() + i * width);
-      rows[i] = std::max(batch[i].state_block, 0);
-    }
-    int32_t* padded_dev = workspace_.ints(static_cast<int64_t>(padded.size()));
-    int32_t* rows_dev = workspace_.ints(static_cast<int64_t>(rows.size()));
+    std::vector<int32_t> padded, rows;
+    const auto num_seqs = static_cast<int64_t>(batch.size());
+    decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block(), padded, rows);
+    int32_t* padded_dev = workspace_.ints(num_seqs * width);
+    int32_t* rows_dev = workspace_.ints(num_seqs);
     backend_->upload(padded_dev, padded.data(), padded.size() * 4);
     backend_->upload(rows_dev, rows.data(), rows.size() * 4);
-    decode_ = {batch[0].cache, padded_dev, static_cast<int64_t>(width), rows_dev, max_keys};
+    decode_ = {batch[0].cache, padded_dev, width, rows_dev, max_keys};
   }
 
   float* h = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
@@ -392,16 +406,13 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   const int64_t bs = plan.block_size;
   std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
   std::vector<int64_t> pos(static_cast<size_t>(rows), 0), slots(static_cast<size_t>(rows), -1);
-  std::vector<int32_t> tables(static_cast<size_t>(rows * width), scratch);
-  std::vector<int32_t> state_rows(static_cast<size_t>(rows), scratch);
+  std::vector<int32_t> tables, state_rows;
+  decode_tables(batch, rows, width, scratch, tables, state_rows);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const SequenceInput& in = batch[static_cast<size_t>(i)];
-    const int64_t p = in.num_computed;
     ids[i] = in.tokens[0];
-    pos[i] = p;
-    slots[i] = static_cast<int64_t>(in.blocks[p / bs]) * bs + p % bs;
-    std::copy(in.blocks.begin(), in.blocks.end(), tables.begin() + i * width);
-    if (in.state_block >= 0) state_rows[i] = in.state_block;
+    pos[i] = in.num_computed;
+    slots[i] = slot_of(in, in.num_computed, bs);
   }
   backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
   backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
