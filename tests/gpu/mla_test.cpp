@@ -297,5 +297,28 @@ TEST(GpuMla, RefusesSmallWorkspace) {
   EXPECT_THROW(cuda::mla_attention_absorbed(p, ws.data(), need - 1, nullptr), InvalidArgument);
 }
 
+// The workspace is sized once at warm-up for the step's tokens; a longer context must
+// never need more (the memory budget counts no context term for it).
+TEST(GpuMla, WorkspaceDoesNotGrowWithContext) {
+  MlaAttentionParams p;
+  p.num_heads = 96;
+  p.dn = 128;
+  p.dr = 64;
+  p.dv = 128;
+  p.kv_lora = 512;
+  for (const int64_t tokens : {1, 8, 64, 4096}) {
+    p.num_tokens = tokens;
+    p.topk = nullptr;
+    p.num_keys = 1;
+    const size_t short_context = cuda::mla_attention_workspace_bytes(p);
+    p.num_keys = int64_t{1} << 20;
+    EXPECT_EQ(cuda::mla_attention_workspace_bytes(p), short_context) << tokens << " tokens";
+    static const int32_t kDummy = 0;
+    p.topk = &kDummy;
+    p.topk_width = 2048;
+    EXPECT_EQ(cuda::mla_attention_workspace_bytes(p), short_context) << tokens << " tokens, top-k";
+  }
+}
+
 }  // namespace
 }  // namespace hyserve

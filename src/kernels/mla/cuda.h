@@ -23,8 +23,9 @@
 
 namespace hyserve::cuda {
 
-// Bytes of workspace mla_attention_absorbed needs for these sizes (depends on T, H, S,
-// whether topk is set, topk_width, kv_lora and dr only).
+// Bytes of workspace mla_attention_absorbed needs for these sizes: a function of T, H,
+// kv_lora and dr only (not of the context), so one sized at warm-up serves every step of
+// at most T tokens.
 size_t mla_attention_workspace_bytes(const MlaAttentionParams& p);
 
 // Per head: q_lat = q_nope W_UK; logit = (q_lat.c + q_pe.k_pe) * scale;

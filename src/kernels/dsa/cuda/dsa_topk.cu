@@ -121,11 +121,35 @@ __device__ __forceinline__ void hist_add(int* h, uint32_t bin, bool active) {
   if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
 }
 
+constexpr int kWarps = kThreads / 32;
+constexpr int kRankGroups = kUnroll * kWarps;  // (u, warp) groups of a compaction super-tile
+static_assert(kRankGroups % 32 == 0, "warp 0 scans the groups, kRankGroups / 32 per lane");
+
+// Phase 4's per-super-tile counts and scanned offsets, per (u, warp) group.
+struct RankScratch {
+  int eq_count[kRankGroups];
+  int gt_count[kRankGroups];
+  int eq_before[kRankGroups];    // == K keys of the row before the group
+  int take_before[kRankGroups];  // winners of the row before the group
+  int taken_end, eq_end;         // the same after the super-tile
+};
+
+__device__ __forceinline__ int warp_exclusive_sum(int v, int lane) {
+  int incl = v;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const int n = __shfl_up_sync(0xffffffffu, incl, off);
+    if (lane >= off) incl += n;
+  }
+  return incl - v;
+}
+
 struct Shared {
   union {
     cub::BlockScan<int, kThreads>::TempStorage scan;
     cub::BlockReduce<int, kThreads>::TempStorage reduce;
   } cub;
+  RankScratch rank;
   int hist[kBins];
   int found_bin;
   int found_need;
@@ -452,27 +476,72 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
         any = any || (s < it.end && keys[u] >= threshold);
       }
       if (__syncthreads_or(any) == 0) continue;
+      // Ranks in position order, (u, warp, lane) within the super-tile, from warp ballots:
+      // each warp counts its keys > K and == K per u, warp 0 scans the kUnroll x kWarps
+      // counts (the == K keys taken are the first `need` in position order), and every
+      // lane places its winner at the scanned offset plus its rank inside the ballot.
+      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+      const unsigned lanes_below = (1u << lane) - 1u;
+      unsigned eq_mask[kUnroll];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const bool valid = base + u * kThreads + threadIdx.x < it.end;
+        eq_mask[u] = __ballot_sync(0xffffffffu, valid && keys[u] == threshold);
+        const unsigned gt_mask = __ballot_sync(0xffffffffu, valid && keys[u] > threshold);
+        if (lane == 0) {
+          sh.rank.eq_count[u * kWarps + warp] = __popc(eq_mask[u]);
+          sh.rank.gt_count[u * kWarps + warp] = __popc(gt_mask);
+        }
+      }
+      __syncthreads();
+      if (warp == 0) {
+        constexpr int kPer = kRankGroups / 32;  // consecutive groups per lane
+        int eq_sum = 0;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) eq_sum += sh.rank.eq_count[lane * kPer + e];
+        int eq_before = eq_seen + warp_exclusive_sum(eq_sum, lane);
+        int take_count[kPer];
+        int take_sum = 0;
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          const int g = lane * kPer + e;
+          sh.rank.eq_before[g] = eq_before;
+          const int eq_taken = min(max(need - eq_before, 0), sh.rank.eq_count[g]);
+          take_count[e] = sh.rank.gt_count[g] + eq_taken;
+          take_sum += take_count[e];
+          eq_before += sh.rank.eq_count[g];
+        }
+        int take_before = taken + warp_exclusive_sum(take_sum, lane);
+#pragma unroll
+        for (int e = 0; e < kPer; ++e) {
+          sh.rank.take_before[lane * kPer + e] = take_before;
+          take_before += take_count[e];
+        }
+        if (lane == 31) {
+          sh.rank.taken_end = take_before;
+          sh.rank.eq_end = eq_before;
+        }
+      }
+      __syncthreads();
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
         const int64_t s = base + u * kThreads + threadIdx.x;
+        const int g = u * kWarps + warp;
         const bool valid = s < it.end;
-        const uint32_t key = keys[u];
-        const int is_equal = valid && key == threshold;
-        int equal_before = 0, equal_total = 0;
-        cub::BlockScan<int, kThreads>(sh.cub.scan)
-            .ExclusiveSum(is_equal, equal_before, equal_total);
-        __syncthreads();
-        const int take = valid && (key > threshold || (is_equal && eq_seen + equal_before < need));
-        int taken_before = 0, taken_total = 0;
-        cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(take, taken_before, taken_total);
-        __syncthreads();
+        const bool is_equal = valid && keys[u] == threshold;
+        const bool take =
+            valid && (keys[u] > threshold ||
+                      (is_equal && sh.rank.eq_before[g] + __popc(eq_mask[u] & lanes_below) < need));
+        const unsigned take_mask = __ballot_sync(0xffffffffu, take);
         if (take) {
-          slots[taken + taken_before] = slot_of(s);
-          if (positions != nullptr) positions[taken + taken_before] = static_cast<int32_t>(s);
+          const int64_t out = sh.rank.take_before[g] + __popc(take_mask & lanes_below);
+          slots[out] = slot_of(s);
+          if (positions != nullptr) positions[out] = static_cast<int32_t>(s);
         }
-        taken += taken_total;
-        eq_seen += equal_total;
       }
+      taken = sh.rank.taken_end;
+      eq_seen = sh.rank.eq_end;
+      __syncthreads();
     }
   }
 }

@@ -52,9 +52,12 @@ Plan make_plan(const MlaAttentionParams& p) {
   const int64_t by_fill = (kTargetBlocks + plan.num_rows - 1) / std::max<int64_t>(plan.num_rows, 1);
   plan.num_splits = std::max<int64_t>(1, std::min({kMaxSplits, by_keys, by_fill}));
   plan.keys_per_split = std::max<int64_t>(1, (num_slots + plan.num_splits - 1) / plan.num_splits);
+  // The partials are sized for the most splits any context could use with these rows, so
+  // the workspace depends on T and H only: a step at a longer context never needs more.
+  const int64_t max_splits = std::max<int64_t>(1, std::min(kMaxSplits, by_fill));
   plan.q_abs_bytes = align_up(sizeof(float) * plan.num_rows * (p.kv_lora + p.dr));
-  plan.part_o_bytes = align_up(sizeof(float) * plan.num_rows * plan.num_splits * p.kv_lora);
-  plan.part_ml_bytes = align_up(sizeof(float) * plan.num_rows * plan.num_splits * 2);
+  plan.part_o_bytes = align_up(sizeof(float) * plan.num_rows * max_splits * p.kv_lora);
+  plan.part_ml_bytes = align_up(sizeof(float) * plan.num_rows * max_splits * 2);
   return plan;
 }
 
