@@ -184,5 +184,39 @@ TEST(DsaCpu, IndexerScoresMatchFormulaAndMaskFutureKeys) {
   }
 }
 
+// The optional histogram (the top-k's first radix pass, fused into the indexer) counts the
+// visible scores of each row by their top 11 order-key bits.
+TEST(DsaCpu, IndexerHistogramCountsVisibleScores) {
+  const int64_t num_q = 3;
+  DsaTestPool t = make_dsa_test_pool({2, 70, 129}, 64, num_q, 4, 16, 16);
+  const int64_t rows = t.num_requests() * num_q, stride = t.max_context;
+  std::vector<float> scores(rows * stride);
+  std::vector<int> hist(rows * kDsaTopkBins, 0);
+  cpu::dsa_indexer_scores({.cache = t.cache_at(t.pool.data()),
+                           .batch = t.host_batch(),
+                           .q8 = t.q8.data(),
+                           .weights = t.weights.data(),
+                           .num_heads = t.index_heads,
+                           .scores = scores.data(),
+                           .score_stride = stride,
+                           .histogram = hist.data()});
+  std::vector<int> want(hist.size(), 0);
+  for (int64_t b = 0; b < t.num_requests(); ++b) {
+    for (int64_t i = 0; i < num_q; ++i) {
+      const int64_t row = b * num_q + i;
+      for (int64_t p = 0; p <= t.seq_lens[b] - num_q + i; ++p) {
+        // The order key sorts like the float, so the bin order is the score order.
+        const float x = scores[row * stride + p];
+        ++want[row * kDsaTopkBins + (dsa_order_key(x) >> kDsaTopkBinShift)];
+      }
+    }
+  }
+  EXPECT_EQ(hist, want);
+  EXPECT_LT(dsa_order_key(-1.0f), dsa_order_key(-0.5f));
+  EXPECT_EQ(dsa_order_key(-0.0f), dsa_order_key(0.0f));
+  EXPECT_LT(dsa_order_key(0.0f), dsa_order_key(1e-30f));
+  EXPECT_LT(dsa_order_key(2.0f), dsa_order_key(std::numeric_limits<float>::infinity()));
+}
+
 }  // namespace
 }  // namespace hyserve

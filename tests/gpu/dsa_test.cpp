@@ -166,6 +166,47 @@ TEST(DsaGpu, IndexerScoresShortAndEmptyRequests) {
   }
 }
 
+// The histogram the indexer builds for the top-k counts exactly its own visible scores by
+// their top 11 order-key bits, for every n_q the fusion supports.
+TEST(DsaGpu, IndexerHistogramCountsItsOwnScores) {
+  REQUIRE_GPU();
+  uint64_t seed = 500;
+  for (const int64_t num_q : {1, 2, 4, 8}) {
+    for (const int64_t hi : {32, 64}) {
+      if (!cuda::dsa_indexer_fuses_histogram(num_q, hi)) continue;
+      DsaTestPool t = make_dsa_test_pool({1, 3, 65, 2049, 40000}, 64, num_q, 8, hi, ++seed, 7);
+      DevicePool d(t);
+      const int64_t rows = t.num_requests() * num_q, stride = t.max_context;
+      DeviceBuffer scores(sizeof(float) * rows * stride);
+      const std::vector<int> zeros(rows * kDsaTopkBins, 0);
+      DeviceBuffer hist = to_device(zeros);
+      cuda::dsa_indexer_scores({.cache = d.cache(t),
+                                .batch = d.batch(t),
+                                .q8 = d.q8.as<uint8_t>(),
+                                .weights = d.weights.as<float>(),
+                                .num_heads = t.index_heads,
+                                .scores = scores.as<float>(),
+                                .score_stride = stride,
+                                .histogram = hist.as<int>()},
+                               nullptr);
+      sync();
+      const std::vector<float> got_scores = to_host<float>(scores, rows * stride);
+      const std::vector<int> got = to_host<int>(hist, zeros.size());
+      std::vector<int> want(zeros.size(), 0);
+      for (int64_t b = 0; b < t.num_requests(); ++b) {
+        for (int64_t i = 0; i < num_q; ++i) {
+          const int64_t row = b * num_q + i, visible = t.seq_lens[b] - num_q + i + 1;
+          for (int64_t pos = 0; pos < visible; ++pos) {
+            ++want[row * kDsaTopkBins +
+                   (dsa_order_key(got_scores[row * stride + pos]) >> kDsaTopkBinShift)];
+          }
+        }
+      }
+      ASSERT_EQ(got, want) << "n_q " << num_q << ", heads " << hi << "; " << describe(t);
+    }
+  }
+}
+
 // ---------------------------------------------------------------- top-k
 
 // Block tables only (no pool) for top-k tests: request b owns blocks in a shuffled order.

@@ -95,6 +95,9 @@ void dsa_indexer_scores(const DsaIndexerParams& p) {
           acc += w[h] * std::max(dot, 0.0f);
         }
         out[pos] = *dsa_index_scale(p.cache, slot) * acc;
+        if (p.histogram != nullptr) {
+          ++p.histogram[row * kDsaTopkBins + (dsa_order_key(out[pos]) >> kDsaTopkBinShift)];
+        }
       }
     }
   }

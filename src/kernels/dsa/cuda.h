@@ -35,6 +35,9 @@
 namespace hyserve::cuda {
 
 void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream);
+// Whether dsa_indexer_scores takes a histogram (DsaIndexerParams::histogram) at these
+// sizes: its per-query bins must fit shared memory beside the queries.
+bool dsa_indexer_fuses_histogram(int64_t num_q, int64_t num_heads);
 
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p);
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);

@@ -26,6 +26,7 @@
 // max_context >= every seq_lens[b] only.
 #pragma once
 
+#include <bit>
 #include <cstdint>
 
 #if defined(__CUDACC__)
@@ -42,6 +43,20 @@ constexpr int kDsaRopeDim = 64;                           // qk_rope_head_dim: k
 constexpr int kDsaLatentDim = kDsaLoraDim + kDsaRopeDim;  // 576 codes = bytes per token
 constexpr int kDsaIndexDim = 128;                         // index_head_dim
 constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;       // codes + fp32 scale
+
+// The top-k's order-preserving key of a score: uint32 order == float order, -0 == +0
+// (so they tie). Its top 11 bits are the bins of the top-k's first radix pass.
+constexpr int kDsaTopkBins = 2048;
+constexpr int kDsaTopkBinShift = 21;
+HYSERVE_DSA_HOST_DEVICE inline uint32_t dsa_order_key(float x) {
+#if defined(__CUDA_ARCH__)
+  const uint32_t raw = __float_as_uint(x);
+#else
+  const uint32_t raw = std::bit_cast<uint32_t>(x);
+#endif
+  const uint32_t bits = x == 0.0f ? 0u : raw;
+  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+}
 
 // One full-attention layer's view of the packed pool.
 struct DsaCache {
@@ -100,6 +115,10 @@ struct DsaIndexerParams {
   int64_t num_heads = 0;           // Hi: 16, 32 or 64 (a multiple of 16, <= 64)
   float* scores = nullptr;         // [B, n_q, score_stride] out
   int64_t score_stride = 0;        // >= max_context
+  // Optional [B, n_q, kDsaTopkBins], zeroed by the caller: the count of each row's visible
+  // scores (keys 0..position) by dsa_order_key >> kDsaTopkBinShift is added here, which is
+  // the top-k's first radix pass done while the scores are in registers (DsaTopkParams).
+  int* histogram = nullptr;
 };
 
 // Exact top-k per (b, i) over the scores of keys 0..position (ties: lower position
@@ -113,6 +132,9 @@ struct DsaTopkParams {
   int64_t topk = 0;              // index_topk (2048)
   int32_t* slots = nullptr;      // [B, n_q, topk] out: physical slot ids, -1 = empty
   int32_t* positions = nullptr;  // [B, n_q, topk] out, optional: positions, -1 = empty
+  // Optional [B, n_q, kDsaTopkBins]: the indexer's histogram of these very scores
+  // (DsaIndexerParams::histogram); the top-k then skips its first pass over the scores.
+  const int* histogram = nullptr;
 };
 
 // MLA decode in the absorbed form (MODEL.md §2.6) for query i of request b and head h:

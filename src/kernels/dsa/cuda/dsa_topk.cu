@@ -5,7 +5,8 @@
 // in every phase. key(x) is the order-preserving uint32 of x (-0 mapped to +0).
 //
 //   phase 0  histogram of key[31:21] over the chunk -> hist0[r]   (shared, then global
-//            integer atomics: the counts, hence everything after, are exact)
+//            integer atomics: the counts, hence everything after, are exact); skipped
+//            when the indexer built it while writing the scores (p.histogram)
 //   phase 1  every item of r scans hist0[r] for the bin holding the topk-th largest key
 //            (the same answer in every block); histogram of key[20:10] of the keys in
 //            that bin -> hist1[r]
@@ -72,6 +73,7 @@ struct TopkArgs {
   unsigned* barrier;  // [2]: the grid barrier's counter, then the slow-row flag
   int* fill;          // [rows] candidates appended so far
   int* hist;          // [3, rows, kBins]
+  const int* hist0;   // [rows, kBins]: p.histogram, or hist's first part (phase 0 fills it)
   uint2* state;       // [rows, 3]
   int2* counts;       // [rows, num_chunks]
   uint2* cand;        // [rows, cand_cap] (key, position) of the threshold bucket
@@ -98,8 +100,7 @@ Layout make_layout(int64_t rows, int64_t num_chunks, int64_t cand_cap) {
 }
 
 __device__ __forceinline__ uint32_t order_key(float x) {
-  const uint32_t bits = x == 0.0f ? 0u : __float_as_uint(x);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
+  return dsa_order_key(x);
 }
 
 __device__ void grid_barrier(unsigned* counter, unsigned target) {
@@ -267,7 +268,7 @@ __device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bi
 // (1 or 2); after phase 1 the answer 2 means "2 or 3".
 __device__ int row_level(const TopkArgs& a, int64_t row, int known) {
   const uint32_t prefix0 = __ldcg(a.state + row * 3).x;
-  if (__ldcg(a.hist + row * kBins + (prefix0 >> 21)) <= a.cand_cap1) return 1;
+  if (__ldcg(a.hist0 + row * kBins + (prefix0 >> 21)) <= a.cand_cap1) return 1;
   if (known < 2) return 2;
   const uint32_t prefix1 = __ldcg(a.state + row * 3 + 1).x;
   const int* hist1 = a.hist + (a.num_rows + row) * kBins;
@@ -280,7 +281,7 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
   const DsaTopkParams& p = a.p;
   const int64_t num_items = a.num_rows * a.num_chunks;
   const int topk = static_cast<int>(p.topk);
-  int* hist0 = a.hist;
+  const int* hist0 = a.hist0;
   int* hist1 = a.hist + a.num_rows * kBins;
   int* hist2 = a.hist + 2 * a.num_rows * kBins;
   unsigned barrier_target = 0;
@@ -304,7 +305,10 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
       }
       Item cached_it = it;
       if (a.cache_chunk) cached_it.cached = chunk_s;
-      chunk_histogram(sh, cached_it, 21, kBins, 32, 0, hist0 + it.row * kBins);
+      // With the indexer's histogram the scores are not read here (unless kept in shared).
+      if (p.histogram == nullptr) {
+        chunk_histogram(sh, cached_it, 21, kBins, 32, 0, a.hist + it.row * kBins);
+      }
     }
     __syncthreads();
   }
@@ -325,7 +329,8 @@ __global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
         prefix = st.x;
         need = static_cast<int>(st.y);
       }
-      const int* scanned = a.hist + ((phase - 1) * a.num_rows + it.row) * kBins;
+      const int* scanned = phase == 1 ? hist0 + it.row * kBins
+                                      : a.hist + ((phase - 1) * a.num_rows + it.row) * kBins;
       const int shift = phase == 1 ? 21 : (phase == 2 ? 10 : 0);
       int bin = 0, need_in_bin = 0;
       find_bin(sh, scanned, phase == 3 ? 1024 : kBins, need, bin, need_in_bin);
@@ -616,6 +621,8 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
              .barrier = reinterpret_cast<unsigned*>(base + layout.barrier),
              .fill = reinterpret_cast<int*>(base + layout.fill),
              .hist = reinterpret_cast<int*>(base + layout.hist),
+             .hist0 = p.histogram != nullptr ? p.histogram
+                                             : reinterpret_cast<const int*>(base + layout.hist),
              .state = reinterpret_cast<uint2*>(base + layout.state),
              .counts = reinterpret_cast<int2*>(base + layout.counts),
              .cand = reinterpret_cast<uint2*>(base + layout.cand),
