@@ -88,8 +88,6 @@ int run(int argc, char** argv) {
   }
   model->workspace().reserve(model->workspace().capacity_bytes() +
                              static_cast<size_t>(model->context_transient_bytes(max_model_len)));
-  model->workspace().freeze();
-  model->backend().freeze();
 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = chunk;
@@ -97,7 +95,9 @@ int run(int argc, char** argv) {
   ec.scheduler.max_model_len = max_model_len;
   const CachePlan plan = model->cache_plan(ec.min_block_size);
   ec.num_blocks = static_cast<int32_t>(plan.blocks_for_tokens(max_model_len) + plan.kda_state_rows);
-  Engine engine(std::move(model), ec);
+  Engine engine(std::move(model), ec);  // allocates the KV pool
+  engine.model().workspace().freeze();
+  engine.model().backend().freeze();
   const int64_t start_bytes = device_bytes_in_use();
   {
     nlohmann::json j;

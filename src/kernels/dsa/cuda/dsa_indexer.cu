@@ -2,14 +2,9 @@
 //
 // Block (chunk, b): keys [chunk * keys_per_block, +keys_per_block) of request b, all n_q
 // queries of b. Its n_q * Hi query rows (e4m3) sit in shared memory; each warp walks
-// tiles of 32 keys (4 MMA n-tiles of 8), every key read once from global memory. The
-// key bytes stream through a ring of kStages tiles per warp filled by cp.async, so
-// kStages - 1 tiles per warp are in flight while one is multiplied: every lane copies
-// exactly the bytes it later feeds to the MMA (its own slots of the ring), so a lane
-// waits for its own copies only and no barrier is needed.
-//
-//   ring (shared, per warp), stage st: codes [4 n-tiles][2 halves][32 lanes] uint4
-//                                      scales [4 n-tiles][32 lanes] float2
+// tiles of 32 keys (4 MMA n-tiles of 8), every key read once from global memory with two
+// 16-byte loads per lane, the next tile prefetched into registers while the current one
+// is multiplied.
 //
 // MMA m16n8k32 (A = 16 query-head rows x 32 dims, B = 32 dims x 8 keys). The dot product
 // is a sum over the 128 dims, so any permutation of the dims applied to A and B alike
@@ -20,7 +15,9 @@
 //
 // Epilogue per query: lane holds relu(dot) for heads g, g + 8 of each m-tile and keys
 // 2t, 2t + 1 of each n-tile; it weights them by w, sums its m-tiles, then the 8 lanes of
-// equal t reduce by shuffles; lanes 0..3 scale by the key's scale and store.
+// equal t reduce by shuffles; lanes 0..3 scale by the key's scale and store. With a
+// histogram (the top-k's first radix pass, fused), they also count each visible score's
+// bin in a shared histogram per query, added to the global one when the block ends.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -47,13 +44,6 @@ struct KeyTile {
   float2 scales[4];   // n-tile j: scales of keys 2t, 2t + 1
 };
 
-// One warp's ring slot: what its 32 lanes copy for one tile.
-struct Stage {
-  uint4 codes[4][2][32];
-  float2 scales[4][32];
-};
-constexpr size_t kStageBytes = sizeof(Stage);  // 5 KiB
-
 // Word w (0..7) of 32 bytes held as two uint4; w is a constant after unrolling.
 __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int w) {
   const uint4& h = v[w >> 2];
@@ -69,14 +59,8 @@ __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int w) {
   }
 }
 
-__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(s), "l"(gmem));
-}
-
-// Starts the copies of the lane's share of the tile at tile0 into `st`.
-__device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, int64_t b, int64_t tile0,
-                                           int64_t end, int g, int t, int lane, Stage& st) {
+__device__ __forceinline__ void load_tile(const DsaIndexerParams& p, int64_t b, int64_t tile0,
+                                          int64_t end, int g, int t, KeyTile& k) {
   if (tile0 >= end) return;
   const DsaCache& c = p.cache;
   // A 32-key tile never straddles a block (block_size >= 32, tiles 32-aligned).
@@ -87,39 +71,29 @@ __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, int64_t b,
   const int64_t j0 = tile0 % c.block_size;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
+    const int64_t key = j0 + j * 8 + g;
     if (tile0 + j * 8 + g < end) {
-      const uint8_t* src = page + (j0 + j * 8 + g) * kDsaIndexDim + t * 32;
-      dsa::cp_async_16(&st.codes[j][0][lane], src, 16);
-      dsa::cp_async_16(&st.codes[j][1][lane], src + 16, 16);
+      const auto* src = reinterpret_cast<const uint4*>(page + key * kDsaIndexDim + t * 32);
+      k.codes[j][0] = __ldcs(src);
+      k.codes[j][1] = __ldcs(src + 1);
+    } else {
+      k.codes[j][0] = k.codes[j][1] = make_uint4(0, 0, 0, 0);
     }
-    // The pair's first key is even, so the two scales are 8-byte aligned.
-    if (tile0 + j * 8 + 2 * t < end)
-      cp_async_8(&st.scales[j][lane], scale_page + j0 + j * 8 + 2 * t);
+    const int64_t pair = j0 + j * 8 + 2 * t;  // even: the two scales are 8-byte aligned
+    k.scales[j] = tile0 + j * 8 + 2 * t < end
+                      ? __ldcs(reinterpret_cast<const float2*>(scale_page + pair))
+                      : make_float2(0.0f, 0.0f);
   }
 }
 
-// The lane's share of a landed tile; keys at or past `end` read as zeros.
-__device__ __forceinline__ void read_tile(const Stage& st, int64_t tile0, int64_t end, int g, int t,
-                                          int lane, KeyTile& k) {
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const bool key_ok = tile0 + j * 8 + g < end;
-    k.codes[j][0] = key_ok ? st.codes[j][0][lane] : make_uint4(0, 0, 0, 0);
-    k.codes[j][1] = key_ok ? st.codes[j][1][lane] : make_uint4(0, 0, 0, 0);
-    k.scales[j] = tile0 + j * 8 + 2 * t < end ? st.scales[j][lane] : make_float2(0.0f, 0.0f);
-  }
-}
-
-template <int kStages>
-__global__ void __launch_bounds__(kThreads, 1)
+__global__ void __launch_bounds__(kThreads, 2)
     indexer_kernel(DsaIndexerParams p, int64_t keys_per_block) {
   extern __shared__ __align__(16) uint8_t smem[];
   const int num_heads = static_cast<int>(p.num_heads);
   const int num_q = static_cast<int>(p.batch.num_q);
   const int num_rows = num_q * num_heads;
-  auto* ring = reinterpret_cast<Stage*>(smem);                      // [kWarps, kStages]
-  uint8_t* q_s = smem + kWarps * kStages * kStageBytes;             // [rows, kQPitch]
-  float* w_s = reinterpret_cast<float*>(q_s + num_rows * kQPitch);  // [rows]
+  uint8_t* q_s = smem;                                               // [rows, kQPitch]
+  float* w_s = reinterpret_cast<float*>(smem + num_rows * kQPitch);  // [rows]
   // [n_q, kDsaTopkBins] when p.histogram is set.
   int* hist_s = p.histogram != nullptr ? reinterpret_cast<int*>(w_s + num_rows) : nullptr;
 
@@ -145,22 +119,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int g = lane / 4;
   const int t = lane % 4;
   const int num_mtiles = num_heads / 16;
-  Stage* my_ring = ring + warp * kStages;
-  const int64_t first = begin + warp * kTileKeys;
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    issue_tile(p, b, first + k * kBlockStepKeys, end, g, t, lane, my_ring[k]);
-    dsa::cp_async_commit();
-  }
-  KeyTile cur;
-  int64_t k = 0;
-  for (int64_t tile0 = first; tile0 < end; tile0 += kBlockStepKeys, ++k) {
-    // Refill the slot consumed last iteration (its reads fed that iteration's MMAs).
-    issue_tile(p, b, tile0 + (kStages - 1) * kBlockStepKeys, end, g, t, lane,
-               my_ring[(k + kStages - 1) % kStages]);
-    dsa::cp_async_commit();
-    dsa::cp_async_wait<kStages - 1>();
-    read_tile(my_ring[k % kStages], tile0, end, g, t, lane, cur);
+  KeyTile cur, next;
+  int64_t tile0 = begin + warp * kTileKeys;
+  load_tile(p, b, tile0, end, g, t, cur);
+  for (; tile0 < end; tile0 += kBlockStepKeys) {
+    load_tile(p, b, tile0 + kBlockStepKeys, end, g, t, next);
     for (int i = 0; i < num_q; ++i) {
       float part[4][2] = {};
       for (int mt = 0; mt < num_mtiles; ++mt) {
@@ -215,8 +178,8 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     }
+    cur = next;
   }
-  dsa::cp_async_wait<0>();
   if (hist_s != nullptr) {
     __syncthreads();
     int* dst = p.histogram + b * num_q * kDsaTopkBins;
@@ -226,24 +189,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-template <int kStages>
-void launch(const DsaIndexerParams& p, int64_t keys_per_block, dim3 grid, size_t q_bytes,
-            cudaStream_t stream) {
-  const size_t smem = kWarps * kStages * kStageBytes + q_bytes;
-  CUDA_CHECK(cudaFuncSetAttribute(indexer_kernel<kStages>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(smem)));
-  indexer_kernel<kStages><<<grid, kThreads, smem, stream>>>(p, keys_per_block);
-  CUDA_CHECK_LAUNCH();
-}
-
-constexpr size_t kMaxSmem = 227 * 1024;  // shared memory of one block on the H200
-
 // Query rows, head weights and (optionally) the histograms of one block.
-size_t shared_bytes_besides_ring(int64_t num_q, int64_t num_heads, bool histogram) {
+size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
   return static_cast<size_t>(num_q * num_heads) * (kQPitch + sizeof(float)) +
          (histogram ? sizeof(int) * num_q * kDsaTopkBins : 0);
 }
+
+// Two blocks per SM (the launch bound) share 227 KiB of shared memory.
+constexpr size_t kMaxSmemFor2Blocks = 113 * 1024;
 
 }  // namespace
 
@@ -270,22 +223,19 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   keys_per_block = std::max<int64_t>(
       kBlockStepKeys, (keys_per_block + kBlockStepKeys - 1) / kBlockStepKeys * kBlockStepKeys);
   const int64_t num_chunks = (p.batch.max_context + keys_per_block - 1) / keys_per_block;
-  const size_t q_bytes =
-      shared_bytes_besides_ring(p.batch.num_q, p.num_heads, p.histogram != nullptr);
-  CHECK(kWarps * 3 * kStageBytes + q_bytes <= kMaxSmem, "indexer: n_q ", p.batch.num_q, " x ",
-        p.num_heads, " heads with a histogram do not fit shared memory (see ",
-        "dsa_indexer_fuses_histogram)");
+  const size_t smem = shared_bytes(p.batch.num_q, p.num_heads, p.histogram != nullptr);
+  CHECK(p.histogram == nullptr || smem <= kMaxSmemFor2Blocks, "indexer: the histograms of n_q ",
+        p.batch.num_q, " queries x ", p.num_heads,
+        " heads do not fit shared memory (dsa_indexer_fuses_histogram)");
+  CUDA_CHECK(cudaFuncSetAttribute(indexer_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(p.batch.num_requests));
-  // The deepest ring that fits beside the queries.
-  if (kWarps * 5 * kStageBytes + q_bytes <= kMaxSmem) {
-    launch<5>(p, keys_per_block, grid, q_bytes, stream);
-  } else {
-    launch<3>(p, keys_per_block, grid, q_bytes, stream);
-  }
+  indexer_kernel<<<grid, kThreads, smem, stream>>>(p, keys_per_block);
+  CUDA_CHECK_LAUNCH();
 }
 
 bool dsa_indexer_fuses_histogram(int64_t num_q, int64_t num_heads) {
-  return kWarps * 3 * kStageBytes + shared_bytes_besides_ring(num_q, num_heads, true) <= kMaxSmem;
+  return shared_bytes(num_q, num_heads, true) <= kMaxSmemFor2Blocks;
 }
 
 }  // namespace hyserve::cuda
