@@ -402,7 +402,7 @@ TEST(GpuKda, ChunkedCarriesStateAcrossCallsAndShortLastChunk) {
                o(sizeof(float) * in.v.size());
   const int64_t first = 128;
   const int64_t row = in.num_heads * in.head_dim;
-  for (const auto [t0, num_tokens] :
+  for (const auto& [t0, num_tokens] :
        {std::pair{int64_t{0}, first}, {first, in.num_tokens - first}}) {
     KdaParams p =
         params_of(in, q.as<float>() + t0 * row, k.as<float>() + t0 * row, v.as<float>() + t0 * row,
