@@ -7,6 +7,7 @@
 #include <cmath>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -230,12 +231,12 @@ KdaParams params_of(const KdaInputs& in, const float* q, const float* k, const f
           .head_dim = in.head_dim};
 }
 
-KdaResult run_cpu(const KdaInputs& in, bool chunked) {
+KdaResult run_cpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
   KdaResult r{std::vector<float>(in.v.size()), in.state};
   const KdaParams p = params_of(in, in.q.data(), in.k.data(), in.v.data(), in.g.data(),
                                 in.beta.data(), r.state.data(), r.o.data());
   if (chunked) {
-    cpu::kda_chunked(p);
+    cpu::kda_chunked(p, chunk_size);
   } else {
     cpu::kda_recurrent(p);
   }
@@ -249,7 +250,9 @@ KdaResult run_gpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
   const KdaParams p = params_of(in, q.as<float>(), k.as<float>(), v.as<float>(), g.as<float>(),
                                 beta.as<float>(), state.as<float>(), o.as<float>());
   if (chunked) {
-    cuda::kda_chunked(p, nullptr, chunk_size);
+    const size_t bytes = cuda::kda_chunked_workspace_bytes(p, chunk_size);
+    DeviceBuffer workspace(bytes);
+    cuda::kda_chunked(p, workspace.data(), bytes, nullptr, chunk_size);
   } else {
     cuda::kda_recurrent(p, nullptr);
   }
@@ -267,6 +270,15 @@ std::string shape_name(const KdaInputs& in) {
 // test's budget against double). GPU chunked against CPU recurrent: 2e-5 (two forms).
 constexpr double kSameFormTol = 1e-5;
 constexpr double kCrossFormTol = 2e-5;
+// The GPU chunked op runs its products on tensor cores as 3xTF32: a = hi + lo with hi
+// rounded to tf32 (|a - hi| <= 2^-12 |a|) and lo rounded again (another <= 2^-24 |a|);
+// dropping lo*lo and the two lo roundings leave <= 3 * 2^-24 |a b| per product, against
+// 2^-24 for an fp32 product, and the tensor cores' fp32 accumulation truncates (<= 2^-23
+// per add, against the CPU's 2^-24 rounding). Its sums also run in another order and
+// (I+L)^-1 is solved by 16x16 blocks. So about 3x the fp32 budgets above; plain tf32
+// (2^-11) or a wrong index is 1e-3 or worse.
+constexpr double kTensorSameFormTol = 3 * kSameFormTol;
+constexpr double kTensorCrossFormTol = 2 * kCrossFormTol;
 
 TEST(GpuKda, RecurrentMatchesCpu) {
   REQUIRE_GPU();
@@ -296,11 +308,13 @@ TEST(GpuKda, ChunkedMatchesCpuChunkedAndRecurrent) {
         const KdaResult recurrent = run_cpu(in, false);
         const KdaResult got = run_gpu(in, true);
         const std::string name = shape_name(in);
-        EXPECT_TRUE(close_to_scale(got.o, chunked.o, kSameFormTol)) << "vs chunked o " << name;
-        EXPECT_TRUE(close_to_scale(got.state, chunked.state, kSameFormTol))
+        EXPECT_TRUE(close_to_scale(got.o, chunked.o, kTensorSameFormTol))
+            << "vs chunked o " << name;
+        EXPECT_TRUE(close_to_scale(got.state, chunked.state, kTensorSameFormTol))
             << "vs chunked state " << name;
-        EXPECT_TRUE(close_to_scale(got.o, recurrent.o, kCrossFormTol)) << "vs recurrent o " << name;
-        EXPECT_TRUE(close_to_scale(got.state, recurrent.state, kCrossFormTol))
+        EXPECT_TRUE(close_to_scale(got.o, recurrent.o, kTensorCrossFormTol))
+            << "vs recurrent o " << name;
+        EXPECT_TRUE(close_to_scale(got.state, recurrent.state, kTensorCrossFormTol))
             << "vs recurrent state " << name;
       }
     }
@@ -313,8 +327,9 @@ TEST(GpuKda, ChunkedAnyChunkSizeMatchesRecurrent) {
   const KdaResult want = run_cpu(in, false);
   for (const int64_t chunk_size : {1, 7, 16, 64}) {
     const KdaResult got = run_gpu(in, true, chunk_size);
-    EXPECT_TRUE(close_to_scale(got.o, want.o, kCrossFormTol)) << "chunk " << chunk_size;
-    EXPECT_TRUE(close_to_scale(got.state, want.state, kCrossFormTol)) << "chunk " << chunk_size;
+    EXPECT_TRUE(close_to_scale(got.o, want.o, kTensorCrossFormTol)) << "chunk " << chunk_size;
+    EXPECT_TRUE(close_to_scale(got.state, want.state, kTensorCrossFormTol))
+        << "chunk " << chunk_size;
   }
 }
 
@@ -329,8 +344,79 @@ TEST(GpuKda, ChunkedStableWhenCumulativeDecayUnderflows) {
   }
   const KdaResult want = run_cpu(in, false);
   const KdaResult got = run_gpu(in, true);
-  EXPECT_TRUE(close_to_scale(got.o, want.o, kCrossFormTol));
-  EXPECT_TRUE(close_to_scale(got.state, want.state, kCrossFormTol));
+  EXPECT_TRUE(close_to_scale(got.o, want.o, kTensorCrossFormTol));
+  EXPECT_TRUE(close_to_scale(got.state, want.state, kTensorCrossFormTol));
+}
+
+// Gates as the layer makes them (cpu::kda_gate): A_log in [0, log 16] (the checkpoints'
+// init range), dt_bias the inverse softplus of dt in [1e-3, 0.1], f ~ N(0, 1).
+void set_model_gates(KdaInputs& in, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const int64_t width = in.num_heads * in.head_dim;
+  const std::vector<float> f = normal(in.num_tokens * width, rng);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> dt_bias(width), a_log(in.num_heads);
+  for (float& b : dt_bias) {
+    const float dt = std::exp(std::log(1e-3f) + unit(rng) * (std::log(0.1f) - std::log(1e-3f)));
+    b = std::log(std::expm1(dt));
+  }
+  for (float& a : a_log) a = unit(rng) * std::log(16.0f);
+  cpu::kda_gate({.f = f.data(),
+                 .dt_bias = dt_bias.data(),
+                 .a_log = a_log.data(),
+                 .g = in.g.data(),
+                 .num_tokens = in.num_tokens,
+                 .num_heads = in.num_heads,
+                 .head_dim = in.head_dim});
+}
+
+// Long prompts at model-like inputs, several slabs of 64 chunks (4097: a last slab of one
+// 1-token chunk; chunk 16 at 1100 tokens: 69 chunks), against the CPU chunked op with the
+// same chunk size.
+TEST(GpuKda, ChunkedLongPromptMatchesCpuChunked) {
+  REQUIRE_GPU();
+  uint32_t seed = 400;
+  struct Case {
+    int64_t num_tokens, chunk_size;
+  };
+  for (const Case c : {Case{1000, 64}, Case{4097, 64}, Case{5000, 64}, Case{1100, 16}}) {
+    KdaInputs in = random_inputs(c.num_tokens, 2, 128, ++seed);
+    set_model_gates(in, ++seed);
+    const KdaResult want = run_cpu(in, true, c.chunk_size);
+    const KdaResult got = run_gpu(in, true, c.chunk_size);
+    const std::string name = shape_name(in) + " chunk " + std::to_string(c.chunk_size);
+    EXPECT_TRUE(close_to_scale(got.o, want.o, kTensorSameFormTol)) << "o " << name;
+    EXPECT_TRUE(close_to_scale(got.state, want.state, kTensorSameFormTol)) << "state " << name;
+  }
+}
+
+// A prompt in two calls, the first ending on a chunk boundary: the second starts from the
+// state the first left (itself from a nonzero initial state) and ends in a short chunk
+// (209 = 3 x 64 + 17 tokens). Against one CPU call over all tokens.
+TEST(GpuKda, ChunkedCarriesStateAcrossCallsAndShortLastChunk) {
+  REQUIRE_GPU();
+  const KdaInputs in = random_inputs(209, 3, 128, 500);
+  const KdaResult want = run_cpu(in, true);
+  DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g),
+               beta = to_device(in.beta), state = to_device(in.state),
+               o(sizeof(float) * in.v.size());
+  const int64_t first = 128;
+  const int64_t row = in.num_heads * in.head_dim;
+  for (const auto& [t0, num_tokens] :
+       {std::pair{int64_t{0}, first}, {first, in.num_tokens - first}}) {
+    KdaParams p =
+        params_of(in, q.as<float>() + t0 * row, k.as<float>() + t0 * row, v.as<float>() + t0 * row,
+                  g.as<float>() + t0 * row, beta.as<float>() + t0 * in.num_heads, state.as<float>(),
+                  o.as<float>() + t0 * row);
+    p.num_tokens = num_tokens;
+    const size_t bytes = cuda::kda_chunked_workspace_bytes(p);
+    DeviceBuffer workspace(bytes);
+    cuda::kda_chunked(p, workspace.data(), bytes, nullptr);
+    sync();
+  }
+  EXPECT_TRUE(close_to_scale(to_host<float>(o, in.v.size()), want.o, kTensorSameFormTol));
+  EXPECT_TRUE(
+      close_to_scale(to_host<float>(state, in.state.size()), want.state, kTensorSameFormTol));
 }
 
 TEST(GpuKda, RefusesHeadDimOver128) {
@@ -338,9 +424,9 @@ TEST(GpuKda, RefusesHeadDimOver128) {
   float dummy = 0.0f;
   KdaParams p{.state = &dummy, .num_tokens = 0, .num_heads = 1, .head_dim = 256};
   EXPECT_THROW(cuda::kda_recurrent(p, nullptr), InvalidArgument);
-  EXPECT_THROW(cuda::kda_chunked(p, nullptr), InvalidArgument);
+  EXPECT_THROW(cuda::kda_chunked(p, nullptr, 0, nullptr), InvalidArgument);
   p.head_dim = 32;
-  EXPECT_THROW(cuda::kda_chunked(p, nullptr, 65), InvalidArgument);
+  EXPECT_THROW(cuda::kda_chunked(p, nullptr, 0, nullptr, 65), InvalidArgument);
 }
 
 }  // namespace

@@ -141,7 +141,10 @@ class CudaBackend final : public Backend {
     cuda::l2norm_rows(x, rows, dim, s, stream_);
   }
   void kda_recurrent(const KdaParams& p) override { cuda::kda_recurrent(p, stream_); }
-  void kda_chunked(const KdaParams& p) override { cuda::kda_chunked(p, stream_); }
+  void kda_chunked(const KdaParams& p) override {
+    const size_t need = cuda::kda_chunked_workspace_bytes(p);
+    cuda::kda_chunked(p, scratch(need), need, stream_);
+  }
   void gated_rms_norm(const GatedRmsNormParams& p) override { cuda::gated_rms_norm(p, stream_); }
   void mlp(const MlpParams& p) override {
     const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
