@@ -1,22 +1,24 @@
 // CUDA causal top-k (cuda.h): one block per query row, an exact radix select on the
-// score bits that reads a typical row twice.
+// score bits that reads a typical row two or three times (five before).
 //
 //   key(x) = order-preserving uint32 of x (-0 mapped to +0, so they tie as on the CPU)
 //   pass 1  histogram of key[31:20] over the row (4096 bins) -> the bin B holding the
 //           keep-th largest key, and `above`, how many keys lie in higher bins.
-//   pass 2  when above + count(B) <= kCandidateCap (and keep <= kMaxSortedTopk): every
+//   pass 2  only when above + count(B) > kCandidateCap: histogram of key[19:8] of the
+//           keys in B -> a 24-bit bin B, and its `above` (a bin of 12 bits spans 1/8 of
+//           an octave: for a 1M-key row it holds far more keys than the cap).
+//   collect when above + count(B) <= kCandidateCap (and keep <= kMaxSortedTopk): every
 //           key in bins >= B is appended, with its position, to a candidate list in
 //           shared memory (any order). The rest works on the candidates only:
-//           - K = the keep-th largest key: radix passes over key[19:10], key[9:0] of the
-//             candidates in bin B; `need` = how many keys equal to K are taken;
+//           - K = the keep-th largest key: radix passes over the remaining bits of the
+//             candidates in B; `need` = how many keys equal to K are taken;
 //           - when fewer than all keys equal to K are taken, the need-th lowest position
 //             among them, P (radix passes over ~position): ties go to lower positions;
 //           - winners = keys > K, and keys == K at positions <= P: exactly keep of them,
 //             bitonic-sorted ascending in shared memory.
-//   else    (massive ties, or topk above kMaxSortedTopk) the full-row select goes on:
-//           passes over key[19:10] and key[9:0] of the row, then an ordered compaction,
-//           tile by tile: key > K, and key == K while fewer than `need` were taken. The
-//           row is read 4 times.
+//   else    (massive ties, or topk above kMaxSortedTopk) the full-row select goes on to
+//           32 bits, then an ordered compaction, tile by tile: key > K, and key == K
+//           while fewer than `need` were taken. The row is read 4 times.
 // Rows with keep = num_visible copy 0..keep-1. No workspace for any S: shared memory
 // holds the 4096-bin histogram (reused for the winners) and the candidates.
 #include <cuda_runtime.h>
@@ -71,17 +73,18 @@ __device__ void for_each_score(const float* row, int64_t n, Fn f) {
   for (; s < n; s += kThreads) f(s, __ldg(row + s));
 }
 
-// The bin of hist[0..num_bins) (a multiple of kThreads, <= kMaxBins) holding the
+// The bin of hist[0..num_bins) (a power of two <= kMaxBins) holding the
 // need-th largest value counted from the top bin (1 <= need <= the total): the bin, how
 // many of its values are still needed, and its count. Block-wide.
 __device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, int& bin,
                          int& need_in_bin, int& bin_count) {
-  const int per_thread = num_bins / kThreads;
+  const int per_thread = num_bins > kThreads ? num_bins / kThreads : 1;
   int local[kMaxBinsPerThread];
   int sum = 0;
 #pragma unroll
   for (int k = 0; k < kMaxBinsPerThread; ++k) {
-    local[k] = k < per_thread ? hist[num_bins - 1 - (threadIdx.x * per_thread + k)] : 0;
+    const int idx = num_bins - 1 - (static_cast<int>(threadIdx.x) * per_thread + k);
+    local[k] = k < per_thread && idx >= 0 ? hist[idx] : 0;
     sum += local[k];
   }
   int above = 0;
@@ -237,30 +240,44 @@ __global__ void __launch_bounds__(kThreads)
   };
   Select sel{.prefix = 0, .mask = 0, .need = static_cast<int>(keep), .count = 0};
   radix_pass(sh, hist, 32 - kTopBits, kTopBits, sel, row_keys);
-  const int above = static_cast<int>(keep) - sel.need;
 
-  if (keep <= kMaxSortedTopk && above + sel.count <= kCandidateCap) {
-    const uint32_t bin_floor = sel.prefix;  // keys >= this lie in bins >= B
-    if (threadIdx.x == 0) sh.num_candidates = 0;
-    __syncthreads();
-    for_each_score(row, num_visible, [&](int64_t s, float x) {
-      const uint32_t key = order_key(x);
-      if (key >= bin_floor)
-        cand[atomicAdd(&sh.num_candidates, 1)] = make_uint2(key, static_cast<uint32_t>(s));
-    });
-    __syncthreads();
-    const int num_cand = sh.num_candidates;
-    const auto cand_keys = [&](auto add) {
-      for (int i = threadIdx.x; i < num_cand; i += kThreads) add(cand[i].x);
-    };
-    radix_pass(sh, hist, 10, 10, sel, cand_keys);
-    radix_pass(sh, hist, 0, 10, sel, cand_keys);
-    take_candidates(sh, hist, cand, num_cand, sel, static_cast<int>(keep), dst);
-    return;
+  if (keep <= kMaxSortedTopk) {
+    // The threshold bin is small enough after the 12-bit pass (a typical short row) or
+    // after a 24-bit pass (a typical long row); massive ties fall through.
+    int above = static_cast<int>(keep) - sel.need;
+    if (above + sel.count > kCandidateCap) {
+      radix_pass(sh, hist, 8, 12, sel, row_keys);
+      above = static_cast<int>(keep) - sel.need;
+    }
+    if (above + sel.count <= kCandidateCap) {
+      const uint32_t bin_floor = sel.prefix;  // keys >= this lie in bins >= the threshold's
+      if (threadIdx.x == 0) sh.num_candidates = 0;
+      __syncthreads();
+      for_each_score(row, num_visible, [&](int64_t s, float x) {
+        const uint32_t key = order_key(x);
+        if (key >= bin_floor) {
+          cand[atomicAdd(&sh.num_candidates, 1)] = make_uint2(key, static_cast<uint32_t>(s));
+        }
+      });
+      __syncthreads();
+      const int num_cand = sh.num_candidates;
+      const auto cand_keys = [&](auto add) {
+        for (int i = threadIdx.x; i < num_cand; i += kThreads) add(cand[i].x);
+      };
+      if (sel.mask == 0xfff00000u) {
+        radix_pass(sh, hist, 10, 10, sel, cand_keys);
+        radix_pass(sh, hist, 0, 10, sel, cand_keys);
+      } else {
+        radix_pass(sh, hist, 0, 8, sel, cand_keys);
+      }
+      take_candidates(sh, hist, cand, num_cand, sel, static_cast<int>(keep), dst);
+      return;
+    }
+    radix_pass(sh, hist, 0, 8, sel, row_keys);
+  } else {
+    radix_pass(sh, hist, 10, 10, sel, row_keys);
+    radix_pass(sh, hist, 0, 10, sel, row_keys);
   }
-
-  radix_pass(sh, hist, 10, 10, sel, row_keys);
-  radix_pass(sh, hist, 0, 10, sel, row_keys);
   compact_row(sh, row, num_visible, keep, sel.prefix, sel.need, dst);
 }
 
