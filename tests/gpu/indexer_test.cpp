@@ -1,16 +1,20 @@
 // CUDA indexer ops against the CPU reference: Hadamard and FP8 quantization bitwise,
-// scores within fp32 summation-order tolerance, causal top-k exactly (sets and order,
-// ties, short and fully masked rows, a 1M-key row).
+// scores within fp32 summation-order tolerance (the tensor-core scorer on paged caches
+// within its accumulation tolerance), causal top-k exactly (sets and order, ties at the
+// threshold, short and fully masked rows, 1M-key rows).
 #include "kernels/indexer/cuda.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "core/dtype.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/indexer/cpu.h"
 
@@ -112,6 +116,63 @@ void expect_scores_match(const std::vector<float>& got, const std::vector<float>
       << c.head_dim << ", first_pos " << c.first_pos;
 }
 
+// The prefill scorer on FP8 tensor cores (one block table for all queries, head_dim 128,
+// Hi 16 / 32 / 64) over a paged FP8 cache whose blocks are scattered in the pool
+// (block_size 0: the contiguous cache of the other scorer tests).
+struct PagedScoreCase {
+  int64_t block_size, num_heads, num_tokens, num_keys;
+  std::vector<int64_t> q_pos;
+};
+
+// Tolerance: the e4m3 products are exact, but the tensor cores add them (and the fp32
+// accumulator) in their own order and internal precision, and heads are summed in
+// another order: |got - want| <= 2^-10 * k_scale * sum_h |w'_h| * sum_d |q8 k8| (w' = w *
+// q_scale), the bound the DSA decode indexer on the same MMA passes with. Masked keys
+// must be -inf on both sides.
+void expect_fp8_scores_within_bound(const PagedScoreCase& c, const std::vector<float>& q,
+                                    const std::vector<float>& w, const std::vector<uint8_t>& k8,
+                                    const std::vector<float>& k_scales,
+                                    const std::vector<float>& got, const std::vector<float>& want) {
+  const int64_t d = kIndexerFp8BlockSize;
+  const int64_t rows = c.num_tokens * c.num_heads;
+  std::vector<uint8_t> q8(rows * d);
+  std::vector<float> q_scales(rows);
+  cpu::quantize_fp8_ue8m0(q.data(), rows, d, q8.data(), q_scales.data());
+  double worst = 0.0;
+  int64_t worst_at = -1;
+  for (int64_t t = 0; t < c.num_tokens; ++t) {
+    for (int64_t s = 0; s < c.num_keys; ++s) {
+      const int64_t i = t * c.num_keys + s;
+      if (std::isinf(want[i]) || std::isinf(got[i])) {
+        ASSERT_EQ(got[i], want[i]) << "query " << t << " (q_pos " << c.q_pos[t] << "), key " << s
+                                   << "; block_size " << c.block_size << ", Hi " << c.num_heads
+                                   << ", T " << c.num_tokens << ", S " << c.num_keys;
+        continue;
+      }
+      double bound = 0.0;
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        double dot = 0.0;
+        for (int64_t j = 0; j < d; ++j) {
+          dot += std::fabs(double{e4m3_to_f32(q8[(t * c.num_heads + h) * d + j])} *
+                           e4m3_to_f32(k8[s * d + j]));
+        }
+        bound += std::fabs(double{w[t * c.num_heads + h]} * q_scales[t * c.num_heads + h]) * dot;
+      }
+      const double excess =
+          std::fabs(double{got[i]} - want[i]) / (bound * k_scales[s] * 0x1p-10 + 1e-30);
+      if (excess > worst || std::isnan(got[i])) {
+        worst = std::isnan(got[i]) ? INFINITY : excess;
+        worst_at = i;
+      }
+    }
+  }
+  EXPECT_LE(worst, 1.0) << "worst at query " << worst_at / c.num_keys << ", key "
+                        << worst_at % c.num_keys << ": got " << got[worst_at] << ", want "
+                        << want[worst_at] << " (error / tolerance " << worst << "); block_size "
+                        << c.block_size << ", Hi " << c.num_heads << ", T " << c.num_tokens
+                        << ", S " << c.num_keys;
+}
+
 TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
   REQUIRE_GPU();
   std::vector<ScoreCase> cases;
@@ -187,7 +248,123 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
     p.scores = d_scores.as<float>();
     cuda::indexer_scores_fp8_cache(p, nullptr);
     sync();
-    expect_scores_match(to_host<float>(d_scores, want.size()), want, "fp8 cache", c);
+    const std::vector<float> got = to_host<float>(d_scores, want.size());
+    if (c.head_dim == kIndexerFp8BlockSize &&
+        (c.num_heads == 16 || c.num_heads == 32 || c.num_heads == 64)) {
+      // Scored on the tensor cores: their accumulation tolerance.
+      expect_fp8_scores_within_bound({0, c.num_heads, c.num_tokens, c.num_keys, q_pos}, q, w, k8,
+                                     k_scales, got, want);
+    } else {
+      expect_scores_match(got, want, "fp8 cache", c);
+    }
+  }
+}
+
+void run_paged_score_case(const PagedScoreCase& c, uint32_t seed) {
+  const int64_t d = kIndexerFp8BlockSize;
+  const int64_t bs = c.block_size;
+  // Page of a block: [bs x 128 codes | bs x fp32 scales], then 256 bytes of other data.
+  const int64_t stride = bs * (d + 4) + 256;
+  const int64_t num_used = (c.num_keys + bs - 1) / bs;
+  const int64_t num_blocks = num_used + 3;
+  std::vector<int32_t> table(num_blocks);
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), std::mt19937(seed));
+  table.resize(std::max<int64_t>(num_used, 1));
+
+  const std::vector<float> q = test::random_floats(c.num_tokens * c.num_heads * d, seed + 1);
+  const std::vector<float> w = test::random_floats(c.num_tokens * c.num_heads, seed + 2);
+  // Keys of very different magnitudes, so that the per-key scales matter.
+  std::vector<float> k = test::random_floats(c.num_keys * d, seed + 3);
+  for (int64_t s = 0; s < c.num_keys; ++s) {
+    for (int64_t j = 0; j < d; ++j) k[s * d + j] *= std::ldexp(1.0f, static_cast<int>(s % 7) - 3);
+  }
+  std::vector<uint8_t> k8(c.num_keys * d);
+  std::vector<float> k_scales(c.num_keys);
+  cpu::quantize_fp8_ue8m0(k.data(), c.num_keys, d, k8.data(), k_scales.data());
+  std::vector<uint8_t> pool(num_blocks * stride, 0xff);  // 0xff: an e4m3 NaN outside the keys
+  for (int64_t s = 0; s < c.num_keys; ++s) {
+    uint8_t* page = pool.data() + table[s / bs] * stride;
+    std::memcpy(page + (s % bs) * d, &k8[s * d], d);
+    std::memcpy(page + bs * d + (s % bs) * 4, &k_scales[s], 4);
+  }
+
+  IndexerFp8CacheScoreParams p{
+      .q = q.data(),
+      .k_fp8 = pool.data(),
+      .k_scales = reinterpret_cast<const float*>(pool.data() + bs * d),
+      .k_pages = {.block_table = table.data(), .block_size = bs, .block_stride_bytes = stride},
+      .table_stride = 0,
+      .head_weights = w.data(),
+      .q_pos = c.q_pos.data(),
+      .scores = nullptr,
+      .num_tokens = c.num_tokens,
+      .num_keys = c.num_keys,
+      .num_heads = c.num_heads,
+      .head_dim = d};
+  std::vector<float> want(c.num_tokens * c.num_keys);
+  p.scores = want.data();
+  cpu::indexer_scores_fp8_cache(p);
+
+  DeviceBuffer d_q = to_device(q), d_w = to_device(w), d_pos = to_device(c.q_pos),
+               d_pool = to_device(pool), d_table = to_device(table);
+  DeviceBuffer d_scores(sizeof(float) * want.size());
+  CUDA_CHECK(cudaMemset(d_scores.data(), 0x7f, sizeof(float) * want.size()));  // not -inf
+  p.q = d_q.as<float>();
+  p.k_fp8 = d_pool.as<uint8_t>();
+  p.k_scales = reinterpret_cast<const float*>(d_pool.as<uint8_t>() + bs * d);
+  p.k_pages.block_table = d_table.as<int32_t>();
+  p.head_weights = d_w.as<float>();
+  p.q_pos = d_pos.as<int64_t>();
+  p.scores = d_scores.as<float>();
+  cuda::indexer_scores_fp8_cache(p, nullptr);
+  sync();
+  expect_fp8_scores_within_bound(c, q, w, k8, k_scales, to_host<float>(d_scores, want.size()),
+                                 want);
+}
+
+std::vector<int64_t> causal_positions(int64_t num_tokens, int64_t first_pos) {
+  std::vector<int64_t> q_pos(num_tokens);
+  std::iota(q_pos.begin(), q_pos.end(), first_pos);
+  return q_pos;
+}
+
+TEST(GpuIndexer, TensorCoreScoresMatchCpuOnPagedCache) {
+  REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (const int64_t bs : {64, 128}) {
+    for (const int64_t t : {1, 3, 63, 65, 257}) {
+      for (const int64_t s : {1, 100, 4097}) {
+        // The last query sees every key; with t > s the first rows see none (q_pos < 0).
+        run_paged_score_case({bs, 32, t, s, causal_positions(t, s - t)}, seed += 10);
+      }
+    }
+  }
+}
+
+TEST(GpuIndexer, TensorCoreScoresOffsetChunkMaskedRowsAndOtherHeads) {
+  REQUIRE_GPU();
+  uint32_t seed = 900;
+  // A chunk starting at position 5000 of a 6000-key context: keys past 5000 + t masked.
+  for (const int64_t bs : {64, 128}) {
+    run_paged_score_case({bs, 32, 65, 6000, causal_positions(65, 5000)}, seed += 10);
+  }
+  // Positions in no order: all-masked rows among visible ones, q_pos past the keys.
+  std::vector<int64_t> mixed(33);
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int64_t> pick(-5, 3100);
+  for (int64_t& x : mixed) x = pick(rng);
+  mixed[0] = -1;
+  mixed[7] = 5000;
+  run_paged_score_case({64, 32, 33, 3000, mixed}, seed += 10);
+  run_paged_score_case({128, 32, 3, 300, {-1, -7, -2}}, seed += 10);
+  for (const int64_t h : {16, 64}) {
+    for (const int64_t t : {1, 3, 65}) {
+      for (const int64_t s : {1, 100, 4097}) {
+        run_paged_score_case({64, h, t, s, causal_positions(t, s - t)}, seed += 10);
+      }
+    }
+    run_paged_score_case({128, h, 17, 6000, causal_positions(17, 5000)}, seed += 10);
   }
 }
 
@@ -272,6 +449,43 @@ TEST(GpuIndexer, CausalTopkMillionKeys) {
   const std::vector<float> tied = topk_scores(2 * S, 8, true);
   for (int64_t i = 0; i < 2 * S; i += 2) scores[i] = tied[i] + 5.0f;
   expect_topk_equal(scores, {S - 1, S / 3}, S, 2048, "1M keys");
+}
+
+// Rows whose threshold falls in a run of equal scores: `tied` keys equal to 1.0 (plus
+// near neighbours sharing its top 12 bits) below a few clear winners; with few ties the
+// top-k resolves them from the candidates in shared memory, with many (beyond 8192 in
+// the threshold bin) from the whole row. Ties must go to the lower positions.
+TEST(GpuIndexer, CausalTopkHeavyTiesAtThreshold) {
+  REQUIRE_GPU();
+  const int64_t S = 40000;
+  for (const int64_t tied : {1500, 5000, 20000}) {
+    std::mt19937 rng(static_cast<uint32_t>(tied));
+    std::uniform_real_distribution<float> high(10.0f, 20.0f), low(-5.0f, 0.5f);
+    std::vector<float> scores(3 * S);
+    for (float& x : scores) x = low(rng);
+    for (int64_t r = 0; r < 3; ++r) {
+      float* row = scores.data() + r * S;
+      for (int64_t i = 0; i < 1000; ++i) row[(i * 37 + r) % S] = high(rng);
+      for (int64_t i = 0; i < tied; ++i) {
+        const int64_t at = (i * 7919 + 11 * r) % S;
+        row[at] = i % 5 == 0 ? std::nextafter(1.0f, 2.0f) : 1.0f;
+      }
+    }
+    expect_topk_equal(scores, {S - 1, S / 2, 2100}, S, 2048,
+                      "ties at the threshold, " + std::to_string(tied) + " tied");
+    expect_topk_equal(scores, {S - 1, S / 2, 2100}, S, 5000, "topk above the sorted limit");
+  }
+}
+
+// 1M-key rows with distinct scores (their threshold bin needs the 24-bit pass before the
+// candidates fit), a row past the keys, and a row whose scores rise with the position
+// (all winners at the end of the row).
+TEST(GpuIndexer, CausalTopkMillionKeysDistinct) {
+  REQUIRE_GPU();
+  const int64_t S = int64_t{1} << 20;
+  std::vector<float> scores = topk_scores(4 * S, 9, false);
+  for (int64_t i = 0; i < S; ++i) scores[3 * S + i] = static_cast<float>(i) * 1e-3f;
+  expect_topk_equal(scores, {S - 1, S / 2, 3000, S + 5}, S, 2048, "1M keys, distinct");
 }
 
 }  // namespace

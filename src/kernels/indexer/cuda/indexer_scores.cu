@@ -1,8 +1,9 @@
 // CUDA indexer ops (cuda.h): Hadamard rotation, ue8m0 FP8 quantization, scoring.
 // The rotation and the quantization perform exactly the CPU's fp32 operations in the
 // same order (butterfly adds, one multiply; frexp/ldexp/rint), so their results are
-// bitwise equal to cpu.cpp's. Scoring: one block per (query, tile of 128 keys), the
-// query's heads in shared memory, one thread per key.
+// bitwise equal to cpu.cpp's. Scoring on CUDA cores: one block per (query, tile of 128
+// keys), the query's heads in shared memory, one thread per key; the FP8-cache scorer
+// hands the calls the tensor-core kernel supports (prefill) to indexer_scores_mma.cu.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -11,65 +12,24 @@
 
 #include "core/cuda/dtype.cuh"
 #include "kernels/indexer/cuda.h"
+#include "kernels/indexer/cuda/fp8_quant.cuh"
+#include "kernels/indexer/cuda/indexer_scores_mma.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
 namespace hyserve::cuda {
 namespace {
 
-constexpr float kMinAmax = 1e-4f;
+using indexer::clamp_e4m3;
+using indexer::f32_to_e4m3;
+using indexer::max_like_std;
+using indexer::ue8m0_scale;
+using indexer::warp_max;
+
 constexpr int kScoreTile = 128;  // keys per block, one per thread
 constexpr int kMaxHadamardDim = 8192;
 
 enum class KeyMode { kF32, kF32Quantized, kFp8Cache };
-
-// cpu.cpp pow2_ceil: 2^ceil(log2(v)) for v > 0, exactly.
-__device__ float pow2_ceil(float v) {
-  int exponent = 0;
-  const float mantissa = frexpf(v, &exponent);
-  return ldexpf(1.0f, mantissa == 0.5f ? exponent - 1 : exponent);
-}
-
-// core/dtype.cpp f32_to_e4m3: round half to even on the e4m3 grid, saturating to 448.
-__device__ uint8_t f32_to_e4m3(float f) {
-  if (isnan(f)) return 0x7f;
-  const uint8_t sign = signbit(f) ? 0x80 : 0;
-  const float a = fabsf(f);
-  if (a >= 448.0f) return sign | 0x7e;
-  int exp;
-  frexpf(a, &exp);
-  int e = exp - 1;
-  if (e < -6) e = -6;
-  const float step = ldexpf(1.0f, e - 3);
-  const float q = rintf(a / step) * step;
-  if (q == 0.0f) return sign;
-  int qexp;
-  frexpf(q, &qexp);
-  const int qe = qexp - 1;
-  if (qe < -6) return sign | static_cast<uint8_t>(static_cast<int>(q / ldexpf(1.0f, -9)));
-  if (q >= 448.0f) return sign | 0x7e;
-  const int man = static_cast<int>(ldexpf(q, -qe) * 8.0f) - 8;
-  return sign | static_cast<uint8_t>(((qe + 7) << 3) | man);
-}
-
-// std::clamp(v, -448, 448), NaN passing through as on the CPU.
-__device__ float clamp_e4m3(float v) {
-  return v < -kE4m3Max ? -kE4m3Max : (kE4m3Max < v ? kE4m3Max : v);
-}
-
-// std::max(a, b) = a < b ? b : a (keeps a when b is NaN).
-__device__ float max_like_std(float a, float b) {
-  return a < b ? b : a;
-}
-
-__device__ float warp_max(float v) {
-  for (int off = 16; off > 0; off /= 2) v = max_like_std(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-__device__ float ue8m0_scale(float amax) {
-  return pow2_ceil(max_like_std(amax, kMinAmax) / kE4m3Max);
-}
 
 __global__ void hadamard_kernel(float* x, int64_t dim, float norm) {
   extern __shared__ float v[];
@@ -305,6 +265,10 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t 
   CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr && p.scores != nullptr,
         "null q, head_weights, q_pos or scores");
   CHECK(p.k_fp8 != nullptr && p.k_scales != nullptr, "null k_fp8 or k_scales");
+  if (indexer::mma_scorer_supports(p)) {
+    indexer::indexer_scores_fp8_cache_mma(p, stream);
+    return;
+  }
   const ScoreArgs a{.q = p.q,
                     .k = nullptr,
                     .k_fp8 = p.k_fp8,
