@@ -8,12 +8,10 @@
 //
 // MMA m16n8k32 (A = 16 query-head rows x 32 dims, B = 32 dims x 8 keys). The dot product
 // is a sum over the 128 dims, so any permutation of the dims applied to A and B alike
-// gives the same result; we pick one that gives every lane two 16-byte loads: lane
-// (g = lane / 4, t = lane % 4) loads bytes [16t, 16t + 16) and [64 + 16t, 80 + 16t) of its
-// key row (key g of the n-tile) and of its query rows (g and g + 8 of the m-tile) = 8
-// words w0..w7, and k-step s (of 4) uses words 2s (fragment regs a0/a1, b0) and 2s + 1
-// (a2/a3, b1). Each load instruction then covers whole 32-byte sectors (the 4 lanes of a
-// key read its first, then its second 64 bytes), so L2 serves every sector once.
+// gives the same result; we pick the one that makes every lane's operands contiguous:
+// lane (g = lane / 4, t = lane % 4) loads bytes [32t, 32t + 32) of its key row (key g of
+// the n-tile) and of its query rows (g and g + 8 of the m-tile) = 8 words w0..w7, and
+// k-step s (of 4) uses words 2s (fragment regs a0/a1, b0) and 2s + 1 (a2/a3, b1).
 //
 // Epilogue per query: lane holds relu(dot) for heads g, g + 8 of each m-tile and keys
 // 2t, 2t + 1 of each n-tile; it weights them by w, sums its m-tiles, then the 8 lanes of
@@ -42,7 +40,7 @@ constexpr int kQPitch = 144;                        // bytes per query row in sh
 constexpr int kMaxRows = 8 * 64;                    // n_q * Hi
 
 struct KeyTile {
-  uint4 codes[4][2];  // n-tile j: key g's bytes [16t, 16t + 16) and [64 + 16t, 80 + 16t)
+  uint4 codes[4][2];  // n-tile j: key g's bytes [32t, 32t + 32)
   float2 scales[4];   // n-tile j: scales of keys 2t, 2t + 1
 };
 
@@ -75,9 +73,9 @@ __device__ __forceinline__ void load_tile(const DsaIndexerParams& p, int64_t b, 
   for (int j = 0; j < 4; ++j) {
     const int64_t key = j0 + j * 8 + g;
     if (tile0 + j * 8 + g < end) {
-      const auto* src = reinterpret_cast<const uint4*>(page + key * kDsaIndexDim + t * 16);
+      const auto* src = reinterpret_cast<const uint4*>(page + key * kDsaIndexDim + t * 32);
       k.codes[j][0] = __ldcs(src);
-      k.codes[j][1] = __ldcs(src + 4);
+      k.codes[j][1] = __ldcs(src + 1);
     } else {
       k.codes[j][0] = k.codes[j][1] = make_uint4(0, 0, 0, 0);
     }
@@ -130,10 +128,10 @@ __global__ void __launch_bounds__(kThreads, 2)
       float part[4][2] = {};
       for (int mt = 0; mt < num_mtiles; ++mt) {
         const int row = i * num_heads + mt * 16 + g;
-        const uint4* qa = reinterpret_cast<const uint4*>(q_s + row * kQPitch + t * 16);
-        const uint4* qb = reinterpret_cast<const uint4*>(q_s + (row + 8) * kQPitch + t * 16);
-        const uint4 ra[2] = {qa[0], qa[4]};  // row g
-        const uint4 rb[2] = {qb[0], qb[4]};  // row g + 8
+        const uint4* qa = reinterpret_cast<const uint4*>(q_s + row * kQPitch + t * 32);
+        const uint4* qb = reinterpret_cast<const uint4*>(q_s + (row + 8) * kQPitch + t * 32);
+        const uint4 ra[2] = {qa[0], qa[1]};  // row g
+        const uint4 rb[2] = {qb[0], qb[1]};  // row g + 8
         float acc[4][4] = {};
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
