@@ -65,7 +65,8 @@ struct DsaCache {
   int64_t latent_offset = 0;      // this layer's latent page inside a row (256-aligned)
   int64_t index_offset = 0;       // this layer's index page inside a row (256-aligned)
   int64_t num_blocks = 0;         // rows in the pool (for checks)
-  int32_t block_size = 0;         // tokens per block: a power of two, 32..1024
+  int32_t block_size = 0;         // tokens per block: a power of two, 32..2^20 (a row also
+                                  // holds a request's KDA states, so hybrid models use large ones)
   float latent_scale = 1.0f;      // latent value = e4m3 code * latent_scale
 };
 

@@ -21,8 +21,8 @@ inline size_t align_up(size_t n) {
 inline void check_cache(const DsaCache& c) {
   CHECK(c.pool != nullptr, "null pool");
   CHECK(reinterpret_cast<uintptr_t>(c.pool) % 256 == 0, "pool must be 256-byte aligned");
-  CHECK(c.block_size >= 32 && c.block_size <= 1024 && (c.block_size & (c.block_size - 1)) == 0,
-        "block_size must be a power of two in 32..1024, got ", c.block_size);
+  CHECK(c.block_size >= 32 && c.block_size <= (1 << 20) && (c.block_size & (c.block_size - 1)) == 0,
+        "block_size must be a power of two in 32..2^20, got ", c.block_size);
   CHECK(c.row_bytes > 0 && c.row_bytes % 256 == 0, "row_bytes ", c.row_bytes,
         " must be a positive multiple of 256");
   CHECK(c.latent_offset >= 0 && c.latent_offset % 256 == 0 && c.index_offset >= 0 &&
