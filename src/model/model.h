@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -126,6 +127,11 @@ class Model {
  private:
   Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
         std::unique_ptr<Backend> backend);
+
+  // Queries per indexer scoring pass: bounds the score buffer to kIndexerQueryChunk x S.
+  static constexpr int64_t kIndexerQueryChunk = 256;
+  // "layers.<layer>.<what>": the names of dumped intermediates and trace sections.
+  static std::string layer_name(int64_t layer, const char* what);
 
   // One sequence's tokens within the batch: rows [offset, offset + n) of every
   // [T, ...] activation; positions start at num_computed. blocks: its block table in
