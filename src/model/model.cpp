@@ -46,17 +46,24 @@ int64_t slot_of(const SequenceInput& in, int64_t p, int64_t block_size) {
   return static_cast<int64_t>(in.blocks[p / block_size]) * block_size + p % block_size;
 }
 
-// A decode batch's block tables as `rows` rows of `width` blocks, and its KDA state rows;
-// columns past a sequence's blocks, and rows past the batch, hold pad_block.
-void decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
-                   int32_t pad_block, std::vector<int32_t>& tables,
-                   std::vector<int32_t>& state_rows) {
-  tables.assign(static_cast<size_t>(rows * width), pad_block);
-  state_rows.assign(static_cast<size_t>(rows), pad_block);
+// A decode batch's block tables as `rows` rows of `width` blocks, its KDA state rows and
+// its key counts (num_computed + 1); columns past a sequence's blocks, and rows past the
+// batch, hold pad_block (padding rows: one key, position 0).
+struct DecodeTables {
+  std::vector<int32_t> tables, state_rows, seq_lens;
+};
+DecodeTables decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
+                           int32_t pad_block) {
+  DecodeTables d;
+  d.tables.assign(static_cast<size_t>(rows * width), pad_block);
+  d.state_rows.assign(static_cast<size_t>(rows), pad_block);
+  d.seq_lens.assign(static_cast<size_t>(rows), 1);
   for (size_t i = 0; i < batch.size(); ++i) {
-    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), tables.begin() + i * width);
-    if (batch[i].state_block >= 0) state_rows[i] = batch[i].state_block;
+    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), d.tables.begin() + i * width);
+    if (batch[i].state_block >= 0) d.state_rows[i] = batch[i].state_block;
+    d.seq_lens[i] = static_cast<int32_t>(batch[i].num_computed + 1);
   }
+  return d;
 }
 
 }  // namespace
@@ -100,7 +107,19 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     backend_->synchronize();
   }
   rope_ = make_rope_table(config_);
-  cache_options_.latent = LatentCacheDtype::kFp32;
+  const LatentCacheDtype latent = options_.latent_cache;
+  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
+        latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
+  if (latent == LatentCacheDtype::kFp8) {
+    CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
+          "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",
+          config_.model_type_name, " model has none (use --kv-cache-dtype fp32)");
+    CHECK(config_.kv_lora_rank == kDsaLoraDim && config_.qk_rope_head_dim == kDsaRopeDim,
+          "--kv-cache-dtype fp8 needs kv_lora_rank ", kDsaLoraDim, " and qk_rope_head_dim ",
+          kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
+          config_.qk_rope_head_dim);
+  }
+  cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
 }
 
@@ -132,6 +151,26 @@ std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_
 
 int64_t Model::context_transient_bytes(int64_t max_context) const {
   return config_.has_indexer() ? kIndexerQueryChunk * max_context * 4 : 0;
+}
+
+void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context) const {
+  if (!use_dsa_decode() || max_batch < 1 || max_context < 1) return;
+  const ModelConfig& c = config_;
+  // The MLA splits do not grow monotonically with B: take the largest over every B.
+  size_t need = 0;
+  for (int64_t b = 1; b <= max_batch; ++b) {
+    DsaDecodeParams p;
+    p.batch.num_requests = b;
+    p.batch.max_blocks = cache_plan().blocks_for_tokens(max_context);
+    p.batch.num_q = 1;
+    p.batch.max_context = max_context;
+    p.index_num_heads = c.index_n_heads;
+    p.topk = c.index_topk;
+    p.num_heads = c.num_attention_heads;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    need = std::max(need, backend_->dsa_decode_scratch_bytes(p));
+  }
+  backend_->reserve_scratch(need);
 }
 
 SequenceState Model::new_sequence(int64_t capacity) const {
@@ -281,14 +320,15 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
       width = std::max(width, static_cast<int64_t>(in.blocks.size()));
       max_keys = std::max(max_keys, in.num_computed + 1);
     }
-    std::vector<int32_t> padded, rows;
     const auto num_seqs = static_cast<int64_t>(batch.size());
-    decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block(), padded, rows);
+    const DecodeTables dt = decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block());
     int32_t* padded_dev = workspace_.ints(num_seqs * width);
     int32_t* rows_dev = workspace_.ints(num_seqs);
-    backend_->upload(padded_dev, padded.data(), padded.size() * 4);
-    backend_->upload(rows_dev, rows.data(), rows.size() * 4);
-    decode_ = {batch[0].cache, padded_dev, width, rows_dev, max_keys};
+    int32_t* seq_lens_dev = workspace_.ints(num_seqs);
+    backend_->upload(padded_dev, dt.tables.data(), dt.tables.size() * 4);
+    backend_->upload(rows_dev, dt.state_rows.data(), dt.state_rows.size() * 4);
+    backend_->upload(seq_lens_dev, dt.seq_lens.data(), dt.seq_lens.size() * 4);
+    decode_ = {batch[0].cache, padded_dev, width, rows_dev, seq_lens_dev, max_keys};
   }
 
   float* h = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
@@ -393,6 +433,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
     g.slots = BackendBuffer(b, static_cast<size_t>(rows) * 8);
     g.tables = BackendBuffer(b, static_cast<size_t>(rows * width) * 4);
     g.state_rows = BackendBuffer(b, static_cast<size_t>(rows) * 4);
+    g.seq_lens = BackendBuffer(b, static_cast<size_t>(rows) * 4);
     g.logits = BackendBuffer(b, static_cast<size_t>(rows * vocab) * 4);
   }
   // The graph holds the cache's addresses.
@@ -403,8 +444,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   const int64_t bs = plan.block_size;
   std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
   std::vector<int64_t> pos(static_cast<size_t>(rows), 0), slots(static_cast<size_t>(rows), -1);
-  std::vector<int32_t> tables, state_rows;
-  decode_tables(batch, rows, width, scratch, tables, state_rows);
+  const DecodeTables dt = decode_tables(batch, rows, width, scratch);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const SequenceInput& in = batch[static_cast<size_t>(i)];
     ids[i] = in.tokens[0];
@@ -414,13 +454,16 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
   backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
   backend_->upload(g.slots.data(), slots.data(), slots.size() * 8);
-  backend_->upload(g.tables.data(), tables.data(), tables.size() * 4);
-  backend_->upload(g.state_rows.data(), state_rows.data(), state_rows.size() * 4);
+  backend_->upload(g.tables.data(), dt.tables.data(), dt.tables.size() * 4);
+  backend_->upload(g.state_rows.data(), dt.state_rows.data(), dt.state_rows.size() * 4);
+  backend_->upload(g.seq_lens.data(), dt.seq_lens.data(), dt.seq_lens.size() * 4);
 
   const Slice all{0, rows, 0, &cache, g.tables.as<int32_t>(), scratch};
   auto step = [&] {
     workspace_.reset();
-    decode_ = {&cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), context};
+    decode_ = {
+        &cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), g.seq_lens.as<int32_t>(),
+        context};
     float* h = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(), g.slots.as<int64_t>(),
                           std::span<const Slice>(&all, 1), rows);
     trace("lm_head");

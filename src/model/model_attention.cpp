@@ -78,16 +78,43 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   dump(layer_name(layer, "q"), q, t, h * dqk);
   dump(layer_name(layer, "latent"), ckv, t, width);
 
-  // 5. Write the new latents [c | k_pe] into their cache slots.
-  write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
+  // 5. Write the new latents [c | k_pe] into their cache slots: fp32, or e4m3 codes of
+  //    value / latent_scale.
+  float* o = workspace_.floats(t * h * dv);
+  if (options_.latent_cache == LatentCacheDtype::kFp8) {
+    uint8_t* codes = workspace_.bytes(t * width);
+    backend_->quantize_e4m3({ckv, t * width, 1.0f / kLatentScale, codes});
+    write_cache(CacheRows::kLatent, layer, codes, width, slots, seqs);
+    // 6. Attention over the FP8 latent on the DSA kernels.
+    dsa_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+  } else {
+    write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
+    fp32_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+  }
+  dump(layer_name(layer, "attn"), o, t, h * dv);
+
+  // 7. kimi_k3: o *= sigmoid(g_proj(x)).
+  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
+  linear_into(o, t, w.o_proj, out);
+}
+
+void Model::fp32_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                           int64_t t, const int64_t* pos, const int64_t* slots,
+                           std::span<const Slice> seqs, float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
 
   // DSA indexer: top-k past positions per token.
-  const int32_t* topk =
-      c.has_indexer() ? index_select(layer, x, q_lat, t, pos, slots, seqs) : nullptr;
+  const int32_t* topk = nullptr;
+  if (c.has_indexer()) {
+    const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
+    topk = index_select(layer, iq, t, pos, seqs);
+  }
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
   //    absorbed for decode).
-  float* o = workspace_.floats(t * h * dv);
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed) {
@@ -120,16 +147,11 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
              /*absorbed=*/sq.n == 1);
     }
   }
-  dump(layer_name(layer, "attn"), o, t, h * dv);
-
-  // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
-  linear_into(o, t, w.o_proj, out);
 }
 
-int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
-                             const int64_t* pos, const int64_t* slots,
-                             std::span<const Slice> seqs) const {
+Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float* q_in, int64_t t,
+                                     const int64_t* pos, const int64_t* slots,
+                                     std::span<const Slice> seqs) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
@@ -174,7 +196,15 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
   } else {
     write_cache(CacheRows::kIndexKeys, layer, ki, di * 4, slots, seqs);
   }
+  return {qi, hw};
+}
 
+int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, const int64_t* pos,
+                             std::span<const Slice> seqs) const {
+  const ModelConfig& c = config_;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+  const float* qi = iq.q;
+  const float* hw = iq.head_weights;
   const int64_t k = c.index_topk;
   int32_t* selected = workspace_.ints(t * k);
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
@@ -230,6 +260,119 @@ int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, i
     }
   }
   return selected;
+}
+
+bool Model::use_dsa_decode() const {
+  const ModelConfig& c = config_;
+  return options_.dsa_decode_ops && options_.latent_cache == LatentCacheDtype::kFp8 &&
+         options_.indexer_fp8 && c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 &&
+         c.index_n_heads <= 64;
+}
+
+DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {
+  const CachePlan& plan = cache.plan();
+  const CachePage& page = plan.page(layer);
+  DsaCache d;
+  d.pool = cache.base();
+  d.row_bytes = plan.row_bytes;
+  d.latent_offset = page.latent_offset;
+  d.index_offset = page.index_offset;
+  d.num_blocks = cache.num_blocks() + 1;  // the scratch row too (padding rows read it)
+  d.block_size = static_cast<int32_t>(plan.block_size);
+  d.latent_scale = kLatentScale;
+  return d;
+}
+
+void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                          int64_t t, const int64_t* pos, const int64_t* slots,
+                          std::span<const Slice> seqs, float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, k = c.index_topk;
+  const auto softmax_scale = static_cast<float>(c.mla_softmax_scale());
+
+  // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, H, kv], q_pe [T, H, dr].
+  float* q_lat = workspace_.floats(t * h * kv);
+  float* q_pe = workspace_.floats(t * h * dr);
+  backend_->mla_absorb_q({q, &w.kv_b_proj, q_lat, q_pe, t, h, dn, dr, dv, kv});
+  float* o_lat = workspace_.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
+  float* lse = workspace_.floats(t * h);
+
+  const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
+  if (decode_.cache != nullptr && use_dsa_decode()) {
+    // A decode batch: indexer (FP8 query, MODEL.md §3.4-3.6) -> top-k -> sparse MLA as
+    // one DSA step, each sequence a request with its own block-table row.
+    const int64_t hi = c.index_n_heads;
+    uint8_t* q8 = workspace_.bytes(t * hi * kDsaIndexDim);
+    float* q_scales = workspace_.floats(t * hi);
+    backend_->quantize_fp8_ue8m0(iq.q, t * hi, kDsaIndexDim, q8, q_scales);
+    backend_->mul(iq.head_weights, q_scales, t * hi);  // weights * q scale
+    DsaDecodeParams p;
+    p.cache = dsa_cache(*decode_.cache, layer);
+    p.batch = {decode_.tables, decode_.seq_lens, t, decode_.table_stride, 1, decode_.max_keys};
+    p.index_q8 = q8;
+    p.index_weights = iq.head_weights;
+    p.index_num_heads = hi;
+    p.topk = k;
+    p.q_lat = q_lat;
+    p.q_pe = q_pe;
+    p.num_heads = h;
+    p.softmax_scale = softmax_scale;
+    p.o_lat = o_lat;
+    p.lse = lse;
+    backend_->dsa_decode(p);
+  } else {
+    // The generic indexer's positions, turned into slots; every token a sparse-MLA
+    // request of one query (seq_lens = position + 1). The sparse kernel reads the slots
+    // and seq_lens only; block_tables is the sequence's own table, for the checks.
+    const int32_t* topk = index_select(layer, iq, t, pos, seqs);
+    int32_t* topk_slots = workspace_.ints(t * k);
+    int32_t* seq_lens = workspace_.ints(t);
+    auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
+                      int64_t table_stride, int64_t max_blocks, int64_t max_context) {
+      DsaQuerySlotsParams s;
+      s.positions = topk + offset * k;
+      s.q_pos = pos + offset;
+      s.block_table = table;
+      s.table_stride = table_stride;
+      s.block_size = cache.block_size();
+      s.num_tokens = n;
+      s.topk = k;
+      s.slots = topk_slots + offset * k;
+      s.seq_lens = seq_lens + offset;
+      backend_->dsa_query_slots(s);
+      for (int64_t b = offset; b < offset + n; b += kDsaQueryChunk) {
+        const int64_t m = std::min(kDsaQueryChunk, offset + n - b);
+        const int32_t* rows = table + (table_stride > 0 ? (b - offset) * table_stride : 0);
+        DsaMlaParams p;
+        p.cache = dsa_cache(cache, layer);
+        p.batch = {rows, seq_lens + b, m, max_blocks, 1, max_context};
+        p.q_lat = q_lat + b * h * kv;
+        p.q_pe = q_pe + b * h * dr;
+        p.slots = topk_slots + b * k;
+        p.topk_width = k;
+        p.num_heads = h;
+        p.softmax_scale = softmax_scale;
+        p.o_lat = o_lat + b * h * kv;
+        p.lse = lse + b * h;
+        backend_->dsa_mla_decode(p);
+      }
+    };
+    if (decode_.cache != nullptr) {
+      attend(0, t, *decode_.cache, decode_.tables, decode_.table_stride, decode_.table_stride,
+             decode_.max_keys);
+    } else {
+      for (const Slice& sq : seqs) {
+        const int64_t keys = sq.num_computed + sq.n;
+        attend(sq.offset, sq.n, *sq.cache, sq.blocks, 0, sq.cache->plan().blocks_for_tokens(keys),
+               keys);
+      }
+    }
+  }
+  dump(layer_name(layer, "attn_latent"), o_lat, t, h * kv);
+  // o = W_UV o_lat per head.
+  backend_->mla_project_uv({o_lat, &w.kv_b_proj, o, t, h, dn, dv, kv});
 }
 
 }  // namespace hyserve
