@@ -226,7 +226,9 @@ TEST_P(GpuFp8LatentModel, DecodeGraphsEqualEager) {
       }
       tokens[variant].push_back(out);
     }
-    if (variant == 1) EXPECT_EQ(m->num_decode_graphs(), 1);
+    if (variant == 1) {
+      EXPECT_EQ(m->num_decode_graphs(), 1);
+    }
   }
   EXPECT_EQ(tokens[1], tokens[0]);
   for (size_t s = 0; s < logits[0].size(); ++s) {

@@ -52,7 +52,7 @@ __global__ void absorb_kernel(MlaAbsorbParams p, WRef w) {
   extern __shared__ float q_s[];
   const int64_t h = blockIdx.y;
   const int64_t t0 = blockIdx.x * int64_t{kTokenTile};
-  const int n = static_cast<int>(min<int64_t>(kTokenTile, p.num_tokens - t0));
+  const int n = static_cast<int>(min(int64_t{kTokenTile}, p.num_tokens - t0));
   const int64_t dqk = p.dn + p.dr;
   for (int64_t i = threadIdx.x; i < kTokenTile * p.dn; i += blockDim.x) {
     const int64_t j = i / p.dn;
@@ -83,7 +83,7 @@ __global__ void project_kernel(MlaProjectParams p, WRef w) {
   extern __shared__ float o_s[];
   const int64_t h = blockIdx.y;
   const int64_t t0 = blockIdx.x * int64_t{kTokenTile};
-  const int n = static_cast<int>(min<int64_t>(kTokenTile, p.num_tokens - t0));
+  const int n = static_cast<int>(min(int64_t{kTokenTile}, p.num_tokens - t0));
   for (int64_t i = threadIdx.x; i < kTokenTile * p.kv_lora; i += blockDim.x) {
     const int64_t j = i / p.kv_lora;
     o_s[i] = j < n ? p.o_lat[((t0 + j) * p.num_heads + h) * p.kv_lora + i % p.kv_lora] : 0.0f;
