@@ -24,6 +24,7 @@ struct GenerateArgs {
   std::string device = "cpu";
   bool ignore_eos = false;
   bool indexer_fp8 = false;
+  std::string kv_cache_dtype = "auto";
   bool enforce_eager = false;
 };
 
@@ -36,6 +37,7 @@ int run_generate(const GenerateArgs& a) {
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions options;
   options.indexer_fp8 = a.indexer_fp8;
+  options.latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
   const auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig& c = model->config();
@@ -99,6 +101,9 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   cmd->add_flag("--indexer-fp8", a->indexer_fp8,
                 "score the DSA indexer on FP8 index keys with the Hadamard rotation");
+  cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                  "MLA latent cache: auto (= fp32), fp32 or fp8 (DSA models)")
+      ->capture_default_str();
   return [a] { return run_generate(*a); };
 }
 

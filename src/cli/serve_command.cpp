@@ -61,7 +61,8 @@ constexpr int64_t kCpuKvCacheBytes = int64_t{4} << 30;
 // Rows of the KV pool. --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's
 // method: a warm-up step of max_num_batched_tokens tokens sizes the activations, the
 // workspaces and the per-weight device tables, the model's workspace is then reserved with
-// the indexer's score chunk grown to a max_model_len context, and the pool gets what
+// the indexer's score chunk grown to a max_model_len context, the op scratch is grown to a
+// DSA decode step of max_num_seqs sequences (FP8 latent), and the pool gets what
 // --gpu-memory-utilization of the device leaves.
 // On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
 int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfig& ec,
@@ -84,6 +85,8 @@ int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfi
   }
   model.workspace().reserve(model.workspace().capacity_bytes() +
                             static_cast<size_t>(model.context_transient_bytes(sc.max_model_len)));
+  // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.
+  model.reserve_decode_scratch(sc.max_num_seqs, sc.max_model_len);
 #ifdef HYSERVE_WITH_CUDA
   if (bytes == 0) {
     const cuda::MemoryInfo m = cuda::memory_info();
@@ -114,9 +117,7 @@ int run_serve(const ServeArgs& a) {
   CHECK(!a.batch_invariant, "--batch-invariant: the batch-invariant mode is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
-  CHECK(a.kv_cache_dtype == "auto" || a.kv_cache_dtype == "fp32", "--kv-cache-dtype ",
-        a.kv_cache_dtype,
-        ": the model writes fp32 latents (auto); other formats are not built yet");
+  const LatentCacheDtype latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
   CHECK(a.index_cache_dtype == "fp8" || a.index_cache_dtype == "fp32", "--index-cache-dtype ",
         a.index_cache_dtype, ": fp8 or fp32 (mxfp4 is not built yet)");
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
@@ -137,6 +138,7 @@ int run_serve(const ServeArgs& a) {
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions mo;
   mo.indexer_fp8 = a.index_cache_dtype == "fp8";
+  mo.latent_cache = latent_cache;
   auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const auto tokenizer = Tokenizer::load(dir);
   ChatTemplates templates = load_chat_templates(dir);
@@ -223,7 +225,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-seqs", a->max_num_seqs)->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", a->max_num_batched_tokens)->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization)->capture_default_str();
-  cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype)->capture_default_str();
+  cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
+                  "MLA latent cache: auto (= fp32), fp32 or fp8 (DSA models)")
+      ->capture_default_str();
   cmd->add_option("--index-cache-dtype", a->index_cache_dtype)->capture_default_str();
   cmd->add_option("--kv-cache-memory-bytes", a->kv_cache_memory_bytes,
                   "KV pool size (default: from --gpu-memory-utilization; CPU: 4 GiB at most)");

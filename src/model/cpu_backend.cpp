@@ -10,9 +10,11 @@
 #include <sys/mman.h>
 
 #include "kernels/cache/cpu.h"
+#include "kernels/dsa/cpu.h"
 #include "kernels/elementwise/cpu.h"
 #include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
+#include "kernels/latent/cpu.h"
 #include "kernels/mla/cpu.h"
 #include "kernels/rope/cpu.h"
 #include "model/backend.h"
@@ -137,12 +139,19 @@ class CpuBackend final : public Backend {
   }
   void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
   void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
+  void mul(float* y, const float* x, int64_t n) override { cpu::mul(MulParams{y, x, n}); }
   void scatter_rows(const ScatterRowsParams& p) override { cpu::scatter_rows(p); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)
       std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * 4);
   }
+  void quantize_e4m3(const QuantizeE4m3Params& p) override { cpu::quantize_e4m3(p); }
+  void mla_absorb_q(const MlaAbsorbParams& p) override { cpu::mla_absorb_q(p); }
+  void mla_project_uv(const MlaProjectParams& p) override { cpu::mla_project_uv(p); }
+  void dsa_query_slots(const DsaQuerySlotsParams& p) override { cpu::dsa_query_slots(p); }
+  void dsa_mla_decode(const DsaMlaParams& p) override { cpu::dsa_mla_decode(p); }
+  void dsa_decode(const DsaDecodeParams& p) override { cpu::dsa_decode(p); }
 
  private:
   static constexpr size_t kMapThresholdBytes = size_t{1} << 24;

@@ -10,9 +10,6 @@
 namespace hyserve {
 namespace {
 
-// Queries per indexer scoring pass: bounds the score buffer to kIndexerQueryChunk x S.
-constexpr int64_t kIndexerQueryChunk = 256;
-
 RopeTable make_rope_table(const ModelConfig& c) {
   if (!c.rope.enabled) return {};
   if (!c.rope.yarn) return RopeTable::plain(c.qk_rope_head_dim, c.rope.theta);
@@ -49,24 +46,31 @@ int64_t slot_of(const SequenceInput& in, int64_t p, int64_t block_size) {
   return static_cast<int64_t>(in.blocks[p / block_size]) * block_size + p % block_size;
 }
 
-// A decode batch's block tables as `rows` rows of `width` blocks, and its KDA state rows;
-// columns past a sequence's blocks, and rows past the batch, hold pad_block.
-void decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
-                   int32_t pad_block, std::vector<int32_t>& tables,
-                   std::vector<int32_t>& state_rows) {
-  tables.assign(static_cast<size_t>(rows * width), pad_block);
-  state_rows.assign(static_cast<size_t>(rows), pad_block);
+// A decode batch's block tables as `rows` rows of `width` blocks, its KDA state rows and
+// its key counts (num_computed + 1); columns past a sequence's blocks, and rows past the
+// batch, hold pad_block (padding rows: one key, position 0).
+struct DecodeTables {
+  std::vector<int32_t> tables, state_rows, seq_lens;
+};
+DecodeTables decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
+                           int32_t pad_block) {
+  DecodeTables d;
+  d.tables.assign(static_cast<size_t>(rows * width), pad_block);
+  d.state_rows.assign(static_cast<size_t>(rows), pad_block);
+  d.seq_lens.assign(static_cast<size_t>(rows), 1);
   for (size_t i = 0; i < batch.size(); ++i) {
-    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), tables.begin() + i * width);
-    if (batch[i].state_block >= 0) state_rows[i] = batch[i].state_block;
+    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), d.tables.begin() + i * width);
+    if (batch[i].state_block >= 0) d.state_rows[i] = batch[i].state_block;
+    d.seq_lens[i] = static_cast<int32_t>(batch[i].num_computed + 1);
   }
-}
-
-std::string layer_name(int64_t layer, const char* what) {
-  return "layers." + std::to_string(layer) + "." + what;
+  return d;
 }
 
 }  // namespace
+
+std::string Model::layer_name(int64_t layer, const char* what) {
+  return "layers." + std::to_string(layer) + "." + what;
+}
 
 Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
              std::unique_ptr<Backend> backend)
@@ -103,7 +107,19 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     backend_->synchronize();
   }
   rope_ = make_rope_table(config_);
-  cache_options_.latent = LatentCacheDtype::kFp32;
+  const LatentCacheDtype latent = options_.latent_cache;
+  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
+        latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
+  if (latent == LatentCacheDtype::kFp8) {
+    CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
+          "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",
+          config_.model_type_name, " model has none (use --kv-cache-dtype fp32)");
+    CHECK(config_.kv_lora_rank == kDsaLoraDim && config_.qk_rope_head_dim == kDsaRopeDim,
+          "--kv-cache-dtype fp8 needs kv_lora_rank ", kDsaLoraDim, " and qk_rope_head_dim ",
+          kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
+          config_.qk_rope_head_dim);
+  }
+  cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
 }
 
@@ -135,6 +151,26 @@ std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_
 
 int64_t Model::context_transient_bytes(int64_t max_context) const {
   return config_.has_indexer() ? kIndexerQueryChunk * max_context * 4 : 0;
+}
+
+void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context) const {
+  if (!use_dsa_decode() || max_batch < 1 || max_context < 1) return;
+  const ModelConfig& c = config_;
+  // The MLA splits do not grow monotonically with B: take the largest over every B.
+  size_t need = 0;
+  for (int64_t b = 1; b <= max_batch; ++b) {
+    DsaDecodeParams p;
+    p.batch.num_requests = b;
+    p.batch.max_blocks = cache_plan().blocks_for_tokens(max_context);
+    p.batch.num_q = 1;
+    p.batch.max_context = max_context;
+    p.index_num_heads = c.index_n_heads;
+    p.topk = c.index_topk;
+    p.num_heads = c.num_attention_heads;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    need = std::max(need, backend_->dsa_decode_scratch_bytes(p));
+  }
+  backend_->reserve_scratch(need);
 }
 
 SequenceState Model::new_sequence(int64_t capacity) const {
@@ -284,14 +320,15 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
       width = std::max(width, static_cast<int64_t>(in.blocks.size()));
       max_keys = std::max(max_keys, in.num_computed + 1);
     }
-    std::vector<int32_t> padded, rows;
     const auto num_seqs = static_cast<int64_t>(batch.size());
-    decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block(), padded, rows);
+    const DecodeTables dt = decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block());
     int32_t* padded_dev = workspace_.ints(num_seqs * width);
     int32_t* rows_dev = workspace_.ints(num_seqs);
-    backend_->upload(padded_dev, padded.data(), padded.size() * 4);
-    backend_->upload(rows_dev, rows.data(), rows.size() * 4);
-    decode_ = {batch[0].cache, padded_dev, width, rows_dev, max_keys};
+    int32_t* seq_lens_dev = workspace_.ints(num_seqs);
+    backend_->upload(padded_dev, dt.tables.data(), dt.tables.size() * 4);
+    backend_->upload(rows_dev, dt.state_rows.data(), dt.state_rows.size() * 4);
+    backend_->upload(seq_lens_dev, dt.seq_lens.data(), dt.seq_lens.size() * 4);
+    decode_ = {batch[0].cache, padded_dev, width, rows_dev, seq_lens_dev, max_keys};
   }
 
   float* h = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
@@ -396,6 +433,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
     g.slots = BackendBuffer(b, static_cast<size_t>(rows) * 8);
     g.tables = BackendBuffer(b, static_cast<size_t>(rows * width) * 4);
     g.state_rows = BackendBuffer(b, static_cast<size_t>(rows) * 4);
+    g.seq_lens = BackendBuffer(b, static_cast<size_t>(rows) * 4);
     g.logits = BackendBuffer(b, static_cast<size_t>(rows * vocab) * 4);
   }
   // The graph holds the cache's addresses.
@@ -406,8 +444,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   const int64_t bs = plan.block_size;
   std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
   std::vector<int64_t> pos(static_cast<size_t>(rows), 0), slots(static_cast<size_t>(rows), -1);
-  std::vector<int32_t> tables, state_rows;
-  decode_tables(batch, rows, width, scratch, tables, state_rows);
+  const DecodeTables dt = decode_tables(batch, rows, width, scratch);
   for (int64_t i = 0; i < num_seqs; ++i) {
     const SequenceInput& in = batch[static_cast<size_t>(i)];
     ids[i] = in.tokens[0];
@@ -417,13 +454,16 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
   backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
   backend_->upload(g.slots.data(), slots.data(), slots.size() * 8);
-  backend_->upload(g.tables.data(), tables.data(), tables.size() * 4);
-  backend_->upload(g.state_rows.data(), state_rows.data(), state_rows.size() * 4);
+  backend_->upload(g.tables.data(), dt.tables.data(), dt.tables.size() * 4);
+  backend_->upload(g.state_rows.data(), dt.state_rows.data(), dt.state_rows.size() * 4);
+  backend_->upload(g.seq_lens.data(), dt.seq_lens.data(), dt.seq_lens.size() * 4);
 
   const Slice all{0, rows, 0, &cache, g.tables.as<int32_t>(), scratch};
   auto step = [&] {
     workspace_.reset();
-    decode_ = {&cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), context};
+    decode_ = {
+        &cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), g.seq_lens.as<int32_t>(),
+        context};
     float* h = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(), g.slots.as<int64_t>(),
                           std::span<const Slice>(&all, 1), rows);
     trace("lm_head");
@@ -444,229 +484,6 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
   logits.resize(static_cast<size_t>(num_seqs * vocab));
   backend_->download(logits.data(), g.logits.data(), logits.size() * 4);
   return true;
-}
-
-void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
-                        const int64_t* slots, std::span<const Slice> seqs) const {
-  // One scatter per run of consecutive sequences that share a cache (the engine's
-  // batches: one).
-  for (size_t i = 0; i < seqs.size();) {
-    size_t j = i + 1;
-    while (j < seqs.size() && seqs[j].cache == seqs[i].cache) ++j;
-    const KvCache& cache = *seqs[i].cache;
-    ScatterRowsParams p;
-    p.src = static_cast<const uint8_t*>(rows) + seqs[i].offset * row_bytes;
-    p.slots = slots + seqs[i].offset;
-    switch (kind) {
-      case CacheRows::kLatent:
-        p.dst = cache.latent_page(layer);
-        break;
-      case CacheRows::kIndexKeys:
-        p.dst = cache.index_page(layer);
-        break;
-      case CacheRows::kIndexScales:
-        p.dst = cache.index_scale_page(layer);
-        break;
-    }
-    p.num_rows = seqs[j - 1].offset + seqs[j - 1].n - seqs[i].offset;
-    p.row_bytes = row_bytes;
-    p.block_size = cache.block_size();
-    p.block_stride_bytes = cache.plan().row_bytes;
-    backend_->scatter_rows(p);
-    i = j;
-  }
-}
-
-void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
-                          const int64_t* slots, std::span<const Slice> seqs, float* out) const {
-  const ModelConfig& c = config_;
-  const MlaWeights& w = weights_.layers[layer].mla;
-  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, width = kv + dr;
-
-  // 1. q = q_b_proj(rms(q_a_proj(x))) or q_proj(x): [T, H, dn+dr]
-  const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
-  float* q;
-  if (c.q_lora_rank > 0) {
-    float* qa = linear(x, t, w.q_a_proj);
-    rms_norm(qa, w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, qa);
-    q_lat = qa;
-    q = linear(qa, t, w.q_b_proj);
-  } else {
-    q = linear(x, t, w.q_proj);
-  }
-
-  // 2. [c | k_pe] = kv_a_proj_with_mqa(x): [T, kv + dr]; c = rms(c).
-  float* ckv = linear(x, t, w.kv_a_proj);
-  {
-    float* cn = workspace_.floats(t * kv);
-    backend_->copy_2d(cn, kv, ckv, width, t, kv);
-    rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
-    backend_->copy_2d(ckv, width, cn, kv, t, kv);
-  }
-
-  // 3. RoPE on q_pe and k_pe (deepseek_v32, interleaved pairs); kimi_* are NoPE.
-  if (c.rope.enabled) {
-    RopeParams rq{q, pos, t, h, dqk, dn};
-    backend_->rope(rope_, rq, /*neox=*/false);
-    RopeParams rk{ckv, pos, t, 1, width, kv};
-    backend_->rope(rope_, rk, /*neox=*/false);
-  }
-  dump(layer_name(layer, "q"), q, t, h * dqk);
-  dump(layer_name(layer, "latent"), ckv, t, width);
-
-  // 5. Write the new latents [c | k_pe] into their cache slots.
-  write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
-
-  // DSA indexer: top-k past positions per token.
-  const int32_t* topk =
-      c.has_indexer() ? index_select(layer, x, q_lat, t, pos, slots, seqs) : nullptr;
-
-  // 6. Attention of each sequence over its cached latents (expanded for prefill,
-  //    absorbed for decode).
-  float* o = workspace_.floats(t * h * dv);
-  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
-  auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
-                    PagedRows pages, int64_t table_stride, bool absorbed) {
-    MlaAttentionParams p;
-    p.q = q + offset * h * dqk;
-    p.latent = cache.latent_page(layer);
-    p.latent_pages = pages;
-    p.table_stride = table_stride;
-    p.kv_b = &w.kv_b_proj;
-    p.q_pos = pos + offset;
-    p.topk = topk ? topk + offset * c.index_topk : nullptr;
-    p.topk_width = topk ? c.index_topk : 0;
-    p.out = o + offset * h * dv;
-    p.num_tokens = n;
-    p.num_keys = num_keys;
-    p.num_heads = h;
-    p.dn = dn;
-    p.dr = dr;
-    p.dv = dv;
-    p.kv_lora = kv;
-    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
-    backend_->mla_attention(p, absorbed);
-  };
-  if (decode_.cache != nullptr) {
-    attend(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
-           decode_.table_stride, /*absorbed=*/true);
-  } else {
-    for (const Slice& sq : seqs) {
-      attend(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0,
-             /*absorbed=*/sq.n == 1);
-    }
-  }
-  dump(layer_name(layer, "attn"), o, t, h * dv);
-
-  // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
-  linear_into(o, t, w.o_proj, out);
-}
-
-int32_t* Model::index_select(int64_t layer, const float* x, const float* q_in, int64_t t,
-                             const int64_t* pos, const int64_t* slots,
-                             std::span<const Slice> seqs) const {
-  const ModelConfig& c = config_;
-  const MlaWeights& w = weights_.layers[layer].mla;
-  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-
-  // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
-  float* qi = linear(q_in, t, w.idx_wq_b);
-  float* ki = linear(x, t, w.idx_wk);
-  LayerNormParams ln;
-  ln.x = ki;
-  ln.weight = w.idx_k_norm_w.data;
-  ln.bias = w.idx_k_norm_b.data;
-  ln.y = ki;
-  ln.num_rows = t;
-  ln.dim = di;
-  ln.eps = 1e-6f;
-  backend_->layer_norm(ln);
-  // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
-  if (c.index_rope_dims > 0) {
-    RopeParams rq{qi, pos, t, hi, di, 0};
-    backend_->rope(rope_, rq, /*neox=*/true);
-    RopeParams rk{ki, pos, t, 1, di, 0};
-    backend_->rope(rope_, rk, /*neox=*/true);
-  }
-  // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
-  float* hw = linear(x, t, w.idx_weights_proj);
-  backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
-  // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
-  if (options_.indexer_fp8) {
-    backend_->hadamard_rotate(qi, t * hi, di);
-    backend_->hadamard_rotate(ki, t, di);
-  }
-  dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
-  dump(layer_name(layer, "indexer.k"), ki, t, di);
-
-  // 4. Write the new index keys into their cache slots (quantized on the FP8 path).
-  if (options_.indexer_fp8) {
-    uint8_t* codes = workspace_.bytes(t * di);
-    float* scales = workspace_.floats(t);
-    backend_->quantize_fp8_ue8m0(ki, t, di, codes, scales);
-    write_cache(CacheRows::kIndexKeys, layer, codes, di, slots, seqs);
-    write_cache(CacheRows::kIndexScales, layer, scales, 4, slots, seqs);
-  } else {
-    write_cache(CacheRows::kIndexKeys, layer, ki, di * 4, slots, seqs);
-  }
-
-  const int64_t k = c.index_topk;
-  int32_t* selected = workspace_.ints(t * k);
-  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
-  // chunks (a bounded buffer), keeping the causal top-k.
-  auto select = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
-                    PagedRows pages, int64_t table_stride) {
-    const Workspace::Mark mark = workspace_.mark();
-    const int64_t chunk = std::min(n, kIndexerQueryChunk);
-    float* scores = workspace_.floats(chunk * num_keys);
-    for (int64_t b = offset; b < offset + n; b += chunk) {
-      const int64_t m = std::min(chunk, offset + n - b);
-      const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
-      if (options_.indexer_fp8) {
-        IndexerFp8CacheScoreParams p;
-        p.q = qi + b * hi * di;
-        p.k_fp8 = cache.index_page(layer);
-        p.k_scales = cache.index_scale_page(layer);
-        p.k_pages = chunk_pages;
-        p.table_stride = table_stride;
-        p.head_weights = hw + b * hi;
-        p.q_pos = pos + b;
-        p.scores = scores;
-        p.num_tokens = m;
-        p.num_keys = num_keys;
-        p.num_heads = hi;
-        p.head_dim = di;
-        backend_->indexer_scores_fp8_cache(p);
-      } else {
-        IndexerScoreParams p;
-        p.q = qi + b * hi * di;
-        p.k = reinterpret_cast<const float*>(cache.index_page(layer));
-        p.k_pages = chunk_pages;
-        p.table_stride = table_stride;
-        p.head_weights = hw + b * hi;
-        p.q_pos = pos + b;
-        p.scores = scores;
-        p.num_tokens = m;
-        p.num_keys = num_keys;
-        p.num_heads = hi;
-        p.head_dim = di;
-        backend_->indexer_scores(p);
-      }
-      backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
-    }
-    workspace_.rewind(mark);
-  };
-  if (decode_.cache != nullptr) {
-    select(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
-           decode_.table_stride);
-  } else {
-    for (const Slice& sq : seqs) {
-      select(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0);
-    }
-  }
-  return selected;
 }
 
 void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<const Slice> seqs,

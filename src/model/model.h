@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -35,6 +36,14 @@ struct ModelOptions {
   // DSA indexer scores on FP8 index keys with the Hadamard rotation (the cache
   // format of the GPU path). Off: exact fp32 scores, as the golden references use.
   bool indexer_fp8 = false;
+  // How the MLA latents are cached: kFp32 (the exact reference) or kFp8 (576 e4m3 codes
+  // per token with a per-layer scale, MODEL.md §6; DSA models only: attention then runs
+  // on the DSA kernels, kernels/dsa/params.h).
+  LatentCacheDtype latent_cache = LatentCacheDtype::kFp32;
+  // With the FP8 latent and FP8 index keys, decode batches run the indexer, the top-k and
+  // the sparse MLA as the DSA decode step (Backend::dsa_decode). Off: the generic chunked
+  // indexer path (the same selection; kept for tests and comparisons).
+  bool dsa_decode_ops = true;
 };
 
 // One sequence's part of a batch.
@@ -76,15 +85,20 @@ class Model {
   const ModelOptions& options() const { return options_; }
   Backend& backend() const { return *backend_; }
 
-  // The row layout of this model's cache: fp32 latents, index keys in FP8 (indexer_fp8)
-  // or fp32, KDA states in fp32, one GPU (no TP/DCP split); min_block_size as in
-  // CachePlanOptions.
+  // The row layout of this model's cache: latents as options().latent_cache, index keys
+  // in FP8 (indexer_fp8) or fp32, KDA states in fp32, one GPU (no TP/DCP split);
+  // min_block_size as in CachePlanOptions.
   CachePlan cache_plan(int64_t min_block_size = 64) const;
   std::unique_ptr<KvCache> new_cache(int64_t num_blocks, int64_t min_block_size = 64) const;
   // Bytes of the one transient buffer of a forward whose size grows with the context
   // rather than the step's tokens: the indexer's score chunk, [256 queries, max_context]
   // fp32 (0 without indexer). Memory planning adds it to a profiled step.
   int64_t context_transient_bytes(int64_t max_context) const;
+  // Grows the backend's op scratch memory to what a DSA decode step of up to max_batch
+  // sequences of up to max_context tokens takes (FP8 latent and keys: the indexer scores
+  // [B, max_context], the top-k workspace and the sparse MLA splits), so that no decode
+  // step allocates (or, after freeze, fails). No-op on other caches and on the CPU.
+  void reserve_decode_scratch(int64_t max_batch, int64_t max_context) const;
 
   // A standalone sequence with room for `capacity` tokens (grown on demand).
   SequenceState new_sequence(int64_t capacity = 0) const;
@@ -127,6 +141,16 @@ class Model {
   Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
         std::unique_ptr<Backend> backend);
 
+  // Queries per indexer scoring pass: bounds the score buffer to kIndexerQueryChunk x S.
+  static constexpr int64_t kIndexerQueryChunk = 256;
+  // The FP8 latent's scale (value = e4m3 code * scale), the same for every layer: the
+  // checkpoints carry no per-layer kv scale (docs/DECISIONS.md).
+  static constexpr float kLatentScale = 1.0f;
+  // Queries per sparse-MLA call (the DSA kernel's grid takes at most 65535 requests).
+  static constexpr int64_t kDsaQueryChunk = 16384;
+  // "layers.<layer>.<what>": the names of dumped intermediates and trace sections.
+  static std::string layer_name(int64_t layer, const char* what);
+
   // One sequence's tokens within the batch: rows [offset, offset + n) of every
   // [T, ...] activation; positions start at num_computed. blocks: its block table in
   // backend memory.
@@ -151,7 +175,8 @@ class Model {
     const int32_t* tables = nullptr;  // [B, table_stride] block tables
     int64_t table_stride = 0;
     const int32_t* state_rows = nullptr;  // [B] KDA state rows
-    int64_t max_keys = 0;                 // the largest num_computed + 1 of the batch
+    const int32_t* seq_lens = nullptr;    // [B] num_computed + 1 (padding rows: 1)
+    int64_t max_keys = 0;                 // the largest num_computed + 1 (graphs: the bound)
   };
 
   // Embedding and every decoder layer over the batch's T tokens (the cache written as
@@ -166,11 +191,32 @@ class Model {
                      float* out) const;
   // Over all tokens of the batch.
   void feed_forward(int64_t layer, const float* x, int64_t num_tokens, float* out) const;
-  // DSA indexer: the selected past positions [T, index_topk] (-1 padded) of every
-  // token. q_in is the normalized q latent [T, q_lora] (or x when q_lora_rank is 0).
-  int32_t* index_select(int64_t layer, const float* x, const float* q_in, int64_t num_tokens,
-                        const int64_t* pos, const int64_t* slots,
+  // DSA indexer, part 1: the rotated index query qi [T, Hi, di] and head weights [T, Hi]
+  // of every token; writes the tokens' index keys into the cache. q_in is the normalized
+  // q latent [T, q_lora] (or x when q_lora_rank is 0).
+  struct IndexQuery {
+    float* q;
+    float* head_weights;
+  };
+  IndexQuery index_query(int64_t layer, const float* x, const float* q_in, int64_t num_tokens,
+                         const int64_t* pos, const int64_t* slots,
+                         std::span<const Slice> seqs) const;
+  // Part 2, the generic path: the selected past positions [T, index_topk] (-1 padded).
+  int32_t* index_select(int64_t layer, const IndexQuery& iq, int64_t num_tokens, const int64_t* pos,
                         std::span<const Slice> seqs) const;
+  // MLA over the fp32 latent (kernels/mla): dense, or over the indexer's top-k.
+  void fp32_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                      int64_t num_tokens, const int64_t* pos, const int64_t* slots,
+                      std::span<const Slice> seqs, float* o) const;
+  // MLA over the FP8 latent on the DSA kernels (sparse; absorbed form): q [T, H, dn+dr]
+  // -> o [T, H, dv]. Decode batches with FP8 keys run the whole DSA decode step.
+  void dsa_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                     int64_t num_tokens, const int64_t* pos, const int64_t* slots,
+                     std::span<const Slice> seqs, float* o) const;
+  // Whether decode batches run Backend::dsa_decode (see ModelOptions::dsa_decode_ops).
+  bool use_dsa_decode() const;
+  // One layer's view of a cache for the DSA kernels.
+  DsaCache dsa_cache(const KvCache& cache, int64_t layer) const;
   // Writes rows [T, row_bytes] of the batch into their slots of one kind of page.
   enum class CacheRows { kLatent, kIndexKeys, kIndexScales };
   void write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
@@ -205,7 +251,7 @@ class Model {
     const KvCache* cache = nullptr;
     const uint8_t* pool = nullptr;  // the cache's pool when captured (it moves when it grows)
     bool captured = false;
-    BackendBuffer ids, pos, slots, tables, state_rows, logits;
+    BackendBuffer ids, pos, slots, tables, state_rows, seq_lens, logits;
   };
   // Runs a decode batch through its graph; false when graphs are off or the batch does
   // not fit one (the caller then runs it eagerly).

@@ -12,9 +12,11 @@
 
 #include "core/cuda/device_buffer.h"
 #include "kernels/cache/cuda.h"
+#include "kernels/dsa/cuda.h"
 #include "kernels/elementwise/cuda.h"
 #include "kernels/indexer/cuda.h"
 #include "kernels/kda/cuda.h"
+#include "kernels/latent/cuda.h"
 #include "kernels/linear/cuda.h"
 #include "kernels/mla/cuda.h"
 #include "kernels/mlp/cuda.h"
@@ -172,6 +174,7 @@ class CudaBackend final : public Backend {
   }
   void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
   void scale(float* x, float s, int64_t n) override { cuda::scale(ScaleParams{x, n, s}, stream_); }
+  void mul(float* y, const float* x, int64_t n) override { cuda::mul(MulParams{y, x, n}, stream_); }
   void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
@@ -181,6 +184,22 @@ class CudaBackend final : public Backend {
                                  static_cast<size_t>(width) * 4, static_cast<size_t>(rows),
                                  cudaMemcpyDeviceToDevice, stream_));
   }
+  void quantize_e4m3(const QuantizeE4m3Params& p) override { cuda::quantize_e4m3(p, stream_); }
+  void mla_absorb_q(const MlaAbsorbParams& p) override { cuda::mla_absorb_q(p, stream_); }
+  void mla_project_uv(const MlaProjectParams& p) override { cuda::mla_project_uv(p, stream_); }
+  void dsa_query_slots(const DsaQuerySlotsParams& p) override { cuda::dsa_query_slots(p, stream_); }
+  void dsa_mla_decode(const DsaMlaParams& p) override {
+    const size_t need = cuda::dsa_mla_workspace_bytes(p);
+    cuda::dsa_mla_decode(p, scratch(need), need, stream_);
+  }
+  void dsa_decode(const DsaDecodeParams& p) override {
+    const size_t need = cuda::dsa_decode_workspace_bytes(p);
+    cuda::dsa_decode(p, scratch(need), need, stream_);
+  }
+  size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
+    return cuda::dsa_decode_workspace_bytes(p);
+  }
+  void reserve_scratch(size_t num_bytes) override { scratch(num_bytes); }
 
  private:
   // The shared op workspace, grown (before freeze) to the largest request seen. A

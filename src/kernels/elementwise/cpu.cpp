@@ -61,4 +61,11 @@ void scale(const ScaleParams& p) {
   for_each_index(p.n, [&](int64_t i) { p.x[i] *= p.scale; });
 }
 
+void mul(const MulParams& p) {
+  CHECK(p.n >= 0, "mul: n ", p.n);
+  if (p.n == 0) return;
+  CHECK(p.y != nullptr && p.x != nullptr, "mul: null pointer");
+  for_each_index(p.n, [&](int64_t i) { p.y[i] *= p.x[i]; });
+}
+
 }  // namespace hyserve::cpu

@@ -10,5 +10,6 @@ void sigmoid_gate(const SigmoidGateParams& p);
 void silu_mul(const SiluMulParams& p);
 void sigmoid(const SigmoidParams& p);
 void scale(const ScaleParams& p);
+void mul(const MulParams& p);
 
 }  // namespace hyserve::cpu

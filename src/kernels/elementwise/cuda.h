@@ -13,5 +13,6 @@ void sigmoid_gate(const SigmoidGateParams& p, cudaStream_t stream);
 void silu_mul(const SiluMulParams& p, cudaStream_t stream);
 void sigmoid(const SigmoidParams& p, cudaStream_t stream);
 void scale(const ScaleParams& p, cudaStream_t stream);
+void mul(const MulParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

@@ -1,6 +1,7 @@
 // Elementwise steps of the decoder that sit between the big ops: the residual add
 // (MODEL.md §0), the sigmoid output gate (kimi_k3 attention), silu(gate) * up (the
-// gated MLP, §5) and a scale. Flat arrays of n floats; n = 0 does nothing.
+// gated MLP, §5), a scale and a product (the DSA indexer's head weights times q scales). Flat
+// arrays of n floats; n = 0 does nothing.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +40,13 @@ struct ScaleParams {
   float* x = nullptr;  // [n]
   int64_t n = 0;
   float scale = 1.0f;
+};
+
+// y[i] *= x[i]
+struct MulParams {
+  float* y = nullptr;        // [n]
+  const float* x = nullptr;  // [n]
+  int64_t n = 0;
 };
 
 }  // namespace hyserve

@@ -37,6 +37,11 @@ struct Scale {
   __device__ void operator()(int64_t i) const { p.x[i] *= p.scale; }
 };
 
+struct Mul {
+  MulParams p;
+  __device__ void operator()(int64_t i) const { p.y[i] *= p.x[i]; }
+};
+
 template <typename Fn>
 __global__ void for_each_kernel(int64_t n, Fn fn) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -88,6 +93,13 @@ void scale(const ScaleParams& p, cudaStream_t stream) {
   if (p.n == 0) return;
   CHECK(p.x != nullptr, "scale: null pointer");
   launch(p.n, stream, Scale{p});
+}
+
+void mul(const MulParams& p, cudaStream_t stream) {
+  CHECK(p.n >= 0, "mul: n ", p.n);
+  if (p.n == 0) return;
+  CHECK(p.y != nullptr && p.x != nullptr, "mul: null pointer");
+  launch(p.n, stream, Mul{p});
 }
 
 }  // namespace hyserve::cuda

@@ -1,0 +1,378 @@
+// Model's full-attention layers (MODEL.md §2, §3): MLA over the latent cache and the DSA
+// lightning indexer, and the cache writes they make. Member functions of Model (model.h),
+// kept apart from the decoder's sequence of layers in model.cpp.
+#include <algorithm>
+#include <cmath>
+
+#include "model/model.h"
+#include "util/error.h"
+
+namespace hyserve {
+
+void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
+                        const int64_t* slots, std::span<const Slice> seqs) const {
+  // One scatter per run of consecutive sequences that share a cache (the engine's
+  // batches: one).
+  for (size_t i = 0; i < seqs.size();) {
+    size_t j = i + 1;
+    while (j < seqs.size() && seqs[j].cache == seqs[i].cache) ++j;
+    const KvCache& cache = *seqs[i].cache;
+    ScatterRowsParams p;
+    p.src = static_cast<const uint8_t*>(rows) + seqs[i].offset * row_bytes;
+    p.slots = slots + seqs[i].offset;
+    switch (kind) {
+      case CacheRows::kLatent:
+        p.dst = cache.latent_page(layer);
+        break;
+      case CacheRows::kIndexKeys:
+        p.dst = cache.index_page(layer);
+        break;
+      case CacheRows::kIndexScales:
+        p.dst = cache.index_scale_page(layer);
+        break;
+    }
+    p.num_rows = seqs[j - 1].offset + seqs[j - 1].n - seqs[i].offset;
+    p.row_bytes = row_bytes;
+    p.block_size = cache.block_size();
+    p.block_stride_bytes = cache.plan().row_bytes;
+    backend_->scatter_rows(p);
+    i = j;
+  }
+}
+
+void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
+                          const int64_t* slots, std::span<const Slice> seqs, float* out) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, width = kv + dr;
+
+  // 1. q = q_b_proj(rms(q_a_proj(x))) or q_proj(x): [T, H, dn+dr]
+  const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
+  float* q;
+  if (c.q_lora_rank > 0) {
+    float* qa = linear(x, t, w.q_a_proj);
+    rms_norm(qa, w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, qa);
+    q_lat = qa;
+    q = linear(qa, t, w.q_b_proj);
+  } else {
+    q = linear(x, t, w.q_proj);
+  }
+
+  // 2. [c | k_pe] = kv_a_proj_with_mqa(x): [T, kv + dr]; c = rms(c).
+  float* ckv = linear(x, t, w.kv_a_proj);
+  {
+    float* cn = workspace_.floats(t * kv);
+    backend_->copy_2d(cn, kv, ckv, width, t, kv);
+    rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
+    backend_->copy_2d(ckv, width, cn, kv, t, kv);
+  }
+
+  // 3. RoPE on q_pe and k_pe (deepseek_v32, interleaved pairs); kimi_* are NoPE.
+  if (c.rope.enabled) {
+    RopeParams rq{q, pos, t, h, dqk, dn};
+    backend_->rope(rope_, rq, /*neox=*/false);
+    RopeParams rk{ckv, pos, t, 1, width, kv};
+    backend_->rope(rope_, rk, /*neox=*/false);
+  }
+  dump(layer_name(layer, "q"), q, t, h * dqk);
+  dump(layer_name(layer, "latent"), ckv, t, width);
+
+  // 5. Write the new latents [c | k_pe] into their cache slots: fp32, or e4m3 codes of
+  //    value / latent_scale.
+  float* o = workspace_.floats(t * h * dv);
+  if (options_.latent_cache == LatentCacheDtype::kFp8) {
+    uint8_t* codes = workspace_.bytes(t * width);
+    backend_->quantize_e4m3({ckv, t * width, 1.0f / kLatentScale, codes});
+    write_cache(CacheRows::kLatent, layer, codes, width, slots, seqs);
+    // 6. Attention over the FP8 latent on the DSA kernels.
+    dsa_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+  } else {
+    write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
+    fp32_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+  }
+  dump(layer_name(layer, "attn"), o, t, h * dv);
+
+  // 7. kimi_k3: o *= sigmoid(g_proj(x)).
+  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
+  linear_into(o, t, w.o_proj, out);
+}
+
+void Model::fp32_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                           int64_t t, const int64_t* pos, const int64_t* slots,
+                           std::span<const Slice> seqs, float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
+
+  // DSA indexer: top-k past positions per token.
+  const int32_t* topk = nullptr;
+  if (c.has_indexer()) {
+    const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
+    topk = index_select(layer, iq, t, pos, seqs);
+  }
+
+  // 6. Attention of each sequence over its cached latents (expanded for prefill,
+  //    absorbed for decode).
+  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
+  auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
+                    PagedRows pages, int64_t table_stride, bool absorbed) {
+    MlaAttentionParams p;
+    p.q = q + offset * h * dqk;
+    p.latent = cache.latent_page(layer);
+    p.latent_pages = pages;
+    p.table_stride = table_stride;
+    p.kv_b = &w.kv_b_proj;
+    p.q_pos = pos + offset;
+    p.topk = topk ? topk + offset * c.index_topk : nullptr;
+    p.topk_width = topk ? c.index_topk : 0;
+    p.out = o + offset * h * dv;
+    p.num_tokens = n;
+    p.num_keys = num_keys;
+    p.num_heads = h;
+    p.dn = dn;
+    p.dr = dr;
+    p.dv = dv;
+    p.kv_lora = kv;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    backend_->mla_attention(p, absorbed);
+  };
+  if (decode_.cache != nullptr) {
+    attend(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
+           decode_.table_stride, /*absorbed=*/true);
+  } else {
+    for (const Slice& sq : seqs) {
+      attend(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0,
+             /*absorbed=*/sq.n == 1);
+    }
+  }
+}
+
+Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float* q_in, int64_t t,
+                                     const int64_t* pos, const int64_t* slots,
+                                     std::span<const Slice> seqs) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+
+  // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
+  float* qi = linear(q_in, t, w.idx_wq_b);
+  float* ki = linear(x, t, w.idx_wk);
+  LayerNormParams ln;
+  ln.x = ki;
+  ln.weight = w.idx_k_norm_w.data;
+  ln.bias = w.idx_k_norm_b.data;
+  ln.y = ki;
+  ln.num_rows = t;
+  ln.dim = di;
+  ln.eps = 1e-6f;
+  backend_->layer_norm(ln);
+  // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
+  if (c.index_rope_dims > 0) {
+    RopeParams rq{qi, pos, t, hi, di, 0};
+    backend_->rope(rope_, rq, /*neox=*/true);
+    RopeParams rk{ki, pos, t, 1, di, 0};
+    backend_->rope(rope_, rk, /*neox=*/true);
+  }
+  // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
+  float* hw = linear(x, t, w.idx_weights_proj);
+  backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
+  // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
+  if (options_.indexer_fp8) {
+    backend_->hadamard_rotate(qi, t * hi, di);
+    backend_->hadamard_rotate(ki, t, di);
+  }
+  dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
+  dump(layer_name(layer, "indexer.k"), ki, t, di);
+
+  // 4. Write the new index keys into their cache slots (quantized on the FP8 path).
+  if (options_.indexer_fp8) {
+    uint8_t* codes = workspace_.bytes(t * di);
+    float* scales = workspace_.floats(t);
+    backend_->quantize_fp8_ue8m0(ki, t, di, codes, scales);
+    write_cache(CacheRows::kIndexKeys, layer, codes, di, slots, seqs);
+    write_cache(CacheRows::kIndexScales, layer, scales, 4, slots, seqs);
+  } else {
+    write_cache(CacheRows::kIndexKeys, layer, ki, di * 4, slots, seqs);
+  }
+  return {qi, hw};
+}
+
+int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, const int64_t* pos,
+                             std::span<const Slice> seqs) const {
+  const ModelConfig& c = config_;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
+  const float* qi = iq.q;
+  const float* hw = iq.head_weights;
+  const int64_t k = c.index_topk;
+  int32_t* selected = workspace_.ints(t * k);
+  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
+  // chunks (a bounded buffer), keeping the causal top-k.
+  auto select = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
+                    PagedRows pages, int64_t table_stride) {
+    const Workspace::Mark mark = workspace_.mark();
+    const int64_t chunk = std::min(n, kIndexerQueryChunk);
+    float* scores = workspace_.floats(chunk * num_keys);
+    for (int64_t b = offset; b < offset + n; b += chunk) {
+      const int64_t m = std::min(chunk, offset + n - b);
+      const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
+      if (options_.indexer_fp8) {
+        IndexerFp8CacheScoreParams p;
+        p.q = qi + b * hi * di;
+        p.k_fp8 = cache.index_page(layer);
+        p.k_scales = cache.index_scale_page(layer);
+        p.k_pages = chunk_pages;
+        p.table_stride = table_stride;
+        p.head_weights = hw + b * hi;
+        p.q_pos = pos + b;
+        p.scores = scores;
+        p.num_tokens = m;
+        p.num_keys = num_keys;
+        p.num_heads = hi;
+        p.head_dim = di;
+        backend_->indexer_scores_fp8_cache(p);
+      } else {
+        IndexerScoreParams p;
+        p.q = qi + b * hi * di;
+        p.k = reinterpret_cast<const float*>(cache.index_page(layer));
+        p.k_pages = chunk_pages;
+        p.table_stride = table_stride;
+        p.head_weights = hw + b * hi;
+        p.q_pos = pos + b;
+        p.scores = scores;
+        p.num_tokens = m;
+        p.num_keys = num_keys;
+        p.num_heads = hi;
+        p.head_dim = di;
+        backend_->indexer_scores(p);
+      }
+      backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
+    }
+    workspace_.rewind(mark);
+  };
+  if (decode_.cache != nullptr) {
+    select(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
+           decode_.table_stride);
+  } else {
+    for (const Slice& sq : seqs) {
+      select(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0);
+    }
+  }
+  return selected;
+}
+
+bool Model::use_dsa_decode() const {
+  const ModelConfig& c = config_;
+  return options_.dsa_decode_ops && options_.latent_cache == LatentCacheDtype::kFp8 &&
+         options_.indexer_fp8 && c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 &&
+         c.index_n_heads <= 64;
+}
+
+DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {
+  const CachePlan& plan = cache.plan();
+  const CachePage& page = plan.page(layer);
+  DsaCache d;
+  d.pool = cache.base();
+  d.row_bytes = plan.row_bytes;
+  d.latent_offset = page.latent_offset;
+  d.index_offset = page.index_offset;
+  d.num_blocks = cache.num_blocks() + 1;  // the scratch row too (padding rows read it)
+  d.block_size = static_cast<int32_t>(plan.block_size);
+  d.latent_scale = kLatentScale;
+  return d;
+}
+
+void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+                          int64_t t, const int64_t* pos, const int64_t* slots,
+                          std::span<const Slice> seqs, float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, k = c.index_topk;
+  const auto softmax_scale = static_cast<float>(c.mla_softmax_scale());
+
+  // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, H, kv], q_pe [T, H, dr].
+  float* q_lat = workspace_.floats(t * h * kv);
+  float* q_pe = workspace_.floats(t * h * dr);
+  backend_->mla_absorb_q({q, &w.kv_b_proj, q_lat, q_pe, t, h, dn, dr, dv, kv});
+  float* o_lat = workspace_.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
+  float* lse = workspace_.floats(t * h);
+
+  const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
+  if (decode_.cache != nullptr && use_dsa_decode()) {
+    // A decode batch: indexer (FP8 query, MODEL.md §3.4-3.6) -> top-k -> sparse MLA as
+    // one DSA step, each sequence a request with its own block-table row.
+    const int64_t hi = c.index_n_heads;
+    uint8_t* q8 = workspace_.bytes(t * hi * kDsaIndexDim);
+    float* q_scales = workspace_.floats(t * hi);
+    backend_->quantize_fp8_ue8m0(iq.q, t * hi, kDsaIndexDim, q8, q_scales);
+    backend_->mul(iq.head_weights, q_scales, t * hi);  // weights * q scale
+    DsaDecodeParams p;
+    p.cache = dsa_cache(*decode_.cache, layer);
+    p.batch = {decode_.tables, decode_.seq_lens, t, decode_.table_stride, 1, decode_.max_keys};
+    p.index_q8 = q8;
+    p.index_weights = iq.head_weights;
+    p.index_num_heads = hi;
+    p.topk = k;
+    p.q_lat = q_lat;
+    p.q_pe = q_pe;
+    p.num_heads = h;
+    p.softmax_scale = softmax_scale;
+    p.o_lat = o_lat;
+    p.lse = lse;
+    backend_->dsa_decode(p);
+  } else {
+    // The generic indexer's positions, turned into slots; every token a sparse-MLA
+    // request of one query (seq_lens = position + 1). The sparse kernel reads the slots
+    // and seq_lens only; block_tables is the sequence's own table, for the checks.
+    const int32_t* topk = index_select(layer, iq, t, pos, seqs);
+    int32_t* topk_slots = workspace_.ints(t * k);
+    int32_t* seq_lens = workspace_.ints(t);
+    auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
+                      int64_t table_stride, int64_t max_blocks, int64_t max_context) {
+      DsaQuerySlotsParams s;
+      s.positions = topk + offset * k;
+      s.q_pos = pos + offset;
+      s.block_table = table;
+      s.table_stride = table_stride;
+      s.block_size = cache.block_size();
+      s.num_tokens = n;
+      s.topk = k;
+      s.slots = topk_slots + offset * k;
+      s.seq_lens = seq_lens + offset;
+      backend_->dsa_query_slots(s);
+      for (int64_t b = offset; b < offset + n; b += kDsaQueryChunk) {
+        const int64_t m = std::min(kDsaQueryChunk, offset + n - b);
+        const int32_t* rows = table + (table_stride > 0 ? (b - offset) * table_stride : 0);
+        DsaMlaParams p;
+        p.cache = dsa_cache(cache, layer);
+        p.batch = {rows, seq_lens + b, m, max_blocks, 1, max_context};
+        p.q_lat = q_lat + b * h * kv;
+        p.q_pe = q_pe + b * h * dr;
+        p.slots = topk_slots + b * k;
+        p.topk_width = k;
+        p.num_heads = h;
+        p.softmax_scale = softmax_scale;
+        p.o_lat = o_lat + b * h * kv;
+        p.lse = lse + b * h;
+        backend_->dsa_mla_decode(p);
+      }
+    };
+    if (decode_.cache != nullptr) {
+      attend(0, t, *decode_.cache, decode_.tables, decode_.table_stride, decode_.table_stride,
+             decode_.max_keys);
+    } else {
+      for (const Slice& sq : seqs) {
+        const int64_t keys = sq.num_computed + sq.n;
+        attend(sq.offset, sq.n, *sq.cache, sq.blocks, 0, sq.cache->plan().blocks_for_tokens(keys),
+               keys);
+      }
+    }
+  }
+  dump(layer_name(layer, "attn_latent"), o_lat, t, h * kv);
+  // o = W_UV o_lat per head.
+  backend_->mla_project_uv({o_lat, &w.kv_b_proj, o, t, h, dn, dv, kv});
+}
+
+}  // namespace hyserve
