@@ -2,11 +2,13 @@
 // Pro-shaped layers on one GPU, the way `serve` runs it: the Engine's scheduler cuts it
 // into chunked-prefill steps of --chunk tokens, then decodes --output-tokens tokens at the
 // full context. The model is the layer benchmark's: layer 0 = KDA + dense MLP, layer 1 =
-// MLA with the DSA indexer + MoE, at the config's true dimensions, random weights.
+// MLA with the DSA indexer + MoE, at the config's true dimensions, random weights; the
+// latent cache in FP8 (576 B/token, the DSA kernels' format) or fp32.
 //
 // What it shows: memory is bounded and known before the prompt starts. As `serve` does,
 // a warm-up step of --chunk tokens sizes the op workspaces, the model's workspace is then
-// reserved with the indexer's score chunk grown to the whole context, and both the
+// reserved with the indexer's score chunk grown to the whole context (and the op scratch
+// with a decode step's at that context), and both the
 // workspace and the backend are frozen: any buffer that tried to grow with the context
 // would throw. Device memory in use is recorded after every step; the JSON lines report
 // it next to what a prompt x context score matrix alone would take.
@@ -54,12 +56,16 @@ int run(int argc, char** argv) {
       std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro.json";
   int64_t prompt_tokens = int64_t{1} << 20, chunk = 16384, output_tokens = 4;
   int64_t progress_every = 8;
+  std::string kv_cache_dtype = "fp8";
   app.add_option("--config", config_path, "config.json of the model")->capture_default_str();
   app.add_option("--prompt", prompt_tokens, "prompt tokens")->capture_default_str();
   app.add_option("--chunk", chunk, "max_num_batched_tokens (prefill chunk)")->capture_default_str();
   app.add_option("--output-tokens", output_tokens, "tokens decoded after the prompt")
       ->capture_default_str();
   app.add_option("--progress-every", progress_every, "steps between progress lines")
+      ->capture_default_str();
+  app.add_option("--kv-cache-dtype", kv_cache_dtype, "latent cache: fp8 (576 B/token) or fp32")
+      ->check(CLI::IsMember({"fp8", "fp32"}))
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   CHECK(prompt_tokens >= 1 && chunk >= 64 && output_tokens >= 1, "bad sizes");
@@ -74,6 +80,7 @@ int run(int argc, char** argv) {
   TimingBackend& timing = *timing_owner;
   ModelOptions options;
   options.indexer_fp8 = true;
+  options.latent_cache = kv_cache_dtype == "fp8" ? LatentCacheDtype::kFp8 : LatentCacheDtype::kFp32;
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
   model->set_trace([&](std::string_view s) { timing.set_section(s); });
@@ -88,6 +95,7 @@ int run(int argc, char** argv) {
   }
   model->workspace().reserve(model->workspace().capacity_bytes() +
                              static_cast<size_t>(model->context_transient_bytes(max_model_len)));
+  model->reserve_decode_scratch(1, max_model_len);
 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = chunk;
@@ -107,6 +115,7 @@ int run(int argc, char** argv) {
     j["gpu"] = prop.name;
     j["prompt_tokens"] = prompt_tokens;
     j["chunk"] = chunk;
+    j["kv_cache_dtype"] = kv_cache_dtype;
     j["weights_bytes"] = weights_bytes;
     j["kv_blocks"] = ec.num_blocks;
     j["kv_row_bytes"] = plan.row_bytes;

@@ -209,4 +209,52 @@ void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, in
         [&] { inner_->copy_2d(dst, dst_stride, src, src_stride, rows, width); });
 }
 
+void TimingBackend::mul(float* y, const float* x, int64_t n) {
+  timed("mul", 12.0 * n, n, [&] { inner_->mul(y, x, n); });
+}
+void TimingBackend::quantize_e4m3(const QuantizeE4m3Params& p) {
+  timed("quantize_e4m3", 5.0 * p.n, 2.0 * p.n, [&] { inner_->quantize_e4m3(p); });
+}
+// Absorb / project: the kv_b weight in its stored format plus fp32 activations; 2 FLOPs
+// per multiply-add of q_nope W_UK (dn x kv_lora per head) or W_UV o_lat (kv_lora x dv).
+void TimingBackend::mla_absorb_q(const MlaAbsorbParams& p) {
+  const double rows = static_cast<double>(p.num_tokens * p.num_heads);
+  const double bytes =
+      static_cast<double>(p.kv_b->storage_bytes()) + 4.0 * rows * (p.dn + p.dr + p.kv_lora + p.dr);
+  timed("mla_absorb_q", bytes, 2.0 * rows * p.dn * p.kv_lora, [&] { inner_->mla_absorb_q(p); });
+}
+void TimingBackend::mla_project_uv(const MlaProjectParams& p) {
+  const double rows = static_cast<double>(p.num_tokens * p.num_heads);
+  const double bytes =
+      static_cast<double>(p.kv_b->storage_bytes()) + 4.0 * rows * (p.kv_lora + p.dv);
+  timed("mla_project_uv", bytes, 2.0 * rows * p.dv * p.kv_lora, [&] { inner_->mla_project_uv(p); });
+}
+void TimingBackend::dsa_query_slots(const DsaQuerySlotsParams& p) {
+  timed("dsa_query_slots", 8.0 * static_cast<double>(p.num_tokens * p.topk), 0,
+        [&] { inner_->dsa_query_slots(p); });
+}
+// Sparse MLA: each query reads its topk_width latents (576 B) and its q (fp32), writes
+// o_lat and lse; 2 x (576 + 512) FLOPs per head and key.
+void TimingBackend::dsa_mla_decode(const DsaMlaParams& p) {
+  const double rows = static_cast<double>(p.batch.num_requests * p.batch.num_q);
+  const double keys = p.slots != nullptr ? static_cast<double>(p.topk_width)
+                                         : static_cast<double>(p.batch.max_context);
+  const double bytes = rows * keys * kDsaLatentDim +
+                       4.0 * rows * p.num_heads * (kDsaLoraDim + kDsaRopeDim + kDsaLoraDim + 1);
+  timed("dsa_mla_decode", bytes, 2.0 * rows * p.num_heads * keys * (kDsaLatentDim + kDsaLoraDim),
+        [&] { inner_->dsa_mla_decode(p); });
+}
+// The whole step: every request's index keys up to max_context (132 B each), the top-k
+// latents, the queries and outputs; the indexer's and the attention's FLOPs.
+void TimingBackend::dsa_decode(const DsaDecodeParams& p) {
+  const double rows = static_cast<double>(p.batch.num_requests * p.batch.num_q);
+  const double ctx = static_cast<double>(p.batch.max_context);
+  const double bytes = static_cast<double>(p.batch.num_requests) * ctx * kDsaIndexKeyBytes +
+                       rows * p.topk * kDsaLatentDim +
+                       4.0 * rows * p.num_heads * (kDsaLoraDim + kDsaRopeDim + kDsaLoraDim + 1);
+  const double flops = 2.0 * rows * ctx * p.index_num_heads * kDsaIndexDim +
+                       2.0 * rows * p.num_heads * p.topk * (kDsaLatentDim + kDsaLoraDim);
+  timed("dsa_decode", bytes, flops, [&] { inner_->dsa_decode(p); });
+}
+
 }  // namespace hyserve::bench

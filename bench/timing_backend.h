@@ -78,6 +78,17 @@ class TimingBackend final : public Backend {
   void scatter_rows(const ScatterRowsParams& p) override;
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override;
+  void mul(float* y, const float* x, int64_t n) override;
+  void quantize_e4m3(const QuantizeE4m3Params& p) override;
+  void mla_absorb_q(const MlaAbsorbParams& p) override;
+  void mla_project_uv(const MlaProjectParams& p) override;
+  void dsa_query_slots(const DsaQuerySlotsParams& p) override;
+  void dsa_mla_decode(const DsaMlaParams& p) override;
+  void dsa_decode(const DsaDecodeParams& p) override;
+  size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
+    return inner_->dsa_decode_scratch_bytes(p);
+  }
+  void reserve_scratch(size_t n) override { inner_->reserve_scratch(n); }
 
  private:
   template <typename F>

@@ -125,27 +125,21 @@ class Backend {
   // Writes rows into their slots of a paged cache (kernels/cache/params.h).
   virtual void scatter_rows(const ScatterRowsParams& p) = 0;
 
-  // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h). Not pure: a
-  // backend without them (bench/timing_backend.h) refuses a model with the FP8 latent.
-  virtual void mul(float* /*y*/, const float* /*x*/, int64_t /*n*/) { refuse("mul"); }  // y *= x
-  virtual void quantize_e4m3(const QuantizeE4m3Params& /*p*/) { refuse("quantize_e4m3"); }
-  virtual void mla_absorb_q(const MlaAbsorbParams& /*p*/) { refuse("mla_absorb_q"); }
-  virtual void mla_project_uv(const MlaProjectParams& /*p*/) { refuse("mla_project_uv"); }
-  virtual void dsa_query_slots(const DsaQuerySlotsParams& /*p*/) { refuse("dsa_query_slots"); }
+  // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h).
+  virtual void mul(float* y, const float* x, int64_t n) = 0;  // y *= x
+  virtual void quantize_e4m3(const QuantizeE4m3Params& p) = 0;
+  virtual void mla_absorb_q(const MlaAbsorbParams& p) = 0;
+  virtual void mla_project_uv(const MlaProjectParams& p) = 0;
+  virtual void dsa_query_slots(const DsaQuerySlotsParams& p) = 0;
   // Sparse or dense MLA over the packed FP8 latent; indexer -> top-k -> sparse MLA.
-  virtual void dsa_mla_decode(const DsaMlaParams& /*p*/) { refuse("dsa_mla_decode"); }
-  virtual void dsa_decode(const DsaDecodeParams& /*p*/) { refuse("dsa_decode"); }
+  virtual void dsa_mla_decode(const DsaMlaParams& p) = 0;
+  virtual void dsa_decode(const DsaDecodeParams& p) = 0;
   // Op scratch memory (not the model's Workspace) a dsa_decode of these sizes takes: 0 on
   // the CPU (its reference allocates), the CUDA kernels' workspace otherwise.
   virtual size_t dsa_decode_scratch_bytes(const DsaDecodeParams& /*p*/) { return 0; }
   // Grows the op scratch memory to at least num_bytes now (before freeze(), so that a
   // later op of that size neither allocates nor fails).
   virtual void reserve_scratch(size_t /*num_bytes*/) {}
-
- private:
-  [[noreturn]] void refuse(const char* op) const {
-    HYSERVE_THROW(InvalidArgument, "this backend has no ", op, " op (FP8 latent cache)");
-  }
 };
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).
