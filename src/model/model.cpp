@@ -158,10 +158,12 @@ void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context) const
   const ModelConfig& c = config_;
   // The MLA splits do not grow monotonically with B: take the largest over every B.
   size_t need = 0;
+  const CachePlan plan = cache_plan();
   for (int64_t b = 1; b <= max_batch; ++b) {
     DsaDecodeParams p;
+    p.cache.block_size = static_cast<int32_t>(plan.block_size);
     p.batch.num_requests = b;
-    p.batch.max_blocks = cache_plan().blocks_for_tokens(max_context);
+    p.batch.max_blocks = plan.blocks_for_tokens(max_context);
     p.batch.num_q = 1;
     p.batch.max_context = max_context;
     p.index_num_heads = c.index_n_heads;

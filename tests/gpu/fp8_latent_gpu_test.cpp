@@ -181,7 +181,7 @@ TEST_P(GpuFp8LatentModel, FirstAttentionMatchesCpu) {
 }
 
 // Three sequences decode together (a batch of 3 in the graph of 4, one padding row) with
-// decode graphs and without: the same greedy tokens, logits within 1e-3 (the graph's key
+// decode graphs (after reserve_decode_scratch, on a frozen backend) and without: the same greedy tokens, logits within 1e-3 (the graph's key
 // bound 4096 changes the indexer's and the top-k's grids, not their results; the sparse
 // MLA's plan depends on top-k only, so equality is expected, tolerance kept as the
 // existing decode-graph test keeps it).
@@ -207,6 +207,12 @@ TEST_P(GpuFp8LatentModel, DecodeGraphsEqualEager) {
       m->forward(std::span<const SequenceInput>(&in, 1), l);
       done[i] = static_cast<int64_t>(prompt.size());
       next[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    }
+    if (variant == 1) {
+      // What serve does: the decode step's op scratch reserved up front, then no allocation
+      // (a frozen backend throws on one).
+      m->reserve_decode_scratch(8, 4096);
+      m->backend().freeze();
     }
     for (int step = 0; step < 10; ++step) {
       std::vector<SequenceInput> batch;
