@@ -169,7 +169,23 @@ int run_serve(const ServeArgs& a) {
                                 ec.scheduler.max_model_len);
   }
   const int64_t num_blocks = ec.num_blocks;
-  const int64_t block_size = model->cache_plan(ec.min_block_size).block_size;
+  const CachePlan kv_plan = model->cache_plan(ec.min_block_size);
+  const int64_t block_size = kv_plan.block_size;
+  {
+    // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit.
+    const int64_t per_request = kv_plan.blocks_for_tokens(max_model_len) + kv_plan.kda_state_rows;
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    std::printf(
+        "hyserve: KV cache %.2f GiB (%lld blocks x %lld bytes, %lld tokens), %.2fx concurrency "
+        "at max_model_len %lld; model workspace %.2f GiB reserved (score chunk sized for "
+        "max_model_len)\n",
+        static_cast<double>(num_blocks) * static_cast<double>(kv_plan.row_bytes) / gib,
+        static_cast<long long>(num_blocks), static_cast<long long>(kv_plan.row_bytes),
+        static_cast<long long>(num_blocks * block_size),
+        static_cast<double>(num_blocks) / static_cast<double>(per_request),
+        static_cast<long long>(max_model_len),
+        static_cast<double>(model->workspace().capacity_bytes()) / gib);
+  }
   Engine engine(std::move(model), ec);
   engine.start();
 
