@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/dtype.h"
+#include "dsa_model_util.h"
 #include "kernels/latent/cpu.h"
 #include "model/model.h"
 #include "model/random_weights.h"
@@ -24,37 +25,9 @@ namespace hyserve {
 namespace {
 
 namespace fs = std::filesystem;
+using test::dsa_config;
+using test::random_tokens;
 using test::same_bits;
-
-// A tiny config from `dir` with the DSA kernels' dimensions: the 576-wide latent
-// (kv_lora 512 + k_pe 64) and 16 index heads of 128; top-8, so contexts above 8 select.
-ModelConfig dsa_config(const char* dir) {
-  ModelConfig c = ModelConfig::load(fs::path(HYSERVE_SOURCE_DIR) / dir);
-  c.kv_lora_rank = kDsaLoraDim;
-  c.qk_rope_head_dim = kDsaRopeDim;
-  c.index_head_dim = kDsaIndexDim;
-  c.index_n_heads = 16;
-  c.index_topk = 8;
-  if (c.index_rope_dims > 0) c.index_rope_dims = kDsaRopeDim;
-  return c;
-}
-
-std::unique_ptr<Model> make_model(const ModelConfig& c, LatentCacheDtype latent,
-                                  bool dsa_decode_ops = true) {
-  ModelOptions o;
-  o.indexer_fp8 = true;
-  o.latent_cache = latent;
-  o.dsa_decode_ops = dsa_decode_ops;
-  return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int32_t& t : p) t = tok(rng);
-  return p;
-}
 
 std::vector<float> slice(const std::vector<float>& v, size_t begin, size_t n) {
   return {v.begin() + static_cast<std::ptrdiff_t>(begin),
@@ -166,7 +139,7 @@ TEST(Fp8Latent, QuerySlotsFollowTheBlockTable) {
 
 TEST(Fp8Latent, CachePlanLays576BytePagesOnTheDsaAlignment) {
   const ModelConfig c = dsa_config("models/tiny-kimi-k3");
-  const auto model = make_model(c, LatentCacheDtype::kFp8);
+  const auto model = test::make_dsa_model(c, LatentCacheDtype::kFp8);
   const CachePlan plan = model->cache_plan();
   EXPECT_EQ(plan.options.latent, LatentCacheDtype::kFp8);
   EXPECT_EQ(plan.row_bytes % 256, 0);
@@ -182,7 +155,7 @@ TEST(Fp8Latent, CachePlanLays576BytePagesOnTheDsaAlignment) {
 TEST(Fp8Latent, RefusesModelsTheDsaKernelsCannotRead) {
   auto expect_refusal = [](const ModelConfig& c, const std::string& what) {
     try {
-      make_model(c, LatentCacheDtype::kFp8);
+      test::make_dsa_model(c, LatentCacheDtype::kFp8);
       ADD_FAILURE() << "no error for " << what;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype fp8"), std::string::npos) << e.what();
@@ -223,7 +196,8 @@ TEST_P(Fp8LatentModel, FirstAttentionCloseToTheFp32Latent) {
   const std::string name = "layers." + std::to_string(first) + ".attn";
   std::vector<float> attn[2], logits[2];
   for (int v = 0; v < 2; ++v) {
-    const auto m = make_model(c, v == 0 ? LatentCacheDtype::kFp8 : LatentCacheDtype::kFp32);
+    const auto m =
+        test::make_dsa_model(c, v == 0 ? LatentCacheDtype::kFp8 : LatentCacheDtype::kFp32);
     m->set_dump([&](std::string_view n, const float* data, int64_t rows, int64_t cols) {
       if (n == name) attn[v].assign(data, data + rows * cols);
     });
@@ -258,7 +232,7 @@ TEST_P(Fp8LatentModel, FirstAttentionCloseToTheFp32Latent) {
 TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
   const ModelConfig c = dsa_config(GetParam());
   for (const bool dsa_ops : {true, false}) {
-    const auto m = make_model(c, LatentCacheDtype::kFp8, dsa_ops);
+    const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, dsa_ops);
     const std::vector<int32_t> tokens = random_tokens(22, 6, c.vocab_size);
     const std::vector<float> all = prompt_logits(*m, tokens);
     SequenceState s = m->new_sequence();
@@ -288,7 +262,7 @@ TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
 // bitwise (block boundaries are KDA chunk boundaries).
 TEST_P(Fp8LatentModel, PrefixHitEqualsMissBitwise) {
   const ModelConfig c = dsa_config(GetParam());
-  const auto m = make_model(c, LatentCacheDtype::kFp8);
+  const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8);
   const CachePlan plan = m->cache_plan();
   const int64_t bs = plan.block_size;
   const bool kda = plan.kda_state_rows > 0;
@@ -332,7 +306,8 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
   std::vector<std::vector<int32_t>> outputs[2];
   std::vector<std::vector<float>> logits[2];
   for (int variant = 0; variant < 2; ++variant) {
-    const auto m = make_model(c, LatentCacheDtype::kFp8, /*dsa_decode_ops=*/variant == 0);
+    const auto m =
+        test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, /*dsa_decode_ops=*/variant == 0);
     const CachePlan plan = m->cache_plan();
     const bool kda = plan.kda_state_rows > 0;
     auto cache = m->new_cache(12);

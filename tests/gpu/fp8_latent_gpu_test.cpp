@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 
 #include "core/cuda/device_buffer.h"
+#include "dsa_model_util.h"
 #include "gpu/gpu_test_util.h"
 #include "kernels/latent/cpu.h"
 #include "kernels/latent/cuda.h"
@@ -22,39 +23,13 @@
 namespace hyserve {
 namespace {
 
-namespace fs = std::filesystem;
 using cuda::DeviceBuffer;
 using cuda::to_device;
 using cuda::to_host;
 using test::all_close;
+using test::dsa_config;
 using test::random_floats;
-
-// As tests/fp8_latent_test.cpp: the DSA kernels' dimensions on a tiny config, top-8.
-ModelConfig dsa_config(const char* dir) {
-  ModelConfig c = ModelConfig::load(fs::path(HYSERVE_SOURCE_DIR) / dir);
-  c.kv_lora_rank = kDsaLoraDim;
-  c.qk_rope_head_dim = kDsaRopeDim;
-  c.index_head_dim = kDsaIndexDim;
-  c.index_n_heads = 16;
-  c.index_topk = 8;
-  if (c.index_rope_dims > 0) c.index_rope_dims = kDsaRopeDim;
-  return c;
-}
-
-std::unique_ptr<Model> make_model(const ModelConfig& c, std::unique_ptr<Backend> backend) {
-  ModelOptions o;
-  o.indexer_fp8 = true;
-  o.latent_cache = LatentCacheDtype::kFp8;
-  return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(backend));
-}
-
-std::vector<int32_t> random_tokens(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int32_t& t : p) t = tok(rng);
-  return p;
-}
+using test::random_tokens;
 
 // Bitwise: the CUDA kernel takes the CPU's rounding steps.
 TEST(GpuFp8Latent, QuantizeE4m3BitwiseEqualsCpu) {
@@ -160,7 +135,8 @@ TEST_P(GpuFp8LatentModel, FirstAttentionMatchesCpu) {
   const std::string name = "layers." + std::to_string(first) + ".attn";
   std::vector<float> attn[2];
   for (int v = 0; v < 2; ++v) {
-    const auto m = make_model(c, v == 0 ? make_cuda_backend(0) : make_cpu_backend());
+    const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8,
+                                        v == 0 ? make_cuda_backend(0) : make_cpu_backend());
     m->set_dump([&](std::string_view n, const float* data, int64_t rows, int64_t cols) {
       if (n == name) attn[v].assign(data, data + rows * cols);
     });
@@ -197,7 +173,7 @@ TEST_P(GpuFp8LatentModel, DecodeGraphsEqualEager) {
   std::vector<std::vector<float>> logits[2];
   std::vector<std::vector<int32_t>> tokens[2];
   for (int variant = 0; variant < 2; ++variant) {
-    const auto m = make_model(c, make_cuda_backend(0));
+    const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8, make_cuda_backend(0));
     if (variant == 1) m->enable_decode_graphs(8, 4096);
     const bool kda = m->cache_plan().kda_state_rows > 0;
     auto cache = m->new_cache(12);

@@ -1,7 +1,7 @@
-// Device versions of the scalar decoders of core/dtype.h, bit-exact with them: bf16,
-// e4m3 (FP8), e2m1 (FP4) and e8m0 (power-of-two scale). Shared by every kernel that
-// reads stored weights or quantized caches; the GPU linear, MLA and indexer tests
-// compare every storage format with the CPU decode.
+// Device versions of the scalar codecs of core/dtype.h, bit-exact with them: the bf16,
+// e4m3 (FP8), e2m1 (FP4) and e8m0 (power-of-two scale) decoders and the e4m3 encoder.
+// Shared by every kernel that reads stored weights or reads or writes quantized caches;
+// the GPU linear, MLA, indexer and latent tests compare them with the CPU codecs.
 #pragma once
 
 #include <cstdint>
@@ -32,6 +32,29 @@ __device__ __forceinline__ float e8m0_to_f32(uint32_t v) {
   if (v == 0xffu) return __uint_as_float(0x7fc00000u);
   if (v == 0u) return __uint_as_float(0x00400000u);
   return __uint_as_float(v << 23);
+}
+
+// core/dtype.cpp f32_to_e4m3, step for step: round half to even on the e4m3 grid,
+// saturating to 448, NaN -> 0x7f.
+__device__ __forceinline__ uint8_t f32_to_e4m3(float f) {
+  if (isnan(f)) return 0x7f;
+  const uint8_t sign = signbit(f) ? 0x80 : 0;
+  const float a = fabsf(f);
+  if (a >= 448.0f) return sign | 0x7e;
+  int exp;
+  frexpf(a, &exp);
+  int e = exp - 1;
+  if (e < -6) e = -6;
+  const float step = ldexpf(1.0f, e - 3);
+  const float q = rintf(a / step) * step;
+  if (q == 0.0f) return sign;
+  int qexp;
+  frexpf(q, &qexp);
+  const int qe = qexp - 1;
+  if (qe < -6) return sign | static_cast<uint8_t>(static_cast<int>(q / ldexpf(1.0f, -9)));
+  if (q >= 448.0f) return sign | 0x7e;
+  const int man = static_cast<int>(ldexpf(q, -qe) * 8.0f) - 8;
+  return sign | static_cast<uint8_t>(((qe + 7) << 3) | man);
 }
 
 }  // namespace hyserve::cuda

@@ -1,4 +1,5 @@
-// Argument checks of the batched-decode (state rows) mode, shared by the CPU and CUDA ops.
+// Argument checks of the KDA ops (and of their batched-decode state-rows mode), shared by
+// the CPU and CUDA ops.
 #pragma once
 
 #include "kernels/kda/params.h"
@@ -21,6 +22,19 @@ inline void check_kda_state_rows(const KdaParams& p, const char* op) {
   CHECK(p.heads_per_row > 0 && p.num_heads % p.heads_per_row == 0, op, ": ", p.num_heads,
         " heads are not sequences of ", p.heads_per_row);
   CHECK(p.state_row_bytes > 0, op, ": state_row_bytes = ", p.state_row_bytes);
+}
+
+// The delta-rule recurrence, token by token or chunked.
+inline void check_kda_params(const KdaParams& p, const char* op) {
+  CHECK(p.num_tokens >= 0, op, ": num_tokens = ", p.num_tokens);
+  CHECK(p.num_heads > 0, op, ": num_heads = ", p.num_heads);
+  CHECK(p.head_dim > 0, op, ": head_dim = ", p.head_dim);
+  CHECK(p.state != nullptr, op, ": null state");
+  check_kda_state_rows(p, op);
+  if (p.num_tokens == 0) return;
+  CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr &&
+            p.o != nullptr,
+        op, ": null q, k, v, g, beta or o");
 }
 
 }  // namespace hyserve

@@ -30,18 +30,6 @@ float softplus(float x) {
   return x > kSoftplusThreshold ? x : std::log1p(std::exp(x));
 }
 
-void check_kda_params(const KdaParams& p, const char* op) {
-  CHECK(p.num_tokens >= 0, op, ": num_tokens = ", p.num_tokens);
-  CHECK(p.num_heads > 0, op, ": num_heads = ", p.num_heads);
-  CHECK(p.head_dim > 0, op, ": head_dim = ", p.head_dim);
-  CHECK(p.state != nullptr, op, ": null state");
-  check_kda_state_rows(p, op);
-  if (p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.g != nullptr && p.beta != nullptr &&
-            p.o != nullptr,
-        op, ": null q, k, v, g, beta or o");
-}
-
 // Row pointers of one head in the [T, H, D] token tensors.
 struct HeadView {
   const KdaParams& p;

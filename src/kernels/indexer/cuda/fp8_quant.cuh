@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "core/cuda/dtype.cuh"
 #include "kernels/indexer/params.h"
 
 namespace hyserve::cuda::indexer {
@@ -19,28 +20,6 @@ __device__ __forceinline__ float pow2_ceil(float v) {
   int exponent = 0;
   const float mantissa = frexpf(v, &exponent);
   return ldexpf(1.0f, mantissa == 0.5f ? exponent - 1 : exponent);
-}
-
-// core/dtype.cpp f32_to_e4m3: round half to even on the e4m3 grid, saturating to 448.
-__device__ __forceinline__ uint8_t f32_to_e4m3(float f) {
-  if (isnan(f)) return 0x7f;
-  const uint8_t sign = signbit(f) ? 0x80 : 0;
-  const float a = fabsf(f);
-  if (a >= 448.0f) return sign | 0x7e;
-  int exp;
-  frexpf(a, &exp);
-  int e = exp - 1;
-  if (e < -6) e = -6;
-  const float step = ldexpf(1.0f, e - 3);
-  const float q = rintf(a / step) * step;
-  if (q == 0.0f) return sign;
-  int qexp;
-  frexpf(q, &qexp);
-  const int qe = qexp - 1;
-  if (qe < -6) return sign | static_cast<uint8_t>(static_cast<int>(q / ldexpf(1.0f, -9)));
-  if (q >= 448.0f) return sign | 0x7e;
-  const int man = static_cast<int>(ldexpf(q, -qe) * 8.0f) - 8;
-  return sign | static_cast<uint8_t>(((qe + 7) << 3) | man);
 }
 
 // std::clamp(v, -448, 448), NaN passing through as on the CPU.

@@ -21,7 +21,6 @@ namespace hyserve::cuda {
 namespace {
 
 using indexer::clamp_e4m3;
-using indexer::f32_to_e4m3;
 using indexer::max_like_std;
 using indexer::ue8m0_scale;
 using indexer::warp_max;

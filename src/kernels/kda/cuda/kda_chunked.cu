@@ -449,7 +449,7 @@ size_t kda_chunked_workspace_bytes(const KdaParams& p, int64_t chunk_size) {
 
 void kda_chunked(const KdaParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
                  int64_t chunk_size) {
-  check_kda_params(p, "kda_chunked");
+  check_cuda_kda_params(p, "kda_chunked");
   check_chunk_size(chunk_size);
   if (p.num_tokens == 0) return;
   const size_t need = kda_chunked_workspace_bytes(p, chunk_size);

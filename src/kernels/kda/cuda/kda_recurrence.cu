@@ -75,7 +75,7 @@ dim3 head_slice_grid(const KdaParams& p) {
 }  // namespace
 
 void kda_recurrent(const KdaParams& p, cudaStream_t stream) {
-  check_kda_params(p, "kda_recurrent");
+  check_cuda_kda_params(p, "kda_recurrent");
   if (p.num_tokens == 0) return;
   const size_t smem = sizeof(float) * (p.head_dim * kSlice + 3 * p.head_dim);
   recurrent_kernel<<<head_slice_grid(p), kSlice, smem, stream>>>(p);

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "core/cuda/dtype.cuh"
 #include "kernels/latent/check.h"
 #include "kernels/latent/cuda.h"
 #include "kernels/linear/cuda/dequant.cuh"
@@ -14,29 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kTokenTile = 8;  // tokens per block of the per-head products
-
-// core/dtype.cpp f32_to_e4m3, step for step: round half to even on the e4m3 grid,
-// saturating to 448, NaN -> 0x7f.
-__device__ uint8_t f32_to_e4m3(float f) {
-  if (isnan(f)) return 0x7f;
-  const uint8_t sign = signbit(f) ? 0x80 : 0;
-  const float a = fabsf(f);
-  if (a >= 448.0f) return sign | 0x7e;
-  int exp;
-  frexpf(a, &exp);
-  int e = exp - 1;
-  if (e < -6) e = -6;
-  const float step = ldexpf(1.0f, e - 3);
-  const float q = rintf(a / step) * step;
-  if (q == 0.0f) return sign;
-  int qexp;
-  frexpf(q, &qexp);
-  const int qe = qexp - 1;
-  if (qe < -6) return sign | static_cast<uint8_t>(static_cast<int>(q / ldexpf(1.0f, -9)));
-  if (q >= 448.0f) return sign | 0x7e;
-  const int man = static_cast<int>(ldexpf(q, -qe) * 8.0f) - 8;
-  return sign | static_cast<uint8_t>(((qe + 7) << 3) | man);
-}
 
 __global__ void quantize_kernel(QuantizeE4m3Params p) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n;
