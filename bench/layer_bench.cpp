@@ -199,11 +199,13 @@ int run(int argc, char** argv) {
   int64_t context = 32768, prefill = 4096;
   std::vector<int64_t> batches = {1, 8, 64};
   int iters = 10;
+  bool batch_invariant = false;
   app.add_option("--config", config_path, "config.json of the model")->capture_default_str();
   app.add_option("--context", context, "past tokens per sequence in decode")->capture_default_str();
   app.add_option("--prefill", prefill, "prompt tokens of the prefill case")->capture_default_str();
   app.add_option("--batches", batches, "decode batch sizes")->delimiter(',');
   app.add_option("--iters", iters, "timed runs per case")->capture_default_str();
+  app.add_flag("--batch-invariant", batch_invariant, "the batch-invariant kernels (serve's flag)");
   CLI11_PARSE(app, argc, argv);
 
   const Peaks peaks{measure_copy_bandwidth(), measure_gemm_rate()};
@@ -215,6 +217,7 @@ int run(int argc, char** argv) {
     cudaDeviceProp prop;
     CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
     j["gpu"] = prop.name;
+    j["batch_invariant"] = batch_invariant;
     std::printf("%s\n", j.dump().c_str());
   }
 
@@ -226,6 +229,7 @@ int run(int argc, char** argv) {
   TimingBackend& timing = *timing_owner;
   ModelOptions options;
   options.indexer_fp8 = true;
+  options.batch_invariant = batch_invariant;
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
   model->set_trace([&](std::string_view s) {

@@ -43,6 +43,7 @@ class TimingBackend final : public Backend {
   void fill_zero(void* d, size_t n) override { inner_->fill_zero(d, n); }
   void synchronize() override { inner_->synchronize(); }
   void freeze() override { inner_->freeze(); }
+  void set_batch_invariant(bool on) override { inner_->set_batch_invariant(on); }
   void* native_stream() const override { return inner_->native_stream(); }
   // Graphs are captured while not recording: the ops pass straight to the inner backend.
   bool supports_graphs() const override { return inner_->supports_graphs(); }

@@ -194,6 +194,71 @@ TEST(EngineTest, ConcurrentChunkedPrefillEqualsEachRequestAlone) {
   }
 }
 
+// Batch-invariant mode on the CPU (its ops are invariant anyway): what the mode changes in
+// the model - a step mixing prefill chunks and decode tokens runs as two forwards whose
+// logits rows are put back in batch order, and a one-token prefill chunk takes the
+// chunked KDA form - must leave every output, logprob and prompt logprob what the request
+// gets alone.
+TEST(EngineTest, BatchInvariantModeConcurrentEqualsAloneBitwise) {
+  ModelOptions options;
+  options.batch_invariant = true;
+  const auto load = [&] {
+    return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", options);
+  };
+  EngineConfig config = small_config(/*max_num_batched_tokens=*/96, /*max_num_seqs=*/6);
+  config.scheduler.max_model_len = 256;
+  config.min_block_size = 64;
+  Engine batched(load(), config);
+  Engine alone(load(), config);
+  const int64_t vocab = batched.model().config().vocab_size;
+  Collector col_batched, col_alone;
+  std::vector<Request> requests;
+  for (int i = 0; i < 8; ++i) {
+    Request r =
+        make_request(str_cat("r", i), random_prompt(1 + (i * 37) % 150, 900 + i, vocab), 3 + i % 4);
+    r.sampling_params.logprobs = 2;
+    if (i % 3 == 0) r.sampling_params.prompt_logprobs = 1;
+    requests.push_back(r);
+  }
+  for (const Request& r : requests) batched.add_request(r, col_batched.callback());
+  run_to_completion(batched);
+  for (const Request& r : requests) {
+    alone.add_request(r, col_alone.callback());
+    run_to_completion(alone);
+  }
+  const auto same = [](const OutputToken& a, const OutputToken& b) {
+    if (a.token != b.token || std::memcmp(&a.logprob, &b.logprob, sizeof(float)) != 0 ||
+        a.top_logprobs.size() != b.top_logprobs.size()) {
+      return false;
+    }
+    for (size_t j = 0; j < a.top_logprobs.size(); ++j) {
+      if (a.top_logprobs[j].token != b.top_logprobs[j].token ||
+          std::memcmp(&a.top_logprobs[j].logprob, &b.top_logprobs[j].logprob, sizeof(float)) != 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  for (const Request& r : requests) {
+    const Collected& got = col_batched.results[r.id];
+    const Collected& want = col_alone.results[r.id];
+    ASSERT_TRUE(got.finished && want.finished) << r.id;
+    ASSERT_EQ(got.tokens.size(), want.tokens.size()) << r.id;
+    for (size_t k = 0; k < got.tokens.size(); ++k) {
+      EXPECT_TRUE(same(got.tokens[k], want.tokens[k])) << r.id << " output " << k;
+    }
+    ASSERT_EQ(got.prompt_logprobs.size(), want.prompt_logprobs.size()) << r.id;
+    EXPECT_EQ(got.prompt_logprobs.empty(), !r.sampling_params.prompt_logprobs) << r.id;
+    for (size_t k = 0; k < got.prompt_logprobs.size(); ++k) {
+      ASSERT_EQ(got.prompt_logprobs[k].has_value(), want.prompt_logprobs[k].has_value()) << r.id;
+      if (got.prompt_logprobs[k]) {
+        EXPECT_TRUE(same(*got.prompt_logprobs[k], *want.prompt_logprobs[k]))
+            << r.id << " prompt position " << k;
+      }
+    }
+  }
+}
+
 TEST(EngineTest, PreemptionByRecomputeKeepsTheAloneOutputs) {
   EngineConfig config = small_config(512, 4);
   // Prompts end 4 tokens before a block boundary and grow across it: each request holds 2

@@ -26,6 +26,7 @@ struct GenerateArgs {
   bool indexer_fp8 = false;
   std::string kv_cache_dtype = "auto";
   bool enforce_eager = false;
+  bool batch_invariant = false;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -38,6 +39,7 @@ int run_generate(const GenerateArgs& a) {
   ModelOptions options;
   options.indexer_fp8 = a.indexer_fp8;
   options.latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
+  options.batch_invariant = a.batch_invariant;
   const auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig& c = model->config();
@@ -99,6 +101,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--device", a->device, "cpu or cuda")->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating after an end-of-sequence token");
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
+  cmd->add_flag("--batch-invariant", a->batch_invariant,
+                "logits bitwise independent of the batch, the chunking and prefix hits");
   cmd->add_flag("--indexer-fp8", a->indexer_fp8,
                 "score the DSA indexer on FP8 index keys with the Hadamard rotation");
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,

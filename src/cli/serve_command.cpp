@@ -114,7 +114,6 @@ int run_serve(const ServeArgs& a) {
         a.decode_context_parallel_size, ": decode context parallelism is not built yet");
   CHECK(a.speculative_config.empty(),
         "--speculative-config: speculative decoding is not built yet");
-  CHECK(!a.batch_invariant, "--batch-invariant: the batch-invariant mode is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   const LatentCacheDtype latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
@@ -139,6 +138,7 @@ int run_serve(const ServeArgs& a) {
   ModelOptions mo;
   mo.indexer_fp8 = a.index_cache_dtype == "fp8";
   mo.latent_cache = latent_cache;
+  mo.batch_invariant = a.batch_invariant;
   auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const auto tokenizer = Tokenizer::load(dir);
   ChatTemplates templates = load_chat_templates(dir);
@@ -255,7 +255,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--speculative-config", a->speculative_config, "JSON");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY'");
   cmd->add_option("--device", a->device, "cpu, cuda or auto")->capture_default_str();
-  cmd->add_flag("--batch-invariant", a->batch_invariant);
+  cmd->add_flag("--batch-invariant", a->batch_invariant,
+                "logits bitwise independent of the batch, the chunking and prefix hits");
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   return [a] { return run_serve(*a); };
 }

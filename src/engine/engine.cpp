@@ -219,8 +219,10 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     // Prompt logprobs: the row at position j scores prompt token j + 1.
     const bool all_logits =
         l.prompt_logprobs && !l.sent_first_output && s.start_position + 1 < l.num_prompt_tokens;
+    // A prefill chunk: prompt tokens, or several tokens at once (a recompute).
+    const bool prefill = s.start_position < l.num_prompt_tokens || s.num_new_tokens() > 1;
     batch.push_back({cache.get(), s.block_ids, s.state_block.value_or(-1), s.start_position,
-                     s.token_ids, all_logits});
+                     s.token_ids, all_logits, prefill});
     rows.push_back(num_rows);
     num_rows += all_logits ? s.num_new_tokens() : 1;
     num_prompt_tokens += std::max<int64_t>(
@@ -408,6 +410,10 @@ EngineConfig complete_config(const Model& model, EngineConfig config) {
   }
   CHECK(config.min_block_size >= 1 && (config.min_block_size & (config.min_block_size - 1)) == 0,
         "min_block_size must be a power of two, got ", config.min_block_size);
+  CHECK(!(model.options().batch_invariant && mc.num_kda_layers() > 0) ||
+            model.cache_plan(config.min_block_size).block_size % kKdaChunkSize == 0,
+        "batch-invariant mode on a KDA model needs blocks of a multiple of ", kKdaChunkSize,
+        " tokens (KDA prefill chunks) so that a prefix hit ends on a chunk boundary");
   CHECK(config.num_blocks >= 0, "num_blocks must be >= 0, got ", config.num_blocks);
   CHECK(sc.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", sc.max_num_seqs);
   if (config.num_blocks == 0) {

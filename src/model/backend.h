@@ -75,6 +75,12 @@ class Backend {
   // After freeze() the backend allocates nothing (CUDA graphs replay safely); an op
   // that would need more scratch memory than it had throws.
   virtual void freeze() {}
+  // Batch-invariant mode: every op computes a token's (or query's) result with the same
+  // instructions in the same order whatever the other tokens of the call are and however
+  // many there are, so its bits depend on that token alone (ModelOptions::batch_invariant).
+  // The CPU ops always are; the CUDA backend then gives up shape-tuned kernels (cuBLAS,
+  // split-KV plans) for fixed ones.
+  virtual void set_batch_invariant(bool /*on*/) {}
   // The device stream ops are issued on (cudaStream_t for CUDA), or null.
   virtual void* native_stream() const { return nullptr; }
 

@@ -121,6 +121,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   }
   cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
+  backend_->set_batch_invariant(options_.batch_invariant);
 }
 
 Model::~Model() = default;
@@ -247,9 +248,35 @@ void Model::forward(std::span<const int32_t> tokens, SequenceState& state,
   state.num_tokens += static_cast<int64_t>(tokens.size());
 }
 
+void Model::forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+  std::vector<SequenceInput> part[2];  // 0: prefill chunks, 1: decode tokens
+  for (const SequenceInput& in : batch) part[in.prefill ? 0 : 1].push_back(in);
+  std::vector<float> part_logits[2];
+  for (int i = 0; i < 2; ++i) forward(part[i], part_logits[i]);
+  // Rows back in batch order.
+  const auto vocab = static_cast<size_t>(config_.vocab_size);
+  logits.clear();
+  size_t next_row[2] = {0, 0};
+  for (const SequenceInput& in : batch) {
+    const int i = in.prefill ? 0 : 1;
+    const size_t n = in.all_logits ? in.tokens.size() : 1;
+    const auto first = part_logits[i].begin() + static_cast<std::ptrdiff_t>(next_row[i] * vocab);
+    logits.insert(logits.end(), first, first + static_cast<std::ptrdiff_t>(n * vocab));
+    next_row[i] += n;
+  }
+}
+
 void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
+  if (options_.batch_invariant) {
+    const auto is_prefill = [](const SequenceInput& in) { return in.prefill; };
+    if (std::any_of(batch.begin(), batch.end(), is_prefill) &&
+        !std::all_of(batch.begin(), batch.end(), is_prefill)) {
+      forward_split(batch, logits);
+      return;
+    }
+  }
   CHECK(!batch.empty(), "forward needs at least one sequence");
 
   // Host-side layout of the batch: token offsets, ids, positions, cache slots, block
@@ -296,7 +323,8 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   }
   const int64_t t = offset.back();
   const bool batched_decode = std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
-    return in.tokens.size() == 1 && in.cache == batch[0].cache;
+    return in.tokens.size() == 1 && in.cache == batch[0].cache &&
+           !(options_.batch_invariant && in.prefill);
   });
   if (batched_decode && forward_graph(batch, logits)) return;
 
@@ -583,7 +611,8 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
       p.num_tokens = sq.n;
       p.num_heads = h;
       p.head_dim = k;
-      if (sq.n > 1) {
+      // (Batch-invariant: a prefill chunk of one token too, as it is in a longer chunk.)
+      if (sq.n > 1 || options_.batch_invariant) {
         backend_->kda_chunked(p);
       } else {
         backend_->kda_recurrent(p);

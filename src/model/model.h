@@ -44,6 +44,15 @@ struct ModelOptions {
   // the sparse MLA as the DSA decode step (Backend::dsa_decode). Off: the generic chunked
   // indexer path (the same selection; kept for tests and comparisons).
   bool dsa_decode_ops = true;
+  // Batch-invariant mode (serve --batch-invariant): a request's logits are bitwise the
+  // same whatever else is in its batch, however its prompt is chunked (64-token aligned
+  // chunks, as the scheduler makes them) and whether its prefix came from the cache.
+  // The backend runs fixed-order kernels (Backend::set_batch_invariant); a batch that
+  // mixes prefill chunks with decode tokens runs as two forward passes (prefill chunks
+  // always take the prefill path, decode tokens the batched decode path); a one-token
+  // prefill chunk runs the chunked KDA form. Decode and prefill remain different
+  // computations: a token scored in a prompt and the same token decoded may differ.
+  bool batch_invariant = false;
 };
 
 // One sequence's part of a batch.
@@ -54,6 +63,9 @@ struct SequenceInput {
   int64_t num_computed = 0;         // past tokens in the cache: the first new position
   std::span<const int32_t> tokens;  // new tokens
   bool all_logits = false;          // logits of every new position, else of the last
+  // The tokens are a prefill chunk (prompt, or a recompute after preemption). Read in
+  // batch-invariant mode only, where prefill chunks never take the decode path.
+  bool prefill = false;
 };
 
 // A sequence with its own cache: row 0 is its KDA state, token blocks follow.
@@ -256,6 +268,8 @@ class Model {
   // Runs a decode batch through its graph; false when graphs are off or the batch does
   // not fit one (the caller then runs it eagerly).
   bool forward_graph(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
+  // Batch-invariant mode: a batch of prefill chunks and decode tokens as two forwards.
+  void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
   int64_t graph_max_batch_ = 0;
   int64_t graph_max_context_ = 0;
   mutable std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;

@@ -569,6 +569,74 @@ TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
   }
 }
 
+// Batch-invariant mode: each request's step run alone (B = 1, max_context = its own
+// length) gives the same selection, o_lat and lse bits as inside the batch, whose split
+// plan (from B, n_q and max_context) would otherwise differ.
+TEST(DsaGpu, WholeStepBatchInvariantRequestAloneEqualsInBatch) {
+  REQUIRE_GPU();
+  for (const int64_t num_q : {1, 2}) {
+    DsaTestPool t = make_dsa_test_pool({1, 65, 2049, 9000, 30000}, 64, num_q, 16, 32, 950 + num_q);
+    DevicePool d(t);
+    const int64_t topk = 2048;
+    const int64_t rows = t.num_requests() * num_q;
+    const int64_t heads = rows * t.heads;
+    DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
+    DeviceBuffer slots(sizeof(int32_t) * rows * topk);
+    const DsaDecodeParams p{.cache = d.cache(t),
+                            .batch = d.batch(t),
+                            .index_q8 = d.q8.as<uint8_t>(),
+                            .index_weights = d.weights.as<float>(),
+                            .index_num_heads = t.index_heads,
+                            .topk = topk,
+                            .q_lat = d.q_lat.as<float>(),
+                            .q_pe = d.q_pe.as<float>(),
+                            .num_heads = t.heads,
+                            .softmax_scale = kSoftmaxScale,
+                            .o_lat = o.as<float>(),
+                            .lse = lse.as<float>(),
+                            .slots = slots.as<int32_t>()};
+    DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
+    cuda::dsa_decode(p, ws.data(), ws.size(), nullptr, /*batch_invariant=*/true);
+    sync();
+    const std::vector<float> all_o = to_host<float>(o, heads * kDsaLoraDim);
+    const std::vector<float> all_lse = to_host<float>(lse, heads);
+    const std::vector<int32_t> all_slots = to_host<int32_t>(slots, rows * topk);
+    const MlaResult whole{all_o, all_lse};
+    expect_mla_matches(t, whole, cpu_mla(t, all_slots.data(), topk), "batch-invariant step");
+    for (int64_t b = 0; b < t.num_requests(); ++b) {
+      DsaDecodeParams one = p;
+      one.batch.block_tables += b * one.batch.max_blocks;
+      one.batch.seq_lens += b;
+      one.batch.num_requests = 1;
+      one.batch.max_context = t.seq_lens[b];
+      one.index_q8 += b * num_q * t.index_heads * kDsaIndexDim;
+      one.index_weights += b * num_q * t.index_heads;
+      one.q_lat += b * num_q * t.heads * kDsaLoraDim;
+      one.q_pe += b * num_q * t.heads * kDsaRopeDim;
+      DeviceBuffer o1(sizeof(float) * num_q * t.heads * kDsaLoraDim);
+      DeviceBuffer l1(sizeof(float) * num_q * t.heads), s1(sizeof(int32_t) * num_q * topk);
+      one.o_lat = o1.as<float>();
+      one.lse = l1.as<float>();
+      one.slots = s1.as<int32_t>();
+      DeviceBuffer ws1(cuda::dsa_decode_workspace_bytes(one));
+      cuda::dsa_decode(one, ws1.data(), ws1.size(), nullptr, /*batch_invariant=*/true);
+      sync();
+      const std::vector<int32_t> got_slots = to_host<int32_t>(s1, num_q * topk);
+      const std::vector<float> got_o = to_host<float>(o1, num_q * t.heads * kDsaLoraDim);
+      const std::vector<float> got_lse = to_host<float>(l1, num_q * t.heads);
+      ASSERT_EQ(0, std::memcmp(got_slots.data(), all_slots.data() + b * num_q * topk,
+                               got_slots.size() * sizeof(int32_t)))
+          << "selection of request " << b << "; " << describe(t);
+      ASSERT_EQ(0, std::memcmp(got_o.data(), all_o.data() + b * num_q * t.heads * kDsaLoraDim,
+                               got_o.size() * sizeof(float)))
+          << "o_lat of request " << b << "; " << describe(t);
+      ASSERT_EQ(0, std::memcmp(got_lse.data(), all_lse.data() + b * num_q * t.heads,
+                               got_lse.size() * sizeof(float)))
+          << "lse of request " << b << "; " << describe(t);
+    }
+  }
+}
+
 // The step reads every per-request value from device memory: captured once in a CUDA
 // graph, then replayed after the lengths change, it must give exactly what a direct call
 // with the new lengths gives.

@@ -7,6 +7,10 @@
 //              MXFP4 are exact in bf16), fp32 accumulation. Against a double reference
 //              on the rounded operands: <= 2 K 2^-24 S; against the CPU op: <= 2^-7 S
 //              (two roundings of at most 2^-9 relative each, with margin).
+//   batch-invariant tiles: as the tensor-core path, except that FP8 weights keep their
+//              exact e4m3 values (the block scale multiplies fp32 partial sums), so the
+//              double reference uses the exact decoded FP8 weights. And bitwise: a
+//              token's row is the same at any T and at any place in the batch.
 #include <cuda_runtime_api.h>
 
 #include <cmath>
@@ -103,7 +107,7 @@ std::vector<float> round_all_bf16(std::vector<float> v) {
 
 // Runs cuda::linear on device copies; returns y.
 std::vector<float> run_gpu(const Weight& host_w, const std::vector<float>& x, int64_t t,
-                           const std::vector<float>* bias, int64_t small_batch_max_tokens) {
+                           const std::vector<float>* bias, cuda::LinearKernel kernel) {
   Stream stream;
   cuda::Blas blas(stream.s);
   const cuda::DeviceWeight dw = cuda::DeviceWeight::upload(host_w);
@@ -116,7 +120,7 @@ std::vector<float> run_gpu(const Weight& host_w, const std::vector<float>& x, in
                 .y = dy.as<float>(),
                 .num_tokens = t,
                 .bias = bias != nullptr ? db.as<float>() : nullptr},
-               blas, ws.data(), ws.size(), stream.s, small_batch_max_tokens);
+               blas, ws.data(), ws.size(), stream.s, kernel);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
   return cuda::to_host<float>(dy, static_cast<size_t>(t * host_w.rows));
 }
@@ -146,7 +150,7 @@ TEST(GpuLinear, GemvMatchesCpuEveryFormat) {
         const std::vector<float> bias = test::random_floats(s.rows, seed++);
         const std::vector<float>* b = t % 2 == 1 ? &bias : nullptr;
         // Above 16 tokens the GEMV path runs in several token groups.
-        const std::vector<float> got = run_gpu(w.w, x, t, b, /*small_batch_max_tokens=*/1 << 20);
+        const std::vector<float> got = run_gpu(w.w, x, t, b, cuda::LinearKernel::kGemv);
         const Reference ref = reference(x, decoded, t, s.rows, s.cols, b);
         const double factor = 2.0 * s.cols * 0x1p-24;
         EXPECT_TRUE(within(got, run_cpu(w.w, x, t, b), ref.magnitude, factor));
@@ -169,7 +173,7 @@ TEST(GpuLinear, TensorCoreMatchesBf16ReferenceEveryFormat) {
         const std::vector<float> x = test::random_floats(t * s.cols, seed++);
         const std::vector<float> bias = test::random_floats(s.rows, seed++);
         const std::vector<float>* b = t % 2 == 1 ? &bias : nullptr;
-        const std::vector<float> got = run_gpu(w.w, x, t, b, /*small_batch_max_tokens=*/0);
+        const std::vector<float> got = run_gpu(w.w, x, t, b, cuda::LinearKernel::kCublas);
         const Reference rounded = reference(round_all_bf16(x), decoded_bf16, t, s.rows, s.cols, b);
         EXPECT_TRUE(within(got, rounded.y, rounded.magnitude, 2.0 * s.cols * 0x1p-24));
         const Reference exact = reference(x, decoded, t, s.rows, s.cols, b);
@@ -191,9 +195,10 @@ TEST(GpuLinear, LargeMatrixEveryFormatBothPaths) {
       const std::vector<float> x = test::random_floats(t * cols, seed++);
       const Reference ref = reference(x, decoded, t, rows, cols, nullptr);
       const std::vector<float> want = run_cpu(w.w, x, t, nullptr);
-      EXPECT_TRUE(
-          within(run_gpu(w.w, x, t, nullptr, 1 << 20), want, ref.magnitude, 2.0 * cols * 0x1p-24));
-      EXPECT_TRUE(within(run_gpu(w.w, x, t, nullptr, 0), want, ref.magnitude, 0x1p-7));
+      EXPECT_TRUE(within(run_gpu(w.w, x, t, nullptr, cuda::LinearKernel::kGemv), want,
+                         ref.magnitude, 2.0 * cols * 0x1p-24));
+      EXPECT_TRUE(within(run_gpu(w.w, x, t, nullptr, cuda::LinearKernel::kCublas), want,
+                         ref.magnitude, 0x1p-7));
     }
   }
 }
@@ -205,12 +210,83 @@ TEST(GpuLinear, GemvIsBatchInvariant) {
     const int64_t rows = 65, cols = 256, t = 37;
     const test::HostWeight w = test::random_weight(rows, cols, f, 7);
     const std::vector<float> x = test::random_floats(t * cols, 8);
-    const std::vector<float> all = run_gpu(w.w, x, t, nullptr, 1 << 20);
+    const std::vector<float> all = run_gpu(w.w, x, t, nullptr, cuda::LinearKernel::kGemv);
     for (int64_t i = 0; i < t; ++i) {
       const std::vector<float> xi(x.begin() + i * cols, x.begin() + (i + 1) * cols);
-      const std::vector<float> one = run_gpu(w.w, xi, 1, nullptr, 1 << 20);
+      const std::vector<float> one = run_gpu(w.w, xi, 1, nullptr, cuda::LinearKernel::kGemv);
       ASSERT_EQ(0, std::memcmp(one.data(), all.data() + i * rows, rows * sizeof(float)))
           << "token " << i;
+    }
+  }
+}
+
+TEST(GpuLinear, BatchInvariantTilesMatchReferenceEveryFormat) {
+  REQUIRE_GPU();
+  uint64_t seed = 4000;
+  for (Format f : test::kAllFormats) {
+    for (const Shape& s : shapes_for(f)) {
+      const test::HostWeight w = test::random_weight(s.rows, s.cols, f, seed++);
+      const std::vector<float> decoded = test::decode(w.w);
+      const bool fp8 = f == Format::kFp8F32Scales || f == Format::kFp8Bf16Scales;
+      const std::vector<float> w_ref = fp8 ? decoded : round_all_bf16(decoded);
+      for (int64_t t : {1, 17, 65, 130}) {
+        SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
+                     std::to_string(s.cols) + "] T=" + std::to_string(t));
+        const std::vector<float> x = test::random_floats(t * s.cols, seed++);
+        const std::vector<float> bias = test::random_floats(s.rows, seed++);
+        const std::vector<float>* b = t % 2 == 1 ? &bias : nullptr;
+        const std::vector<float> got = run_gpu(w.w, x, t, b, cuda::LinearKernel::kBatchInvariant);
+        const Reference rounded = reference(round_all_bf16(x), w_ref, t, s.rows, s.cols, b);
+        // Plus one rounding of the output: the bias add, and for FP8 the block scale
+        // applied to the partial sum (the reference's weights are raw * scale rounded).
+        std::vector<double> magnitude = rounded.magnitude;
+        for (size_t i = 0; i < magnitude.size(); ++i) magnitude[i] += std::fabs(rounded.y[i]);
+        EXPECT_TRUE(within(got, rounded.y, magnitude, 2.0 * s.cols * 0x1p-24));
+        const Reference exact = reference(x, decoded, t, s.rows, s.cols, b);
+        EXPECT_TRUE(within(got, run_cpu(w.w, x, t, b), exact.magnitude, 0x1p-7));
+      }
+    }
+  }
+}
+
+// Every token of a 150-token batch computed again alone, in small batches, and at other
+// places in a batch (reversed order): the same bits each time.
+TEST(GpuLinear, BatchInvariantTilesAreBitwiseIndependentOfTheBatch) {
+  REQUIRE_GPU();
+  for (Format f : test::kAllFormats) {
+    for (const Shape& s : {Shape{130, 256}, Shape{65, 65}}) {
+      if (f == Format::kMxfp4 && s.cols % 32 != 0) continue;
+      SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
+                   std::to_string(s.cols) + "]");
+      const int64_t t = 150;
+      const test::HostWeight w = test::random_weight(s.rows, s.cols, f, 11);
+      const std::vector<float> x = test::random_floats(t * s.cols, 12);
+      const std::vector<float> bias = test::random_floats(s.rows, 13);
+      const auto k = cuda::LinearKernel::kBatchInvariant;
+      const std::vector<float> all = run_gpu(w.w, x, t, &bias, k);
+      const auto row_of = [&](const std::vector<float>& y, int64_t i) {
+        return y.data() + i * s.rows;
+      };
+      const size_t row_bytes = static_cast<size_t>(s.rows) * sizeof(float);
+      for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{64}, int64_t{65}}) {
+        for (int64_t i0 = 0; i0 + n <= t; i0 += 37) {
+          const std::vector<float> xs(x.begin() + i0 * s.cols, x.begin() + (i0 + n) * s.cols);
+          const std::vector<float> part = run_gpu(w.w, xs, n, &bias, k);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(0, std::memcmp(row_of(part, i), row_of(all, i0 + i), row_bytes))
+                << "token " << i0 + i << " in a batch of " << n;
+          }
+        }
+      }
+      std::vector<float> reversed;
+      for (int64_t i = t - 1; i >= 0; --i) {
+        reversed.insert(reversed.end(), x.begin() + i * s.cols, x.begin() + (i + 1) * s.cols);
+      }
+      const std::vector<float> back = run_gpu(w.w, reversed, t, &bias, k);
+      for (int64_t i = 0; i < t; ++i) {
+        ASSERT_EQ(0, std::memcmp(row_of(back, t - 1 - i), row_of(all, i), row_bytes))
+            << "token " << i << " reversed";
+      }
     }
   }
 }
@@ -224,9 +300,10 @@ TEST(GpuLinear, EmptyBatchLeavesOutputAlone) {
   const std::vector<float> sentinel(8, 42.0f);
   cuda::DeviceBuffer dy = cuda::to_device(sentinel);
   const cuda::DeviceBuffer dx = cuda::to_device(std::vector<float>(32, 1.0f));
-  for (int64_t small : {int64_t{16}, int64_t{0}}) {
+  for (cuda::LinearKernel k : {cuda::LinearKernel::kAuto, cuda::LinearKernel::kCublas,
+                               cuda::LinearKernel::kBatchInvariant}) {
     cuda::linear({.x = dx.as<float>(), .w = &dw.view(), .y = dy.as<float>(), .num_tokens = 0}, blas,
-                 nullptr, 0, stream.s, small);
+                 nullptr, 0, stream.s, k);
   }
   cuda::linear_gemv({.x = dx.as<float>(), .w = &dw.view(), .y = dy.as<float>(), .num_tokens = 0},
                     stream.s);

@@ -297,6 +297,66 @@ TEST(GpuMla, RefusesSmallWorkspace) {
   EXPECT_THROW(cuda::mla_attention_absorbed(p, ws.data(), need - 1, nullptr), InvalidArgument);
 }
 
+// Batch-invariant mode (one split per query): a query computed alone, with only its own
+// visible keys in the call (S = q_pos + 1), gives the same bits as inside a 65-query call
+// over 3,000 keys, where the default plan would split the keys differently. The batched
+// call also matches the CPU as check() requires.
+TEST(GpuMla, BatchInvariantQueryAloneEqualsInBatch) {
+  REQUIRE_GPU();
+  for (const bool use_topk : {false, true}) {
+    const Sizes z{65, 3000, 3, 128, 64, 128, 512};
+    Problem pr(z, z.num_keys - z.num_tokens, 60);
+    if (use_topk) pr.make_topk(2048, 61);
+    const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, Format::kF32);
+    std::vector<float> want_out(z.num_tokens * z.num_heads * z.dv),
+        want_lse(z.num_tokens * z.num_heads);
+    MlaAttentionParams p = pr.params(&w.host, use_topk);
+    p.out = want_out.data();
+    p.lse = want_lse.data();
+    cpu::mla_attention_absorbed(p);
+    DeviceBuffer d_q = to_device(pr.q), d_latent = to_device(pr.latent),
+                 d_pos = to_device(pr.q_pos), d_topk = to_device(pr.topk);
+    DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
+    p.q = d_q.as<float>();
+    p.latent = d_latent.as<float>();
+    p.kv_b = &w.device;
+    p.q_pos = d_pos.as<int64_t>();
+    p.topk = use_topk ? d_topk.as<int32_t>() : nullptr;
+    p.out = d_out.as<float>();
+    p.lse = d_lse.as<float>();
+    DeviceBuffer ws(cuda::mla_attention_workspace_bytes(p));
+    cuda::mla_attention_absorbed(p, ws.data(), ws.size(), nullptr, /*batch_invariant=*/true);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<float> all_out = to_host<float>(d_out, want_out.size());
+    const std::vector<float> all_lse = to_host<float>(d_lse, want_lse.size());
+    EXPECT_TRUE(test::all_close(all_out, want_out, 2e-5f, 1e-4f)) << "out, top-k " << use_topk;
+    EXPECT_TRUE(test::all_close(all_lse, want_lse, 2e-5f, 2e-6f)) << "lse, top-k " << use_topk;
+    const int64_t q_width = z.num_heads * (z.dn + z.dr);
+    for (const int64_t t : {0, 1, 31, 64}) {
+      MlaAttentionParams one = p;
+      one.q = d_q.as<float>() + t * q_width;
+      one.q_pos = d_pos.as<int64_t>() + t;
+      if (use_topk) one.topk = d_topk.as<int32_t>() + t * pr.topk_width;
+      one.num_tokens = 1;
+      one.num_keys = pr.q_pos[t] + 1;
+      DeviceBuffer o1(sizeof(float) * z.num_heads * z.dv), l1(sizeof(float) * z.num_heads);
+      one.out = o1.as<float>();
+      one.lse = l1.as<float>();
+      DeviceBuffer ws1(cuda::mla_attention_workspace_bytes(one));
+      cuda::mla_attention_absorbed(one, ws1.data(), ws1.size(), nullptr, /*batch_invariant=*/true);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      const std::vector<float> got_out = to_host<float>(o1, z.num_heads * z.dv);
+      const std::vector<float> got_lse = to_host<float>(l1, z.num_heads);
+      ASSERT_EQ(0, std::memcmp(got_out.data(), all_out.data() + t * z.num_heads * z.dv,
+                               got_out.size() * sizeof(float)))
+          << "out of query " << t << ", top-k " << use_topk;
+      ASSERT_EQ(0, std::memcmp(got_lse.data(), all_lse.data() + t * z.num_heads,
+                               got_lse.size() * sizeof(float)))
+          << "lse of query " << t << ", top-k " << use_topk;
+    }
+  }
+}
+
 // The workspace is sized once at warm-up for the step's tokens; a longer context must
 // never need more (the memory budget counts no context term for it).
 TEST(GpuMla, WorkspaceDoesNotGrowWithContext) {

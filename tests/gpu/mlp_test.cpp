@@ -5,6 +5,7 @@
 // abs 1e-2 * max|y|, rel 1e-2.
 #include <cuda_runtime_api.h>
 
+#include <cstring>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -23,7 +24,7 @@ struct Shape {
 };
 
 std::vector<float> run_gpu(const MlpWeights& dw, const std::vector<float>& x, int64_t t,
-                           bool in_place, int64_t small_batch_max_tokens) {
+                           bool in_place, cuda::LinearKernel kernel = cuda::LinearKernel::kAuto) {
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreate(&stream));
   std::vector<float> y;
@@ -35,7 +36,7 @@ std::vector<float> run_gpu(const MlpWeights& dw, const std::vector<float>& x, in
     cuda::DeviceBuffer ws(cuda::mlp_workspace_bytes(dw, t));
     float* out = in_place ? dx.as<float>() : dy.as<float>();
     cuda::mlp({.x = dx.as<float>(), .w = &dw, .y = out, .num_tokens = t}, blas, ws.data(),
-              ws.size(), stream, small_batch_max_tokens);
+              ws.size(), stream, kernel);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     y = cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(t * hidden));
   }
@@ -60,13 +61,38 @@ TEST(GpuMlp, MatchesCpuEveryFormatBothPaths) {
         cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t});
         const bool in_place = t % 2 == 1;
         if (t <= cuda::kSmallBatchMaxTokens) {
-          EXPECT_TRUE(test::all_close(run_gpu(d.w, x, t, in_place, cuda::kSmallBatchMaxTokens),
-                                      want, 2e-5f, 1e-4f));
+          EXPECT_TRUE(test::all_close(run_gpu(d.w, x, t, in_place), want, 2e-5f, 1e-4f));
         } else {
-          EXPECT_TRUE(test::all_close(run_gpu(d.w, x, t, in_place, cuda::kSmallBatchMaxTokens),
-                                      want, 1e-2f * test::max_abs(want), 1e-2f));
+          EXPECT_TRUE(test::all_close(run_gpu(d.w, x, t, in_place), want,
+                                      1e-2f * test::max_abs(want), 1e-2f));
         }
       }
+    }
+  }
+}
+
+// Batch-invariant linears: close to the CPU (bf16 operands) and each token's output the
+// same bits alone as in a batch of 37.
+TEST(GpuMlp, BatchInvariantMatchesCpuAndEachTokenAlone) {
+  REQUIRE_GPU();
+  const auto k = cuda::LinearKernel::kBatchInvariant;
+  uint64_t seed = 500;
+  for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kMxfp4}) {
+    SCOPED_TRACE(test::format_name(f));
+    const int64_t hidden = 64, inter = 96, t = 37;
+    const test::HostMlp m = test::random_mlp(hidden, inter, f, seed);
+    seed += 3;
+    const test::DeviceMlp d = test::upload(m);
+    const std::vector<float> x = test::random_floats(t * hidden, seed++);
+    std::vector<float> want(x.size());
+    cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t});
+    const std::vector<float> all = run_gpu(d.w, x, t, false, k);
+    EXPECT_TRUE(test::all_close(all, want, 1e-2f * test::max_abs(want), 1e-2f));
+    for (int64_t i = 0; i < t; i += 5) {
+      const std::vector<float> xi(x.begin() + i * hidden, x.begin() + (i + 1) * hidden);
+      const std::vector<float> one = run_gpu(d.w, xi, 1, i % 2 == 1, k);
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + i * hidden, hidden * sizeof(float)))
+          << "token " << i;
     }
   }
 }

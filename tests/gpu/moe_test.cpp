@@ -208,7 +208,8 @@ std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const 
 }
 
 std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
-                           int64_t tokens, int64_t top_k, bool shared, bool in_place) {
+                           int64_t tokens, int64_t top_k, bool shared, bool in_place,
+                           bool batch_invariant = false) {
   Stream stream;
   cuda::Blas blas(stream.s);
   const int64_t hidden = e.table.hidden();
@@ -228,7 +229,7 @@ std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const 
              .top_k = top_k,
              .shared = sh,
              .y = y},
-            e.table, blas, ws.data(), ws.size(), stream.s);
+            e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
   return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
 }
@@ -292,6 +293,33 @@ TEST(GpuMoe, ManyTokensPerExpertUseTensorCoresEveryFormat) {
           EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float)));
         }
       }
+    }
+  }
+}
+
+// Batch-invariant mode: every expert on the tensor-core tiles whatever its token count,
+// so a token's output is the same bits alone as in a batch of 65 with mixed bucket sizes.
+TEST(GpuMoe, BatchInvariantEachTokenAloneEqualsInBatch) {
+  REQUIRE_GPU();
+  uint64_t seed = 20000;
+  for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kMxfp4}) {
+    const int64_t hidden = 64, inter = 96, tokens = 65, top_k = 3;
+    const Experts e = make_experts(8, hidden, inter, f, seed);
+    seed += 100;
+    SCOPED_TRACE(test::format_name(f));
+    const std::vector<float> x = test::random_floats(tokens * hidden, seed++);
+    const Routing r = mixed_routing(tokens, top_k, seed++);
+    const std::vector<float> want = run_cpu(e, x, r, tokens, top_k, true);
+    const std::vector<float> all = run_gpu(e, x, r, tokens, top_k, true, false, true);
+    EXPECT_TRUE(test::all_close(all, want, 1e-2f * test::max_abs(want), 1e-2f));
+    for (int64_t t = 0; t < tokens; t += 4) {
+      const std::vector<float> xt(x.begin() + t * hidden, x.begin() + (t + 1) * hidden);
+      Routing rt;
+      rt.ids.assign(r.ids.begin() + t * top_k, r.ids.begin() + (t + 1) * top_k);
+      rt.weights.assign(r.weights.begin() + t * top_k, r.weights.begin() + (t + 1) * top_k);
+      const std::vector<float> one = run_gpu(e, xt, rt, 1, top_k, true, false, true);
+      ASSERT_EQ(0, std::memcmp(one.data(), all.data() + t * hidden, hidden * sizeof(float)))
+          << "token " << t;
     }
   }
 }

@@ -116,7 +116,8 @@ struct EnginePair {
 // blocks' latents, index keys and KDA state come from (the cache, computed by an earlier
 // request in the same chunks), and those must be the same bits. (With the whole prompt in
 // one step the miss runs its linears on bf16 tensor cores and a short hit suffix on the
-// fp32 GEMV, which round differently: exact equality then needs a batch-invariant mode.)
+// fp32 GEMV, which round differently: batch_invariant_gpu_test.cpp checks that case in
+// batch-invariant mode, where it is exact.)
 TEST(GpuPrefixCache, HitEqualsMissBitwiseInBlockSizedChunks) {
   REQUIRE_GPU();
   EnginePair e;

@@ -72,6 +72,7 @@ class CudaBackend final : public Backend {
     CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   }
   void freeze() override { frozen_ = true; }
+  void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   void* allocate(size_t n) override {
     CHECK(!frozen_, "allocation of ", n, " bytes after the CUDA backend was frozen");
@@ -98,7 +99,7 @@ class CudaBackend final : public Backend {
 
   void linear(const LinearParams& p) override {
     const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
-    cuda::linear(p, *blas_, scratch(need), need, stream_);
+    cuda::linear(p, *blas_, scratch(need), need, stream_, linear_kernel());
   }
   void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
     cuda::embedding_lookup(table, ids, n, out, stream_);
@@ -120,7 +121,7 @@ class CudaBackend final : public Backend {
   void mla_attention(const MlaAttentionParams& p, bool /*absorbed*/) override {
     // The GPU runs the absorbed form for prefill and decode alike.
     const size_t need = cuda::mla_attention_workspace_bytes(p);
-    cuda::mla_attention_absorbed(p, scratch(need), need, stream_);
+    cuda::mla_attention_absorbed(p, scratch(need), need, stream_, batch_invariant_);
   }
   void hadamard_rotate(float* x, int64_t rows, int64_t dim) override {
     cuda::hadamard_rotate(x, rows, dim, stream_);
@@ -150,7 +151,7 @@ class CudaBackend final : public Backend {
   void gated_rms_norm(const GatedRmsNormParams& p) override { cuda::gated_rms_norm(p, stream_); }
   void mlp(const MlpParams& p) override {
     const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
-    cuda::mlp(p, *blas_, scratch(need), need, stream_);
+    cuda::mlp(p, *blas_, scratch(need), need, stream_, linear_kernel());
   }
   void route_experts(const RouterParams& p) override {
     const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts);
@@ -163,7 +164,7 @@ class CudaBackend final : public Backend {
       it = experts_.emplace(p.experts, cuda::MoeExperts::upload(p.experts, p.num_experts)).first;
     }
     const size_t need = cuda::moe_workspace_bytes(it->second, p.shared, p.num_tokens, p.top_k);
-    cuda::moe(p, it->second, *blas_, scratch(need), need, stream_);
+    cuda::moe(p, it->second, *blas_, scratch(need), need, stream_, batch_invariant_);
   }
 
   void add(float* y, const float* x, int64_t n) override {
@@ -190,11 +191,11 @@ class CudaBackend final : public Backend {
   void dsa_query_slots(const DsaQuerySlotsParams& p) override { cuda::dsa_query_slots(p, stream_); }
   void dsa_mla_decode(const DsaMlaParams& p) override {
     const size_t need = cuda::dsa_mla_workspace_bytes(p);
-    cuda::dsa_mla_decode(p, scratch(need), need, stream_);
+    cuda::dsa_mla_decode(p, scratch(need), need, stream_, batch_invariant_);
   }
   void dsa_decode(const DsaDecodeParams& p) override {
     const size_t need = cuda::dsa_decode_workspace_bytes(p);
-    cuda::dsa_decode(p, scratch(need), need, stream_);
+    cuda::dsa_decode(p, scratch(need), need, stream_, batch_invariant_);
   }
   size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
     return cuda::dsa_decode_workspace_bytes(p);
@@ -202,6 +203,10 @@ class CudaBackend final : public Backend {
   void reserve_scratch(size_t num_bytes) override { scratch(num_bytes); }
 
  private:
+  cuda::LinearKernel linear_kernel() const {
+    return batch_invariant_ ? cuda::LinearKernel::kBatchInvariant : cuda::LinearKernel::kAuto;
+  }
+
   // The shared op workspace, grown (before freeze) to the largest request seen. A
   // smaller one it replaces stays allocated: captured graphs may still use it.
   void* scratch(size_t bytes) {
@@ -225,6 +230,7 @@ class CudaBackend final : public Backend {
   std::map<const RopeTable*, cuda::DeviceRopeTable> rope_tables_;
   std::map<const MlpWeights*, cuda::MoeExperts> experts_;
   bool frozen_ = false;
+  bool batch_invariant_ = false;
 };
 
 }  // namespace

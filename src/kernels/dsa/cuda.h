@@ -21,6 +21,12 @@
 //                       over the keys, then an LSE combine of the splits.
 //   dsa_decode          the whole step: indexer -> top-k -> sparse MLA.
 //
+// Batch invariance: a query's scores and selection never depend on the other requests
+// (each score is one fixed sequence of MMAs; the top-k is exact). The MLA's split plan
+// does (it follows B, n_q and max_context), unless batch_invariant is set: then every
+// query is one split, so its output bits do not depend on the batch (slower at small B
+// and long dense contexts).
+//
 // Tolerances against the CPU reference: scores to fp32 summation order (the e4m3
 // products are exact); attention to the fp16 rounding of q and of the probabilities
 // (~2^-11 relative each) - see tests/gpu/dsa_test.cpp.
@@ -43,14 +49,15 @@ size_t dsa_topk_workspace_bytes(const DsaTopkParams& p);
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 
 size_t dsa_mla_workspace_bytes(const DsaMlaParams& p);
+// The workspace covers both plans (batch_invariant needs less).
 void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream);
+                    cudaStream_t stream, bool batch_invariant = false);
 
 // Workspace of the whole step: scores [B*n_q, max_context] fp32, the top-k's histograms,
 // the selected slots (when p.slots is null) and the MLA splits. Depends on B, n_q, Hi,
 // H, topk and max_context only.
 size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p);
 void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream);
+                cudaStream_t stream, bool batch_invariant = false);
 
 }  // namespace hyserve::cuda

@@ -2,15 +2,21 @@
 // Weight structs are host structs whose data / scales point to device memory, e.g.
 // DeviceWeight::view()).
 //
-// linear picks one of two paths by the number of tokens T:
-//   T <= small_batch_max_tokens   memory-bound GEMV: each weight row is streamed once per
-//                                 16 tokens, decoded in registers, dotted in fp32. Exact
-//                                 fp32 math; differs from the CPU only in summation order.
-//   T >  small_batch_max_tokens   tensor cores (cuBLAS, fp32 accumulate and output): x is
-//                                 rounded to bf16; a BF16 weight is used as stored, any
-//                                 other format is decoded to bf16 in row blocks of
-//                                 kGemmRowBlock rows (so FP8 / F32 / F16 weights are also
-//                                 rounded to bf16; MXFP4 decodes exactly).
+// linear runs one of three kernels (LinearKernel; kAuto picks the GEMV for T <=
+// kSmallBatchMaxTokens tokens and cuBLAS above):
+//   GEMV             memory-bound: each weight row is streamed once per 16 tokens, decoded
+//                    in registers, dotted in fp32. Exact fp32 math; differs from the CPU
+//                    only in summation order.
+//   cuBLAS           tensor cores (fp32 accumulate and output): x is rounded to bf16; a
+//                    BF16 weight is used as stored, any other format is decoded to bf16 in
+//                    row blocks of kGemmRowBlock rows (so FP8 / F32 / F16 weights are also
+//                    rounded to bf16; MXFP4 decodes exactly). cuBLAS picks its algorithm by
+//                    shape, so a token's bits depend on T.
+//   batch-invariant  our tensor-core tiles (cuda/mma_tile.cuh): x rounded to bf16, weights
+//                    decoded to bf16 in shared memory (FP8: the raw e4m3 values, each
+//                    128-wide block's partial sum scaled in fp32), one fixed k order for
+//                    every output. A token's result is bitwise the same at any T and in
+//                    any batch; the cost is speed (no split-K, no shape tuning).
 #pragma once
 
 #include <cublas_v2.h>
@@ -43,6 +49,13 @@ class Blas {
 };
 
 inline constexpr int64_t kSmallBatchMaxTokens = 16;
+
+enum class LinearKernel {
+  kAuto,            // GEMV up to kSmallBatchMaxTokens tokens, cuBLAS above: the fastest
+  kGemv,            // the GEMV at any T
+  kCublas,          // cuBLAS at any T
+  kBatchInvariant,  // the batch-invariant tiles at any T
+};
 inline constexpr int64_t kGemmRowBlock = 4096;
 
 // Device workspace the tensor-core path of linear needs for up to max_tokens tokens:
@@ -51,9 +64,9 @@ inline constexpr int64_t kGemmRowBlock = 4096;
 size_t linear_workspace_bytes(const Weight& w, int64_t max_tokens);
 
 // y = x W^T (+ bias) on `stream` (must be blas.stream()). The workspace is only used
-// (and only checked) on the tensor-core path.
+// (and only checked) on the cuBLAS path.
 void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
-            cudaStream_t stream, int64_t small_batch_max_tokens = kSmallBatchMaxTokens);
+            cudaStream_t stream, LinearKernel kernel = LinearKernel::kAuto);
 
 // The GEMV path alone, for any number of tokens (the weight is streamed once per 16
 // tokens): exact fp32 up to summation order, no workspace. Used where a discrete

@@ -31,7 +31,9 @@ size_t mla_attention_workspace_bytes(const MlaAttentionParams& p);
 // Per head: q_lat = q_nope W_UK; logit = (q_lat.c + q_pe.k_pe) * scale;
 // o_lat = softmax(logit) @ c; o = W_UV o_lat. workspace: 256-byte aligned, at least
 // mla_attention_workspace_bytes(p) bytes.
+// batch_invariant: one split per query, so that a query's output bits do not depend on
+// T or on the number of keys of the call (slower when T * H is small: fewer blocks).
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool batch_invariant = false);
 
 }  // namespace hyserve::cuda

@@ -1,6 +1,7 @@
 // CUDA gated MLP (params.h; device activations, MlpWeights of device-data Weights):
 // y = down(silu(gate(x)) * up(x)) as three cuda::linear calls around cuda::silu_mul,
-// so its numerics are linear's (fp32 GEMV for small batches, bf16 tensor cores above).
+// so its numerics are linear's (fp32 GEMV for small batches, bf16 tensor cores above;
+// `kernel` picks linear's kernel, kernels/linear/cuda.h).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,6 +17,6 @@ namespace hyserve::cuda {
 size_t mlp_workspace_bytes(const MlpWeights& w, int64_t max_tokens);
 
 void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
-         cudaStream_t stream, int64_t small_batch_max_tokens = kSmallBatchMaxTokens);
+         cudaStream_t stream, LinearKernel kernel = LinearKernel::kAuto);
 
 }  // namespace hyserve::cuda

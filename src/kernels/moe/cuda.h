@@ -14,6 +14,10 @@
 //                                128x128 block scale multiplies each 128-wide k
 //                                block's fp32 partial sum; F32 / F16 weights are
 //                                rounded to bf16.
+//   With batch_invariant, every expert runs the tensor-core path (its tiles are
+//   kernels/linear/cuda/mma_tile.cuh, whose per-token results do not depend on the other
+//   tokens) and the shared expert runs linear's batch-invariant kernel, so a token's output
+//   bits do not depend on the batch at all.
 //   Per-slot outputs are combined in slot order (w_i * out_i, then + shared(x)), as on
 //   the CPU; a token's result does not depend on the other tokens or on the order of
 //   slots within a bucket.
@@ -79,6 +83,6 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
 // device data, or null. Expert ids outside [0, num_experts) contribute nothing (the
 // CPU op throws).
 void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
-         size_t workspace_bytes, cudaStream_t stream);
+         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant = false);
 
 }  // namespace hyserve::cuda

@@ -83,7 +83,7 @@ size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p) {
 }
 
 void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_bytes,
-                cudaStream_t stream) {
+                cudaStream_t stream, bool batch_invariant) {
   dsa::check_batch(p.batch);
   CHECK(p.topk > 0, "topk ", p.topk);
   if (p.batch.num_requests == 0) return;
@@ -96,7 +96,7 @@ void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_byte
   if (s.hist_bytes > 0) CUDA_CHECK(cudaMemsetAsync(base + s.hist_offset, 0, s.hist_bytes, stream));
   dsa_indexer_scores(s.indexer, stream);
   dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
-  dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream);
+  dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream, batch_invariant);
 }
 
 }  // namespace hyserve::cuda

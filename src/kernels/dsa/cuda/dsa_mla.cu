@@ -457,7 +457,9 @@ struct Plan {
   size_t total() const { return part_o_bytes + part_ml_bytes; }
 };
 
-Plan make_plan(const DsaMlaParams& p) {
+// batch_invariant: one split per query, so that its keys are always summed in one order
+// whatever B, n_q and max_context are (the split plan below depends on all three).
+Plan make_plan(const DsaMlaParams& p, bool batch_invariant) {
   int device = 0, num_sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
@@ -482,7 +484,8 @@ Plan make_plan(const DsaMlaParams& p) {
   int64_t best_cost = INT64_MAX;
   for (int64_t s = 1; s <= max_splits; ++s) best_cost = std::min(best_cost, split_cost(s));
   int64_t splits = 1;
-  while (static_cast<double>(split_cost(splits)) > kSplitSlack * static_cast<double>(best_cost))
+  while (!batch_invariant &&
+         static_cast<double>(split_cost(splits)) > kSplitSlack * static_cast<double>(best_cost))
     ++splits;
   const int64_t tiles_per_split = (max_tiles + splits - 1) / splits;
   plan.keys_per_split = tiles_per_split * kKeys;
@@ -505,11 +508,12 @@ void check_params(const DsaMlaParams& p, bool need_pointers = true) {
 
 size_t dsa_mla_workspace_bytes(const DsaMlaParams& p) {
   check_params(p, /*need_pointers=*/false);
-  return make_plan(p).total();
+  // The batch-invariant plan (one split) never needs more.
+  return make_plan(p, /*batch_invariant=*/false).total();
 }
 
 void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream) {
+                    cudaStream_t stream, bool batch_invariant) {
   check_params(p);
   if (p.batch.num_requests == 0) return;
   dsa::check_cache(p.cache);
@@ -517,7 +521,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
         p.cache.latent_scale);
   CHECK(p.q_lat != nullptr && p.q_pe != nullptr && p.o_lat != nullptr && p.lse != nullptr,
         "null q_lat, q_pe, o_lat or lse");
-  const Plan plan = make_plan(p);
+  const Plan plan = make_plan(p, batch_invariant);
   CHECK(workspace != nullptr && workspace_bytes >= plan.total(), "dsa_mla workspace of ",
         workspace_bytes, " bytes, need ", plan.total());
   CHECK(reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,

@@ -1,11 +1,13 @@
 // CUDA linear: the GEMV path (gemv.cuh) for small batches, cuBLAS bf16 GEMMs for large
-// ones, and the embedding gather. See cuda.h for the numerics of each path.
+// ones, the batch-invariant tensor-core tiles (mma_tile.cuh), and the embedding gather.
+// See cuda.h for the numerics of each path.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "kernels/linear/cuda.h"
 #include "kernels/linear/cuda/gemv.cuh"
+#include "kernels/linear/cuda/mma_tile.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
@@ -44,6 +46,32 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 #pragma unroll
     for (int j = 0; j < kGemvMaxTokens; ++j) {
       if (q < num_rows && j < n && lane == j) y[(t0 + j) * w.rows + r0 + q] = acc[q][j] + b;
+    }
+  }
+}
+
+// Block (row block, token block): y[m0 .. m0 + kBM, n0 .. n0 + kBN] (+ bias) by the
+// batch-invariant tile.
+template <WFmt F, bool kVec>
+__global__ void __launch_bounds__(tile::kMmaThreads)
+    tiles_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
+                 float* __restrict__ y, int64_t num_tokens) {
+  __shared__ tile::MmaSmem<1> s;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tile::kBN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * tile::kBM;
+  if (threadIdx.x < tile::kBM) {
+    const int64_t m = m0 + threadIdx.x;
+    s.rows[threadIdx.x] = m < num_tokens ? x + m * w.cols : nullptr;
+  }
+  __syncthreads();
+  const WRef ws[1] = {w};
+  tile::mma_tile<F, kVec, 1>(ws, n0, s);
+  for (int i = threadIdx.x; i < tile::kBM * tile::kBN; i += tile::kMmaThreads) {
+    const int64_t m = m0 + i / tile::kBN;
+    const int64_t n = n0 + i % tile::kBN;
+    if (m < num_tokens && n < w.rows) {
+      const float c = s.c[0][(i / tile::kBN) * tile::kLdC + i % tile::kBN];
+      y[m * w.rows + n] = bias != nullptr ? c + bias[n] : c;
     }
   }
 }
@@ -168,6 +196,27 @@ bool check_linear(const LinearParams& p) {
   return p.num_tokens > 0;
 }
 
+void run_tiles(const LinearParams& p, cudaStream_t stream) {
+  const WRef w = make_wref(*p.w);
+  const WFmt f = weight_wfmt(*p.w);
+  const int64_t token_blocks = (p.num_tokens + tile::kBM - 1) / tile::kBM;
+  CHECK(token_blocks <= 65535, "linear: ", p.num_tokens,
+        " tokens are too many for the batch-invariant path");
+  const dim3 grid(static_cast<unsigned>((w.rows + tile::kBN - 1) / tile::kBN),
+                  static_cast<unsigned>(token_blocks));
+  const bool vec = gemv_vectorizable(w, f, p.x);
+  dispatch_format(f, [&]<WFmt F>() {
+    if (vec) {
+      tiles_kernel<F, true>
+          <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+    } else {
+      tiles_kernel<F, false>
+          <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
 void run_gemv(const LinearParams& p, cudaStream_t stream) {
   CHECK(p.num_tokens <= int64_t{65535} * kGemvMaxTokens, "linear: ", p.num_tokens,
         " tokens are too many for the GEMV path");
@@ -194,10 +243,15 @@ void linear_gemv(const LinearParams& p, cudaStream_t stream) {
 }
 
 void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
-            cudaStream_t stream, int64_t small_batch_max_tokens) {
+            cudaStream_t stream, LinearKernel kernel) {
   CHECK(blas.stream() == stream, "linear: the Blas handle is bound to another stream");
   if (!check_linear(p)) return;
-  if (p.num_tokens <= small_batch_max_tokens) {
+  if (kernel == LinearKernel::kBatchInvariant) {
+    run_tiles(p, stream);
+    return;
+  }
+  if (kernel == LinearKernel::kGemv ||
+      (kernel == LinearKernel::kAuto && p.num_tokens <= kSmallBatchMaxTokens)) {
     run_gemv(p, stream);
     return;
   }

@@ -44,13 +44,15 @@ struct Plan {
   size_t total_bytes() const { return q_abs_bytes + part_o_bytes + part_ml_bytes; }
 };
 
-Plan make_plan(const MlaAttentionParams& p) {
+// batch_invariant: one split per query (the plan otherwise follows T and the key count).
+Plan make_plan(const MlaAttentionParams& p, bool batch_invariant) {
   Plan plan{};
   plan.num_rows = p.num_tokens * p.num_heads;
   const int64_t num_slots = p.topk != nullptr ? p.topk_width : p.num_keys;
   const int64_t by_keys = (num_slots + kMinKeysPerSplit - 1) / kMinKeysPerSplit;
   const int64_t by_fill = (kTargetBlocks + plan.num_rows - 1) / std::max<int64_t>(plan.num_rows, 1);
-  plan.num_splits = std::max<int64_t>(1, std::min({kMaxSplits, by_keys, by_fill}));
+  plan.num_splits =
+      batch_invariant ? 1 : std::max<int64_t>(1, std::min({kMaxSplits, by_keys, by_fill}));
   plan.keys_per_split = std::max<int64_t>(1, (num_slots + plan.num_splits - 1) / plan.num_splits);
   // The partials are sized for the most splits any context could use with these rows, so
   // the workspace depends on T and H only: a step at a longer context never needs more.
@@ -301,14 +303,14 @@ void check_params(const MlaAttentionParams& p) {
 }  // namespace
 
 size_t mla_attention_workspace_bytes(const MlaAttentionParams& p) {
-  return make_plan(p).total_bytes();
+  return make_plan(p, /*batch_invariant=*/false).total_bytes();  // one split needs less
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool batch_invariant) {
   check_params(p);
   if (p.num_tokens == 0) return;
-  const Plan plan = make_plan(p);
+  const Plan plan = make_plan(p, batch_invariant);
   CHECK(workspace != nullptr && workspace_bytes >= plan.total_bytes(), "MLA workspace of ",
         workspace_bytes, " bytes, need ", plan.total_bytes());
   CHECK(reinterpret_cast<uintptr_t>(workspace) % kAlign == 0, "MLA workspace must be ", kAlign,

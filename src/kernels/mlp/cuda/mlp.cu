@@ -30,7 +30,7 @@ size_t mlp_workspace_bytes(const MlpWeights& w, int64_t max_tokens) {
 }
 
 void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
-         cudaStream_t stream, int64_t small_batch_max_tokens) {
+         cudaStream_t stream, LinearKernel kernel) {
   CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "mlp: null pointer");
   CHECK(p.num_tokens >= 0, "mlp: num_tokens ", p.num_tokens);
   cpu::check_mlp_weights(*p.w, p.w->down.rows);
@@ -46,12 +46,11 @@ void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace
   const size_t lin_bytes = workspace_bytes - 2 * act;
   const int64_t t = p.num_tokens;
   linear({.x = p.x, .w = &p.w->gate, .y = gate, .num_tokens = t}, blas, lin, lin_bytes, stream,
-         small_batch_max_tokens);
-  linear({.x = p.x, .w = &p.w->up, .y = up, .num_tokens = t}, blas, lin, lin_bytes, stream,
-         small_batch_max_tokens);
+         kernel);
+  linear({.x = p.x, .w = &p.w->up, .y = up, .num_tokens = t}, blas, lin, lin_bytes, stream, kernel);
   silu_mul({.gate = gate, .up = up, .out = gate, .n = t * p.w->gate.rows}, stream);
   linear({.x = gate, .w = &p.w->down, .y = p.y, .num_tokens = t}, blas, lin, lin_bytes, stream,
-         small_batch_max_tokens);
+         kernel);
 }
 
 }  // namespace hyserve::cuda

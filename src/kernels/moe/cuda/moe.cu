@@ -10,13 +10,13 @@
 // Steps 4 and 5 launch a memory-bound kernel and a tensor-core kernel over
 // (active expert, row block); each block handles only experts of its kind by token
 // count and returns at once otherwise.
-#include <mma.h>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
 #include <vector>
 
 #include "kernels/linear/cuda/gemv.cuh"
+#include "kernels/linear/cuda/mma_tile.cuh"
 #include "kernels/mlp/cuda.h"
 #include "kernels/moe/cuda.h"
 #include "util/cuda_check.h"
@@ -26,16 +26,13 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
-constexpr int kMmaThreads = 128;
-constexpr int kBM = 64;         // tensor-core tile: tokens (16 per warp)
-constexpr int kBN = 64;         // tensor-core tile: weight rows (output features)
-constexpr int kBK = 32;         // tensor-core tile: reduction
-constexpr int kLdAB = kBK + 8;  // bf16 smem row stride (multiple of 8, 32-byte aligned rows)
-constexpr int kLdC = kBN + 4;   // fp32 smem row stride
+using tile::kBM;
+using tile::kBN;
+using tile::kLdC;
+using tile::kMmaThreads;
+using tile::MmaSmem;
 constexpr int kScanThreads = 1024;
 static_assert(kMoeMmaMinTokens <= kGemvMaxTokens + 1, "small path handles up to 15 tokens");
-static_assert(Weight::kFp8BlockSize % kBN == 0 && Weight::kFp8BlockSize % kBK == 0,
-              "an FP8 scale block must cover whole tiles");
 
 // One expert's three matrices on the device.
 struct ExpertPtrs {
@@ -91,6 +88,7 @@ struct Geometry {
   int64_t hidden = 0;
   int64_t inter = 0;
   int64_t top_k = 0;
+  int32_t mma_min_tokens = kMoeMmaMinTokens;  // experts with fewer tokens run the GEMV kernels
 };
 
 __device__ __forceinline__ WRef with_expert(WRef w, const ExpertPtrs& e, int i) {
@@ -159,12 +157,12 @@ struct Assignment {
 };
 
 template <bool kMma>
-__device__ __forceinline__ Assignment assign(const Buckets& b) {
+__device__ __forceinline__ Assignment assign(const Geometry& g, const Buckets& b) {
   Assignment a;
   if (static_cast<int32_t>(blockIdx.x) >= *b.num_active) return a;
   const int32_t e = b.active[blockIdx.x];
   const int32_t n = b.counts[e];
-  if ((n >= kMoeMmaMinTokens) != kMma) return a;
+  if ((n >= g.mma_min_tokens) != kMma) return a;
   a.expert = e;
   a.begin = b.offsets[e];
   a.count = n;
@@ -177,7 +175,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                          const float* __restrict__ x, float* __restrict__ h) {
-  const Assignment a = assign<false>(b);
+  const Assignment a = assign<false>(g, b);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) {
@@ -212,7 +210,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     down_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                       const float* __restrict__ h, float* __restrict__ slot_out) {
-  const Assignment a = assign<false>(b);
+  const Assignment a = assign<false>(g, b);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) xs[threadIdx.x] = h + (a.begin + threadIdx.x) * g.inter;
@@ -237,171 +235,13 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
   }
 }
 
-namespace wmma = nvcuda::wmma;
-using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
-using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
-using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
-
-template <int kNumW>
-struct MmaSmem {
-  union {
-    struct {
-      alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
-      alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
-    } in;
-    alignas(128) float c[kNumW][kBM * kLdC];  // [kBM, kBN] results per matrix, after the k loop
-  };
-  const float* rows[kBM];  // activation row per tile row, or null
-};
-
-// Stages k in [k0, k0 + kBK) of the activations and of weight rows [n0, n0 + kBN) as bf16.
-// Weights hold element() values, except FP8: raw e4m3 (the block scale comes later).
-// kVec: 16-byte loads (full k tile, aligned rows); else one element at a time.
-template <WFmt F, bool kVec, int kNumW>
-__device__ __forceinline__ void load_tiles(const WRef (&ws)[kNumW], int64_t n0, int64_t k0,
-                                           MmaSmem<kNumW>& s) {
-  const int64_t k_total = ws[0].cols;
-  if (kVec && k0 + kBK <= k_total) {
-    for (int i = threadIdx.x; i < kBM * kBK / 4; i += kMmaThreads) {
-      const int m = i / (kBK / 4);
-      const int kk = 4 * (i % (kBK / 4));
-      const float4 v = s.rows[m] != nullptr
-                           ? __ldg(reinterpret_cast<const float4*>(s.rows[m] + k0 + kk))
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      __nv_bfloat16* dst = s.in.a + m * kLdAB + kk;
-      dst[0] = __float2bfloat16(v.x);
-      dst[1] = __float2bfloat16(v.y);
-      dst[2] = __float2bfloat16(v.z);
-      dst[3] = __float2bfloat16(v.w);
-    }
-    constexpr int kE = kChunkElems<F>;
-    static_assert(kBK % kE == 0, "a k tile holds whole 16-byte chunks");
-    constexpr int kChunksPerRow = kBK / kE;
-#pragma unroll
-    for (int w = 0; w < kNumW; ++w) {
-      for (int i = threadIdx.x; i < kBN * kChunksPerRow; i += kMmaThreads) {
-        const int n = i / kChunksPerRow;
-        const int kk = (i % kChunksPerRow) * kE;
-        const int64_t r = n0 + n;
-        float v[kE];
-        if (r < ws[w].rows) {
-          const int64_t num_chunks = k_total / kE;
-          const int64_t k = k0 + kk;
-          const uint4 raw =
-              __ldg(reinterpret_cast<const uint4*>(ws[w].data) + r * num_chunks + k / kE);
-          if constexpr (F == WFmt::kFp8) {
-            decode_chunk<F>(raw, v);
-          } else {
-            decode_chunk_scaled<F>(raw, element_scale<F>(ws[w], r, k), v);
-          }
-        } else {
-#pragma unroll
-          for (int e = 0; e < kE; ++e) v[e] = 0.0f;
-        }
-        __nv_bfloat16* dst = s.in.b[w] + n * kLdAB + kk;
-#pragma unroll
-        for (int e = 0; e < kE; ++e) dst[e] = __float2bfloat16(v[e]);
-      }
-    }
-    return;
-  }
-  for (int i = threadIdx.x; i < kBM * kBK; i += kMmaThreads) {
-    const int m = i / kBK;
-    const int64_t k = k0 + i % kBK;
-    const float v = s.rows[m] != nullptr && k < k_total ? s.rows[m][k] : 0.0f;
-    s.in.a[m * kLdAB + i % kBK] = __float2bfloat16(v);
-  }
-#pragma unroll
-  for (int w = 0; w < kNumW; ++w) {
-    for (int i = threadIdx.x; i < kBN * kBK; i += kMmaThreads) {
-      const int64_t r = n0 + i / kBK;
-      const int64_t k = k0 + i % kBK;
-      float v = 0.0f;
-      if (r < ws[w].rows && k < k_total) {
-        v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
-      }
-      s.in.b[w][(i / kBK) * kLdAB + i % kBK] = __float2bfloat16(v);
-    }
-  }
-}
-
-// c[w] = A W_w[n0 : n0 + kBN]^T for the kBM activation rows in s.rows (K = ws[0].cols),
-// fp32 accumulate. Warp i owns rows 16 i .. + 16 and all kBN columns. For FP8 the tile
-// holds raw e4m3 values and each 128-wide k block's sum is scaled on its own.
-template <WFmt F, bool kVec, int kNumW>
-__device__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s) {
-  constexpr int kFrags = kBN / 16;
-  const int64_t k_total = ws[0].cols;
-  const int warp = threadIdx.x / 32;
-  FragC acc[kNumW][kFrags];
-  FragC block_acc[kNumW][F == WFmt::kFp8 ? kFrags : 1];
-#pragma unroll
-  for (int w = 0; w < kNumW; ++w) {
-#pragma unroll
-    for (int j = 0; j < kFrags; ++j) wmma::fill_fragment(acc[w][j], 0.0f);
-    if constexpr (F == WFmt::kFp8) {
-#pragma unroll
-      for (int j = 0; j < kFrags; ++j) wmma::fill_fragment(block_acc[w][j], 0.0f);
-    }
-  }
-  for (int64_t k0 = 0; k0 < k_total; k0 += kBK) {
-    load_tiles<F, kVec>(ws, n0, k0, s);
-    __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
-      FragA fa;
-      wmma::load_matrix_sync(fa, s.in.a + (16 * warp) * kLdAB + kk, kLdAB);
-#pragma unroll
-      for (int w = 0; w < kNumW; ++w) {
-#pragma unroll
-        for (int j = 0; j < kFrags; ++j) {
-          FragB fb;
-          wmma::load_matrix_sync(fb, s.in.b[w] + (16 * j) * kLdAB + kk, kLdAB);
-          if constexpr (F == WFmt::kFp8) {
-            wmma::mma_sync(block_acc[w][j], fa, fb, block_acc[w][j]);
-          } else {
-            wmma::mma_sync(acc[w][j], fa, fb, acc[w][j]);
-          }
-        }
-      }
-    }
-    __syncthreads();
-    if constexpr (F == WFmt::kFp8) {
-      const int64_t k_end = k0 + kBK;
-      if (k_end % Weight::kFp8BlockSize == 0 || k_end >= k_total) {
-#pragma unroll
-        for (int w = 0; w < kNumW; ++w) {
-          const float scale = element_scale<F>(ws[w], n0, k0);
-#pragma unroll
-          for (int j = 0; j < kFrags; ++j) {
-#pragma unroll
-            for (int q = 0; q < acc[w][j].num_elements; ++q) {
-              acc[w][j].x[q] += scale * block_acc[w][j].x[q];
-            }
-            wmma::fill_fragment(block_acc[w][j], 0.0f);
-          }
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int w = 0; w < kNumW; ++w) {
-#pragma unroll
-    for (int j = 0; j < kFrags; ++j) {
-      wmma::store_matrix_sync(s.c[w] + (16 * warp) * kLdC + 16 * j, acc[w][j], kLdC,
-                              wmma::mem_row_major);
-    }
-  }
-  __syncthreads();
-}
-
 // Step 4, many tokens: block (a, nb) computes h[:, nb * kBN .. + kBN] for all tokens
 // of the expert, kBM at a time.
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                        const float* __restrict__ x, float* __restrict__ h) {
-  const Assignment a = assign<true>(b);
+  const Assignment a = assign<true>(g, b);
   if (a.expert < 0) return;
   __shared__ MmaSmem<2> s;
   const ExpertPtrs& e = table[a.expert];
@@ -414,7 +254,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           m < a.count ? x + (b.sorted_slots[a.begin + m] / g.top_k) * g.hidden : nullptr;
     }
     __syncthreads();
-    mma_tile<F, kVec, 2>(ws, n0, s);
+    tile::mma_tile<F, kVec, 2>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -432,7 +272,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     down_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                     const float* __restrict__ h, float* __restrict__ slot_out) {
-  const Assignment a = assign<true>(b);
+  const Assignment a = assign<true>(g, b);
   if (a.expert < 0) return;
   __shared__ MmaSmem<1> s;
   const WRef ws[1] = {with_expert(g.down, table[a.expert], 2)};
@@ -443,7 +283,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       s.rows[threadIdx.x] = m < a.count ? h + (a.begin + m) * g.inter : nullptr;
     }
     __syncthreads();
-    mma_tile<F, kVec, 1>(ws, n0, s);
+    tile::mma_tile<F, kVec, 1>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -535,7 +375,7 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
 }
 
 void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
-         size_t workspace_bytes, cudaStream_t stream) {
+         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant) {
   CHECK(p.x != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr && p.y != nullptr,
         "moe: null pointer");
   CHECK(p.num_tokens >= 0, "moe: num_tokens ", p.num_tokens);
@@ -583,6 +423,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.hidden = p.hidden;
   g.inter = experts.inter();
   g.top_k = p.top_k;
+  g.mma_min_tokens = batch_invariant ? 1 : static_cast<int32_t>(kMoeMmaMinTokens);
   const Buckets b{counts, offsets, active, num_active, sorted_slots};
   const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
   const auto max_active = static_cast<unsigned>(std::min(p.num_experts, num_slots));
@@ -591,17 +432,20 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   };
   const bool x_aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
 
+  // (With batch_invariant no expert is small: the GEMV kernels are not launched.)
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
-    if (experts.gate_up_aligned() && x_aligned) {
-      gate_up_small_kernel<F, true>
-          <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                      p.x, h);
-    } else {
-      gate_up_small_kernel<F, false>
-          <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                      p.x, h);
+    if (!batch_invariant) {
+      if (experts.gate_up_aligned() && x_aligned) {
+        gate_up_small_kernel<F, true>
+            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                        p.x, h);
+      } else {
+        gate_up_small_kernel<F, false>
+            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
+                                                                                        p.x, h);
+      }
+      CUDA_CHECK_LAUNCH();
     }
-    CUDA_CHECK_LAUNCH();
     if (experts.gate_up_aligned() && x_aligned) {
       gate_up_mma_kernel<F, true>
           <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
@@ -612,16 +456,18 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
     CUDA_CHECK_LAUNCH();
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
-    if (experts.down_aligned()) {
-      down_small_kernel<F, true>
-          <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                       h, slot_out);
-    } else {
-      down_small_kernel<F, false>
-          <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                       h, slot_out);
+    if (!batch_invariant) {
+      if (experts.down_aligned()) {
+        down_small_kernel<F, true>
+            <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
+                g, table, b, h, slot_out);
+      } else {
+        down_small_kernel<F, false>
+            <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
+                g, table, b, h, slot_out);
+      }
+      CUDA_CHECK_LAUNCH();
     }
-    CUDA_CHECK_LAUNCH();
     if (experts.down_aligned()) {
       down_mma_kernel<F, true>
           <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
@@ -634,7 +480,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
 
   if (p.shared != nullptr) {
     mlp({.x = p.x, .w = p.shared, .y = shared_out, .num_tokens = p.num_tokens}, blas,
-        at(lay.shared_ws), lay.total - lay.shared_ws, stream);
+        at(lay.shared_ws), lay.total - lay.shared_ws, stream,
+        batch_invariant ? LinearKernel::kBatchInvariant : LinearKernel::kAuto);
   }
   combine_kernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(
       p.expert_ids, p.expert_weights, slot_out, shared_out, p.top_k, p.num_experts, p.hidden, p.y);
