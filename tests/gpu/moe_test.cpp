@@ -166,7 +166,8 @@ Routing random_routing(int64_t tokens, int64_t top_k, int64_t experts, uint64_t 
   return r;
 }
 
-// Some experts get >= 16 tokens (tensor cores), others fewer (GEMV), in one call.
+// Some experts get > 16 tokens (the big tensor-core tile), others fewer (the GEMV; the
+// small tile in batch-invariant mode), in one call.
 Routing mixed_routing(int64_t tokens, int64_t top_k, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> w(0.1f, 1.5f);

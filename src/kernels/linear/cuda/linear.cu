@@ -50,23 +50,24 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
-// Block (row block, token block): y[m0 .. m0 + kBM, n0 .. n0 + kBN] (+ bias) by the
-// batch-invariant tile.
-template <WFmt F, bool kVec>
+// Block (row block, token block): y[m0 .. m0 + tokens, n0 .. n0 + kBN] (+ bias) by the
+// batch-invariant tile T.
+template <class T, WFmt F, bool kVec>
 __global__ void __launch_bounds__(tile::kMmaThreads)
     tiles_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t num_tokens) {
-  __shared__ tile::MmaSmem<1> s;
+  constexpr int kM = T::kTokens;
+  __shared__ tile::MmaSmem<T, 1> s;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tile::kBN;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * tile::kBM;
-  if (threadIdx.x < tile::kBM) {
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kM;
+  if (threadIdx.x < kM) {
     const int64_t m = m0 + threadIdx.x;
     s.rows[threadIdx.x] = m < num_tokens ? x + m * w.cols : nullptr;
   }
   __syncthreads();
   const WRef ws[1] = {w};
-  tile::mma_tile<F, kVec, 1>(ws, n0, s);
-  for (int i = threadIdx.x; i < tile::kBM * tile::kBN; i += tile::kMmaThreads) {
+  tile::mma_tile<T, F, kVec, 1>(ws, n0, s);
+  for (int i = threadIdx.x; i < kM * tile::kBN; i += tile::kMmaThreads) {
     const int64_t m = m0 + i / tile::kBN;
     const int64_t n = n0 + i % tile::kBN;
     if (m < num_tokens && n < w.rows) {
@@ -196,10 +197,11 @@ bool check_linear(const LinearParams& p) {
   return p.num_tokens > 0;
 }
 
-void run_tiles(const LinearParams& p, cudaStream_t stream) {
+template <class T>
+void launch_tiles(const LinearParams& p, cudaStream_t stream) {
   const WRef w = make_wref(*p.w);
   const WFmt f = weight_wfmt(*p.w);
-  const int64_t token_blocks = (p.num_tokens + tile::kBM - 1) / tile::kBM;
+  const int64_t token_blocks = (p.num_tokens + T::kTokens - 1) / T::kTokens;
   CHECK(token_blocks <= 65535, "linear: ", p.num_tokens,
         " tokens are too many for the batch-invariant path");
   const dim3 grid(static_cast<unsigned>((w.rows + tile::kBN - 1) / tile::kBN),
@@ -207,14 +209,24 @@ void run_tiles(const LinearParams& p, cudaStream_t stream) {
   const bool vec = gemv_vectorizable(w, f, p.x);
   dispatch_format(f, [&]<WFmt F>() {
     if (vec) {
-      tiles_kernel<F, true>
+      tiles_kernel<T, F, true>
           <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
     } else {
-      tiles_kernel<F, false>
+      tiles_kernel<T, F, false>
           <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
     }
     CUDA_CHECK_LAUNCH();
   });
+}
+
+// The small tile up to 16 tokens (memory-bound: deeper k steps), the big one above; the
+// same bits either way (mma_tile.cuh).
+void run_tiles(const LinearParams& p, cudaStream_t stream) {
+  if (p.num_tokens <= tile::SmallTile::kTokens) {
+    launch_tiles<tile::SmallTile>(p, stream);
+  } else {
+    launch_tiles<tile::BigTile>(p, stream);
+  }
 }
 
 void run_gemv(const LinearParams& p, cudaStream_t stream) {

@@ -1,14 +1,16 @@
 // The batch-invariant tensor-core tile shared by the CUDA MoE experts and the linear
-// layers' batch-invariant path: C[kBM, kBN] = A W[n0 : n0 + kBN]^T, where the kBM rows of
-// A are gathered through row pointers (any token order, null = zero row) and W is any
+// layers' batch-invariant path: C[tokens, kBN] = A W[n0 : n0 + kBN]^T, where the rows of A
+// are gathered through row pointers (any token order, null = zero row) and W is any
 // Weight format decoded into shared memory as bf16 (FP8: raw e4m3, each 128-wide k
 // block's partial sum scaled on its own). fp32 accumulate.
 //
 // Why it is batch-invariant: every output element is built by the same sequence of
-// wmma 16x16x16 steps over k = 0, kBK, 2 kBK, ... (no split-K, no shape-dependent
-// algorithm choice), and an MMA's result for one element depends only on its own row of
-// A and column of W. So a token's output bits do not depend on which tile row it lands
-// in, on how many other tokens share the tile, or on the number of tokens in the call.
+// wmma 16x16x16 steps over k = 0, 16, 32, ... (no split-K, no shape-dependent algorithm
+// choice), in either tile shape, and an MMA's result for one element depends only on its
+// own row of A and column of W. So a token's output bits do not depend on which tile or
+// tile row it lands in, on how many other tokens share the tile, or on the number of
+// tokens in the call. (Beyond K, tiles pad with zeros: adding +0 changes no value; only
+// an exact -0 sum may become +0 when K is not a multiple of 128.)
 #pragma once
 
 #include <mma.h>
@@ -17,111 +19,149 @@
 
 namespace hyserve::cuda::tile {
 
-constexpr int kMmaThreads = 128;
-constexpr int kBM = 64;         // tokens (16 per warp)
-constexpr int kBN = 64;         // weight rows (output features)
-constexpr int kBK = 32;         // reduction
-constexpr int kLdAB = kBK + 8;  // bf16 smem row stride (multiple of 8, 32-byte aligned rows)
-constexpr int kLdC = kBN + 4;   // fp32 smem row stride
-static_assert(Weight::kFp8BlockSize % kBN == 0 && Weight::kFp8BlockSize % kBK == 0,
+constexpr int kMmaThreads = 128;  // 4 warps
+constexpr int kBN = 64;           // weight rows (output features) per tile
+constexpr int kLdC = kBN + 4;     // fp32 smem row stride
+static_assert(kBN / 16 == kMmaThreads / 32, "the small tile gives each warp one 16-row n-slice");
+
+// Two tile shapes with the same per-element MMA sequence (so the same bits):
+//   Tile<64, 32>   64 tokens x 32 k per step; warp i owns tokens 16 i .. + 16, all kBN rows
+//   Tile<16, 128>  16 tokens x 128 k per step (4x the bytes in flight per step, for the
+//                  memory-bound small batches); warp i owns weight rows 16 i .. + 16
+// Both walk k from 0 in wmma 16x16x16 steps into one fp32 accumulator per output (FP8:
+// into a block accumulator per 128-wide scale block, then acc += scale * block).
+template <int kM, int kK>
+struct Tile {
+  static_assert((kM == 64 && kK == 32) || (kM == 16 && kK == 128), "the two tile shapes");
+  static constexpr int kTokens = kM;
+  static constexpr int kDepth = kK;
+  static constexpr int kLdAB = kK + 8;  // bf16 smem row stride (multiple of 8, 32-byte rows)
+};
+using BigTile = Tile<64, 32>;
+using SmallTile = Tile<16, 128>;
+constexpr int kBM = BigTile::kTokens;  // the most tokens a tile holds
+static_assert(Weight::kFp8BlockSize % kBN == 0 && Weight::kFp8BlockSize % BigTile::kDepth == 0 &&
+                  Weight::kFp8BlockSize % SmallTile::kDepth == 0,
               "an FP8 scale block must cover whole tiles");
+
+// Two floats rounded to bf16 (as __float2bfloat16 rounds each), packed low half first.
+__device__ __forceinline__ uint32_t bf16x2_bits(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
 
 namespace wmma = nvcuda::wmma;
 using FragA = wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major>;
 using FragB = wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major>;
 using FragC = wmma::fragment<wmma::accumulator, 16, 16, 16, float>;
 
-template <int kNumW>
+template <class T, int kNumW>
 struct MmaSmem {
   union {
     struct {
-      alignas(128) __nv_bfloat16 a[kBM * kLdAB];         // [kBM, kBK] activations
-      alignas(128) __nv_bfloat16 b[kNumW][kBN * kLdAB];  // [kBN, kBK] weight rows per matrix
+      alignas(128) __nv_bfloat16 a[T::kTokens * T::kLdAB];  // [tokens, depth] activations
+      alignas(128) __nv_bfloat16 b[kNumW][kBN * T::kLdAB];  // [kBN, depth] weight rows
     } in;
-    alignas(128) float c[kNumW][kBM * kLdC];  // [kBM, kBN] results per matrix, after the k loop
+    alignas(128) float c[kNumW][T::kTokens * kLdC];  // [tokens, kBN] results, after the k loop
   };
-  const float* rows[kBM];  // activation row per tile row, or null
+  const float* rows[T::kTokens];  // activation row per tile row, or null
 };
 
-// Stages k in [k0, k0 + kBK) of the activations and of weight rows [n0, n0 + kBN) as bf16.
-// Weights hold element() values, except FP8: raw e4m3 (the block scale comes later).
+// Stages k in [k0, k0 + depth) of the activations and of weight rows [n0, n0 + kBN) as
+// bf16. Weights hold element() values, except FP8: raw e4m3 (the block scale comes later).
 // kVec: 16-byte loads (full k tile, aligned rows); else one element at a time.
-template <WFmt F, bool kVec, int kNumW>
+template <class T, WFmt F, bool kVec, int kNumW>
 __device__ __forceinline__ void load_tiles(const WRef (&ws)[kNumW], int64_t n0, int64_t k0,
-                                           MmaSmem<kNumW>& s) {
+                                           MmaSmem<T, kNumW>& s) {
+  constexpr int kM = T::kTokens;
+  constexpr int kK = T::kDepth;
+  constexpr int kLd = T::kLdAB;
   const int64_t k_total = ws[0].cols;
-  if (kVec && k0 + kBK <= k_total) {
-    for (int i = threadIdx.x; i < kBM * kBK / 4; i += kMmaThreads) {
-      const int m = i / (kBK / 4);
-      const int kk = 4 * (i % (kBK / 4));
+  if (kVec && k0 + kK <= k_total) {
+    for (int i = threadIdx.x; i < kM * kK / 4; i += kMmaThreads) {
+      const int m = i / (kK / 4);
+      const int kk = 4 * (i % (kK / 4));
       const float4 v = s.rows[m] != nullptr
                            ? __ldg(reinterpret_cast<const float4*>(s.rows[m] + k0 + kk))
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      __nv_bfloat16* dst = s.in.a + m * kLdAB + kk;
-      dst[0] = __float2bfloat16(v.x);
-      dst[1] = __float2bfloat16(v.y);
-      dst[2] = __float2bfloat16(v.z);
-      dst[3] = __float2bfloat16(v.w);
+      *reinterpret_cast<uint2*>(s.in.a + m * kLd + kk) =
+          make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
     }
     constexpr int kE = kChunkElems<F>;
-    static_assert(kBK % kE == 0, "a k tile holds whole 16-byte chunks");
-    constexpr int kChunksPerRow = kBK / kE;
+    static_assert(kK % kE == 0, "a k tile holds whole 16-byte chunks");
+    constexpr int kChunksPerRow = kK / kE;
 #pragma unroll
     for (int w = 0; w < kNumW; ++w) {
       for (int i = threadIdx.x; i < kBN * kChunksPerRow; i += kMmaThreads) {
         const int n = i / kChunksPerRow;
         const int kk = (i % kChunksPerRow) * kE;
         const int64_t r = n0 + n;
-        float v[kE];
-        if (r < ws[w].rows) {
-          const int64_t num_chunks = k_total / kE;
-          const int64_t k = k0 + kk;
-          const uint4 raw =
-              __ldg(reinterpret_cast<const uint4*>(ws[w].data) + r * num_chunks + k / kE);
+        __nv_bfloat16* dst = s.in.b[w] + n * kLd + kk;
+        const int64_t k = k0 + kk;
+        const uint4 raw =
+            r < ws[w].rows
+                ? __ldg(reinterpret_cast<const uint4*>(ws[w].data) + r * (k_total / kE) + k / kE)
+                : make_uint4(0, 0, 0, 0);
+        if constexpr (F == WFmt::kBF16) {
+          *reinterpret_cast<uint4*>(dst) = raw;  // already the bf16 values
+        } else {
+          float v[kE];
           if constexpr (F == WFmt::kFp8) {
             decode_chunk<F>(raw, v);
           } else {
-            decode_chunk_scaled<F>(raw, element_scale<F>(ws[w], r, k), v);
+            decode_chunk_scaled<F>(raw, r < ws[w].rows ? element_scale<F>(ws[w], r, k) : 0.0f, v);
           }
-        } else {
+          uint32_t packed[kE / 2];
 #pragma unroll
-          for (int e = 0; e < kE; ++e) v[e] = 0.0f;
+          for (int e = 0; e < kE / 2; ++e) packed[e] = bf16x2_bits(v[2 * e], v[2 * e + 1]);
+          if constexpr (kE == 4) {
+            *reinterpret_cast<uint2*>(dst) = make_uint2(packed[0], packed[1]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < kE / 2; e += 4) {
+              *reinterpret_cast<uint4*>(dst + 2 * e) =
+                  make_uint4(packed[e], packed[e + 1], packed[e + 2], packed[e + 3]);
+            }
+          }
         }
-        __nv_bfloat16* dst = s.in.b[w] + n * kLdAB + kk;
-#pragma unroll
-        for (int e = 0; e < kE; ++e) dst[e] = __float2bfloat16(v[e]);
       }
     }
     return;
   }
-  for (int i = threadIdx.x; i < kBM * kBK; i += kMmaThreads) {
-    const int m = i / kBK;
-    const int64_t k = k0 + i % kBK;
+  for (int i = threadIdx.x; i < kM * kK; i += kMmaThreads) {
+    const int m = i / kK;
+    const int64_t k = k0 + i % kK;
     const float v = s.rows[m] != nullptr && k < k_total ? s.rows[m][k] : 0.0f;
-    s.in.a[m * kLdAB + i % kBK] = __float2bfloat16(v);
+    s.in.a[m * kLd + i % kK] = __float2bfloat16(v);
   }
 #pragma unroll
   for (int w = 0; w < kNumW; ++w) {
-    for (int i = threadIdx.x; i < kBN * kBK; i += kMmaThreads) {
-      const int64_t r = n0 + i / kBK;
-      const int64_t k = k0 + i % kBK;
+    for (int i = threadIdx.x; i < kBN * kK; i += kMmaThreads) {
+      const int64_t r = n0 + i / kK;
+      const int64_t k = k0 + i % kK;
       float v = 0.0f;
       if (r < ws[w].rows && k < k_total) {
         v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
       }
-      s.in.b[w][(i / kBK) * kLdAB + i % kBK] = __float2bfloat16(v);
+      s.in.b[w][(i / kK) * kLd + i % kK] = __float2bfloat16(v);
     }
   }
 }
 
-// c[w] = A W_w[n0 : n0 + kBN]^T for the kBM activation rows in s.rows (K = ws[0].cols),
-// fp32 accumulate. Warp i owns rows 16 i .. + 16 and all kBN columns. For FP8 the tile
-// holds raw e4m3 values and each 128-wide k block's sum is scaled on its own.
-template <WFmt F, bool kVec, int kNumW>
-__device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, MmaSmem<kNumW>& s) {
-  constexpr int kFrags = kBN / 16;
+// c[w] = A W_w[n0 : n0 + kBN]^T for the activation rows in s.rows (K = ws[0].cols), fp32
+// accumulate, in the tile shape T (see Tile). For FP8 the tile holds raw e4m3 values and
+// each 128-wide k block's sum is scaled on its own.
+template <class T, WFmt F, bool kVec, int kNumW>
+__device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0,
+                                         MmaSmem<T, kNumW>& s) {
+  constexpr bool kSmall = T::kTokens == 16;
+  constexpr int kFrags = kSmall ? 1 : kBN / 16;  // n-slices of 16 rows per warp
+  constexpr int kK = T::kDepth;
+  constexpr int kLd = T::kLdAB;
   const int64_t k_total = ws[0].cols;
   const int warp = threadIdx.x / 32;
+  const int m_frag = kSmall ? 0 : warp;   // this warp's 16 tokens
+  const int n_first = kSmall ? warp : 0;  // this warp's first 16-row n-slice
   FragC acc[kNumW][kFrags];
   FragC block_acc[kNumW][F == WFmt::kFp8 ? kFrags : 1];
 #pragma unroll
@@ -133,19 +173,19 @@ __device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, Mm
       for (int j = 0; j < kFrags; ++j) wmma::fill_fragment(block_acc[w][j], 0.0f);
     }
   }
-  for (int64_t k0 = 0; k0 < k_total; k0 += kBK) {
-    load_tiles<F, kVec>(ws, n0, k0, s);
+  for (int64_t k0 = 0; k0 < k_total; k0 += kK) {
+    load_tiles<T, F, kVec>(ws, n0, k0, s);
     __syncthreads();
 #pragma unroll
-    for (int kk = 0; kk < kBK; kk += 16) {
+    for (int kk = 0; kk < kK; kk += 16) {
       FragA fa;
-      wmma::load_matrix_sync(fa, s.in.a + (16 * warp) * kLdAB + kk, kLdAB);
+      wmma::load_matrix_sync(fa, s.in.a + (16 * m_frag) * kLd + kk, kLd);
 #pragma unroll
       for (int w = 0; w < kNumW; ++w) {
 #pragma unroll
         for (int j = 0; j < kFrags; ++j) {
           FragB fb;
-          wmma::load_matrix_sync(fb, s.in.b[w] + (16 * j) * kLdAB + kk, kLdAB);
+          wmma::load_matrix_sync(fb, s.in.b[w] + (16 * (n_first + j)) * kLd + kk, kLd);
           if constexpr (F == WFmt::kFp8) {
             wmma::mma_sync(block_acc[w][j], fa, fb, block_acc[w][j]);
           } else {
@@ -156,7 +196,7 @@ __device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, Mm
     }
     __syncthreads();
     if constexpr (F == WFmt::kFp8) {
-      const int64_t k_end = k0 + kBK;
+      const int64_t k_end = k0 + kK;
       if (k_end % Weight::kFp8BlockSize == 0 || k_end >= k_total) {
 #pragma unroll
         for (int w = 0; w < kNumW; ++w) {
@@ -165,7 +205,7 @@ __device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, Mm
           for (int j = 0; j < kFrags; ++j) {
 #pragma unroll
             for (int q = 0; q < acc[w][j].num_elements; ++q) {
-              acc[w][j].x[q] += scale * block_acc[w][j].x[q];
+              acc[w][j].x[q] = __fmaf_rn(scale, block_acc[w][j].x[q], acc[w][j].x[q]);
             }
             wmma::fill_fragment(block_acc[w][j], 0.0f);
           }
@@ -177,7 +217,7 @@ __device__ __forceinline__ void mma_tile(const WRef (&ws)[kNumW], int64_t n0, Mm
   for (int w = 0; w < kNumW; ++w) {
 #pragma unroll
     for (int j = 0; j < kFrags; ++j) {
-      wmma::store_matrix_sync(s.c[w] + (16 * warp) * kLdC + 16 * j, acc[w][j], kLdC,
+      wmma::store_matrix_sync(s.c[w] + (16 * m_frag) * kLdC + 16 * (n_first + j), acc[w][j], kLdC,
                               wmma::mem_row_major);
     }
   }

@@ -7,9 +7,9 @@
 //   5. down     slot_out[slot] = h[pos] W_down^T
 //   6. shared   shared_out = cuda::mlp(x) when there is a shared expert
 //   7. combine  y[t] = sum_i w_i * slot_out[t * top_k + i] (+ shared_out[t])
-// Steps 4 and 5 launch a memory-bound kernel and a tensor-core kernel over
-// (active expert, row block); each block handles only experts of its kind by token
-// count and returns at once otherwise.
+// Steps 4 and 5 launch a memory-bound kernel and two tensor-core kernels (the small and
+// the big tile of mma_tile.cuh) over (active expert, row block); each block handles only
+// experts of its kind by token count (Path) and returns at once otherwise.
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -26,11 +26,17 @@ namespace {
 
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
-using tile::kBM;
 using tile::kBN;
 using tile::kLdC;
 using tile::kMmaThreads;
 using tile::MmaSmem;
+
+// Which kernel runs an expert: by its token count n.
+enum class Path {
+  kGemv,       // n < mma_min_tokens
+  kSmallTile,  // mma_min_tokens <= n <= 16: the small tensor-core tile (deep k steps)
+  kBigTile,    // n > 16 (and >= mma_min_tokens)
+};
 constexpr int kScanThreads = 1024;
 static_assert(kMoeMmaMinTokens <= kGemvMaxTokens + 1, "small path handles up to 15 tokens");
 
@@ -156,13 +162,16 @@ struct Assignment {
   int32_t count = 0;
 };
 
-template <bool kMma>
+template <Path kPath>
 __device__ __forceinline__ Assignment assign(const Geometry& g, const Buckets& b) {
   Assignment a;
   if (static_cast<int32_t>(blockIdx.x) >= *b.num_active) return a;
   const int32_t e = b.active[blockIdx.x];
   const int32_t n = b.counts[e];
-  if ((n >= g.mma_min_tokens) != kMma) return a;
+  const Path path = n < g.mma_min_tokens            ? Path::kGemv
+                    : n <= tile::SmallTile::kTokens ? Path::kSmallTile
+                                                    : Path::kBigTile;
+  if (path != kPath) return a;
   a.expert = e;
   a.begin = b.offsets[e];
   a.count = n;
@@ -175,7 +184,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                          const float* __restrict__ x, float* __restrict__ h) {
-  const Assignment a = assign<false>(g, b);
+  const Assignment a = assign<Path::kGemv>(g, b);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) {
@@ -210,7 +219,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     down_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                       const float* __restrict__ h, float* __restrict__ slot_out) {
-  const Assignment a = assign<false>(g, b);
+  const Assignment a = assign<Path::kGemv>(g, b);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) xs[threadIdx.x] = h + (a.begin + threadIdx.x) * g.inter;
@@ -236,14 +245,16 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
 }
 
 // Step 4, many tokens: block (a, nb) computes h[:, nb * kBN .. + kBN] for all tokens
-// of the expert, kBM at a time.
-template <WFmt F, bool kVec>
+// of the expert, kBM (T's token count) at a time.
+template <class T, WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                        const float* __restrict__ x, float* __restrict__ h) {
-  const Assignment a = assign<true>(g, b);
+  constexpr int kBM = T::kTokens;
+  const Assignment a =
+      assign < T::kTokens == tile::SmallTile::kTokens ? Path::kSmallTile : Path::kBigTile > (g, b);
   if (a.expert < 0) return;
-  __shared__ MmaSmem<2> s;
+  __shared__ MmaSmem<T, 2> s;
   const ExpertPtrs& e = table[a.expert];
   const WRef ws[2] = {with_expert(g.gate, e, 0), with_expert(g.up, e, 1)};
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
@@ -254,7 +265,7 @@ __global__ void __launch_bounds__(kMmaThreads)
           m < a.count ? x + (b.sorted_slots[a.begin + m] / g.top_k) * g.hidden : nullptr;
     }
     __syncthreads();
-    tile::mma_tile<F, kVec, 2>(ws, n0, s);
+    tile::mma_tile<T, F, kVec, 2>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -268,13 +279,15 @@ __global__ void __launch_bounds__(kMmaThreads)
 }
 
 // Step 5, many tokens: slot_out[slot, nb * kBN .. + kBN] for all tokens of the expert.
-template <WFmt F, bool kVec>
+template <class T, WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     down_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                     const float* __restrict__ h, float* __restrict__ slot_out) {
-  const Assignment a = assign<true>(g, b);
+  constexpr int kBM = T::kTokens;
+  const Assignment a =
+      assign < T::kTokens == tile::SmallTile::kTokens ? Path::kSmallTile : Path::kBigTile > (g, b);
   if (a.expert < 0) return;
-  __shared__ MmaSmem<1> s;
+  __shared__ MmaSmem<T, 1> s;
   const WRef ws[1] = {with_expert(g.down, table[a.expert], 2)};
   const int64_t n0 = static_cast<int64_t>(blockIdx.y) * kBN;
   for (int m0 = 0; m0 < a.count; m0 += kBM) {
@@ -283,7 +296,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       s.rows[threadIdx.x] = m < a.count ? h + (a.begin + m) * g.inter : nullptr;
     }
     __syncthreads();
-    tile::mma_tile<F, kVec, 1>(ws, n0, s);
+    tile::mma_tile<T, F, kVec, 1>(ws, n0, s);
     for (int i = threadIdx.x; i < kBM * kBN; i += kMmaThreads) {
       const int m = i / kBN;
       const int n = i % kBN;
@@ -432,9 +445,9 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   };
   const bool x_aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
 
-  // (With batch_invariant no expert is small: the GEMV kernels are not launched.)
+  // (When every expert runs the tiles, the GEMV kernels are not launched.)
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
-    if (!batch_invariant) {
+    if (g.mma_min_tokens > 1) {
       if (experts.gate_up_aligned() && x_aligned) {
         gate_up_small_kernel<F, true>
             <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
@@ -446,17 +459,21 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
       CUDA_CHECK_LAUNCH();
     }
-    if (experts.gate_up_aligned() && x_aligned) {
-      gate_up_mma_kernel<F, true>
-          <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
-    } else {
-      gate_up_mma_kernel<F, false>
-          <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
-    }
-    CUDA_CHECK_LAUNCH();
+    const auto gate_up_tiles = [&]<class T>() {
+      if (experts.gate_up_aligned() && x_aligned) {
+        gate_up_mma_kernel<T, F, true>
+            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+      } else {
+        gate_up_mma_kernel<T, F, false>
+            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+      }
+      CUDA_CHECK_LAUNCH();
+    };
+    gate_up_tiles.template operator()<tile::SmallTile>();
+    gate_up_tiles.template operator()<tile::BigTile>();
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
-    if (!batch_invariant) {
+    if (g.mma_min_tokens > 1) {
       if (experts.down_aligned()) {
         down_small_kernel<F, true>
             <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
@@ -468,14 +485,18 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
       CUDA_CHECK_LAUNCH();
     }
-    if (experts.down_aligned()) {
-      down_mma_kernel<F, true>
-          <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
-    } else {
-      down_mma_kernel<F, false>
-          <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
-    }
-    CUDA_CHECK_LAUNCH();
+    const auto down_tiles = [&]<class T>() {
+      if (experts.down_aligned()) {
+        down_mma_kernel<T, F, true>
+            <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+      } else {
+        down_mma_kernel<T, F, false>
+            <<<blocks(g.hidden, kBN), kMmaThreads, 0, stream>>>(g, table, b, h, slot_out);
+      }
+      CUDA_CHECK_LAUNCH();
+    };
+    down_tiles.template operator()<tile::SmallTile>();
+    down_tiles.template operator()<tile::BigTile>();
   });
 
   if (p.shared != nullptr) {
