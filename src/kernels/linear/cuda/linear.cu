@@ -77,6 +77,31 @@ __global__ void __launch_bounds__(tile::kMmaThreads)
   }
 }
 
+// The same for more than 16 tokens, by the large tile (128 tokens per block).
+template <WFmt F, bool kVec>
+__global__ void __launch_bounds__(tile::kLargeThreads)
+    tiles_large_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
+                       float* __restrict__ y, int64_t num_tokens) {
+  constexpr int kM = tile::LargeTile::kTokens;
+  __shared__ tile::LargeSmem s;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tile::kBN;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kM;
+  if (threadIdx.x < kM) {
+    const int64_t m = m0 + threadIdx.x;
+    s.rows[threadIdx.x] = m < num_tokens ? x + m * w.cols : nullptr;
+  }
+  __syncthreads();
+  tile::mma_tile_large<F, kVec>(w, n0, s);
+  for (int i = threadIdx.x; i < kM * tile::kBN; i += tile::kLargeThreads) {
+    const int64_t m = m0 + i / tile::kBN;
+    const int64_t n = n0 + i % tile::kBN;
+    if (m < num_tokens && n < w.rows) {
+      const float c = s.c[(i / tile::kBN) * tile::kLdC + i % tile::kBN];
+      y[m * w.rows + n] = bias != nullptr ? c + bias[n] : c;
+    }
+  }
+}
+
 __global__ void f32_to_bf16_kernel(const float* __restrict__ x, __nv_bfloat16* __restrict__ out,
                                    int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -219,13 +244,35 @@ void launch_tiles(const LinearParams& p, cudaStream_t stream) {
   });
 }
 
-// The small tile up to 16 tokens (memory-bound: deeper k steps), the big one above; the
+void launch_large_tiles(const LinearParams& p, cudaStream_t stream) {
+  const WRef w = make_wref(*p.w);
+  const WFmt f = weight_wfmt(*p.w);
+  const int64_t token_blocks =
+      (p.num_tokens + tile::LargeTile::kTokens - 1) / tile::LargeTile::kTokens;
+  CHECK(token_blocks <= 65535, "linear: ", p.num_tokens,
+        " tokens are too many for the batch-invariant path");
+  const dim3 grid(static_cast<unsigned>((w.rows + tile::kBN - 1) / tile::kBN),
+                  static_cast<unsigned>(token_blocks));
+  const bool vec = gemv_vectorizable(w, f, p.x);
+  dispatch_format(f, [&]<WFmt F>() {
+    if (vec) {
+      tiles_large_kernel<F, true>
+          <<<grid, tile::kLargeThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+    } else {
+      tiles_large_kernel<F, false>
+          <<<grid, tile::kLargeThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+    }
+    CUDA_CHECK_LAUNCH();
+  });
+}
+
+// The small tile up to 16 tokens (memory-bound: deeper k steps), the large one above; the
 // same bits either way (mma_tile.cuh).
 void run_tiles(const LinearParams& p, cudaStream_t stream) {
   if (p.num_tokens <= tile::SmallTile::kTokens) {
     launch_tiles<tile::SmallTile>(p, stream);
   } else {
-    launch_tiles<tile::BigTile>(p, stream);
+    launch_large_tiles(p, stream);
   }
 }
 
