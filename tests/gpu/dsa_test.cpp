@@ -518,6 +518,33 @@ TEST(DsaGpu, DenseMlaMatchesCpu) {
 
 // ---------------------------------------------------------------- whole step
 
+// The whole step's outputs on the device ([B * n_q, H, 512] o_lat, [B * n_q, H] lse,
+// [B * n_q, topk] slots) and its Params over the pool's inputs.
+struct StepRun {
+  int64_t rows, heads;
+  DeviceBuffer o, lse, slots;
+  DsaDecodeParams p;
+  StepRun(const DsaTestPool& t, const DevicePool& d, int64_t topk)
+      : rows(t.num_requests() * t.num_q),
+        heads(rows * t.heads),
+        o(sizeof(float) * heads * kDsaLoraDim),
+        lse(sizeof(float) * heads),
+        slots(sizeof(int32_t) * rows * topk),
+        p{.cache = d.cache(t),
+          .batch = d.batch(t),
+          .index_q8 = d.q8.as<uint8_t>(),
+          .index_weights = d.weights.as<float>(),
+          .index_num_heads = t.index_heads,
+          .topk = topk,
+          .q_lat = d.q_lat.as<float>(),
+          .q_pe = d.q_pe.as<float>(),
+          .num_heads = t.heads,
+          .softmax_scale = kSoftmaxScale,
+          .o_lat = o.as<float>(),
+          .lse = lse.as<float>(),
+          .slots = slots.as<int32_t>()} {}
+};
+
 TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
   REQUIRE_GPU();
   uint64_t seed = 700;
@@ -525,23 +552,10 @@ TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
     for (const int64_t topk : {64, 2048}) {
       DsaTestPool t = make_dsa_test_pool({1, 65, 321, 2049, 5000}, 64, num_q, 16, 32, ++seed);
       DevicePool d(t);
-      const int64_t rows = t.num_requests() * num_q;
-      const int64_t heads = rows * t.heads;
-      DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
-      DeviceBuffer slots(sizeof(int32_t) * rows * topk);
-      const DsaDecodeParams p{.cache = d.cache(t),
-                              .batch = d.batch(t),
-                              .index_q8 = d.q8.as<uint8_t>(),
-                              .index_weights = d.weights.as<float>(),
-                              .index_num_heads = t.index_heads,
-                              .topk = topk,
-                              .q_lat = d.q_lat.as<float>(),
-                              .q_pe = d.q_pe.as<float>(),
-                              .num_heads = t.heads,
-                              .softmax_scale = kSoftmaxScale,
-                              .o_lat = o.as<float>(),
-                              .lse = lse.as<float>(),
-                              .slots = slots.as<int32_t>()};
+      StepRun run(t, d, topk);
+      const int64_t rows = run.rows, heads = run.heads;
+      const DsaDecodeParams& p = run.p;
+      DeviceBuffer &o = run.o, &lse = run.lse, &slots = run.slots;
       DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
       cuda::dsa_decode(p, ws.data(), ws.size(), nullptr);
       sync();
@@ -578,23 +592,10 @@ TEST(DsaGpu, WholeStepBatchInvariantRequestAloneEqualsInBatch) {
     DsaTestPool t = make_dsa_test_pool({1, 65, 2049, 9000, 30000}, 64, num_q, 16, 32, 950 + num_q);
     DevicePool d(t);
     const int64_t topk = 2048;
-    const int64_t rows = t.num_requests() * num_q;
-    const int64_t heads = rows * t.heads;
-    DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
-    DeviceBuffer slots(sizeof(int32_t) * rows * topk);
-    const DsaDecodeParams p{.cache = d.cache(t),
-                            .batch = d.batch(t),
-                            .index_q8 = d.q8.as<uint8_t>(),
-                            .index_weights = d.weights.as<float>(),
-                            .index_num_heads = t.index_heads,
-                            .topk = topk,
-                            .q_lat = d.q_lat.as<float>(),
-                            .q_pe = d.q_pe.as<float>(),
-                            .num_heads = t.heads,
-                            .softmax_scale = kSoftmaxScale,
-                            .o_lat = o.as<float>(),
-                            .lse = lse.as<float>(),
-                            .slots = slots.as<int32_t>()};
+    StepRun run(t, d, topk);
+    const int64_t rows = run.rows, heads = run.heads;
+    const DsaDecodeParams& p = run.p;
+    DeviceBuffer &o = run.o, &lse = run.lse, &slots = run.slots;
     DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
     cuda::dsa_decode(p, ws.data(), ws.size(), nullptr, /*batch_invariant=*/true);
     sync();
@@ -645,23 +646,10 @@ TEST(DsaGpu, WholeStepReplaysFromACudaGraph) {
   DsaTestPool t = make_dsa_test_pool({3000, 700, 1}, 64, 2, 16, 32, 901);
   DevicePool d(t);
   const int64_t topk = 256;
-  const int64_t rows = t.num_requests() * t.num_q;
-  const int64_t heads = rows * t.heads;
-  DeviceBuffer o(sizeof(float) * heads * kDsaLoraDim), lse(sizeof(float) * heads);
-  DeviceBuffer slots(sizeof(int32_t) * rows * topk);
-  const DsaDecodeParams p{.cache = d.cache(t),
-                          .batch = d.batch(t),
-                          .index_q8 = d.q8.as<uint8_t>(),
-                          .index_weights = d.weights.as<float>(),
-                          .index_num_heads = t.index_heads,
-                          .topk = topk,
-                          .q_lat = d.q_lat.as<float>(),
-                          .q_pe = d.q_pe.as<float>(),
-                          .num_heads = t.heads,
-                          .softmax_scale = kSoftmaxScale,
-                          .o_lat = o.as<float>(),
-                          .lse = lse.as<float>(),
-                          .slots = slots.as<int32_t>()};
+  StepRun run(t, d, topk);
+  const int64_t rows = run.rows, heads = run.heads;
+  const DsaDecodeParams& p = run.p;
+  DeviceBuffer &o = run.o, &lse = run.lse, &slots = run.slots;
   DeviceBuffer ws(cuda::dsa_decode_workspace_bytes(p));
   cudaStream_t stream;
   CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));

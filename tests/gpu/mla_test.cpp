@@ -170,13 +170,34 @@ struct Problem {
   }
 };
 
+// A Problem's inputs on the device.
+struct DeviceInputs {
+  DeviceBuffer q, latent, pos, topk;
+  explicit DeviceInputs(const Problem& pr)
+      : q(to_device(pr.q)),
+        latent(to_device(pr.latent)),
+        pos(to_device(pr.q_pos)),
+        topk(to_device(pr.topk)) {}
+  // Points p (from Problem::params) at these buffers and the device weight.
+  void bind(MlaAttentionParams& p, const Weight* kv_b, bool use_topk) const {
+    p.q = q.as<float>();
+    p.latent = latent.as<float>();
+    p.kv_b = kv_b;
+    p.q_pos = pos.as<int64_t>();
+    p.topk = use_topk ? topk.as<int32_t>() : nullptr;
+  }
+};
+
 // Logits are O(1) (q_lat.c over kv_lora + dr terms, scaled by (dn+dr)^-0.5); the GPU sums
 // the dots as warp trees with FMA and merges softmax partials (online max rescaling,
 // split-KV combine) where the CPU sums sequentially: ~1e-6 relative differences in the
 // logits and sums. out (O(0.1..1)): 2e-5 absolute + 1e-4 relative; lse (O(1..10)):
 // 2e-5 absolute + 2e-6 relative. Empty queries: out exactly 0 and lse exactly -inf.
-void check(const Problem& pr, Format format, bool use_topk, bool with_lse,
-           const std::string& what) {
+// batch_invariant: the kernel's batch-invariant plan. got_out_copy / got_lse_copy, when
+// given, receive the GPU's results.
+void check(const Problem& pr, Format format, bool use_topk, bool with_lse, const std::string& what,
+           bool batch_invariant = false, std::vector<float>* got_out_copy = nullptr,
+           std::vector<float>* got_lse_copy = nullptr) {
   const StoredWeight w(pr.kv_b, pr.z.num_heads * (pr.z.dn + pr.z.dv), pr.z.kv_lora, format);
   const int64_t num_rows = pr.z.num_tokens * pr.z.num_heads;
   std::vector<float> want_out(num_rows * pr.z.dv), want_lse(num_rows);
@@ -185,22 +206,18 @@ void check(const Problem& pr, Format format, bool use_topk, bool with_lse,
   p.lse = want_lse.data();
   cpu::mla_attention_absorbed(p);
 
-  DeviceBuffer d_q = to_device(pr.q), d_latent = to_device(pr.latent), d_pos = to_device(pr.q_pos),
-               d_topk = to_device(pr.topk);
+  const DeviceInputs in(pr);
+  in.bind(p, &w.device, use_topk);
   DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
-  p.q = d_q.as<float>();
-  p.latent = d_latent.as<float>();
-  p.kv_b = &w.device;
-  p.q_pos = d_pos.as<int64_t>();
-  p.topk = use_topk ? d_topk.as<int32_t>() : nullptr;
   p.out = d_out.as<float>();
   p.lse = with_lse ? d_lse.as<float>() : nullptr;
   const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p);
   DeviceBuffer ws(ws_bytes);
-  cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr);
+  cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr, batch_invariant);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
+  if (got_out_copy != nullptr) *got_out_copy = got_out;
   EXPECT_TRUE(test::all_close(got_out, want_out, 2e-5f, 1e-4f)) << what << " out";
   for (int64_t r = 0; r < num_rows; ++r) {
     if (std::isinf(want_lse[r])) {
@@ -211,6 +228,7 @@ void check(const Problem& pr, Format format, bool use_topk, bool with_lse,
   }
   if (!with_lse) return;
   const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
+  if (got_lse_copy != nullptr) *got_lse_copy = got_lse;
   for (int64_t r = 0; r < num_rows; ++r) {
     if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
       ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
@@ -307,36 +325,20 @@ TEST(GpuMla, BatchInvariantQueryAloneEqualsInBatch) {
     const Sizes z{65, 3000, 3, 128, 64, 128, 512};
     Problem pr(z, z.num_keys - z.num_tokens, 60);
     if (use_topk) pr.make_topk(2048, 61);
+    std::vector<float> all_out, all_lse;
+    check(pr, Format::kF32, use_topk, /*with_lse=*/true, name_of(z, pr.q_pos[0], "invariant"),
+          /*batch_invariant=*/true, &all_out, &all_lse);
+    ASSERT_EQ(all_lse.size(), static_cast<size_t>(z.num_tokens * z.num_heads));
     const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, Format::kF32);
-    std::vector<float> want_out(z.num_tokens * z.num_heads * z.dv),
-        want_lse(z.num_tokens * z.num_heads);
-    MlaAttentionParams p = pr.params(&w.host, use_topk);
-    p.out = want_out.data();
-    p.lse = want_lse.data();
-    cpu::mla_attention_absorbed(p);
-    DeviceBuffer d_q = to_device(pr.q), d_latent = to_device(pr.latent),
-                 d_pos = to_device(pr.q_pos), d_topk = to_device(pr.topk);
-    DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
-    p.q = d_q.as<float>();
-    p.latent = d_latent.as<float>();
-    p.kv_b = &w.device;
-    p.q_pos = d_pos.as<int64_t>();
-    p.topk = use_topk ? d_topk.as<int32_t>() : nullptr;
-    p.out = d_out.as<float>();
-    p.lse = d_lse.as<float>();
-    DeviceBuffer ws(cuda::mla_attention_workspace_bytes(p));
-    cuda::mla_attention_absorbed(p, ws.data(), ws.size(), nullptr, /*batch_invariant=*/true);
-    CUDA_CHECK(cudaDeviceSynchronize());
-    const std::vector<float> all_out = to_host<float>(d_out, want_out.size());
-    const std::vector<float> all_lse = to_host<float>(d_lse, want_lse.size());
-    EXPECT_TRUE(test::all_close(all_out, want_out, 2e-5f, 1e-4f)) << "out, top-k " << use_topk;
-    EXPECT_TRUE(test::all_close(all_lse, want_lse, 2e-5f, 2e-6f)) << "lse, top-k " << use_topk;
+    const DeviceInputs in(pr);
+    MlaAttentionParams p = pr.params(&w.device, use_topk);
+    in.bind(p, &w.device, use_topk);
     const int64_t q_width = z.num_heads * (z.dn + z.dr);
     for (const int64_t t : {0, 1, 31, 64}) {
       MlaAttentionParams one = p;
-      one.q = d_q.as<float>() + t * q_width;
-      one.q_pos = d_pos.as<int64_t>() + t;
-      if (use_topk) one.topk = d_topk.as<int32_t>() + t * pr.topk_width;
+      one.q = in.q.as<float>() + t * q_width;
+      one.q_pos = in.pos.as<int64_t>() + t;
+      if (use_topk) one.topk = in.topk.as<int32_t>() + t * pr.topk_width;
       one.num_tokens = 1;
       one.num_keys = pr.q_pos[t] + 1;
       DeviceBuffer o1(sizeof(float) * z.num_heads * z.dv), l1(sizeof(float) * z.num_heads);

@@ -50,54 +50,51 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
   }
 }
 
+// The two block shapes of the batch-invariant path (mma_tile.cuh): how many tokens and
+// threads a block has, its shared memory, and how it computes its [tokens, kBN] tile.
+struct SmallTiles {
+  static constexpr int kTokens = tile::SmallTile::kTokens;
+  static constexpr int kThreads = tile::kMmaThreads;
+  using Smem = tile::MmaSmem<tile::SmallTile, 1>;
+  template <WFmt F, bool kVec>
+  __device__ static const float* compute(const WRef& w, int64_t n0, Smem& s) {
+    const WRef ws[1] = {w};
+    tile::mma_tile<tile::SmallTile, F, kVec, 1>(ws, n0, s);
+    return s.c[0];
+  }
+};
+struct LargeTiles {
+  static constexpr int kTokens = tile::LargeTile::kTokens;
+  static constexpr int kThreads = tile::kLargeThreads;
+  using Smem = tile::LargeSmem;
+  template <WFmt F, bool kVec>
+  __device__ static const float* compute(const WRef& w, int64_t n0, Smem& s) {
+    tile::mma_tile_large<F, kVec>(w, n0, s);
+    return s.c;
+  }
+};
+
 // Block (row block, token block): y[m0 .. m0 + tokens, n0 .. n0 + kBN] (+ bias) by the
-// batch-invariant tile T.
-template <class T, WFmt F, bool kVec>
-__global__ void __launch_bounds__(tile::kMmaThreads)
+// block shape B.
+template <class B, WFmt F, bool kVec>
+__global__ void __launch_bounds__(B::kThreads)
     tiles_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
                  float* __restrict__ y, int64_t num_tokens) {
-  constexpr int kM = T::kTokens;
-  __shared__ tile::MmaSmem<T, 1> s;
+  __shared__ typename B::Smem s;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tile::kBN;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kM;
-  if (threadIdx.x < kM) {
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * B::kTokens;
+  if (threadIdx.x < B::kTokens) {
     const int64_t m = m0 + threadIdx.x;
     s.rows[threadIdx.x] = m < num_tokens ? x + m * w.cols : nullptr;
   }
   __syncthreads();
-  const WRef ws[1] = {w};
-  tile::mma_tile<T, F, kVec, 1>(ws, n0, s);
-  for (int i = threadIdx.x; i < kM * tile::kBN; i += tile::kMmaThreads) {
+  const float* c = B::template compute<F, kVec>(w, n0, s);
+  for (int i = threadIdx.x; i < B::kTokens * tile::kBN; i += B::kThreads) {
     const int64_t m = m0 + i / tile::kBN;
     const int64_t n = n0 + i % tile::kBN;
     if (m < num_tokens && n < w.rows) {
-      const float c = s.c[0][(i / tile::kBN) * tile::kLdC + i % tile::kBN];
-      y[m * w.rows + n] = bias != nullptr ? c + bias[n] : c;
-    }
-  }
-}
-
-// The same for more than 16 tokens, by the large tile (128 tokens per block).
-template <WFmt F, bool kVec>
-__global__ void __launch_bounds__(tile::kLargeThreads)
-    tiles_large_kernel(WRef w, const float* __restrict__ x, const float* __restrict__ bias,
-                       float* __restrict__ y, int64_t num_tokens) {
-  constexpr int kM = tile::LargeTile::kTokens;
-  __shared__ tile::LargeSmem s;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * tile::kBN;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kM;
-  if (threadIdx.x < kM) {
-    const int64_t m = m0 + threadIdx.x;
-    s.rows[threadIdx.x] = m < num_tokens ? x + m * w.cols : nullptr;
-  }
-  __syncthreads();
-  tile::mma_tile_large<F, kVec>(w, n0, s);
-  for (int i = threadIdx.x; i < kM * tile::kBN; i += tile::kLargeThreads) {
-    const int64_t m = m0 + i / tile::kBN;
-    const int64_t n = n0 + i % tile::kBN;
-    if (m < num_tokens && n < w.rows) {
-      const float c = s.c[(i / tile::kBN) * tile::kLdC + i % tile::kBN];
-      y[m * w.rows + n] = bias != nullptr ? c + bias[n] : c;
+      const float v = c[(i / tile::kBN) * tile::kLdC + i % tile::kBN];
+      y[m * w.rows + n] = bias != nullptr ? v + bias[n] : v;
     }
   }
 }
@@ -222,11 +219,11 @@ bool check_linear(const LinearParams& p) {
   return p.num_tokens > 0;
 }
 
-template <class T>
+template <class B>
 void launch_tiles(const LinearParams& p, cudaStream_t stream) {
   const WRef w = make_wref(*p.w);
   const WFmt f = weight_wfmt(*p.w);
-  const int64_t token_blocks = (p.num_tokens + T::kTokens - 1) / T::kTokens;
+  const int64_t token_blocks = (p.num_tokens + B::kTokens - 1) / B::kTokens;
   CHECK(token_blocks <= 65535, "linear: ", p.num_tokens,
         " tokens are too many for the batch-invariant path");
   const dim3 grid(static_cast<unsigned>((w.rows + tile::kBN - 1) / tile::kBN),
@@ -234,33 +231,10 @@ void launch_tiles(const LinearParams& p, cudaStream_t stream) {
   const bool vec = gemv_vectorizable(w, f, p.x);
   dispatch_format(f, [&]<WFmt F>() {
     if (vec) {
-      tiles_kernel<T, F, true>
-          <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+      tiles_kernel<B, F, true><<<grid, B::kThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
     } else {
-      tiles_kernel<T, F, false>
-          <<<grid, tile::kMmaThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
-    }
-    CUDA_CHECK_LAUNCH();
-  });
-}
-
-void launch_large_tiles(const LinearParams& p, cudaStream_t stream) {
-  const WRef w = make_wref(*p.w);
-  const WFmt f = weight_wfmt(*p.w);
-  const int64_t token_blocks =
-      (p.num_tokens + tile::LargeTile::kTokens - 1) / tile::LargeTile::kTokens;
-  CHECK(token_blocks <= 65535, "linear: ", p.num_tokens,
-        " tokens are too many for the batch-invariant path");
-  const dim3 grid(static_cast<unsigned>((w.rows + tile::kBN - 1) / tile::kBN),
-                  static_cast<unsigned>(token_blocks));
-  const bool vec = gemv_vectorizable(w, f, p.x);
-  dispatch_format(f, [&]<WFmt F>() {
-    if (vec) {
-      tiles_large_kernel<F, true>
-          <<<grid, tile::kLargeThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
-    } else {
-      tiles_large_kernel<F, false>
-          <<<grid, tile::kLargeThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
+      tiles_kernel<B, F, false>
+          <<<grid, B::kThreads, 0, stream>>>(w, p.x, p.bias, p.y, p.num_tokens);
     }
     CUDA_CHECK_LAUNCH();
   });
@@ -270,9 +244,9 @@ void launch_large_tiles(const LinearParams& p, cudaStream_t stream) {
 // same bits either way (mma_tile.cuh).
 void run_tiles(const LinearParams& p, cudaStream_t stream) {
   if (p.num_tokens <= tile::SmallTile::kTokens) {
-    launch_tiles<tile::SmallTile>(p, stream);
+    launch_tiles<SmallTiles>(p, stream);
   } else {
-    launch_large_tiles(p, stream);
+    launch_tiles<LargeTiles>(p, stream);
   }
 }
 
