@@ -45,23 +45,13 @@ double measure_gemm_rate() {
   cublasHandle_t h;
   CUBLAS_CHECK(cublasCreate(&h));
   const float alpha = 1.0f, beta = 0.0f;
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 25; ++i) {
-    CUDA_CHECK(cudaEventRecord(e0));
+  const float ms = median_event_ms([&] {
     CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF,
                               n, b.data(), CUDA_R_16BF, n, &beta, c.data(), CUDA_R_16BF, n,
                               CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float t;
-    CUDA_CHECK(cudaEventElapsedTime(&t, e0, e1));
-    if (i >= 5) ms.push_back(t);
-  }
+  });
   cublasDestroy(h);
-  return 2.0 * n * n * static_cast<double>(n) / (median(ms) * 1e-3);
+  return 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3);
 }
 
 // Fills the cache of a sequence with `context` past tokens in `blocks` (and KDA state row

@@ -15,16 +15,14 @@ float median(std::vector<float> v) {
   return v.empty() ? 0.0f : v[v.size() / 2];
 }
 
-double measure_copy_bandwidth() {
-  const size_t n = size_t{2} << 30;
-  cuda::DeviceBuffer a(n), b(n);
+float median_event_ms(const std::function<void()>& fn) {
   cudaEvent_t e0, e1;
   CUDA_CHECK(cudaEventCreate(&e0));
   CUDA_CHECK(cudaEventCreate(&e1));
   std::vector<float> ms;
   for (int i = 0; i < 25; ++i) {
     CUDA_CHECK(cudaEventRecord(e0));
-    CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice));
+    fn();
     CUDA_CHECK(cudaEventRecord(e1));
     CUDA_CHECK(cudaEventSynchronize(e1));
     float t;
@@ -33,7 +31,15 @@ double measure_copy_bandwidth() {
   }
   CUDA_CHECK(cudaEventDestroy(e0));
   CUDA_CHECK(cudaEventDestroy(e1));
-  return 2.0 * n / (median(ms) * 1e-3);
+  return median(ms);
+}
+
+double measure_copy_bandwidth() {
+  const size_t n = size_t{2} << 30;
+  cuda::DeviceBuffer a(n), b(n);
+  const float ms = median_event_ms(
+      [&] { CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
+  return 2.0 * n / (ms * 1e-3);
 }
 
 }  // namespace hyserve::bench

@@ -13,6 +13,7 @@
 #include "model/backend.h"
 #include "model/model.h"
 #include "model/random_weights.h"
+#include "random_prompt.h"
 
 namespace hyserve::test {
 
@@ -39,15 +40,6 @@ inline std::unique_ptr<Model> make_dsa_model(const ModelConfig& c, LatentCacheDt
   o.latent_cache = latent;
   o.dsa_decode_ops = dsa_decode_ops;
   return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(backend));
-}
-
-// n token ids in [3, vocab), seeded.
-inline std::vector<int32_t> random_tokens(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (int32_t& t : p) t = tok(rng);
-  return p;
 }
 
 }  // namespace hyserve::test

@@ -20,6 +20,7 @@
 #include "engine/logits_processor.h"
 #include "engine/sampler.h"
 #include "kernels/sampling/cpu.h"
+#include "random_prompt.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -31,13 +32,7 @@ std::unique_ptr<Model> load_tiny() {
   return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
 }
 
-std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, int64_t vocab) {
-  std::mt19937 rng(seed);
-  std::uniform_int_distribution<int32_t> tok(3, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> p(static_cast<size_t>(n));
-  for (auto& t : p) t = tok(rng);
-  return p;
-}
+using test::random_prompt;
 
 // The model alone: one sequence, one token at a time; logits[i] scores position i.
 struct AloneRun {

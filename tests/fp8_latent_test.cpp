@@ -26,7 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::dsa_config;
-using test::random_tokens;
+using test::random_prompt;
 using test::same_bits;
 
 std::vector<float> slice(const std::vector<float>& v, size_t begin, size_t n) {
@@ -201,7 +201,7 @@ TEST_P(Fp8LatentModel, FirstAttentionCloseToTheFp32Latent) {
     m->set_dump([&](std::string_view n, const float* data, int64_t rows, int64_t cols) {
       if (n == name) attn[v].assign(data, data + rows * cols);
     });
-    logits[v] = prompt_logits(*m, random_tokens(24, 5, c.vocab_size));
+    logits[v] = prompt_logits(*m, random_prompt(24, 5, c.vocab_size));
   }
   ASSERT_FALSE(attn[0].empty());
   ASSERT_EQ(attn[0].size(), attn[1].size());
@@ -233,7 +233,7 @@ TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
   const ModelConfig c = dsa_config(GetParam());
   for (const bool dsa_ops : {true, false}) {
     const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, dsa_ops);
-    const std::vector<int32_t> tokens = random_tokens(22, 6, c.vocab_size);
+    const std::vector<int32_t> tokens = random_prompt(22, 6, c.vocab_size);
     const std::vector<float> all = prompt_logits(*m, tokens);
     SequenceState s = m->new_sequence();
     std::vector<float> l;
@@ -267,9 +267,9 @@ TEST_P(Fp8LatentModel, PrefixHitEqualsMissBitwise) {
   const int64_t bs = plan.block_size;
   const bool kda = plan.kda_state_rows > 0;
   auto cache = m->new_cache(16);
-  const std::vector<int32_t> prefix = random_tokens(2 * bs, 7, c.vocab_size);
-  const std::vector<int32_t> suffix_a = random_tokens(5, 8, c.vocab_size);
-  const std::vector<int32_t> suffix_b = random_tokens(9, 9, c.vocab_size);
+  const std::vector<int32_t> prefix = random_prompt(2 * bs, 7, c.vocab_size);
+  const std::vector<int32_t> suffix_a = random_prompt(5, 8, c.vocab_size);
+  const std::vector<int32_t> suffix_b = random_prompt(9, 9, c.vocab_size);
   std::vector<int32_t> whole_b = prefix;
   whole_b.insert(whole_b.end(), suffix_b.begin(), suffix_b.end());
   auto run = [&](std::span<const int32_t> blocks, int32_t state, int64_t num_computed,
@@ -318,7 +318,7 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
     for (int i = 0; i < kSeqs; ++i) {
       blocks[i] = {static_cast<int32_t>(3 * i), static_cast<int32_t>(3 * i + 1)};
       if (kda) cache->zero_block(9 + i);
-      seqs[i] = random_tokens(6 + 5 * i, 20 + static_cast<uint32_t>(i), c.vocab_size);
+      seqs[i] = random_prompt(6 + 5 * i, 20 + static_cast<uint32_t>(i), c.vocab_size);
       std::vector<float> l;
       const SequenceInput in{cache.get(), blocks[i], kda ? 9 + i : -1, 0, seqs[i], false};
       m->forward(std::span<const SequenceInput>(&in, 1), l);

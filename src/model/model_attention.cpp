@@ -217,11 +217,9 @@ int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, con
     for (int64_t b = offset; b < offset + n; b += chunk) {
       const int64_t m = std::min(chunk, offset + n - b);
       const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
-      if (options_.indexer_fp8) {
-        IndexerFp8CacheScoreParams p;
+      // The fields both scorers share: queries b .. b + m against the cache's keys.
+      const auto fill = [&](auto& p) {
         p.q = qi + b * hi * di;
-        p.k_fp8 = cache.index_page(layer);
-        p.k_scales = cache.index_scale_page(layer);
         p.k_pages = chunk_pages;
         p.table_stride = table_stride;
         p.head_weights = hw + b * hi;
@@ -231,20 +229,17 @@ int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, con
         p.num_keys = num_keys;
         p.num_heads = hi;
         p.head_dim = di;
+      };
+      if (options_.indexer_fp8) {
+        IndexerFp8CacheScoreParams p;
+        fill(p);
+        p.k_fp8 = cache.index_page(layer);
+        p.k_scales = cache.index_scale_page(layer);
         backend_->indexer_scores_fp8_cache(p);
       } else {
         IndexerScoreParams p;
-        p.q = qi + b * hi * di;
+        fill(p);
         p.k = reinterpret_cast<const float*>(cache.index_page(layer));
-        p.k_pages = chunk_pages;
-        p.table_stride = table_stride;
-        p.head_weights = hw + b * hi;
-        p.q_pos = pos + b;
-        p.scores = scores;
-        p.num_tokens = m;
-        p.num_keys = num_keys;
-        p.num_heads = hi;
-        p.head_dim = di;
         backend_->indexer_scores(p);
       }
       backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);

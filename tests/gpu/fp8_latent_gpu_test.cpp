@@ -29,7 +29,7 @@ using cuda::to_host;
 using test::all_close;
 using test::dsa_config;
 using test::random_floats;
-using test::random_tokens;
+using test::random_prompt;
 
 // Bitwise: the CUDA kernel takes the CPU's rounding steps.
 TEST(GpuFp8Latent, QuantizeE4m3BitwiseEqualsCpu) {
@@ -142,7 +142,7 @@ TEST_P(GpuFp8LatentModel, FirstAttentionMatchesCpu) {
     });
     SequenceState s = m->new_sequence();
     std::vector<float> l;
-    const auto prompt = random_tokens(40, 3, c.vocab_size);
+    const auto prompt = random_prompt(40, 3, c.vocab_size);
     m->forward(prompt, s, l, true);
     for (const float x : l) ASSERT_TRUE(std::isfinite(x));
     m->set_dump(nullptr);
@@ -183,7 +183,7 @@ TEST_P(GpuFp8LatentModel, DecodeGraphsEqualEager) {
     for (int i = 0; i < 3; ++i) {
       blocks[i] = {static_cast<int32_t>(3 * i), static_cast<int32_t>(3 * i + 1)};
       if (kda) cache->zero_block(9 + i);
-      const auto prompt = random_tokens(9 + 4 * i, 30 + static_cast<uint32_t>(i), c.vocab_size);
+      const auto prompt = random_prompt(9 + 4 * i, 30 + static_cast<uint32_t>(i), c.vocab_size);
       std::vector<float> l;
       const SequenceInput in{cache.get(), blocks[i], kda ? 9 + i : -1, 0, prompt, false};
       m->forward(std::span<const SequenceInput>(&in, 1), l);
