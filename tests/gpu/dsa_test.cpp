@@ -306,8 +306,8 @@ TEST(DsaGpu, TopkExactWithTiesShortAndMaskedRows) {
   }
 }
 
-// More rows than resident blocks: each block loops over several (row, chunk) items in
-// every phase, with the scores read from memory (no shared-memory chunk cache).
+// Many rows (640, more than one select block per SM) of many lengths: each row's chunks
+// and list in their own part of the workspace.
 TEST(DsaGpu, TopkMoreRowsThanBlocks) {
   REQUIRE_GPU();
   std::mt19937_64 rng(42);
@@ -334,13 +334,13 @@ TEST(DsaGpu, TopkAllEqualScoresKeepLowestPositions) {
   expect_topk_matches(c, 5);
 }
 
-// A row finishes from the keys of its threshold bucket (kept as candidates) when the
-// bucket holds at most 16384 keys: the 11-bit bucket of phase 0 (short rows, most 128K
-// rows), else the 22-bit one of phase 1 (a 256K+ continuum), else neither (thousands of
-// keys tied at the threshold: the exact count pass). Rows of every kind in one launch,
-// with chunks kept in shared memory (n_q 1) or read from memory (n_q 4, long chunks);
-// then launches where no row needs the count pass, or only phase 1's.
-TEST(DsaGpu, TopkRowsFinishingFromCandidatesOrCounts) {
+// A row is selected from a list of its keys at or above the threshold's 11-bit bin when
+// that list fits 20480 entries (short rows, a 100K continuum), else from the list narrowed
+// to the threshold's 22-bit bucket (a 256K+ continuum, whose top bin holds ~10% of the
+// keys), else from the row itself in position order ("full": tens of thousands of keys
+// tied at the threshold). Rows of every path in one launch (n_q 1 and 4); then launches
+// of list and refined-list rows only, and of list rows only.
+TEST(DsaGpu, TopkRowsFromListsRefinedListsOrTheWholeRow) {
   REQUIRE_GPU();
   // Kinds by request: ties, continuum, all equal, ties, continuum, all equal, ...
   const std::vector<int32_t> lens = {300000, 300000, 300000, 5000, 70000, 2049, 1, 1 << 18, 30000};
@@ -349,9 +349,9 @@ TEST(DsaGpu, TopkRowsFinishingFromCandidatesOrCounts) {
       expect_topk_matches({lens, num_q, 64, topk, false, false, true}, 30 + num_q + topk);
     }
   }
-  expect_topk_matches({{1 << 18, 5000}, 1, 64, 2048, false}, 41);   // phases 0..2 only
-  expect_topk_matches({{1 << 18, 5000}, 3, 128, 2048, false}, 42);  // the same, uncached
-  expect_topk_matches({{100000, 20000}, 2, 64, 2048, false}, 43);   // phases 0, 1 only
+  expect_topk_matches({{1 << 18, 5000}, 1, 64, 2048, false}, 41);   // refined list + list
+  expect_topk_matches({{1 << 18, 5000}, 3, 128, 2048, false}, 42);  // the same, n_q 3
+  expect_topk_matches({{100000, 20000}, 2, 64, 2048, false}, 43);   // lists only
 }
 
 TEST(DsaGpu, TopkMillionKeys) {

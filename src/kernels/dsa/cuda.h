@@ -5,16 +5,20 @@
 // by the *_workspace_bytes functions. A seq_lens[b] above max_context breaks the contract;
 // the kernels then clamp it to max_context rather than touch memory outside the buffers.
 //
-//   dsa_indexer_scores  FP8 tensor-core scorer (mma.sync m16n8k32 e4m3): a block takes a
-//                       range of one request's keys and every query of that request, so
-//                       each key is read once per step; the keys of all requests are cut
-//                       into enough ranges to fill every SM even at B = 1.
-//   dsa_topk            exact radix select (11 + 11 + 10 bits of the order-preserving
-//                       score key) in one cooperative kernel: each row is split over many
-//                       blocks, histograms are merged in global memory (integer atomics,
-//                       exact) between grid barriers; then an ordered compaction writes
-//                       the winners in ascending position order (ties: lower position).
-//                       Equal to cpu::dsa_topk for NaN-free rows.
+//   dsa_indexer_scores  FP8 tensor-core scorer (mma.sync m16n8k32 e4m3, keys as the A
+//                       operand): a block takes a range of one request's keys and every
+//                       query of that request, so each key is read once per step (whole
+//                       32-byte sectors, through a cp.async ring per warp); the keys of all
+//                       requests are cut into enough ranges to fill every SM even at B = 1.
+//   dsa_topk            exact select on the order-preserving score key (topk <= 8192) in
+//                       plain launches, no grid barrier: a histogram of each row's 11-bit
+//                       key prefixes (or the indexer's) gives the threshold's bin; one pass
+//                       over the row collects the keys at or above it into a per-row list
+//                       (a second 11-bit histogram narrows a crowded bin first, with one
+//                       more pass); then one block per row selects the topk of its list by
+//                       (key, -position) and sorts them by position. Rows of massive ties
+//                       are selected from the row itself in position order. Equal to
+//                       cpu::dsa_topk for NaN-free rows.
 //   dsa_mla_decode      sparse (top-k slots) or dense (positions 0..pos) MLA decode over
 //                       the FP8 latent: fp16 tensor cores (q rounded to fp16 with a
 //                       power-of-two scale per row; latent codes are exact in fp16), split

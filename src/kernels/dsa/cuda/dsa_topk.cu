@@ -1,50 +1,60 @@
-// Exact top-k over the indexer scores in one cooperative kernel (cuda.h).
+// Exact top-k over the indexer scores (cuda.h): one memset and three or four plain
+// launches, no grid barrier, no cooperative launch; topk <= 8192.
 //
-// Rows r = (b, i), each with n = position + 1 visible scores, are cut into chunks of
-// chunk_len positions; work item (r, c) is handled by block (r * num_chunks + c) % grid
-// in every phase. key(x) is the order-preserving uint32 of x (-0 mapped to +0).
+// Row r = (b, i) has n visible scores (positions 0..n-1). key(x) = dsa_order_key(x), the
+// order-preserving uint32 (-0 == +0); its bin is key >> 21 (11 bits, 2048 bins). For a row
+// with n > topk: T = the bin holding the topk-th largest key (counted from the top bin),
+// A = the keys in bins above T (A < topk), C = the keys in bin T. A row's list holds at
+// most list_cap = min(20480, max_context) entries, rounded up to even (the select's shared
+// memory).
 //
-//   phase 0  histogram of key[31:21] over the chunk -> hist0[r]   (shared, then global
-//            integer atomics: the counts, hence everything after, are exact); skipped
-//            when the indexer built it while writing the scores (p.histogram)
-//   phase 1  every item of r scans hist0[r] for the bin holding the topk-th largest key
-//            (the same answer in every block); histogram of key[20:10] of the keys in
-//            that bin -> hist1[r]
-//   phase 2  scan hist1[r] -> 22-bit prefix; histogram of key[9:0] -> hist2[r]
-//   phase 3  scan hist2[r] -> the threshold key K and `need`, how many keys equal to K
-//            are taken; per chunk: count of keys > K and == K
-//   phase 4  per chunk, in ascending position order: keys > K, and keys == K while the
-//            row's earlier == K keys (other chunks first) are fewer than need. Output
-//            index = winners in earlier chunks + rank in this chunk, so the result is in
-//            ascending position order with no sort, and the lower position wins ties.
-// Candidates: when the bucket a row's phase 1 (or 2) scan finds holds at most cand_cap
-// keys (its count is in the histogram just scanned), the pass of that phase also appends
-// the bucket's keys with their positions to the row's candidate list (any order) and
-// stores per chunk the count of keys in higher buckets. The row then skips the later
-// phases: phase 4 finds K from the candidates alone (a shared histogram of the last 10
-// bits, or hist2 when collected in phase 2) and the earlier chunks' winners and == K
-// keys from the counts plus the candidates before the chunk. Typical rows collect in
-// phase 1 or 2; only massive ties (thousands of keys sharing a 22-bit prefix around the
-// threshold) need phase 3. A flag per phase, set when some row needs the next phase and
-// read after the barrier (so grid-uniform), skips phases 2 and 3 with their barriers.
-// Phases are separated by a grid barrier (the launch is cooperative, so every block is
-// resident). Each phase's scan result is also stored by the item of chunk 0 so that the
-// next phase scans only one histogram. Rows with n <= topk skip the select and copy.
-// When every item has its own block and chunks are at most 8192 scores, a block keeps its
-// chunk in shared memory after phase 0, so the scores are read from memory once.
+//   hist_kernel     [rows x chunks blocks] per chunk a shared histogram of the bins, added
+//                   to hist0[r] with integer atomics (exact, so every later decision is
+//                   exact too). Skipped when the indexer counted them (p.histogram).
+//   collect_kernel  [rows x chunks] each block scans hist0[r] for T, A, C (the same answer
+//                   in every block of the row; chunk 0's block stores it in state[r]), then
+//                   reads its chunk once:
+//                     A + C <= list_cap ("list row"): it appends every key of bin >= T,
+//                       with its position, to the row's list (any order);
+//                     else: it appends the keys of bins > T (fewer than topk) and counts
+//                       the next 11 bits (key[20:10]) of the bin-T keys into hist1[r].
+//   refine_kernel   [rows x chunks] rows that built hist1 only: T2 = the hist1 bin holding
+//                   the (topk - A)-th key of bin T, A2 / C2 = the bin-T keys above / in it.
+//                     A + A2 + C2 <= list_cap ("refined list row"): it appends the bin-T
+//                       keys whose 22-bit prefix is >= (T, T2);
+//                     else the row is "full" (more than list_cap - topk keys share the
+//                       threshold's 22-bit prefix: massive ties), noted in state2[r].
+//   select_kernel   [rows] one block of 512 threads per row:
+//                     n <= topk: positions 0..n-1, then -1;
+//                     list rows: the list in shared memory as composites
+//                       c = key << 32 | (2^32 - 1 - position), unique and larger = better,
+//                       so ties need no special case. MSB-first radix select from the known
+//                       11 (or 22) bits in 11-bit digits, stopping when the chosen bucket
+//                       holds exactly the entries still needed; the winners, c >= the
+//                       threshold, are exactly topk, sorted by position (cub block radix
+//                       sort over the position bits max_context needs);
+//                     full rows: the last 10 bits of the threshold key K from one pass over
+//                       the row, then a pass in position order takes the keys > K and the
+//                       first `need` keys == K (block scans), so the output needs no sort.
+// Every block of a row derives the same T, A, C (and T2, A2, C2) from the same exact
+// histograms; the list's order depends on atomics, the selected set and its sorted output
+// do not, so the result is deterministic and equal to cpu::dsa_topk for NaN-free rows.
 //
-// Everything written by other blocks during the kernel (histograms, state, counts,
-// candidates, flags) is read with ld.global.cg (L2), never through L1.
+// Chunks are cut on the 16-byte aligned view of a row: position s sits at slot s + head,
+// head = the row's misalignment in floats (score_stride may be anything), so each thread
+// loads whole float4s (4 per tile, 64 bytes in flight) and scalars only at a row's ends.
 //
-// Workspace: barrier counter, flag[1], flag[2] | fill [rows] | hist0 [rows, 2048] (these
-// zeroed by a memset before the launch) | hist1, hist2 [rows, 2048] (zeroed in phase 0) |
-// state [rows, 3] (prefix, need) | counts [rows, num_chunks, 2] | candidates [rows,
-// cand_cap, 2] (key, position).
+// Workspace (256-byte aligned parts; all sizes from B, n_q and max_context):
+//   hist0 [rows, 2048] int (when the indexer gave none) | fill [rows] int: list entries |
+//   hist1 [rows, 2048] int       <- these zeroed by one memset per call
+//   state [rows] int4 (T, A, C, refine?) | state2 [rows] int4 (T2, A2, C2, full?) |
+//   list [rows, list_cap] uint64 composites   <- written before they are read in each call
 #include <cuda_runtime.h>
-#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
+#include <bit>
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
@@ -53,541 +63,583 @@
 namespace hyserve::cuda {
 namespace {
 
-constexpr int kThreads = 512;
-constexpr int kBins = 2048;
-constexpr int kBinsPerThread = kBins / kThreads;
-constexpr int kMinChunk = 2048;
-constexpr int kUnroll = 8;             // loads in flight per thread in the chunk loops
-constexpr int kMaxCachedChunk = 8192;  // scores a block keeps in shared memory (32 KB)
-// Phase 4 has every item of a row read the row's candidates twice: a row of many chunks
-// collects in phase 1 only when num_chunks * candidates stays within this budget (else
-// one more pass and barrier, after which the 22-bit bucket is typically tiny, is cheaper).
-constexpr int64_t kCandidateReadBudget = int64_t{1} << 20;
-constexpr int64_t kMaxCandidates = 16384;  // per row: a threshold bucket kept when this small
+constexpr int kBins = kDsaTopkBins;
+constexpr int kBinShift = kDsaTopkBinShift;
+constexpr int kStreamThreads = 256;  // hist, collect, refine
+constexpr int kStreamWarps = kStreamThreads / 32;
+constexpr int kSelectThreads = 512;  // one block per row (128 registers for the sort)
+constexpr int kStreamVecs = 4;       // float4 loads per thread and tile: 64 bytes in flight
+constexpr int kKeysPerThread = 4 * kStreamVecs;  // bit k of a tile's masks = key k
+constexpr int64_t kStreamTile = int64_t{kStreamThreads} * kKeysPerThread;
+constexpr int64_t kBlocksPerSm = 4;  // streaming blocks to aim for, even at one row
+constexpr int64_t kMaxTopk = 8192;   // the winners' sort holds at most 16 per thread
+constexpr int64_t kListCap = 20480;  // list entries per row (8 bytes each, in select's smem)
+constexpr int kOrderedItems = 8;     // full rows: positions per thread and ordered step
+constexpr unsigned kFullMask = 0xffffffffu;
+
+// The winners' sort: kItems positions per thread, 4 (topk <= 2048) or 16 (topk <= 8192).
+template <int kItems>
+using Sort = cub::BlockRadixSort<uint32_t, kSelectThreads, kItems>;
 
 struct TopkArgs {
   DsaTopkParams p;
-  int64_t chunk_len;
+  int64_t chunk_len;   // aligned slots per chunk, a multiple of kStreamTile
   int64_t num_chunks;  // per row
-  int64_t num_rows;
-  unsigned* barrier;  // [2]: the grid barrier's counter, then the slow-row flag
-  int* fill;          // [rows] candidates appended so far
-  int* hist;          // [3, rows, kBins]
-  const int* hist0;   // [rows, kBins]: p.histogram, or hist's first part (phase 0 fills it)
-  uint2* state;       // [rows, 3]
-  int2* counts;       // [rows, num_chunks]
-  uint2* cand;        // [rows, cand_cap] (key, position) of the threshold bucket
-  int64_t cand_cap;
-  int64_t cand_cap1;  // <= cand_cap: the bound for collecting in phase 1
-  bool cache_chunk;   // one item per block, chunk_len <= kMaxCachedChunk: scores kept in smem
+  int list_cap;        // entries per row's list
+  int position_bits;   // bit_width(max_context): the sort's key width
+  const int* hist0;    // [rows, kBins]: p.histogram, or hist0_out
+  int* hist0_out;      // [rows, kBins]: hist_kernel's output
+  int* fill;           // [rows]
+  int* hist1;          // [rows, kBins]
+  int4* state;         // [rows] T, A, C, 1 when the row needs refine_kernel
+  int4* state2;        // [rows] T2, A2, C2, 1 when the row is full
+  uint64_t* list;      // [rows, list_cap]
 };
 
-struct Layout {
-  size_t barrier, fill, hist, state, counts, cand, total, memset_bytes;
+struct Row {
+  int64_t index, b, n;
+  const float* scores;
 };
 
-Layout make_layout(int64_t rows, int64_t num_chunks, int64_t cand_cap) {
-  Layout l{};
-  l.barrier = 0;
-  l.fill = dsa::kAlign;
-  l.hist = l.fill + dsa::align_up(sizeof(int) * rows);
-  l.state = l.hist + dsa::align_up(sizeof(int) * 3 * rows * kBins);
-  l.counts = l.state + dsa::align_up(sizeof(uint2) * 3 * rows);
-  l.cand = l.counts + dsa::align_up(sizeof(int2) * rows * num_chunks);
-  l.total = l.cand + dsa::align_up(sizeof(uint2) * rows * cand_cap);
-  l.memset_bytes = l.hist + sizeof(int) * rows * kBins;
-  return l;
+__device__ __forceinline__ Row make_row(const TopkArgs& a, int64_t row) {
+  const DsaBatch& batch = a.p.batch;
+  Row r;
+  r.index = row;
+  r.b = row / batch.num_q;
+  const int64_t len = min(int64_t{batch.seq_lens[r.b]}, batch.max_context);
+  r.n = max(len - batch.num_q + row % batch.num_q + 1, int64_t{0});
+  r.scores = a.p.scores + row * a.p.score_stride;
+  return r;
 }
 
-__device__ __forceinline__ uint32_t order_key(float x) {
-  return dsa_order_key(x);
+// The row's misalignment in floats: position s is slot s + head of the aligned view.
+__device__ __forceinline__ int row_head(const float* scores) {
+  return static_cast<int>((reinterpret_cast<uintptr_t>(scores) >> 2) & 3);
 }
 
-__device__ void grid_barrier(unsigned* counter, unsigned target) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(counter, 1u);
-    while (*reinterpret_cast<volatile unsigned*>(counter) < target) __nanosleep(64);
-    __threadfence();
-  }
-  __syncthreads();
+__device__ __forceinline__ uint64_t composite(uint32_t key, int64_t position) {
+  return (uint64_t{key} << 32) | (0xffffffffu - static_cast<uint32_t>(position));
 }
 
-// Warp-aggregated shared-memory histogram add; every lane of the warp must call it.
-__device__ __forceinline__ void hist_add(int* h, uint32_t bin, bool active) {
-  const unsigned mask = __ballot_sync(0xffffffffu, active);
-  if (!active) return;
-  const unsigned peers = __match_any_sync(mask, bin);
-  if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&h[bin], __popc(peers));
+__device__ __forceinline__ uint32_t composite_position(uint64_t c) {
+  return 0xffffffffu - static_cast<uint32_t>(c);
 }
 
-constexpr int kWarps = kThreads / 32;
-constexpr int kRankGroups = kUnroll * kWarps;  // (u, warp) groups of a compaction super-tile
-static_assert(kRankGroups % 32 == 0, "warp 0 scans the groups, kRankGroups / 32 per lane");
-
-// Phase 4's per-super-tile counts and scanned offsets, per (u, warp) group.
-struct RankScratch {
-  int eq_count[kRankGroups];
-  int gt_count[kRankGroups];
-  int eq_before[kRankGroups];    // == K keys of the row before the group
-  int take_before[kRankGroups];  // winners of the row before the group
-  int taken_end, eq_end;         // the same after the super-tile
-};
-
-__device__ __forceinline__ int warp_exclusive_sum(int v, int lane) {
-  int incl = v;
+// Calls visit(keys, valid, first) for each tile of kBlock * 4 kVecs aligned slots in
+// [slot_begin, slot_end) (slot_begin a multiple of the tile). Key k = 4 u + e of thread t
+// is position first + 4 u kBlock + e (first = tile + 4 t - head); bit k of valid says it
+// is visible (< n; invalid keys read 0). Every thread calls visit equally often, so visit
+// may use warp- and block-wide primitives.
+template <int kBlock, int kVecs, class Visit>
+__device__ __forceinline__ void for_each_tile(const Row& r, int64_t slot_begin, int64_t slot_end,
+                                              Visit&& visit) {
+  constexpr int kKeys = 4 * kVecs;
+  constexpr int64_t kTile = int64_t{kBlock} * kKeys;
+  const int head = row_head(r.scores);
+  const auto* aligned =
+      reinterpret_cast<const float4*>(reinterpret_cast<uintptr_t>(r.scores) & ~uintptr_t{15});
+  for (int64_t tile = slot_begin; tile < slot_end; tile += kTile) {
+    const int64_t first = tile + 4 * int64_t{threadIdx.x} - head;
+    uint32_t keys[kKeys];
+    uint32_t valid = 0;
+    if (tile >= head && tile + kTile - head <= r.n) {  // every slot of the tile is visible
+      float4 v[kVecs];
 #pragma unroll
-  for (int off = 1; off < 32; off *= 2) {
-    const int n = __shfl_up_sync(0xffffffffu, incl, off);
-    if (lane >= off) incl += n;
+      for (int u = 0; u < kVecs; ++u) v[u] = __ldg(aligned + tile / 4 + u * kBlock + threadIdx.x);
+#pragma unroll
+      for (int u = 0; u < kVecs; ++u) {
+        keys[4 * u] = dsa_order_key(v[u].x);
+        keys[4 * u + 1] = dsa_order_key(v[u].y);
+        keys[4 * u + 2] = dsa_order_key(v[u].z);
+        keys[4 * u + 3] = dsa_order_key(v[u].w);
+      }
+      valid = (1u << kKeys) - 1u;
+    } else {
+#pragma unroll
+      for (int k = 0; k < kKeys; ++k) {
+        const int64_t s = first + int64_t{k / 4} * 4 * kBlock + k % 4;
+        const bool ok = s >= 0 && s < r.n;
+        keys[k] = ok ? dsa_order_key(__ldg(r.scores + s)) : 0u;
+        valid |= static_cast<uint32_t>(ok) << k;
+      }
+    }
+    visit(keys, valid, first);
   }
-  return incl - v;
 }
 
-struct Shared {
-  union {
-    cub::BlockScan<int, kThreads>::TempStorage scan;
-    cub::BlockReduce<int, kThreads>::TempStorage reduce;
-  } cub;
-  RankScratch rank;
-  int hist[kBins];
-  int found_bin;
-  int found_need;
+// Shared-memory histogram add. A plain atomic per key: with scores spread over a few
+// dozen bins the conflicts are short, and a warp-aggregated add (__match_any_sync for
+// every key) made a 1M-score pass ~4x slower.
+__device__ __forceinline__ void hist_add(int* h, uint32_t bin, bool active) {
+  if (active) atomicAdd(&h[bin], 1);
+}
+
+struct Found {
+  int bin;    // the bin holding the need-th largest key
+  int above;  // keys in higher bins (< need)
+  int count;  // keys in the bin (>= need - above)
 };
 
-// Finds the bin holding the need-th largest key among hist[0..num_bins) (counted from the
-// top); returns it and how many keys of that bin are still needed. Block-wide. hist is in
-// global memory written by other blocks (read through L2), or in shared memory.
-template <bool kSharedHist = false>
-__device__ void find_bin(Shared& sh, const int* hist, int num_bins, int need, int& bin,
-                         int& need_in_bin) {
-  int local[kBinsPerThread];
+template <int kBlock>
+struct ScanShared {
+  typename cub::BlockScan<int, kBlock>::TempStorage scan;
+  Found found;
+};
+
+// Scans a histogram of num_bins <= kBins bins from the top for the bin holding the need-th
+// largest key. {0, 0, 0} when the histogram holds fewer than need keys (only when the
+// caller's histogram does not match the scores). Block-wide; load(bin) reads a count.
+template <int kBlock, class Load>
+__device__ Found find_bin(ScanShared<kBlock>& sh, int num_bins, int need, Load&& load) {
+  constexpr int kPer = kBins / kBlock;
+  int local[kPer];
   int sum = 0;
 #pragma unroll
-  for (int k = 0; k < kBinsPerThread; ++k) {
-    const int idx = num_bins - 1 - (threadIdx.x * kBinsPerThread + k);
-    local[k] = idx < 0 ? 0 : (kSharedHist ? hist[idx] : __ldcg(hist + idx));
+  for (int k = 0; k < kPer; ++k) {
+    const int bin = num_bins - 1 - (static_cast<int>(threadIdx.x) * kPer + k);
+    local[k] = bin >= 0 ? load(bin) : 0;
     sum += local[k];
   }
-  int above = 0;
-  cub::BlockScan<int, kThreads>(sh.cub.scan).ExclusiveSum(sum, above);
+  int above = 0, total = 0;
+  cub::BlockScan<int, kBlock>(sh.scan).ExclusiveSum(sum, above, total);
   if (above < need && above + sum >= need) {
 #pragma unroll
-    for (int k = 0; k < kBinsPerThread; ++k) {
+    for (int k = 0; k < kPer; ++k) {
       if (above < need && above + local[k] >= need) {
-        sh.found_bin = num_bins - 1 - (threadIdx.x * kBinsPerThread + k);
-        sh.found_need = need - above;
+        sh.found =
+            Found{num_bins - 1 - (static_cast<int>(threadIdx.x) * kPer + k), above, local[k]};
       }
       above += local[k];
     }
   }
   __syncthreads();
-  bin = sh.found_bin;
-  need_in_bin = sh.found_need;
+  const Found f = need > 0 && total >= need ? sh.found : Found{0, 0, 0};
   __syncthreads();
+  return f;
 }
 
-struct Item {
-  int64_t row, b, i, n, begin, end;  // positions [begin, end) of the row's n visible
-  const float* scores;
-  const float* cached;  // the chunk's scores in shared memory (from begin), or null
+struct StreamShared {
+  ScanShared<kStreamThreads> scan;
+  int hist[kBins];
+  int warp_offset[kStreamWarps];
+  int block_base;
 };
 
-__device__ __forceinline__ uint32_t key_at(const Item& it, int64_t s) {
-  return order_key(it.cached != nullptr ? it.cached[s - it.begin] : __ldg(it.scores + s));
+__device__ __forceinline__ void zero_hist(int* hist, int num_bins, int block) {
+  for (int k = threadIdx.x; k < num_bins; k += block) hist[k] = 0;
 }
 
-__device__ Item make_item(const TopkArgs& a, int64_t item) {
-  Item it;
-  it.row = item / a.num_chunks;
-  const int64_t c = item % a.num_chunks;
-  it.b = it.row / a.p.batch.num_q;
-  it.i = it.row % a.p.batch.num_q;
-  const int64_t len = min(int64_t{a.p.batch.seq_lens[it.b]}, a.p.batch.max_context);
-  const int64_t n = len - a.p.batch.num_q + it.i + 1;
-  it.n = n < 0 ? 0 : n;
-  it.begin = c * a.chunk_len;
-  it.end = min(it.n, it.begin + a.chunk_len);
-  it.scores = a.p.scores + it.row * a.p.score_stride;
-  it.cached = nullptr;
-  return it;
+// Adds the shared histogram to the global one (nonzero bins only).
+__device__ __forceinline__ void flush_hist(const int* hist, int* global) {
+  for (int k = threadIdx.x; k < kBins; k += kStreamThreads) {
+    if (hist[k] != 0) atomicAdd(&global[k], hist[k]);
+  }
 }
 
-// Where a chunk appends its matched keys: cand[atomicAdd(fill, 1)] = (key, position).
-struct Append {
-  uint2* cand;  // null: nothing appended
-  int* fill;
-};
-
-// Histogram of (key >> shift) & (num_bins - 1) over the chunk's keys with
-// key >> match_shift == match (match_shift 32: every key), added to global hist; the
-// matched keys are appended to out.cand when it is set. Returns this thread's count of
-// keys with key >> match_shift > match (match_shift < 32).
-__device__ int chunk_histogram(Shared& sh, const Item& it, int shift, int num_bins, int match_shift,
-                               uint32_t match, int* global_hist, Append out = {nullptr, nullptr}) {
-  int above = 0;
-  for (int k = threadIdx.x; k < kBins; k += kThreads) sh.hist[k] = 0;
-  __syncthreads();
-  for (int64_t base = it.begin; base < it.end; base += kThreads * kUnroll) {
-    uint32_t keys[kUnroll];
+// Appends this thread's keys flagged in take (bits as in for_each_tile) to the row's list,
+// one global atomic per block and tile. Block-wide.
+__device__ __forceinline__ void append_tile(const TopkArgs& a, int64_t row, StreamShared& sh,
+                                            uint32_t take, const uint32_t (&keys)[kKeysPerThread],
+                                            int64_t first) {
+  if (__syncthreads_or(take != 0u) == 0) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int mine = __popc(take);
+  int incl = mine;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t s = base + u * kThreads + threadIdx.x;
-      keys[u] = s < it.end ? key_at(it, s) : 0u;
+  for (int off = 1; off < 32; off *= 2) {
+    const int v = __shfl_up_sync(kFullMask, incl, off);
+    if (lane >= off) incl += v;
+  }
+  if (lane == 31) sh.warp_offset[warp] = incl;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int total = 0;
+    for (int w = 0; w < kStreamWarps; ++w) {
+      const int c = sh.warp_offset[w];
+      sh.warp_offset[w] = total;
+      total += c;
     }
+    sh.block_base = atomicAdd(a.fill + row, total);
+  }
+  __syncthreads();
+  int idx = sh.block_base + sh.warp_offset[warp] + incl - mine;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int64_t s = base + u * kThreads + threadIdx.x;
-      const bool active = s < it.end && (match_shift >= 32 || (keys[u] >> match_shift) == match);
-      if (match_shift < 32) above += s < it.end && (keys[u] >> match_shift) > match;
-      hist_add(sh.hist, (keys[u] >> shift) & (num_bins - 1), active);
-      if (out.cand != nullptr) {  // warp-aggregated append
-        const unsigned mask = __ballot_sync(0xffffffffu, active);
-        const int lane = threadIdx.x & 31;
-        int first = 0;
-        if (lane == 0 && mask != 0) first = atomicAdd(out.fill, __popc(mask));
-        first = __shfl_sync(0xffffffffu, first, 0);
-        if (active) {
-          out.cand[first + __popc(mask & ((1u << lane) - 1u))] =
-              make_uint2(keys[u], static_cast<uint32_t>(s));
-        }
+  for (int k = 0; k < kKeysPerThread; ++k) {
+    if ((take >> k) & 1u) {
+      if (idx < a.list_cap) {
+        a.list[row * a.list_cap + idx] =
+            composite(keys[k], first + int64_t{k / 4} * 4 * kStreamThreads + k % 4);
       }
+      ++idx;
     }
   }
+}
+
+// A streaming block's row and aligned slot range [begin, end); empty when the row needs no
+// select (n <= topk) or the chunk lies past the row's end.
+struct Chunk {
+  Row row;
+  int64_t index, begin, end;
+};
+
+__device__ __forceinline__ Chunk make_chunk(const TopkArgs& a) {
+  Chunk c;
+  const int64_t block = blockIdx.x;
+  c.row = make_row(a, block / a.num_chunks);
+  c.index = block % a.num_chunks;
+  c.begin = c.index * a.chunk_len;
+  c.end = min(c.begin + a.chunk_len, c.row.n + row_head(c.row.scores));
+  if (c.row.n <= a.p.topk) c.end = c.begin;
+  return c;
+}
+
+__global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) hist_kernel(TopkArgs a) {
+  __shared__ StreamShared sh;
+  const Chunk c = make_chunk(a);
+  if (c.begin >= c.end) return;
+  zero_hist(sh.hist, kBins, kStreamThreads);
   __syncthreads();
-  for (int k = threadIdx.x; k < kBins; k += kThreads) {
-    if (sh.hist[k] != 0) atomicAdd(&global_hist[k], sh.hist[k]);
-  }
-  return above;
+  int* hist = sh.hist;
+  for_each_tile<kStreamThreads, kStreamVecs>(
+      c.row, c.begin, c.end, [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
+#pragma unroll
+        for (int k = 0; k < kKeysPerThread; ++k) {
+          hist_add(hist, keys[k] >> kBinShift, (valid >> k) & 1u);
+        }
+      });
+  __syncthreads();
+  flush_hist(sh.hist, a.hist0_out + c.row.index * kBins);
 }
 
-// The phase after which a row (n > topk) kept its threshold bucket as candidates: 1 when
-// the phase-0 bin (11-bit prefix) holds at most cand_cap keys, else 2 when the 22-bit
-// bucket does, else 3 (none: the exact count pass). known = the last phase finished
-// (1 or 2); after phase 1 the answer 2 means "2 or 3".
-__device__ int row_level(const TopkArgs& a, int64_t row, int known) {
-  const uint32_t prefix0 = __ldcg(a.state + row * 3).x;
-  if (__ldcg(a.hist0 + row * kBins + (prefix0 >> 21)) <= a.cand_cap1) return 1;
-  if (known < 2) return 2;
-  const uint32_t prefix1 = __ldcg(a.state + row * 3 + 1).x;
-  const int* hist1 = a.hist + (a.num_rows + row) * kBins;
-  return __ldcg(hist1 + ((prefix1 >> 10) & (kBins - 1))) <= a.cand_cap ? 2 : 3;
+__global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) collect_kernel(TopkArgs a) {
+  __shared__ StreamShared sh;
+  const Chunk c = make_chunk(a);
+  if (c.begin >= c.end) return;
+  const int64_t row = c.row.index;
+  const int* hist0 = a.hist0 + row * kBins;
+  const Found f = find_bin<kStreamThreads>(sh.scan, kBins, static_cast<int>(a.p.topk),
+                                           [&](int bin) { return hist0[bin]; });
+  const bool refine = int64_t{f.above} + f.count > a.list_cap;
+  if (c.index == 0 && threadIdx.x == 0) a.state[row] = make_int4(f.bin, f.above, f.count, refine);
+  if (refine) zero_hist(sh.hist, kBins, kStreamThreads);
+  __syncthreads();
+  const uint32_t t_bin = static_cast<uint32_t>(f.bin);
+  int* hist = sh.hist;
+  for_each_tile<kStreamThreads, kStreamVecs>(
+      c.row, c.begin, c.end,
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
+        uint32_t take = 0, in_bin = 0;
+#pragma unroll
+        for (int k = 0; k < kKeysPerThread; ++k) {
+          const uint32_t bin = keys[k] >> kBinShift;
+          const bool ok = (valid >> k) & 1u;
+          take |= static_cast<uint32_t>(ok && (bin > t_bin || (!refine && bin == t_bin))) << k;
+          in_bin |= static_cast<uint32_t>(ok && refine && bin == t_bin) << k;
+        }
+        append_tile(a, row, sh, take, keys, first);
+        if (__any_sync(kFullMask, in_bin != 0u)) {
+#pragma unroll
+          for (int k = 0; k < kKeysPerThread; ++k) {
+            hist_add(hist, (keys[k] >> 10) & (kBins - 1), (in_bin >> k) & 1u);
+          }
+        }
+      });
+  if (!refine) return;
+  __syncthreads();
+  flush_hist(sh.hist, a.hist1 + row * kBins);
 }
 
-__global__ void __launch_bounds__(kThreads, 2) topk_kernel(TopkArgs a) {
-  __shared__ Shared sh;
-  extern __shared__ float chunk_s[];  // [kMaxCachedChunk] when a.cache_chunk
+__global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) refine_kernel(TopkArgs a) {
+  __shared__ StreamShared sh;
+  const Chunk c = make_chunk(a);
+  if (c.begin >= c.end) return;
+  const int64_t row = c.row.index;
+  const int4 st = a.state[row];
+  if (st.w == 0) return;
+  const int* hist1 = a.hist1 + row * kBins;
+  const Found f = find_bin<kStreamThreads>(sh.scan, kBins, static_cast<int>(a.p.topk) - st.y,
+                                           [&](int bin) { return hist1[bin]; });
+  const bool full = int64_t{st.y} + f.above + f.count > a.list_cap;
+  if (c.index == 0 && threadIdx.x == 0) a.state2[row] = make_int4(f.bin, f.above, f.count, full);
+  if (full) return;
+  const uint32_t t_bin = static_cast<uint32_t>(st.x);
+  const uint32_t prefix = (t_bin << 11) | static_cast<uint32_t>(f.bin);  // 22 bits
+  for_each_tile<kStreamThreads, kStreamVecs>(
+      c.row, c.begin, c.end,
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
+        uint32_t take = 0;
+#pragma unroll
+        for (int k = 0; k < kKeysPerThread; ++k) {
+          const bool ok = (valid >> k) & 1u;
+          take |= static_cast<uint32_t>(ok && (keys[k] >> kBinShift) == t_bin &&
+                                        (keys[k] >> 10) >= prefix)
+                  << k;
+        }
+        append_tile(a, row, sh, take, keys, first);
+      });
+}
+
+// select_kernel's dynamic shared memory: [the row's list | the sort's scratch] [winners:
+// kItems * kSelectThreads positions] [hist: kBins counts].
+struct SelectLayout {
+  size_t winners, hist, total;
+};
+
+template <int kItems>
+__host__ __device__ inline SelectLayout select_layout(int list_cap) {
+  SelectLayout l{};
+  const size_t list_bytes = sizeof(uint64_t) * static_cast<size_t>(list_cap);
+  const size_t sort_bytes = sizeof(typename Sort<kItems>::TempStorage);
+  l.winners = ((list_bytes > sort_bytes ? list_bytes : sort_bytes) + 15) / 16 * 16;
+  l.hist = l.winners + sizeof(uint32_t) * kSelectThreads * kItems;
+  l.total = l.hist + sizeof(int) * kBins;
+  return l;
+}
+
+struct SelectShared {
+  ScanShared<kSelectThreads> scan;
+  int num_winners;
+};
+
+// Writes entry j of row r's output: position pos and its slot, or -1 for both (pos < 0).
+__device__ __forceinline__ void put(const TopkArgs& a, const Row& r, int64_t j, int64_t pos) {
   const DsaTopkParams& p = a.p;
-  const int64_t num_items = a.num_rows * a.num_chunks;
+  const int64_t out = r.index * p.topk + j;
+  int32_t slot = -1;
+  if (pos >= 0) {
+    const int64_t block = p.batch.block_tables[r.b * p.batch.max_blocks + pos / p.block_size];
+    slot = static_cast<int32_t>(block * p.block_size + pos % p.block_size);
+  }
+  p.slots[out] = slot;
+  if (p.positions != nullptr) p.positions[out] = static_cast<int32_t>(pos);
+}
+
+// Sorts the winners' positions ascending and writes them (padding -1 past num_winners,
+// which is topk unless the caller's histogram does not match the scores).
+template <int kItems>
+__device__ void sort_and_put(const TopkArgs& a, const Row& r, uint8_t* scratch,
+                             const uint32_t* winners, int num_winners) {
+  uint32_t keys[kItems];
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int k = static_cast<int>(threadIdx.x) * kItems + i;
+    keys[i] = k < num_winners ? winners[k] : 0xffffffffu;  // sorts last: above every position
+  }
+  using BlockSort = Sort<kItems>;
+  BlockSort(*reinterpret_cast<typename BlockSort::TempStorage*>(scratch))
+      .Sort(keys, 0, a.position_bits);
+#pragma unroll
+  for (int i = 0; i < kItems; ++i) {
+    const int rank = static_cast<int>(threadIdx.x) * kItems + i;
+    if (rank < a.p.topk) put(a, r, rank, keys[i] < r.n ? int64_t{keys[i]} : int64_t{-1});
+  }
+}
+
+// List rows: the winners among the row's list, whose entries agree with prefix above bit
+// `low` or exceed it there; `need` of those agreeing are winners.
+template <int kItems>
+__device__ void select_list(const TopkArgs& a, const Row& r, SelectShared& sh, uint8_t* smem,
+                            uint64_t prefix, int low, int need) {
+  const SelectLayout layout = select_layout<kItems>(a.list_cap);
+  auto* list = reinterpret_cast<uint64_t*>(smem);
+  auto* winners = reinterpret_cast<uint32_t*>(smem + layout.winners);
+  auto* hist = reinterpret_cast<int*>(smem + layout.hist);
+  const int topk = static_cast<int>(a.p.topk);
+  const int num = min(a.fill[r.index], a.list_cap);
+  const int num_padded = (num + kSelectThreads - 1) / kSelectThreads * kSelectThreads;
+  // The list (written by other kernels, so read through L2) with every copy in flight at
+  // once: 16-byte cp.async of two entries each (a row's list is 256-byte aligned).
+  const uint64_t* src = a.list + r.index * a.list_cap;
+  for (int j = 2 * static_cast<int>(threadIdx.x); j < num; j += 2 * kSelectThreads) {
+    dsa::cp_async_16(list + j, src + j, 16);
+  }
+  dsa::cp_async_commit();
+  if (threadIdx.x == 0) sh.num_winners = 0;
+  dsa::cp_async_wait<0>();
+  __syncthreads();
+
+  // Radix select in digits of up to 11 bits below the known prefix.
+  while (low > 0) {
+    const int width = min(11, low);
+    const int shift = low - width;
+    const int num_bins = 1 << width;
+    zero_hist(hist, num_bins, kSelectThreads);
+    __syncthreads();
+    for (int j = threadIdx.x; j < num_padded; j += kSelectThreads) {
+      const uint64_t c = j < num ? list[j] : 0;
+      const bool active = j < num && (c >> low) == (prefix >> low);
+      hist_add(hist, static_cast<uint32_t>(c >> shift) & static_cast<uint32_t>(num_bins - 1),
+               active);
+    }
+    __syncthreads();
+    const Found f =
+        find_bin<kSelectThreads>(sh.scan, num_bins, need, [&](int bin) { return hist[bin]; });
+    prefix |= static_cast<uint64_t>(f.bin) << shift;
+    need -= f.above;
+    low = shift;
+    if (f.count == need) break;  // every entry of the bucket is a winner
+  }
+
+  // Winners: c >= prefix on the bits above low (exactly topk entries).
+  const uint64_t threshold = prefix >> low;
+  const int lane = threadIdx.x & 31;
+  for (int j = threadIdx.x; j < num_padded; j += kSelectThreads) {
+    const uint64_t c = j < num ? list[j] : 0;
+    const bool take = j < num && (c >> low) >= threshold;
+    const unsigned mask = __ballot_sync(kFullMask, take);
+    int base = 0;
+    if (lane == 0 && mask != 0u) base = atomicAdd(&sh.num_winners, __popc(mask));
+    base = __shfl_sync(kFullMask, base, 0);
+    if (take) {
+      const int idx = base + __popc(mask & ((1u << lane) - 1u));
+      if (idx < topk) winners[idx] = composite_position(c);
+    }
+  }
+  __syncthreads();  // the list is not read after this point: the sort's scratch overlays it
+  const int num_winners = min(sh.num_winners, topk);
+  sort_and_put<kItems>(a, r, smem, winners, num_winners);
+}
+
+// Full rows (massive ties): the threshold key K below the known 22-bit prefix from one pass
+// over the row, then the winners in position order: keys > K and the first need_eq == K.
+__device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, int* hist,
+                            uint32_t prefix, int need) {
+  const int topk = static_cast<int>(a.p.topk);
+  zero_hist(hist, 1024, kSelectThreads);
+  __syncthreads();
+  for_each_tile<kSelectThreads, kStreamVecs>(
+      r, 0, r.n + row_head(r.scores),
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
+#pragma unroll
+        for (int k = 0; k < kKeysPerThread; ++k) {
+          const bool ok = (valid >> k) & 1u;
+          hist_add(hist, keys[k] & 1023u, ok && (keys[k] >> 10) == prefix);
+        }
+      });
+  __syncthreads();
+  const Found f = find_bin<kSelectThreads>(sh.scan, 1024, need, [&](int bin) { return hist[bin]; });
+  const uint32_t threshold = (prefix << 10) | static_cast<uint32_t>(f.bin);
+  const int need_eq = need - f.above;
+
+  using BlockScan = cub::BlockScan<int, kSelectThreads>;
+  int taken = 0, eq_seen = 0;  // block-uniform: winners and == K keys before the step
+  for (int64_t base = 0; base < r.n && taken < topk;
+       base += int64_t{kSelectThreads} * kOrderedItems) {
+    const int64_t first = base + int64_t{threadIdx.x} * kOrderedItems;
+    uint32_t keys[kOrderedItems];
+    int gt = 0, eq = 0;
+#pragma unroll
+    for (int j = 0; j < kOrderedItems; ++j) {
+      const bool ok = first + j < r.n;
+      keys[j] = ok ? dsa_order_key(__ldg(r.scores + first + j)) : 0u;
+      gt += ok && keys[j] > threshold;
+      eq += ok && keys[j] == threshold;
+    }
+    if (__syncthreads_or(gt + eq > 0) == 0) continue;
+    int eq_before = 0, eq_total = 0;
+    BlockScan(sh.scan.scan).ExclusiveSum(eq, eq_before, eq_total);
+    eq_before += eq_seen;
+    uint32_t take = 0;
+#pragma unroll
+    for (int j = 0; j < kOrderedItems; ++j) {
+      const bool ok = first + j < r.n;
+      if (ok && keys[j] > threshold) {
+        take |= 1u << j;
+      } else if (ok && keys[j] == threshold) {
+        if (eq_before < need_eq) take |= 1u << j;
+        ++eq_before;
+      }
+    }
+    __syncthreads();
+    int out = 0, taken_total = 0;
+    BlockScan(sh.scan.scan).ExclusiveSum(__popc(take), out, taken_total);
+    out += taken;
+#pragma unroll
+    for (int j = 0; j < kOrderedItems; ++j) {
+      if ((take >> j) & 1u) {
+        if (out < topk) put(a, r, out, first + j);
+        ++out;
+      }
+    }
+    taken += taken_total;
+    eq_seen += eq_total;
+    __syncthreads();
+  }
+  for (int64_t j = taken + threadIdx.x; j < topk; j += kSelectThreads) put(a, r, j, -1);
+}
+
+// kItems: the sort's positions per thread, kItems * kSelectThreads >= topk.
+template <int kItems>
+__global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
+  extern __shared__ __align__(16) uint8_t smem[];
+  __shared__ SelectShared sh;
+  const DsaTopkParams& p = a.p;
+  const Row r = make_row(a, blockIdx.x);
+  if (r.n <= p.topk) {
+    for (int64_t j = threadIdx.x; j < p.topk; j += kSelectThreads) put(a, r, j, j < r.n ? j : -1);
+    return;
+  }
   const int topk = static_cast<int>(p.topk);
-  const int* hist0 = a.hist0;
-  int* hist1 = a.hist + a.num_rows * kBins;
-  int* hist2 = a.hist + 2 * a.num_rows * kBins;
-  unsigned barrier_target = 0;
-
-  // Phase 0.
-  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    const Item it = make_item(a, item);
-    if (it.begin == 0) {
-      for (int k = threadIdx.x; k < kBins; k += kThreads) {
-        hist1[it.row * kBins + k] = 0;
-        hist2[it.row * kBins + k] = 0;
-      }
-    }
-    if (it.n > topk && it.begin < it.end) {
-      if (a.cache_chunk) {
-#pragma unroll 4
-        for (int64_t s = it.begin + threadIdx.x; s < it.end; s += kThreads) {
-          chunk_s[s - it.begin] = __ldg(it.scores + s);
-        }
-        __syncthreads();
-      }
-      Item cached_it = it;
-      if (a.cache_chunk) cached_it.cached = chunk_s;
-      // With the indexer's histogram the scores are not read here (unless kept in shared).
-      if (p.histogram == nullptr) {
-        chunk_histogram(sh, cached_it, 21, kBins, 32, 0, a.hist + it.row * kBins);
-      }
-    }
-    __syncthreads();
+  const int4 st = a.state[r.index];
+  if (st.w == 0) {  // the list holds bin T and above
+    select_list<kItems>(a, r, sh, smem, static_cast<uint64_t>(st.x) << 53, 53, topk - st.y);
+    return;
   }
-  barrier_target += gridDim.x;
-  grid_barrier(a.barrier, barrier_target);
-
-  // Phases 1..3: scan the previous histogram, then histogram the next digit (or count).
-  for (int phase = 1; phase <= 3; ++phase) {
-    for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-      Item it = make_item(a, item);
-      if (a.cache_chunk) it.cached = chunk_s;
-      if (it.n <= topk) continue;  // uniform over the block
-      uint32_t prefix = 0;
-      int need = topk;
-      if (phase > 1) {
-        if (row_level(a, it.row, phase - 1) < phase) continue;  // finished in phase 4
-        const uint2 st = __ldcg(a.state + it.row * 3 + phase - 2);
-        prefix = st.x;
-        need = static_cast<int>(st.y);
-      }
-      const int* scanned = phase == 1 ? hist0 + it.row * kBins
-                                      : a.hist + ((phase - 1) * a.num_rows + it.row) * kBins;
-      const int shift = phase == 1 ? 21 : (phase == 2 ? 10 : 0);
-      int bin = 0, need_in_bin = 0;
-      find_bin(sh, scanned, phase == 3 ? 1024 : kBins, need, bin, need_in_bin);
-      prefix |= static_cast<uint32_t>(bin) << shift;
-      if (it.begin == 0 && threadIdx.x == 0) {
-        a.state[it.row * 3 + phase - 1] = make_uint2(prefix, static_cast<uint32_t>(need_in_bin));
-      }
-      // Phases 1 and 2, when the bucket just found holds at most cand_cap keys: its keys
-      // are also appended to the row's candidates, the chunk's count of keys in higher
-      // buckets (all winners) is stored for phase 4, and the row needs no later phase.
-      // Otherwise flag[phase] tells every block that phase + 1 must run.
-      const bool collect =
-          phase < 3 && __ldcg(scanned + bin) <= (phase == 1 ? a.cand_cap1 : a.cand_cap);
-      if (phase < 3 && !collect && it.begin == 0 && threadIdx.x == 0) {
-        atomicOr(a.barrier + phase, 1u);
-      }
-      if (it.begin >= it.end) continue;
-      if (phase < 3) {
-        const Append out = collect ? Append{a.cand + it.row * a.cand_cap, a.fill + it.row}
-                                   : Append{nullptr, nullptr};
-        int above =
-            phase == 1
-                ? chunk_histogram(sh, it, 10, kBins, 21, prefix >> 21, hist1 + it.row * kBins, out)
-                : chunk_histogram(sh, it, 0, 1024, 10, prefix >> 10, hist2 + it.row * kBins, out);
-        __syncthreads();
-        above = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(above);
-        if (collect && threadIdx.x == 0) a.counts[item] = make_int2(above, 0);
-      } else {
-        int gt = 0, eq = 0;
-#pragma unroll 8
-        for (int64_t s = it.begin + threadIdx.x; s < it.end; s += kThreads) {
-          const uint32_t key = key_at(it, s);
-          gt += key > prefix;
-          eq += key == prefix;
-        }
-        gt = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(gt);
-        __syncthreads();
-        eq = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(eq);
-        if (threadIdx.x == 0) a.counts[item] = make_int2(gt, eq);
-      }
-      __syncthreads();
-    }
-    barrier_target += gridDim.x;
-    grid_barrier(a.barrier, barrier_target);
-    // No row needs the next phase (the flag is final after the barrier, so the test is
-    // grid-uniform): skip it and its barrier.
-    if (phase < 3 && __ldcg(a.barrier + phase) == 0) break;
-  }
-
-  // Phase 4: ordered compaction.
-  for (int64_t item = blockIdx.x; item < num_items; item += gridDim.x) {
-    Item it = make_item(a, item);
-    if (a.cache_chunk) it.cached = chunk_s;
-    int32_t* slots = p.slots + it.row * p.topk;
-    int32_t* positions = p.positions != nullptr ? p.positions + it.row * p.topk : nullptr;
-    const int32_t* table = p.batch.block_tables + it.b * p.batch.max_blocks;
-    auto slot_of = [&](int64_t s) {
-      return table[s / p.block_size] * p.block_size + static_cast<int32_t>(s % p.block_size);
-    };
-    if (it.begin == 0) {
-      const int64_t keep = min(it.n, p.topk);
-      for (int64_t j = keep + threadIdx.x; j < p.topk; j += kThreads) {
-        slots[j] = -1;
-        if (positions != nullptr) positions[j] = -1;
-      }
-    }
-    if (it.n <= topk) {
-      for (int64_t s = it.begin + threadIdx.x; s < it.end; s += kThreads) {
-        slots[s] = slot_of(s);
-        if (positions != nullptr) positions[s] = static_cast<int32_t>(s);
-      }
-      continue;
-    }
-    if (it.begin >= it.end) continue;
-    uint32_t threshold = 0;
-    int need = 0;
-    int gt_before = 0, eq_before = 0;  // winners and == K keys of the row's earlier chunks
-    const int level = row_level(a, it.row, 2);
-    if (level < 3) {
-      // Threshold K from the candidates (the phase-`level` bucket's keys). Earlier chunks'
-      // winners = their keys in higher buckets (counts) + candidates > K before begin.
-      const uint2* cand = a.cand + it.row * a.cand_cap;
-      int num_cand = 0;
-      uint32_t prefix = 0;  // 22 bits
-      int need_in_bin = 0;
-      int bin = 0;
-      if (level == 1) {
-        // The 22-bit prefix from hist1, the last 10 bits from a shared histogram of the
-        // candidates under it.
-        const uint2 st = __ldcg(a.state + it.row * 3);
-        num_cand = __ldcg(hist0 + it.row * kBins + (st.x >> 21));
-        find_bin(sh, hist1 + it.row * kBins, kBins, static_cast<int>(st.y), bin, need_in_bin);
-        prefix = st.x | (static_cast<uint32_t>(bin) << 10);
-        for (int k = threadIdx.x; k < 1024; k += kThreads) sh.hist[k] = 0;
-        __syncthreads();
-        for (int j = threadIdx.x; j < num_cand; j += kThreads) {
-          const uint32_t key = __ldcg(cand + j).x;
-          if ((key >> 10) == (prefix >> 10)) atomicAdd(&sh.hist[key & 1023u], 1);
-        }
-        __syncthreads();
-        find_bin<true>(sh, sh.hist, 1024, need_in_bin, bin, need);
-      } else {
-        // The last 10 bits from hist2 (phase 2 histogrammed exactly the candidates).
-        const uint2 st = __ldcg(a.state + it.row * 3 + 1);
-        prefix = st.x;
-        num_cand = __ldcg(hist1 + it.row * kBins + ((prefix >> 10) & (kBins - 1)));
-        find_bin(sh, hist2 + it.row * kBins, 1024, static_cast<int>(st.y), bin, need);
-      }
-      threshold = prefix | static_cast<uint32_t>(bin);
-      for (int j = threadIdx.x; j < num_cand; j += kThreads) {
-        const uint2 e = __ldcg(cand + j);
-        if (e.y < it.begin) {
-          gt_before += e.x > threshold;
-          eq_before += e.x == threshold;
-        }
-      }
-    } else {
-      const uint2 st = __ldcg(a.state + it.row * 3 + 2);
-      threshold = st.x;
-      need = static_cast<int>(st.y);
-    }
-    const int64_t first_item = it.row * a.num_chunks;
-    for (int64_t c = first_item + threadIdx.x; c < item; c += kThreads) {
-      const int2 cnt = __ldcg(a.counts + c);
-      gt_before += cnt.x;
-      eq_before += cnt.y;
-    }
-    gt_before = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(gt_before);
-    __syncthreads();
-    eq_before = cub::BlockReduce<int, kThreads>(sh.cub.reduce).Sum(eq_before);
-    if (threadIdx.x == 0) {
-      sh.found_bin = gt_before + min(need, eq_before);
-      sh.found_need = eq_before;
-    }
-    __syncthreads();
-    int taken = sh.found_bin;
-    int eq_seen = sh.found_need;
-    __syncthreads();
-    // Super-tiles of kUnroll tiles of kThreads positions: keys loaded together, the
-    // super-tile skipped when no key reaches the threshold (the common case).
-    for (int64_t base = it.begin; base < it.end; base += kThreads * kUnroll) {
-      uint32_t keys[kUnroll];
-      bool any = false;
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t s = base + u * kThreads + threadIdx.x;
-        keys[u] = s < it.end ? key_at(it, s) : 0u;
-        any = any || (s < it.end && keys[u] >= threshold);
-      }
-      if (__syncthreads_or(any) == 0) continue;
-      // Ranks in position order, (u, warp, lane) within the super-tile, from warp ballots:
-      // each warp counts its keys > K and == K per u, warp 0 scans the kUnroll x kWarps
-      // counts (the == K keys taken are the first `need` in position order), and every
-      // lane places its winner at the scanned offset plus its rank inside the ballot.
-      const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-      const unsigned lanes_below = (1u << lane) - 1u;
-      unsigned eq_mask[kUnroll];
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const bool valid = base + u * kThreads + threadIdx.x < it.end;
-        eq_mask[u] = __ballot_sync(0xffffffffu, valid && keys[u] == threshold);
-        const unsigned gt_mask = __ballot_sync(0xffffffffu, valid && keys[u] > threshold);
-        if (lane == 0) {
-          sh.rank.eq_count[u * kWarps + warp] = __popc(eq_mask[u]);
-          sh.rank.gt_count[u * kWarps + warp] = __popc(gt_mask);
-        }
-      }
-      __syncthreads();
-      if (warp == 0) {
-        constexpr int kPer = kRankGroups / 32;  // consecutive groups per lane
-        int eq_sum = 0;
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) eq_sum += sh.rank.eq_count[lane * kPer + e];
-        int eq_before = eq_seen + warp_exclusive_sum(eq_sum, lane);
-        int take_count[kPer];
-        int take_sum = 0;
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          const int g = lane * kPer + e;
-          sh.rank.eq_before[g] = eq_before;
-          const int eq_taken = min(max(need - eq_before, 0), sh.rank.eq_count[g]);
-          take_count[e] = sh.rank.gt_count[g] + eq_taken;
-          take_sum += take_count[e];
-          eq_before += sh.rank.eq_count[g];
-        }
-        int take_before = taken + warp_exclusive_sum(take_sum, lane);
-#pragma unroll
-        for (int e = 0; e < kPer; ++e) {
-          sh.rank.take_before[lane * kPer + e] = take_before;
-          take_before += take_count[e];
-        }
-        if (lane == 31) {
-          sh.rank.taken_end = take_before;
-          sh.rank.eq_end = eq_before;
-        }
-      }
-      __syncthreads();
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        const int64_t s = base + u * kThreads + threadIdx.x;
-        const int g = u * kWarps + warp;
-        const bool valid = s < it.end;
-        const bool is_equal = valid && keys[u] == threshold;
-        const bool take =
-            valid && (keys[u] > threshold ||
-                      (is_equal && sh.rank.eq_before[g] + __popc(eq_mask[u] & lanes_below) < need));
-        const unsigned take_mask = __ballot_sync(0xffffffffu, take);
-        if (take) {
-          const int64_t out = sh.rank.take_before[g] + __popc(take_mask & lanes_below);
-          slots[out] = slot_of(s);
-          if (positions != nullptr) positions[out] = static_cast<int32_t>(s);
-        }
-      }
-      taken = sh.rank.taken_end;
-      eq_seen = sh.rank.eq_end;
-      __syncthreads();
-    }
+  const int4 st2 = a.state2[r.index];
+  const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(st2.x);
+  const int need = topk - st.y - st2.y;
+  if (st2.w == 0) {  // the list holds the 22-bit bucket (T, T2) and above
+    select_list<kItems>(a, r, sh, smem, static_cast<uint64_t>(prefix) << 42, 42, need);
+  } else {
+    const SelectLayout layout = select_layout<kItems>(a.list_cap);
+    select_full(a, r, sh, reinterpret_cast<int*>(smem + layout.hist), prefix, need);
   }
 }
 
 struct Plan {
-  int64_t rows, num_chunks, chunk_len, cand_cap, cand_cap1;
-  bool cache_chunk;
+  int64_t rows, chunk_len, num_chunks;
+  int list_cap, position_bits;
 };
 
-Plan make_plan(const DsaTopkParams& p, int64_t grid_capacity) {
+Plan make_plan(const DsaTopkParams& p, int64_t num_sms) {
   Plan plan{};
   plan.rows = p.batch.num_requests * p.batch.num_q;
   const int64_t ctx = std::max<int64_t>(p.batch.max_context, 1);
-  const int64_t per_row = std::max<int64_t>(1, grid_capacity / std::max<int64_t>(plan.rows, 1));
-  int64_t chunk = (ctx + per_row - 1) / per_row;
-  chunk = std::max<int64_t>(kMinChunk, (chunk + kThreads - 1) / kThreads * kThreads);
-  plan.chunk_len = chunk;
-  plan.num_chunks = (ctx + chunk - 1) / chunk;
-  plan.cache_chunk = plan.rows * plan.num_chunks <= grid_capacity && chunk <= kMaxCachedChunk;
-  plan.cand_cap = std::min(kMaxCandidates, ctx);
-  plan.cand_cap1 = std::min(plan.cand_cap, kCandidateReadBudget / plan.num_chunks);
+  // Cut each row so that about kBlocksPerSm streaming blocks per SM exist even at one row.
+  const int64_t span = ctx + 3;  // aligned slots of a row: positions + head
+  const int64_t target = kBlocksPerSm * num_sms;
+  const int64_t per_row =
+      std::max<int64_t>(1, (target + plan.rows - 1) / std::max<int64_t>(plan.rows, 1));
+  const int64_t chunk = (span + per_row - 1) / per_row;
+  plan.chunk_len = (chunk + kStreamTile - 1) / kStreamTile * kStreamTile;
+  plan.num_chunks = (span + plan.chunk_len - 1) / plan.chunk_len;
+  // Even, so that every row's list is 16-byte aligned for select's copies.
+  plan.list_cap = static_cast<int>((std::min(kListCap, ctx) + 1) / 2 * 2);
+  plan.position_bits = static_cast<int>(std::bit_width(static_cast<uint64_t>(ctx)));
   return plan;
 }
 
-// Every launch carries the chunk cache's shared memory, so the capacity never changes.
-constexpr size_t kCachedBytes = sizeof(float) * kMaxCachedChunk;
+struct Layout {
+  size_t hist0, fill, hist1, state, state2, list, total;
+};
 
-// Blocks that can be resident at once (the cooperative grid's limit).
-int64_t grid_capacity() {
-  int device = 0, num_sms = 0, per_sm = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_kernel, kThreads, kCachedBytes));
-  CHECK(per_sm > 0, "dsa_topk: the kernel does not fit an SM");
-  return int64_t{num_sms} * per_sm;
+Layout make_layout(int64_t rows, int64_t list_cap) {
+  Layout l{};
+  const size_t hist_bytes = dsa::align_up(sizeof(int) * rows * kBins);
+  l.hist0 = 0;
+  l.fill = l.hist0 + hist_bytes;
+  l.hist1 = l.fill + dsa::align_up(sizeof(int) * rows);
+  l.state = l.hist1 + hist_bytes;
+  l.state2 = l.state + dsa::align_up(sizeof(int4) * rows);
+  l.list = l.state2 + dsa::align_up(sizeof(int4) * rows);
+  l.total = l.list + dsa::align_up(sizeof(uint64_t) * rows * list_cap);
+  return l;
 }
 
 void check_params(const DsaTopkParams& p, bool need_pointers = true) {
   dsa::check_batch(p.batch, need_pointers);
-  CHECK(p.topk > 0 && p.topk <= (int64_t{1} << 20), "topk ", p.topk);
+  CHECK(p.topk > 0 && p.topk <= kMaxTopk, "dsa_topk supports topk in 1..", kMaxTopk,
+        " (the winners are sorted in shared memory), got ", p.topk);
   CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
         p.batch.max_context);
   CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0, "block_size ", p.block_size);
@@ -597,8 +649,8 @@ void check_params(const DsaTopkParams& p, bool need_pointers = true) {
 
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
   check_params(p, /*need_pointers=*/false);
-  const Plan plan = make_plan(p, grid_capacity());
-  return make_layout(plan.rows, plan.num_chunks, plan.cand_cap).total;
+  const Plan plan = make_plan(p, 1);
+  return make_layout(plan.rows, plan.list_cap).total;
 }
 
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
@@ -606,44 +658,59 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   check_params(p);
   if (p.batch.num_requests == 0) return;
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
-  const int64_t capacity = grid_capacity();
-  const Plan plan = make_plan(p, capacity);
-  const Layout layout = make_layout(plan.rows, plan.num_chunks, plan.cand_cap);
+  CHECK(reinterpret_cast<uintptr_t>(p.scores) % sizeof(float) == 0,
+        "dsa_topk scores must be 4-byte aligned");
+  int device = 0, num_sms = 0, max_smem = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  const Plan plan = make_plan(p, num_sms);
+  const Layout layout = make_layout(plan.rows, plan.list_cap);
   CHECK(workspace != nullptr && workspace_bytes >= layout.total, "dsa_topk workspace of ",
         workspace_bytes, " bytes, need ", layout.total);
   CHECK(reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
         "dsa_topk workspace must be 256-byte aligned");
+  const int64_t stream_blocks = plan.rows * plan.num_chunks;
+  CHECK(stream_blocks < (int64_t{1} << 31), "dsa_topk: ", plan.rows, " rows x ", plan.num_chunks,
+        " chunks");
+  const bool many = p.topk > 4 * kSelectThreads;
+  const SelectLayout select =
+      many ? select_layout<16>(plan.list_cap) : select_layout<4>(plan.list_cap);
+  CHECK(select.total + sizeof(SelectShared) <= static_cast<size_t>(max_smem),
+        "dsa_topk select needs ", select.total + sizeof(SelectShared),
+        " bytes of shared memory, the device has ", max_smem);
   auto* base = static_cast<char*>(workspace);
-  TopkArgs a{.p = p,
-             .chunk_len = plan.chunk_len,
-             .num_chunks = plan.num_chunks,
-             .num_rows = plan.rows,
-             .barrier = reinterpret_cast<unsigned*>(base + layout.barrier),
-             .fill = reinterpret_cast<int*>(base + layout.fill),
-             .hist = reinterpret_cast<int*>(base + layout.hist),
-             .hist0 = p.histogram != nullptr ? p.histogram
-                                             : reinterpret_cast<const int*>(base + layout.hist),
-             .state = reinterpret_cast<uint2*>(base + layout.state),
-             .counts = reinterpret_cast<int2*>(base + layout.counts),
-             .cand = reinterpret_cast<uint2*>(base + layout.cand),
-             .cand_cap = plan.cand_cap,
-             .cand_cap1 = plan.cand_cap1,
-             .cache_chunk = plan.cache_chunk};
-  CUDA_CHECK(cudaMemsetAsync(base, 0, layout.memset_bytes, stream));
-  const int64_t grid = std::min(capacity, plan.rows * plan.num_chunks);
-  // Cooperative (all blocks resident, or the launch fails) through the launch attribute,
-  // which stream capture turns into a cooperative kernel node.
-  cudaLaunchAttribute attr{};
-  attr.id = cudaLaunchAttributeCooperative;
-  attr.val.cooperative = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kCachedBytes;
-  config.stream = stream;
-  config.attrs = &attr;
-  config.numAttrs = 1;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, topk_kernel, a));
+  auto* hist0 = reinterpret_cast<int*>(base + layout.hist0);
+  const TopkArgs a{.p = p,
+                   .chunk_len = plan.chunk_len,
+                   .num_chunks = plan.num_chunks,
+                   .list_cap = plan.list_cap,
+                   .position_bits = plan.position_bits,
+                   .hist0 = p.histogram != nullptr ? p.histogram : hist0,
+                   .hist0_out = hist0,
+                   .fill = reinterpret_cast<int*>(base + layout.fill),
+                   .hist1 = reinterpret_cast<int*>(base + layout.hist1),
+                   .state = reinterpret_cast<int4*>(base + layout.state),
+                   .state2 = reinterpret_cast<int4*>(base + layout.state2),
+                   .list = reinterpret_cast<uint64_t*>(base + layout.list)};
+  // hist0 (when computed here), fill and hist1 start at zero.
+  const size_t zero_from = p.histogram != nullptr ? layout.fill : layout.hist0;
+  CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0,
+                             layout.hist1 + sizeof(int) * plan.rows * kBins - zero_from, stream));
+  const auto grid = static_cast<unsigned>(stream_blocks);
+  if (p.histogram == nullptr) {
+    hist_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+  }
+  collect_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+  refine_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
+  auto* select_fn = many ? select_kernel<16> : select_kernel<4>;
+  CUDA_CHECK(cudaFuncSetAttribute(select_fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(select.total)));
+  select_fn<<<static_cast<unsigned>(plan.rows), kSelectThreads, select.total, stream>>>(a);
+  CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace hyserve::cuda
