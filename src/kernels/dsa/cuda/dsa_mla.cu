@@ -58,6 +58,7 @@ constexpr int kChunksPerKey = kDsaLatentDim / 16;                   // 36
 constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
 static_assert(kKeys * kChunksPerKey % kThreads == 0);
 constexpr int kCombineThreads = 128;
+constexpr int kCombineColumnBlocks = 4;  // blocks per head in the combine
 constexpr int64_t kMaxSplits = 256;
 // Blocks resident per SM: the shared memory of two exceeds the SM's 228 KiB.
 constexpr int64_t kCtasPerSm = 1;
@@ -399,17 +400,18 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   }
 }
 
-// Block per (b * n_q + i, h): merges the splits. The splits' (max, sum) go to shared
-// memory with their weights 2^(m_s - M) (0 for an empty split, whose o is 0), so that the
-// loop over o reads only the partials, several loads in flight per thread.
+// Block per ((b * n_q + i, h), quarter of the 512 columns): merges the splits. Each block
+// reads the splits' (max, sum) into shared memory with their weights 2^(m_s - M) (0 for
+// an empty split, whose o is 0), then each thread merges one column over the splits,
+// several loads in flight. (A block per head alone left a B = 1 combine on 64 SMs.)
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
-  constexpr int kColsPerThread = kDsaLoraDim / kCombineThreads;
-  static_assert(kDsaLoraDim % kCombineThreads == 0);
+  static_assert(kDsaLoraDim == kCombineThreads * kCombineColumnBlocks);
   __shared__ float2 ml_s[kMaxSplits];
   __shared__ float weight_s[kMaxSplits];
   __shared__ float warp_max_s[kCombineThreads / 32];
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
+  const int column = static_cast<int>(blockIdx.y) * kCombineThreads + static_cast<int>(threadIdx.x);
   const int num_splits = static_cast<int>(a.num_splits);
   const float2* ml = a.part_ml + qh * num_splits;
   float* out = p.o_lat + qh * kDsaLoraDim;
@@ -425,8 +427,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
 #pragma unroll
   for (int w = 0; w < kCombineThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_s[w]);
   if (max_all == -INFINITY) {
-    for (int d = threadIdx.x; d < kDsaLoraDim; d += kCombineThreads) out[d] = 0.0f;
-    if (threadIdx.x == 0) p.lse[qh] = -INFINITY;
+    out[column] = 0.0f;
+    if (column == 0) p.lse[qh] = -INFINITY;
     return;
   }
   for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
@@ -435,20 +437,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __syncthreads();
   float sum_all = 0.0f;
   for (int s = 0; s < num_splits; ++s) sum_all += weight_s[s] * ml_s[s].y;
-  const float norm = p.cache.latent_scale / sum_all;
-  const float* part = a.part_o + qh * num_splits * kDsaLoraDim + threadIdx.x;
-  float acc[kColsPerThread] = {};
-#pragma unroll 4
-  for (int s = 0; s < num_splits; ++s) {
-    const float w = weight_s[s];
-#pragma unroll
-    for (int j = 0; j < kColsPerThread; ++j) {
-      acc[j] += w * part[s * kDsaLoraDim + j * kCombineThreads];
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < kColsPerThread; ++j) out[threadIdx.x + j * kCombineThreads] = acc[j] * norm;
-  if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
+  const float* part = a.part_o + qh * num_splits * kDsaLoraDim + column;
+  float acc = 0.0f;
+#pragma unroll 8
+  for (int s = 0; s < num_splits; ++s) acc += weight_s[s] * part[s * kDsaLoraDim];
+  out[column] = acc * (p.cache.latent_scale / sum_all);
+  if (column == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
 struct Plan {
@@ -542,7 +536,8 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   static_cast<unsigned>(rows));
   kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
-  combine_kernel<<<static_cast<unsigned>(rows * p.num_heads), kCombineThreads, 0, stream>>>(a);
+  combine_kernel<<<dim3(static_cast<unsigned>(rows * p.num_heads), kCombineColumnBlocks),
+                   kCombineThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
