@@ -5,11 +5,12 @@
 // by the *_workspace_bytes functions. A seq_lens[b] above max_context breaks the contract;
 // the kernels then clamp it to max_context rather than touch memory outside the buffers.
 //
-//   dsa_indexer_scores  FP8 tensor-core scorer (mma.sync m16n8k32 e4m3, keys as the A
-//                       operand): a block takes a range of one request's keys and every
-//                       query of that request, so each key is read once per step (whole
-//                       32-byte sectors, through a cp.async ring per warp); the keys of all
-//                       requests are cut into enough ranges to fill every SM even at B = 1.
+//   dsa_indexer_scores  tensor-core scorer over the FP8 keys (f16 MMAs on the exactly
+//                       converted codes, keys as the A operand): a block takes a range of
+//                       one request's keys and every query of that request, so each key is
+//                       read once per step (whole 32-byte sectors, through a cp.async ring
+//                       per warp); the keys of all requests are cut into enough ranges to
+//                       fill every SM even at B = 1.
 //   dsa_topk            exact select on the order-preserving score key (topk <= 8192) in
 //                       plain launches, no grid barrier: a histogram of each row's 11-bit
 //                       key prefixes (or the indexer's) gives the threshold's bin; one pass

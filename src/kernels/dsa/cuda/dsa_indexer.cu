@@ -1,4 +1,4 @@
-// DSA indexer scores over the packed cache on FP8 tensor cores (cuda.h).
+// DSA indexer scores over the packed cache's FP8 keys on tensor cores (cuda.h).
 //
 // Block (chunk, b): keys [chunk * keys_per_block, +keys_per_block) of request b, all n_q
 // queries of b. Warp w walks tiles of 32 keys (tiles w, w + 8, ... of the chunk, so the
@@ -7,18 +7,22 @@
 // lane reads back only the bytes it copied itself, so the ring needs no barrier
 // (cp.async.wait_group orders a thread's own copies).
 //
-// MMA m16n8k32 with the KEYS as A (16 keys x 32 dims per m-tile, two m-tiles per tile)
-// and the query heads as B (32 dims x 8 heads per n-tile): a tile is 2 * Hi / 8 MMAs per
-// k-step; the query fragments are read from shared memory two n-tiles at a time and
-// serve both m-tiles; the head reduction after the ReLU is a 4-lane one. The dot product
-// is a sum over the 128 dims, so any permutation of the dims applied to A and B alike
-// gives the same result; we pick the one that makes every copy a whole 32-byte sector
-// and every lane's operands contiguous: lane (g = lane / 4, t = lane % 4) holds bytes
-// [16t, 16t + 16) and [64 + 16t, 64 + 16t + 16) of its key rows (keys 8j + g of the
-// tile) and of its query rows (head g of each n-tile) = 8 words w0..w7, and k-step s (of
-// 4) uses words 2s (fragment regs a0/a1, b0) and 2s + 1 (a2/a3, b1). (With 32 contiguous
-// bytes per lane every copy instruction touched each sector twice, and L2 throughput,
-// not DRAM, bounded the kernel at ~45% of the copy bandwidth.)
+// MMA m16n8k16 on f16 with the KEYS as A (16 keys x 16 dims per m-tile, two m-tiles per
+// tile) and the query heads as B (16 dims x 8 heads per n-tile); the e4m3 codes are
+// exact in f16 and their products exact in the fp32 accumulators. (mma.sync with e4m3
+// operands compiles on sm_90 to the same f16 MMAs plus, per MMA, conversions of both
+// operands and four adds of a partial sum: ~600 instructions per 32 keys against ~300
+// here, where the queries are converted once per block and the keys once per tile.) The
+// query fragments are read from shared memory per k-step and serve both m-tiles; the
+// head reduction after the ReLU is a 4-lane one. The dot product is a sum over the 128
+// dims, so any permutation of the dims applied to A and B alike gives the same result;
+// we pick the one that makes every copy a whole 32-byte sector and every lane's operands
+// contiguous: lane (g = lane / 4, t = lane % 4) holds bytes [16t, 16t + 16) and
+// [64 + 16t, 64 + 16t + 16) of its key rows (keys 8j + g of the tile) and of its query
+// rows (head g of each n-tile) = 8 words w0..w7, and k-step s (of 8) uses word s: its
+// low byte pair as fragment regs a0/a1 and b0, its high pair as a2/a3 and b1. (With 32
+// contiguous bytes per lane every copy instruction touched each sector twice, and L2
+// throughput, not DRAM, bounded the kernel at ~45% of the copy bandwidth.)
 //
 // Epilogue per query: the accumulators hold dot(key, head) for keys 8j + g and heads
 // 8n + 2t, 8n + 2t + 1; the lane weights their ReLUs by w (one max and one FMA each),
@@ -39,11 +43,13 @@
 namespace hyserve::cuda {
 namespace {
 
-using dsa::mma_e4m3;
+using dsa::mma_f16;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kQPitch = 192;      // bytes per query row in shared memory (conflict-free)
+// Bytes per query row in shared memory: [8 k-steps][4 lanes t][f16 pairs lo, hi], padded
+// so that the 16 lanes of a half-warp's 8-byte loads hit distinct banks.
+constexpr int kQhPitch = 288;
 constexpr int kMaxRows = 8 * 64;  // n_q * Hi
 
 // One ring stage of a warp: kMT m-tiles of 16 keys, indexed by lane so that a warp's
@@ -97,62 +103,65 @@ __device__ __forceinline__ void read_tile(const Stage<kMT>& st, int lane, KeyTil
   for (int j = 0; j < 2 * kMT; ++j) k.scale[j] = st.scales[j][lane];
 }
 
-// Word w (0..7) of the 32 bytes at v[0], v[1]; w is a constant after unrolling.
-__device__ __forceinline__ uint32_t word(const uint4* v, int w) {
-  const uint4& h = v[w >> 2];
-  switch (w & 3) {
+// Component w (0..3) of v; w is a constant after unrolling.
+__device__ __forceinline__ uint32_t component(const uint4& v, int w) {
+  switch (w) {
     case 0:
-      return h.x;
+      return v.x;
     case 1:
-      return h.y;
+      return v.y;
     case 2:
-      return h.z;
+      return v.z;
     default:
-      return h.w;
+      return v.w;
   }
 }
 
 // Scores of query i for the warp's tile: sums[j] = the weighted sum over all heads of
-// key 8j + g, reduced over the 4 lanes of equal g. Two n-tiles at a time (independent
-// MMA chains), their query fragments and weights read from shared memory just before
-// use and folded into the sums right after, so that few registers stay live.
+// key 8j + g, reduced over the 4 lanes of equal g. k-step s (of 8, 16 dims each) uses
+// word s of every lane's 32 bytes: the key words are turned into f16 pairs here, once
+// per tile and n-tile group; the query's pairs were converted when the block started.
+// Groups of kG n-tiles keep the accumulators of both m-tiles in registers.
 template <int kNT, int kMT>
-__device__ __forceinline__ void tile_scores(const KeyTile<kMT>& k, const uint8_t* q_s,
+__device__ __forceinline__ void tile_scores(const KeyTile<kMT>& k, const uint8_t* qh_s,
                                             const float* w_s, int i, int g, int t,
                                             float (&sums)[2 * kMT]) {
+  constexpr int kG = kNT % 4 == 0 ? 4 : 2;  // n-tiles per group
 #pragma unroll
   for (int j = 0; j < 2 * kMT; ++j) sums[j] = 0.0f;
 #pragma unroll 1
-  for (int n0 = 0; n0 < kNT; n0 += 2) {
-    uint4 q[2][2];
-    float2 w[2];
+  for (int n0 = 0; n0 < kNT; n0 += kG) {
+    const int head0 = i * kNT * 8 + n0 * 8;
+    float acc[kMT][kG][4] = {};
 #pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      const int head = i * kNT * 8 + (n0 + n) * 8;
-      const uint8_t* src = q_s + (head + g) * kQPitch + t * 16;
-      q[n][0] = *reinterpret_cast<const uint4*>(src);
-      q[n][1] = *reinterpret_cast<const uint4*>(src + 64);
-      w[n] = *reinterpret_cast<const float2*>(w_s + head + 2 * t);
-    }
+    for (int s = 0; s < 8; ++s) {
+      uint2 q[kG];
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-      const uint4* lo = &k.piece[4 * m];      // key 16m + g
-      const uint4* hi = &k.piece[4 * m + 2];  // key 16m + g + 8
-      float acc[2][4] = {};
-#pragma unroll
-      for (int s = 0; s < 4; ++s) {
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
-          mma_e4m3(acc[n], word(lo, 2 * s), word(hi, 2 * s), word(lo, 2 * s + 1),
-                   word(hi, 2 * s + 1), word(q[n], 2 * s), word(q[n], 2 * s + 1));
-        }
+      for (int n = 0; n < kG; ++n) {
+        q[n] =
+            *reinterpret_cast<const uint2*>(qh_s + (head0 + 8 * n + g) * kQhPitch + s * 32 + t * 8);
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {  // one max and one FMA per product
-        sums[2 * m] = fmaf(w[n].x, fmaxf(acc[n][0], 0.0f), sums[2 * m]);
-        sums[2 * m] = fmaf(w[n].y, fmaxf(acc[n][1], 0.0f), sums[2 * m]);
-        sums[2 * m + 1] = fmaf(w[n].x, fmaxf(acc[n][2], 0.0f), sums[2 * m + 1]);
-        sums[2 * m + 1] = fmaf(w[n].y, fmaxf(acc[n][3], 0.0f), sums[2 * m + 1]);
+      for (int m = 0; m < kMT; ++m) {
+        const uint32_t lo = component(k.piece[2 * (2 * m) + s / 4], s % 4);      // key 16m + g
+        const uint32_t hi = component(k.piece[2 * (2 * m + 1) + s / 4], s % 4);  // key + 8
+        const uint32_t a0 = dsa::e4m3x2_to_f16x2(lo & 0xffffu);
+        const uint32_t a1 = dsa::e4m3x2_to_f16x2(hi & 0xffffu);
+        const uint32_t a2 = dsa::e4m3x2_to_f16x2(lo >> 16);
+        const uint32_t a3 = dsa::e4m3x2_to_f16x2(hi >> 16);
+#pragma unroll
+        for (int n = 0; n < kG; ++n) mma_f16(acc[m][n], a0, a1, a2, a3, q[n].x, q[n].y);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < kG; ++n) {
+      const float2 w = *reinterpret_cast<const float2*>(w_s + head0 + 8 * n + 2 * t);
+#pragma unroll
+      for (int m = 0; m < kMT; ++m) {  // one max and one FMA per product
+        sums[2 * m] = fmaf(w.x, fmaxf(acc[m][n][0], 0.0f), sums[2 * m]);
+        sums[2 * m] = fmaf(w.y, fmaxf(acc[m][n][1], 0.0f), sums[2 * m]);
+        sums[2 * m + 1] = fmaf(w.x, fmaxf(acc[m][n][2], 0.0f), sums[2 * m + 1]);
+        sums[2 * m + 1] = fmaf(w.y, fmaxf(acc[m][n][3], 0.0f), sums[2 * m + 1]);
       }
     }
   }
@@ -183,11 +192,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   constexpr int kHeads = kNT * 8;
   const int num_q = static_cast<int>(p.batch.num_q);
   const int num_rows = num_q * kHeads;
-  // [warps][kStages] ring, then [rows, kQPitch] query codes, [rows] weights and, when
+  // [warps][kStages] ring, then [rows, kQhPitch] query f16 pairs, [rows] weights and, when
   // p.histogram is set, [n_q, kDsaTopkBins] bins.
   auto* ring = reinterpret_cast<Stage<kMT>*>(smem);
-  uint8_t* q_s = smem + sizeof(Stage<kMT>) * kWarps * kStages;
-  float* w_s = reinterpret_cast<float*>(q_s + num_rows * kQPitch);
+  uint8_t* qh_s = smem + sizeof(Stage<kMT>) * kWarps * kStages;
+  float* w_s = reinterpret_cast<float*>(qh_s + num_rows * kQhPitch);
   int* hist_s = p.histogram != nullptr ? reinterpret_cast<int*>(w_s + num_rows) : nullptr;
 
   const int64_t b = blockIdx.y;
@@ -215,9 +224,15 @@ __global__ void __launch_bounds__(kThreads, 2)
     dsa::cp_async_commit();
   }
 
-  const auto* q_src = reinterpret_cast<const uint4*>(p.q8 + b * num_rows * kDsaIndexDim);
-  for (int i = threadIdx.x; i < num_rows * 8; i += kThreads) {
-    *reinterpret_cast<uint4*>(q_s + (i / 8) * kQPitch + (i % 8) * 16) = q_src[i];
+  // The queries as f16 pairs (exact: every e4m3 value is an f16), in the order tile_scores
+  // reads them: word s of lane t's bytes ([16t, +16) then [64 + 16t, +16)) of a row.
+  const auto* q_src = reinterpret_cast<const uint32_t*>(p.q8 + b * num_rows * kDsaIndexDim);
+  for (int e = threadIdx.x; e < num_rows * 32; e += kThreads) {
+    const int row = e / 32, t_of = (e / 8) % 4, s_of = e % 8;
+    const int byte = (s_of < 4 ? 16 * t_of : 64 + 16 * t_of) + 4 * (s_of % 4);
+    const uint32_t codes = q_src[row * (kDsaIndexDim / 4) + byte / 4];
+    *reinterpret_cast<uint2*>(qh_s + row * kQhPitch + s_of * 32 + t_of * 8) =
+        make_uint2(dsa::e4m3x2_to_f16x2(codes & 0xffffu), dsa::e4m3x2_to_f16x2(codes >> 16));
   }
   for (int i = threadIdx.x; i < num_rows; i += kThreads) w_s[i] = p.weights[b * num_rows + i];
   if (hist_s != nullptr) {
@@ -242,7 +257,7 @@ __global__ void __launch_bounds__(kThreads, 2)
 #pragma unroll 1
     for (int i = 0; i < num_q; ++i) {
       float sums[2 * kMT];
-      tile_scores<kNT, kMT>(cur, q_s, w_s, i, g, t, sums);
+      tile_scores<kNT, kMT>(cur, qh_s, w_s, i, g, t, sums);
       if (storer && key < end) {
         const int position = seq_len - num_q + i;
         const bool visible = key <= position;
@@ -278,7 +293,7 @@ constexpr int kBlocksPerSm = 4;               // keys cut into ~4 blocks per SM
 // The cp.async rings, query rows, head weights and (optionally) the histograms of one block.
 size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
   return sizeof(Stage<kMT>) * kWarps * kStages +
-         static_cast<size_t>(num_q * num_heads) * (kQPitch + sizeof(float)) +
+         static_cast<size_t>(num_q * num_heads) * (kQhPitch + sizeof(float)) +
          (histogram ? sizeof(int) * num_q * kDsaTopkBins : 0);
 }
 
