@@ -58,7 +58,8 @@ constexpr int kChunksPerKey = kDsaLatentDim / 16;                   // 36
 constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
 static_assert(kKeys * kChunksPerKey % kThreads == 0);
 constexpr int kCombineThreads = 128;
-constexpr int kCombineColumnBlocks = 4;  // blocks per head in the combine
+constexpr int kCombineColumnBlocks = 4;      // blocks per head in the combine when heads are few
+constexpr int64_t kCombineManyHeads = 1024;  // from this many (query, head) rows: one block each
 constexpr int64_t kMaxSplits = 256;
 // Blocks resident per SM: the shared memory of two exceeds the SM's 228 KiB.
 constexpr int64_t kCtasPerSm = 1;
@@ -400,18 +401,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   }
 }
 
-// Block per ((b * n_q + i, h), quarter of the 512 columns): merges the splits. Each block
-// reads the splits' (max, sum) into shared memory with their weights 2^(m_s - M) (0 for
-// an empty split, whose o is 0), then each thread merges one column over the splits,
-// several loads in flight. (A block per head alone left a B = 1 combine on 64 SMs.)
+// Block per ((b * n_q + i, h), column part): merges the splits. gridDim.y blocks share a
+// head's 512 columns (4 when there are few heads: a block per head alone left a B = 1
+// combine on 64 SMs; 1 when there are many). Each block reads the splits' (max, sum)
+// into shared memory with their weights 2^(m_s - M) (0 for an empty split, whose o is 0),
+// then each thread merges its columns over the splits, several loads in flight.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
-  static_assert(kDsaLoraDim == kCombineThreads * kCombineColumnBlocks);
   __shared__ float2 ml_s[kMaxSplits];
   __shared__ float weight_s[kMaxSplits];
   __shared__ float warp_max_s[kCombineThreads / 32];
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
-  const int column = static_cast<int>(blockIdx.y) * kCombineThreads + static_cast<int>(threadIdx.x);
+  const int column0 = static_cast<int>(blockIdx.y * kCombineThreads + threadIdx.x);
+  const int column_step = static_cast<int>(gridDim.y) * kCombineThreads;
   const int num_splits = static_cast<int>(a.num_splits);
   const float2* ml = a.part_ml + qh * num_splits;
   float* out = p.o_lat + qh * kDsaLoraDim;
@@ -427,8 +429,8 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
 #pragma unroll
   for (int w = 0; w < kCombineThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_s[w]);
   if (max_all == -INFINITY) {
-    out[column] = 0.0f;
-    if (column == 0) p.lse[qh] = -INFINITY;
+    for (int c = column0; c < kDsaLoraDim; c += column_step) out[c] = 0.0f;
+    if (column0 == 0) p.lse[qh] = -INFINITY;
     return;
   }
   for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
@@ -437,12 +439,15 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __syncthreads();
   float sum_all = 0.0f;
   for (int s = 0; s < num_splits; ++s) sum_all += weight_s[s] * ml_s[s].y;
-  const float* part = a.part_o + qh * num_splits * kDsaLoraDim + column;
-  float acc = 0.0f;
+  const float norm = p.cache.latent_scale / sum_all;
+  const float* part = a.part_o + qh * num_splits * kDsaLoraDim;
+  for (int c = column0; c < kDsaLoraDim; c += column_step) {
+    float acc = 0.0f;
 #pragma unroll 8
-  for (int s = 0; s < num_splits; ++s) acc += weight_s[s] * part[s * kDsaLoraDim];
-  out[column] = acc * (p.cache.latent_scale / sum_all);
-  if (column == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
+    for (int s = 0; s < num_splits; ++s) acc += weight_s[s] * part[s * kDsaLoraDim + c];
+    out[c] = acc * norm;
+  }
+  if (column0 == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
 struct Plan {
@@ -536,8 +541,10 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   static_cast<unsigned>(rows));
   kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
-  combine_kernel<<<dim3(static_cast<unsigned>(rows * p.num_heads), kCombineColumnBlocks),
-                   kCombineThreads, 0, stream>>>(a);
+  const int64_t heads = rows * p.num_heads;
+  const unsigned column_blocks = heads >= kCombineManyHeads ? 1 : kCombineColumnBlocks;
+  combine_kernel<<<dim3(static_cast<unsigned>(heads), column_blocks), kCombineThreads, 0, stream>>>(
+      a);
   CUDA_CHECK_LAUNCH();
 }
 
