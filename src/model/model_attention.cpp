@@ -261,7 +261,7 @@ bool Model::use_dsa_decode() const {
   const ModelConfig& c = config_;
   return options_.dsa_decode_ops && options_.latent_cache == LatentCacheDtype::kFp8 &&
          options_.indexer_fp8 && c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 &&
-         c.index_n_heads <= 64;
+         c.index_n_heads <= 64 && c.index_topk <= kDsaMaxTopk;
 }
 
 DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {

@@ -43,6 +43,9 @@ constexpr int kDsaRopeDim = 64;                           // qk_rope_head_dim: k
 constexpr int kDsaLatentDim = kDsaLoraDim + kDsaRopeDim;  // 576 codes = bytes per token
 constexpr int kDsaIndexDim = 128;                         // index_head_dim
 constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;       // codes + fp32 scale
+// The largest index_topk the CUDA top-k takes (its winners are sorted in shared memory);
+// models with more keep the generic attention path.
+constexpr int64_t kDsaMaxTopk = 8192;
 
 // The top-k's order-preserving key of a score: uint32 order == float order, -0 == +0
 // (so they tie). Its top 11 bits are the bins of the top-k's first radix pass.

@@ -75,6 +75,7 @@ constexpr int64_t kBlocksPerSm = 4;  // streaming blocks to aim for, even at one
 constexpr int64_t kMaxTopk = 8192;   // the winners' sort holds at most 16 per thread
 constexpr int64_t kListCap = 20480;  // list entries per row (8 bytes each, in select's smem)
 constexpr int kOrderedItems = 8;     // full rows: positions per thread and ordered step
+static_assert(kMaxTopk == kDsaMaxTopk, "the models' bound (params.h) is this kernel's");
 constexpr unsigned kFullMask = 0xffffffffu;
 
 // The winners' sort: kItems positions per thread, 4 (topk <= 2048) or 16 (topk <= 8192).
