@@ -144,8 +144,8 @@ TEST(DsaGpu, IndexerScoresMatchCpu) {
   uint64_t seed = 1;
   for (const int64_t block_size : {64, 128}) {
     for (const int64_t num_q : {1, 2, 8}) {
-      for (const int64_t hi : {32, 64, 16}) {
-        if (num_q == 8 && hi == 16) continue;
+      for (const int64_t hi : {32, 64, 16, 48}) {
+        if (num_q == 8 && (hi == 16 || hi == 48)) continue;
         DsaTestPool t =
             make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, 8, hi, ++seed, 7);
         DevicePool d(t);
