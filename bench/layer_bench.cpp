@@ -322,10 +322,5 @@ int run(int argc, char** argv) {
 }  // namespace hyserve::bench
 
 int main(int argc, char** argv) {
-  try {
-    return hyserve::bench::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hyserve_layer_bench: %s\n", e.what());
-    return 1;
-  }
+  return hyserve::bench::guarded_main("hyserve_layer_bench", hyserve::bench::run, argc, argv);
 }

@@ -214,10 +214,5 @@ int run(int argc, char** argv) {
 }  // namespace hyserve::bench
 
 int main(int argc, char** argv) {
-  try {
-    return hyserve::bench::run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "hyserve_long_prefill: %s\n", e.what());
-    return 1;
-  }
+  return hyserve::bench::guarded_main("hyserve_long_prefill", hyserve::bench::run, argc, argv);
 }

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <cstdio>
+#include <exception>
 
 #include "core/cuda/device_buffer.h"
 #include "util/cuda_check.h"
@@ -40,6 +42,15 @@ double measure_copy_bandwidth() {
   const float ms = median_event_ms(
       [&] { CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
   return 2.0 * n / (ms * 1e-3);
+}
+
+int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+    return 1;
+  }
 }
 
 }  // namespace hyserve::bench

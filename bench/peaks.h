@@ -18,4 +18,8 @@ float median_event_ms(const std::function<void()>& fn);
 // (2 GiB copies, median of 20 after 5 warm-ups).
 double measure_copy_bandwidth();
 
+// A benchmark's main: run(argc, argv), or its exception's message after `name: ` on
+// stderr and exit status 1.
+int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv);
+
 }  // namespace hyserve::bench

@@ -63,7 +63,10 @@ std::string describe(const DsaTestPool& t) {
 
 // ---------------------------------------------------------------- indexer
 
-std::vector<float> gpu_scores(const DsaTestPool& t, const DevicePool& d, int64_t stride) {
+// The indexer's scores [rows, stride] (12345 where it writes nothing); with a histogram
+// (zeroed by the caller) it also counts the visible scores' bins there.
+std::vector<float> gpu_scores(const DsaTestPool& t, const DevicePool& d, int64_t stride,
+                              int* histogram = nullptr) {
   const int64_t rows = t.num_requests() * t.num_q;
   std::vector<float> init(rows * stride, 12345.0f);
   DeviceBuffer scores = to_device(init);
@@ -73,7 +76,8 @@ std::vector<float> gpu_scores(const DsaTestPool& t, const DevicePool& d, int64_t
                             .weights = d.weights.as<float>(),
                             .num_heads = t.index_heads,
                             .scores = scores.as<float>(),
-                            .score_stride = stride},
+                            .score_stride = stride,
+                            .histogram = histogram},
                            nullptr);
   sync();
   return to_host<float>(scores, init.size());
@@ -177,20 +181,9 @@ TEST(DsaGpu, IndexerHistogramCountsItsOwnScores) {
       DsaTestPool t = make_dsa_test_pool({1, 3, 65, 2049, 40000}, 64, num_q, 8, hi, ++seed, 7);
       DevicePool d(t);
       const int64_t rows = t.num_requests() * num_q, stride = t.max_context;
-      DeviceBuffer scores(sizeof(float) * rows * stride);
       const std::vector<int> zeros(rows * kDsaTopkBins, 0);
       DeviceBuffer hist = to_device(zeros);
-      cuda::dsa_indexer_scores({.cache = d.cache(t),
-                                .batch = d.batch(t),
-                                .q8 = d.q8.as<uint8_t>(),
-                                .weights = d.weights.as<float>(),
-                                .num_heads = t.index_heads,
-                                .scores = scores.as<float>(),
-                                .score_stride = stride,
-                                .histogram = hist.as<int>()},
-                               nullptr);
-      sync();
-      const std::vector<float> got_scores = to_host<float>(scores, rows * stride);
+      const std::vector<float> got_scores = gpu_scores(t, d, stride, hist.as<int>());
       const std::vector<int> got = to_host<int>(hist, zeros.size());
       std::vector<int> want(zeros.size(), 0);
       for (int64_t b = 0; b < t.num_requests(); ++b) {
