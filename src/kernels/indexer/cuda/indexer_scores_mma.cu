@@ -1,4 +1,4 @@
-// Indexer scores against the FP8 index-key cache on FP8 tensor cores, for calls with one
+// Indexer scores against the FP8 index-key cache on tensor cores, for calls with one
 // block table for all queries (prefill); see indexer_scores_mma.h.
 //
 // Tiling. A CTA of 8 warps takes a query tile (8 queries with 32 or 64 heads, 16 with 16
@@ -15,11 +15,16 @@
 // HBM once and from L2 for the other query tiles. Tiles beyond the largest q_pos of a
 // CTA's queries are neither loaded nor multiplied; their scores are written -inf.
 //
-// MMA m16n8k32 e4m3 -> fp32 (A = 16 head rows x 32 dims, B = 32 dims x 8 keys). As in
-// dsa_indexer.cu the 128 dims are permuted alike for A and B so that lane (g = lane / 4,
-// t = lane % 4) holds bytes [32t, 32t + 32) of its rows g, g + 8 and of its key (g of the
-// n-tile) as words w0..w7; k-step s (of 4) uses words 2s (a0/a1, b0) and 2s + 1 (a2/a3,
-// b1).
+// MMA m16n8k16 f16 -> fp32 on the e4m3 codes converted in registers (exact: every e4m3
+// value is an f16, every product fits fp32); mma.sync with e4m3 operands lowers on sm_90
+// to the same f16 MMAs plus conversions of both operands and partial-sum adds at every
+// MMA. A = 16 head rows x 16 dims, B = 16 dims x 8 keys. As in dsa_indexer.cu the 128
+// dims are permuted alike for A and B: lane (g = lane / 4, t = lane % 4) holds bytes
+// [32t, 32t + 32) of its rows g, g + 8 and of its key (g of the n-tile) as words
+// w0..w7; k-step s (of 8) uses word s, its low byte pair as a0/a1 and b0, its high pair
+// as a2/a3 and b1. The query fragments are converted once (one or two m-tiles) or at
+// each k-step (four m-tiles, 64 heads: the registers would not hold them); the keys once
+// per warp and 32 keys.
 //
 // Epilogue per query and 32 keys (n-tiles j = 0..3): lane (g, t) holds relu(dot) for
 // heads g, g + 8 of each m-tile and keys 8j + 2t + e (e = 0, 1); it weights them by
@@ -59,7 +64,7 @@ namespace {
 using dsa::cp_async_16;
 using dsa::cp_async_commit;
 using dsa::cp_async_wait;
-using dsa::mma_e4m3;
+using dsa::mma_f16;
 
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
@@ -251,6 +256,26 @@ __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
       a_frag[mt][half][1] = row < warp_rows ? src[1] : zero;
     }
   }
+  // f16 A fragments of k-step s (of 8, word s of the lane's 32 bytes): rows g / g + 8,
+  // low / high byte pair (regs a0..a3). With at most two m-tiles they are converted once
+  // and stay in registers; with four (64 heads) they are converted at each use.
+  constexpr bool kResident = L::kMTiles <= 2;
+  uint32_t a16[kResident ? L::kMTiles : 1][8][4];
+  auto a_words = [&](int mt, int s, uint32_t(&out)[4]) {
+    const uint32_t lo = word(a_frag[mt][0], s);  // row g
+    const uint32_t hi = word(a_frag[mt][1], s);  // row g + 8
+    out[0] = dsa::e4m3x2_to_f16x2(lo & 0xffffu);
+    out[1] = dsa::e4m3x2_to_f16x2(hi & 0xffffu);
+    out[2] = dsa::e4m3x2_to_f16x2(lo >> 16);
+    out[3] = dsa::e4m3x2_to_f16x2(hi >> 16);
+  };
+  if constexpr (kResident) {
+#pragma unroll
+    for (int mt = 0; mt < L::kMTiles; ++mt) {
+#pragma unroll
+      for (int s = 0; s < 8; ++s) a_words(mt, s, a16[mt][s]);
+    }
+  }
   // Per query: its scores from key `begin` on, and its last visible key relative to
   // begin (keys_per_cta bounds every offset, so they fit int).
   float* out[L::kWarpQueries];
@@ -280,24 +305,31 @@ __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
 #pragma unroll 1
     for (int key0 = 0; key0 < kKeyTile; key0 += 32) {
       float acc[L::kMTiles][4][4] = {};
+      uint4 b_frag[4][2];  // n-tile j: key key0 + 8j + g, bytes [32t, +32)
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        uint4 b_frag[4];  // n-tile j: key key0 + 8j + g, bytes [32t + 16 half, +16)
+      for (int j = 0; j < 4; ++j) {
+        const uint4* src =
+            reinterpret_cast<const uint4*>(tile_keys + (key0 + j * 8 + g) * kPitch + t * 32);
+        b_frag[j][0] = src[0];
+        b_frag[j][1] = src[1];
+      }
+#pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        uint32_t b16[4][2];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          b_frag[j] = reinterpret_cast<const uint4*>(tile_keys + (key0 + j * 8 + g) * kPitch +
-                                                     t * 32)[half];
+          const uint32_t w = word(b_frag[j], s);
+          b16[j][0] = dsa::e4m3x2_to_f16x2(w & 0xffffu);
+          b16[j][1] = dsa::e4m3x2_to_f16x2(w >> 16);
         }
 #pragma unroll
-        for (int s = 2 * half; s < 2 * half + 2; ++s) {
+        for (int mt = 0; mt < L::kMTiles; ++mt) {
+          uint32_t conv[4];
+          if constexpr (!kResident) a_words(mt, s, conv);
+          const uint32_t(&a4)[4] = kResident ? a16[kResident ? mt : 0][s] : conv;
 #pragma unroll
-          for (int mt = 0; mt < L::kMTiles; ++mt) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              mma_e4m3(acc[mt][j], word(a_frag[mt][0], 2 * s), word(a_frag[mt][1], 2 * s),
-                       word(a_frag[mt][0], 2 * s + 1), word(a_frag[mt][1], 2 * s + 1),
-                       word4(b_frag[j], 2 * s % 4), word4(b_frag[j], 2 * s % 4 + 1));
-            }
+          for (int j = 0; j < 4; ++j) {
+            mma_f16(acc[mt][j], a4[0], a4[1], a4[2], a4[3], b16[j][0], b16[j][1]);
           }
         }
       }
