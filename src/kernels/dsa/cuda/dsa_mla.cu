@@ -47,19 +47,19 @@ namespace {
 using dsa::mma_f16;
 
 constexpr int kThreads = 256;
-constexpr int kRows = 32;        // heads per block
-constexpr int kKeys = 64;        // keys per tile
-constexpr int kStages = 3;       // latent tiles in shared memory (two in flight)
-constexpr int kLatPitch = 592;   // bytes per key in shared memory
-constexpr int kQPitch = 584;     // halves per q row (1168 B: conflict-free A loads)
-constexpr int kLogitPitch = 68;  // floats
-constexpr int kPPitch = 72;      // halves
+constexpr int kRows = 32;         // heads per block
+constexpr int kKeys = 64;         // keys per tile
+constexpr int kStages = 3;        // latent tiles in shared memory (two in flight)
+constexpr int kLatPitch = 592;    // bytes per key in shared memory
+constexpr int kQPitch = 584;      // halves per q row (1168 B: conflict-free A loads)
+constexpr int kLogitPitch = 68;   // floats
+constexpr int kPPitch = 72;       // halves
+constexpr int kStagePitch = 516;  // floats per row of the partial o staged for its stores
 constexpr int kChunksPerKey = kDsaLatentDim / 16;                   // 36
 constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
 static_assert(kKeys * kChunksPerKey % kThreads == 0);
-constexpr int kCombineThreads = 128;
-constexpr int kCombineColumnBlocks = 4;      // blocks per head in the combine when heads are few
-constexpr int64_t kCombineManyHeads = 1024;  // from this many (query, head) rows: one block each
+constexpr int kCombineThreads = kDsaLoraDim / 4;  // a float4 of columns each
+constexpr int kCombineBatch = 16;                 // splits' loads in flight per thread
 constexpr int64_t kMaxSplits = 256;
 // Blocks resident per SM: the shared memory of two exceeds the SM's 228 KiB.
 constexpr int64_t kCtasPerSm = 1;
@@ -80,6 +80,7 @@ struct SmemLayout {
   static constexpr int kRowFactor = kCorr + kRows * 4;           // [32] float
   static constexpr int kBytes = kRowFactor + kRows * 4;
 };
+static_assert(kRows * kStagePitch * 4 <= kStages * kKeys * kLatPitch, "o staging fits the stages");
 static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block per SM");
 static_assert(SmemLayout::kBytes <= 227 * 1024, "above the H100/H200 block limit");
 
@@ -177,9 +178,30 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     dsa::cp_async_commit();
   };
 
-  // Tile 0 is in flight and tile 1's ids are on their way while q is converted. Every
-  // issue point commits one group (empty past the last tile), so that before tile k is
-  // used the groups of tiles k + 1 and k + 2 are the only ones that may be pending.
+  // q rows (a warp per row, float4 k of a row at lane + 32 k: 128 of q_lat, 16 of q_pe),
+  // all of a warp's rows requested first, then tile 0's slot ids, so that the two global
+  // round trips overlap; then tile 0 is issued and tile 1's ids fetched while q is
+  // converted. Every issue point commits one group (empty past the last tile), so that
+  // before tile k is used the groups of tiles k + 1 and k + 2 are the only ones pending.
+  constexpr int kRowsPerWarp = kRows / (kThreads / 32);
+  constexpr int kVecsPerRow = kDsaLatentDim / 4;         // 144
+  constexpr int kVecsPerLane = (kVecsPerRow + 31) / 32;  // 5
+  float4 v[kRowsPerWarp][kVecsPerLane];
+#pragma unroll
+  for (int j = 0; j < kRowsPerWarp; ++j) {
+    const int r = warp + (kThreads / 32) * j;
+    const int64_t qh = row * num_heads + head0 + r;
+    const auto* q_lat = reinterpret_cast<const float4*>(p.q_lat + qh * kDsaLoraDim);
+    const auto* q_pe = reinterpret_cast<const float4*>(p.q_pe + qh * kDsaRopeDim);
+#pragma unroll
+    for (int k = 0; k < kVecsPerLane; ++k) {
+      const int i = k * 32 + lane;
+      v[j][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (r < rows_here && i < kVecsPerRow) {
+        v[j][k] = i < kDsaLoraDim / 4 ? q_lat[i] : q_pe[i - kDsaLoraDim / 4];
+      }
+    }
+  }
   int32_t raw[kChunksPerThread];
   if (num_tiles > 0) {
     fetch_tile(0, raw);
@@ -187,28 +209,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     fetch_tile(1, raw);
   }
 
-  // q rows -> fp16 with a power-of-two scale each (a warp per row; all of a warp's rows
-  // loaded before any is converted, so that the loads overlap).
-  constexpr int kRowsPerWarp = kRows / (kThreads / 32);
-  float v[kRowsPerWarp][kDsaLatentDim / 32];
-#pragma unroll
-  for (int j = 0; j < kRowsPerWarp; ++j) {
-    const int r = warp + (kThreads / 32) * j;
-    const int h = head0 + r;
-    const float* q_lat = p.q_lat + (row * num_heads + h) * kDsaLoraDim;
-    const float* q_pe = p.q_pe + (row * num_heads + h) * kDsaRopeDim;
-#pragma unroll
-    for (int k = 0; k < kDsaLatentDim / 32; ++k) {
-      const int d = k * 32 + lane;
-      v[j][k] = r < rows_here ? (d < kDsaLoraDim ? q_lat[d] : q_pe[d - kDsaLoraDim]) : 0.0f;
-    }
-  }
+  // q rows -> fp16 with a power-of-two scale each.
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     const int r = warp + (kThreads / 32) * j;
     float amax = 0.0f;
 #pragma unroll
-    for (int k = 0; k < kDsaLatentDim / 32; ++k) amax = fmaxf(amax, fabsf(v[j][k]));
+    for (int k = 0; k < kVecsPerLane; ++k) {
+      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j][k].x), fabsf(v[j][k].y)),
+                               fmaxf(fabsf(v[j][k].z), fabsf(v[j][k].w))));
+    }
     for (int off = 16; off > 0; off /= 2)
       amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     int exponent = 0;
@@ -216,8 +226,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     const float scale = ldexpf(1.0f, exponent - 14);             // q / scale < 2^14
     const float inv = ldexpf(1.0f, 14 - exponent);
 #pragma unroll
-    for (int k = 0; k < kDsaLatentDim / 32; ++k) {
-      q_s[r * kQPitch + k * 32 + lane] = __float2half_rn(v[j][k] * inv);
+    for (int k = 0; k < kVecsPerLane; ++k) {
+      const int i = k * 32 + lane;
+      if (i < kVecsPerRow) {
+        const __half2 lo = __floats2half2_rn(v[j][k].x * inv, v[j][k].y * inv);
+        const __half2 hi = __floats2half2_rn(v[j][k].z * inv, v[j][k].w * inv);
+        uint2 w;
+        w.x = *reinterpret_cast<const uint32_t*>(&lo);
+        w.y = *reinterpret_cast<const uint32_t*>(&hi);
+        *reinterpret_cast<uint2*>(q_s + r * kQPitch + 4 * i) = w;
+      }
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
   }
@@ -257,7 +275,9 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
 
     // QK.
     if (mt_active) {
-      float acc[kQkNTiles][4] = {};
+      // Two accumulators per n-tile (even / odd k-steps), summed at the end: one chain of
+      // 36 dependent MMAs per n-tile left the warp waiting on MMA latency.
+      float acc2[2][kQkNTiles][4] = {};
       const __half* qa = q_s + (mt * 16 + g) * kQPitch + 16 * t;
       const __half* qb = qa + 8 * kQPitch;
 #pragma unroll 3
@@ -276,13 +296,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
           const uint32_t w[4] = {lw.x, lw.y, lw.z, lw.w};
 #pragma unroll
           for (int s = 0; s < 4; ++s) {
-            mma_f16(acc[jn], ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1],
+            mma_f16(acc2[s & 1][jn], ra[2 * s], rb[2 * s], ra[2 * s + 1], rb[2 * s + 1],
                     dsa::e4m3x2_to_f16x2(w[s] & 0xffffu), dsa::e4m3x2_to_f16x2(w[s] >> 16));
           }
         }
       }
       const float f0 = factor_s[mt * 16 + g];
       const float f1 = factor_s[mt * 16 + g + 8];
+      float acc[kQkNTiles][4];
+#pragma unroll
+      for (int jn = 0; jn < kQkNTiles; ++jn) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[jn][e] = acc2[0][jn][e] + acc2[1][jn][e];
+      }
 #pragma unroll
       for (int jn = 0; jn < kQkNTiles; ++jn) {
         const int key = qk_keys + jn * 8 + 2 * t;
@@ -378,20 +404,21 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     __syncthreads();
   }
 
-  // Partials: o (unnormalized), max and sum per head.
+  // Partials: o (unnormalized), max and sum per head. The fragments go to shared memory
+  // (the latent stages, free after the loop's last barrier) in column order, then out as
+  // whole 2-KB rows in 16-byte stores: stored straight from the fragments, every warp store
+  // touched 32 sectors for 4 bytes each, ~10 us of a one-tile block at B = 1.
   const int64_t num_splits = a.num_splits;
+  float* stage_s = reinterpret_cast<float*>(lat_s);
   if (mt_active) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const int r = mt * 16 + g + 8 * half;
-      if (r < rows_here) {
-        float* dst = a.part_o + ((row * num_heads + head0 + r) * num_splits + split) * kDsaLoraDim;
+      float* dst = stage_s + (mt * 16 + g + 8 * half) * kStagePitch + pv_cols + 8 * t;
 #pragma unroll
-        for (int n = 0; n < 4 * kPvGroups; ++n) {
-          const int q = n / 4, rr = n % 4;
-          dst[pv_cols + 32 * q + 4 * (2 * t) + rr] = o[n][2 * half];
-          dst[pv_cols + 32 * q + 4 * (2 * t + 1) + rr] = o[n][2 * half + 1];
-        }
+      for (int n = 0; n < 4 * kPvGroups; ++n) {
+        const int q = n / 4, rr = n % 4;
+        dst[32 * q + rr] = o[n][2 * half];
+        dst[32 * q + 4 + rr] = o[n][2 * half + 1];
       }
     }
   }
@@ -399,24 +426,40 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
     a.part_ml[(row * num_heads + head0 + sm_row) * num_splits + split] =
         make_float2(run_max, run_sum);
   }
+  __syncthreads();
+  constexpr int kRowVecs = kDsaLoraDim / 4;  // 128 float4 per row
+  for (int e = threadIdx.x; e < rows_here * kRowVecs; e += kThreads) {
+    const int r = e / kRowVecs, c = e % kRowVecs;
+    auto* dst = reinterpret_cast<float4*>(
+        a.part_o + ((row * num_heads + head0 + r) * num_splits + split) * kDsaLoraDim);
+    dst[c] = *reinterpret_cast<const float4*>(stage_s + r * kStagePitch + 4 * c);
+  }
 }
 
-// Block per ((b * n_q + i, h), column part): merges the splits. gridDim.y blocks share a
-// head's 512 columns (4 when there are few heads: a block per head alone left a B = 1
-// combine on 64 SMs; 1 when there are many). Each block reads the splits' (max, sum)
-// into shared memory with their weights 2^(m_s - M) (0 for an empty split, whose o is 0),
-// then each thread merges its columns over the splits, several loads in flight.
+// Block per (b * n_q + i, h): merges the splits, a thread per 4 columns (float4). The
+// first kCombineBatch splits' partial rows are requested before the (max, sum) pairs are
+// reduced, and later splits in batches of kCombineBatch loads in flight: the merge is a
+// chain of L2 round trips, not of bandwidth (4 MB at B = 1). An empty split (m = -inf)
+// weighs 0 and its o is 0.
 __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __shared__ float2 ml_s[kMaxSplits];
   __shared__ float weight_s[kMaxSplits];
   __shared__ float warp_max_s[kCombineThreads / 32];
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
-  const int column0 = static_cast<int>(blockIdx.y * kCombineThreads + threadIdx.x);
-  const int column_step = static_cast<int>(gridDim.y) * kCombineThreads;
   const int num_splits = static_cast<int>(a.num_splits);
   const float2* ml = a.part_ml + qh * num_splits;
-  float* out = p.o_lat + qh * kDsaLoraDim;
+  const auto* part =
+      reinterpret_cast<const float4*>(a.part_o + qh * num_splits * kDsaLoraDim) + threadIdx.x;
+  float4 v[kCombineBatch];
+  auto load_batch = [&](int s0) {
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      v[j] = s0 + j < num_splits ? part[(s0 + j) * (kDsaLoraDim / 4)]
+                                 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+  };
+  load_batch(0);
   float max_all = -INFINITY;
   for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
     ml_s[s] = ml[s];
@@ -428,9 +471,10 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __syncthreads();
 #pragma unroll
   for (int w = 0; w < kCombineThreads / 32; ++w) max_all = fmaxf(max_all, warp_max_s[w]);
+  auto* out = reinterpret_cast<float4*>(p.o_lat + qh * kDsaLoraDim) + threadIdx.x;
   if (max_all == -INFINITY) {
-    for (int c = column0; c < kDsaLoraDim; c += column_step) out[c] = 0.0f;
-    if (column0 == 0) p.lse[qh] = -INFINITY;
+    *out = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (threadIdx.x == 0) p.lse[qh] = -INFINITY;
     return;
   }
   for (int s = threadIdx.x; s < num_splits; s += kCombineThreads) {
@@ -439,15 +483,21 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __syncthreads();
   float sum_all = 0.0f;
   for (int s = 0; s < num_splits; ++s) sum_all += weight_s[s] * ml_s[s].y;
-  const float norm = p.cache.latent_scale / sum_all;
-  const float* part = a.part_o + qh * num_splits * kDsaLoraDim;
-  for (int c = column0; c < kDsaLoraDim; c += column_step) {
-    float acc = 0.0f;
-#pragma unroll 8
-    for (int s = 0; s < num_splits; ++s) acc += weight_s[s] * part[s * kDsaLoraDim + c];
-    out[c] = acc * norm;
+  float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  for (int s0 = 0; s0 < num_splits; s0 += kCombineBatch) {
+    if (s0 > 0) load_batch(s0);
+#pragma unroll
+    for (int j = 0; j < kCombineBatch; ++j) {
+      const float w = s0 + j < num_splits ? weight_s[s0 + j] : 0.0f;
+      acc.x += w * v[j].x;
+      acc.y += w * v[j].y;
+      acc.z += w * v[j].z;
+      acc.w += w * v[j].w;
+    }
   }
-  if (column0 == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
+  const float norm = p.cache.latent_scale / sum_all;
+  *out = make_float4(acc.x * norm, acc.y * norm, acc.z * norm, acc.w * norm);
+  if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
 struct Plan {
@@ -520,6 +570,10 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
         p.cache.latent_scale);
   CHECK(p.q_lat != nullptr && p.q_pe != nullptr && p.o_lat != nullptr && p.lse != nullptr,
         "null q_lat, q_pe, o_lat or lse");
+  CHECK(reinterpret_cast<uintptr_t>(p.q_lat) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(p.q_pe) % 16 == 0 &&
+            reinterpret_cast<uintptr_t>(p.o_lat) % 16 == 0,
+        "dsa_mla_decode: q_lat, q_pe and o_lat must be 16-byte aligned (float4 loads and stores)");
   const Plan plan = make_plan(p, batch_invariant);
   CHECK(workspace != nullptr && workspace_bytes >= plan.total(), "dsa_mla workspace of ",
         workspace_bytes, " bytes, need ", plan.total());
@@ -542,9 +596,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
   kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
   const int64_t heads = rows * p.num_heads;
-  const unsigned column_blocks = heads >= kCombineManyHeads ? 1 : kCombineColumnBlocks;
-  combine_kernel<<<dim3(static_cast<unsigned>(heads), column_blocks), kCombineThreads, 0, stream>>>(
-      a);
+  combine_kernel<<<static_cast<unsigned>(heads), kCombineThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
