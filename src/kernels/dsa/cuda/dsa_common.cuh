@@ -48,16 +48,6 @@ inline void check_batch(const DsaBatch& b, bool need_pointers = true) {
   }
 }
 
-// d += a * b, m16n8k32, e4m3 x e4m3 -> f32 (A row-major 16x32, B "col" 32x8).
-__device__ __forceinline__ void mma_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                         uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // d += a * b, m16n8k16, f16 x f16 -> f32.
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
@@ -66,6 +56,20 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1,
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Word w (0..3) of a uint4; w is a constant after unrolling.
+__device__ __forceinline__ uint32_t word4(const uint4& v, int w) {
+  switch (w) {
+    case 0:
+      return v.x;
+    case 1:
+      return v.y;
+    case 2:
+      return v.z;
+    default:
+      return v.w;
+  }
 }
 
 // Two e4m3 codes (low byte -> low half) to f16x2, exactly (cvt.rn.f16x2.e4m3x2).
@@ -82,10 +86,12 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(src_bytes));
 }
-// 4-byte async copy global -> shared (through L1: the .cg form takes 16 bytes only).
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+// 4-byte async copy global -> shared (through L1: the .cg form takes 16 bytes only);
+// src_bytes 0 fills zeros without reading.
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes = 4) {
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
+               "r"(src_bytes));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);

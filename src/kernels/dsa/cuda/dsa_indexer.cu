@@ -104,20 +104,6 @@ __device__ __forceinline__ void read_tile(const Stage<kMT>& st, int lane, KeyTil
   for (int j = 0; j < 2 * kMT; ++j) k.scale[j] = st.scales[j][lane];
 }
 
-// Component w (0..3) of v; w is a constant after unrolling.
-__device__ __forceinline__ uint32_t component(const uint4& v, int w) {
-  switch (w) {
-    case 0:
-      return v.x;
-    case 1:
-      return v.y;
-    case 2:
-      return v.z;
-    default:
-      return v.w;
-  }
-}
-
 // Scores of query i for the warp's tile: sums[j] = the weighted sum over all heads of
 // key 8j + g, reduced over the 4 lanes of equal g. k-step s (of 8, 16 dims each) uses
 // word s of every lane's 32 bytes: the key words are turned into f16 pairs here, once
@@ -144,8 +130,8 @@ __device__ __forceinline__ void tile_scores(const KeyTile<kMT>& k, const uint8_t
       }
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
-        const uint32_t lo = component(k.piece[2 * (2 * m) + s / 4], s % 4);      // key 16m + g
-        const uint32_t hi = component(k.piece[2 * (2 * m + 1) + s / 4], s % 4);  // key + 8
+        const uint32_t lo = dsa::word4(k.piece[2 * (2 * m) + s / 4], s % 4);      // key 16m + g
+        const uint32_t hi = dsa::word4(k.piece[2 * (2 * m + 1) + s / 4], s % 4);  // key + 8
         const uint32_t a0 = dsa::e4m3x2_to_f16x2(lo & 0xffffu);
         const uint32_t a1 = dsa::e4m3x2_to_f16x2(hi & 0xffffu);
         const uint32_t a2 = dsa::e4m3x2_to_f16x2(lo >> 16);

@@ -103,30 +103,9 @@ struct Args {
   int64_t keys_per_cta;  // a multiple of kKeyTile
 };
 
-// 4-byte async copy global -> shared; src_bytes 0 fills zeros without reading.
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes));
-}
-
-// Word w (0..3) of a uint4; w is a constant after unrolling.
-__device__ __forceinline__ uint32_t word4(const uint4& h, int w) {
-  switch (w) {
-    case 0:
-      return h.x;
-    case 1:
-      return h.y;
-    case 2:
-      return h.z;
-    default:
-      return h.w;
-  }
-}
-
 // Word w (0..7) of 32 bytes held as two uint4.
 __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int w) {
-  return word4(v[w >> 2], w & 3);
+  return dsa::word4(v[w >> 2], w & 3);
 }
 
 // Copies keys [tile0, tile0 + 64) (codes and scales) into one stage; keys at or past
@@ -145,7 +124,7 @@ __device__ __forceinline__ void load_key_tile(const Args& a, int64_t tile0, uint
     const int64_t s = tile0 + threadIdx.x;
     const bool valid = s < a.num_keys;
     const float* src = valid ? a.k_pages.row(a.k_scales, s, 1) : a.k_scales;
-    cp_async_4(scales_s + threadIdx.x, src, valid ? 4 : 0);
+    dsa::cp_async_4(scales_s + threadIdx.x, src, valid ? 4 : 0);
   }
 }
 
