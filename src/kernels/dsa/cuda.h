@@ -16,8 +16,10 @@
 //                       key prefixes (or the indexer's) gives the threshold's bin; one pass
 //                       over the row collects the keys at or above it into a per-row list
 //                       (a second 11-bit histogram narrows a crowded bin first, with one
-//                       more pass); then one block per row selects the topk of its list by
-//                       (key, -position) and sorts them by position. Rows of massive ties
+//                       more pass), as one position-ordered run per 4096-slot tile; then
+//                       one block per row puts the runs in tile order, selects the topk by
+//                       key (ties: the lower position) and writes them in position order,
+//                       with no sort. Rows of massive ties
 //                       are selected from the row itself in position order. Equal to
 //                       cpu::dsa_topk for NaN-free rows.
 //   dsa_mla_decode      sparse (top-k slots) or dense (positions 0..pos) MLA decode over

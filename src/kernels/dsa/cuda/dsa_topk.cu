@@ -1,12 +1,24 @@
 // Exact top-k over the indexer scores (cuda.h): one memset and three or four plain
-// launches, no grid barrier, no cooperative launch; topk <= 8192.
+// launches, no grid barrier, no cooperative launch, no sort; topk <= 8192.
 //
 // Row r = (b, i) has n visible scores (positions 0..n-1). key(x) = dsa_order_key(x), the
 // order-preserving uint32 (-0 == +0); its bin is key >> 21 (11 bits, 2048 bins). For a row
 // with n > topk: T = the bin holding the topk-th largest key (counted from the top bin),
 // A = the keys in bins above T (A < topk), C = the keys in bin T. A row's list holds at
-// most list_cap = min(20480, max_context) entries, rounded up to even (the select's shared
-// memory).
+// most list_cap = min(20480, max_context) entries (the select's shared memory).
+//
+// Chunks are cut on the 16-byte aligned view of a row: position s sits at slot s + head,
+// head = the row's misalignment in floats (score_stride may be anything), so each thread
+// loads whole float4s (4 per tile, 64 bytes in flight) and scalars only at a row's ends.
+// A tile is kStreamTile = 4096 aligned slots; a chunk is whole tiles, so tile ti of a row
+// (slots [4096 ti, 4096 ti + 4096)) is the same in every kernel.
+//
+// Runs: a streaming block appends the keys it takes from one tile as one run. One atomic
+// on fill[r] reserves list[r][base, base + count); the keys land there in ascending
+// position order; run_count[r][ti] = count and run_base[r][ti] = base record the run. A
+// row's list is thus the concatenation of its tiles' runs, each in position order, the
+// runs in the atomics' order; the runs' counts in tile order give every entry its rank in
+// position order.
 //
 //   hist_kernel     [rows x chunks blocks] per chunk a shared histogram of the bins, added
 //                   to hist0[r] with integer atomics (exact, so every later decision is
@@ -15,46 +27,51 @@
 //                   in every block of the row; chunk 0's block stores it in state[r]), then
 //                   reads its chunk once:
 //                     A + C <= list_cap ("list row"): it appends every key of bin >= T,
-//                       with its position, to the row's list (any order);
-//                     else: it appends the keys of bins > T (fewer than topk) and counts
-//                       the next 11 bits (key[20:10]) of the bin-T keys into hist1[r].
+//                       with its position, one run per tile;
+//                     else: it counts the next 11 bits (key[20:10]) of the bin-T keys into
+//                       hist1[r] and appends nothing.
 //   refine_kernel   [rows x chunks] rows that built hist1 only: T2 = the hist1 bin holding
 //                   the (topk - A)-th key of bin T, A2 / C2 = the bin-T keys above / in it.
-//                     A + A2 + C2 <= list_cap ("refined list row"): it appends the bin-T
-//                       keys whose 22-bit prefix is >= (T, T2);
+//                     A + A2 + C2 <= list_cap ("refined list row"): it appends the keys
+//                       whose 22-bit prefix is >= (T, T2) (bins above T and the top of bin
+//                       T), one run per tile;
 //                     else the row is "full" (more than list_cap - topk keys share the
 //                       threshold's 22-bit prefix: massive ties), noted in state2[r].
 //   select_kernel   [rows] one block of 512 threads per row:
 //                     n <= topk: positions 0..n-1, then -1;
-//                     list rows: the list in shared memory as composites
-//                       c = key << 32 | (2^32 - 1 - position), unique and larger = better,
-//                       so ties need no special case. MSB-first radix select from the known
-//                       11 (or 22) bits in 11-bit digits, stopping when the chosen bucket
-//                       holds exactly the entries still needed; the winners, c >= the
-//                       threshold, are exactly topk, sorted by position (cub block radix
-//                       sort over the position bits max_context needs);
+//                     list rows: a block scan of the runs' counts over the row's tiles
+//                       places each run, so the list lands in shared memory in ascending
+//                       position order, as composites c = key << 32 | (2^32 - 1 - position).
+//                       MSB-first radix select on the key bits below the known 11 (or 22),
+//                       in digits of up to 11 bits, stopping when the chosen bucket holds
+//                       exactly the entries still needed, gives a key prefix P and need_eq:
+//                       the winners are the entries above P and the first need_eq equal to
+//                       P in position order (when P is the whole key, the ties at the
+//                       threshold: the lower positions win). One block scan of the two
+//                       counts over the ordered list writes them in position order;
 //                     full rows: the last 10 bits of the threshold key K from one pass over
 //                       the row, then a pass in position order takes the keys > K and the
 //                       first `need` keys == K (block scans), so the output needs no sort.
 // Every block of a row derives the same T, A, C (and T2, A2, C2) from the same exact
-// histograms; the list's order depends on atomics, the selected set and its sorted output
+// histograms; the order of the runs depends on atomics, the ordered list and the winners
 // do not, so the result is deterministic and equal to cpu::dsa_topk for NaN-free rows.
 //
-// Chunks are cut on the 16-byte aligned view of a row: position s sits at slot s + head,
-// head = the row's misalignment in floats (score_stride may be anything), so each thread
-// loads whole float4s (4 per tile, 64 bytes in flight) and scalars only at a row's ends.
+// select's shared memory: the list (8 list_cap bytes), a histogram (8 KB) and one int per
+// tile of max_context (the runs' places). With list_cap 20480 on a 227 KB device (sm_90)
+// that bounds max_context to about 59M positions; the launcher refuses longer ones.
 //
-// Workspace (256-byte aligned parts; all sizes from B, n_q and max_context):
+// Workspace (256-byte aligned parts; all sizes from B, n_q and max_context; tiles =
+// ceil((max_context + 3) / 4096), every row's tiles whatever its head):
 //   hist0 [rows, 2048] int (when the indexer gave none) | fill [rows] int: list entries |
-//   hist1 [rows, 2048] int       <- these zeroed by one memset per call
+//   hist1 [rows, 2048] int | run_count [rows, tiles] int: a tile's run length (0: none)
+//                                <- these zeroed by one memset per call
 //   state [rows] int4 (T, A, C, refine?) | state2 [rows] int4 (T2, A2, C2, full?) |
+//   run_base [rows, tiles] int: a run's first list index (read only where run_count > 0) |
 //   list [rows, list_cap] uint64 composites   <- written before they are read in each call
 #include <cuda_runtime.h>
-#include <cub/block/block_radix_sort.cuh>
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
-#include <bit>
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
@@ -67,33 +84,37 @@ constexpr int kBins = kDsaTopkBins;
 constexpr int kBinShift = kDsaTopkBinShift;
 constexpr int kStreamThreads = 256;  // hist, collect, refine
 constexpr int kStreamWarps = kStreamThreads / 32;
-constexpr int kSelectThreads = 512;  // one block per row (128 registers for the sort)
+constexpr int kSelectThreads = 512;  // one block per row
 constexpr int kStreamVecs = 4;       // float4 loads per thread and tile: 64 bytes in flight
 constexpr int kKeysPerThread = 4 * kStreamVecs;  // bit k of a tile's masks = key k
 constexpr int64_t kStreamTile = int64_t{kStreamThreads} * kKeysPerThread;
+static_assert(kStreamWarps * kStreamVecs == 32, "append_tile scans a tile's vectors in a warp");
 constexpr int64_t kBlocksPerSm = 4;  // streaming blocks to aim for, even at one row
-constexpr int64_t kMaxTopk = 8192;   // the winners' sort holds at most 16 per thread
+// The list must leave room beside the winners for the rest of the threshold's bucket: at
+// topk 8192, 12288 more keys before a row falls back to the slow full-row select.
+constexpr int64_t kMaxTopk = 8192;
 constexpr int64_t kListCap = 20480;  // list entries per row (8 bytes each, in select's smem)
 constexpr int kOrderedItems = 8;     // full rows: positions per thread and ordered step
+constexpr int kRunItems = 4;         // select: tiles per thread and step of the runs' scan
+constexpr int kLoadItems = 8;        // select: list entries per thread in flight
+constexpr int kPutItems = 8;         // select: winners per thread whose slots load at once
 static_assert(kMaxTopk == kDsaMaxTopk, "the models' bound (params.h) is this kernel's");
 constexpr unsigned kFullMask = 0xffffffffu;
-
-// The winners' sort: kItems positions per thread, 4 (topk <= 2048) or 16 (topk <= 8192).
-template <int kItems>
-using Sort = cub::BlockRadixSort<uint32_t, kSelectThreads, kItems>;
 
 struct TopkArgs {
   DsaTopkParams p;
   int64_t chunk_len;   // aligned slots per chunk, a multiple of kStreamTile
   int64_t num_chunks;  // per row
   int list_cap;        // entries per row's list
-  int position_bits;   // bit_width(max_context): the sort's key width
+  int num_tiles;       // tiles per row in run_count and run_base
   const int* hist0;    // [rows, kBins]: p.histogram, or hist0_out
   int* hist0_out;      // [rows, kBins]: hist_kernel's output
   int* fill;           // [rows]
   int* hist1;          // [rows, kBins]
   int4* state;         // [rows] T, A, C, 1 when the row needs refine_kernel
   int4* state2;        // [rows] T2, A2, C2, 1 when the row is full
+  int* run_count;      // [rows, num_tiles] entries of a tile's run, 0 when none
+  int* run_base;       // [rows, num_tiles] a run's first index in the row's list
   uint64_t* list;      // [rows, list_cap]
 };
 
@@ -124,6 +145,10 @@ __device__ __forceinline__ uint64_t composite(uint32_t key, int64_t position) {
 
 __device__ __forceinline__ uint32_t composite_position(uint64_t c) {
   return 0xffffffffu - static_cast<uint32_t>(c);
+}
+
+__device__ __forceinline__ uint32_t composite_key(uint64_t c) {
+  return static_cast<uint32_t>(c >> 32);
 }
 
 // Calls visit(keys, valid, first) for each tile of kBlock * 4 kVecs aligned slots in
@@ -222,7 +247,10 @@ __device__ Found find_bin(ScanShared<kBlock>& sh, int num_bins, int need, Load&&
 struct StreamShared {
   ScanShared<kStreamThreads> scan;
   int hist[kBins];
-  int warp_offset[kStreamWarps];
+  // append_tile: a warp's keys taken from each vector (8-bit fields), and where in the run
+  // those of warp w and vector u start.
+  uint32_t warp_count[kStreamWarps];
+  int warp_start[kStreamWarps][kStreamVecs];
   int block_base;
 };
 
@@ -237,41 +265,67 @@ __device__ __forceinline__ void flush_hist(const int* hist, int* global) {
   }
 }
 
-// Appends this thread's keys flagged in take (bits as in for_each_tile) to the row's list,
-// one global atomic per block and tile. Block-wide.
-__device__ __forceinline__ void append_tile(const TopkArgs& a, int64_t row, StreamShared& sh,
+// Appends this thread's keys flagged in take (bits as in for_each_tile) to the row's list
+// as the tile's run, in ascending position order, and records the run; one global atomic
+// per block and tile. Key k = 4 u + e of thread t is position first + 4 u kStreamThreads +
+// e, so position order is (u, t, e), not the threads' order: a key's index is the run's
+// base + the keys taken from the vectors below u + those from vector u of the threads
+// before t + its rank among this thread's keys of vector u. Block-wide.
+__device__ __forceinline__ void append_tile(const TopkArgs& a, const Row& r, StreamShared& sh,
                                             uint32_t take, const uint32_t (&keys)[kKeysPerThread],
                                             int64_t first) {
   if (__syncthreads_or(take != 0u) == 0) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int mine = __popc(take);
-  int incl = mine;
+  // The keys taken from each vector, one 8-bit field per vector, scanned over the warp at
+  // once (a warp's field sums at most 128 keys, so never carries).
+  uint32_t mine = 0;
+#pragma unroll
+  for (int u = 0; u < kStreamVecs; ++u) {
+    mine |= static_cast<uint32_t>(__popc((take >> (4 * u)) & 0xfu)) << (8 * u);
+  }
+  uint32_t incl = mine;
 #pragma unroll
   for (int off = 1; off < 32; off *= 2) {
-    const int v = __shfl_up_sync(kFullMask, incl, off);
+    const uint32_t v = __shfl_up_sync(kFullMask, incl, off);
     if (lane >= off) incl += v;
   }
-  if (lane == 31) sh.warp_offset[warp] = incl;
+  if (lane == 31) sh.warp_count[warp] = incl;
   __syncthreads();
-  if (threadIdx.x == 0) {
-    int total = 0;
-    for (int w = 0; w < kStreamWarps; ++w) {
-      const int c = sh.warp_offset[w];
-      sh.warp_offset[w] = total;
-      total += c;
+  if (warp == 0) {
+    // Lane u * kStreamWarps + w counts vector u of warp w: the run's order.
+    const int u = lane / kStreamWarps, w = lane % kStreamWarps;
+    const int count = static_cast<int>((sh.warp_count[w] >> (8 * u)) & 0xffu);
+    int start = count;
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const int v = __shfl_up_sync(kFullMask, start, off);
+      if (lane >= off) start += v;
     }
-    sh.block_base = atomicAdd(a.fill + row, total);
+    sh.warp_start[w][u] = start - count;
+    if (lane == 31) {
+      sh.block_base = atomicAdd(a.fill + r.index, start);
+      // Thread t's first position is the tile's first slot + 4 t - head.
+      const int64_t tile = first - 4 * lane + row_head(r.scores);
+      const int64_t run = r.index * a.num_tiles + tile / kStreamTile;
+      a.run_count[run] = start;
+      a.run_base[run] = sh.block_base;
+    }
   }
   __syncthreads();
-  int idx = sh.block_base + sh.warp_offset[warp] + incl - mine;
+  const uint32_t before = incl - mine;
+  uint64_t* list = a.list + r.index * a.list_cap;
 #pragma unroll
-  for (int k = 0; k < kKeysPerThread; ++k) {
-    if ((take >> k) & 1u) {
-      if (idx < a.list_cap) {
-        a.list[row * a.list_cap + idx] =
-            composite(keys[k], first + int64_t{k / 4} * 4 * kStreamThreads + k % 4);
+  for (int u = 0; u < kStreamVecs; ++u) {
+    int idx =
+        sh.block_base + sh.warp_start[warp][u] + static_cast<int>((before >> (8 * u)) & 0xffu);
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      if ((take >> (4 * u + e)) & 1u) {
+        if (idx < a.list_cap) {
+          list[idx] = composite(keys[4 * u + e], first + int64_t{u} * 4 * kStreamThreads + e);
+        }
+        ++idx;
       }
-      ++idx;
     }
   }
 }
@@ -334,10 +388,11 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) collect_kernel(T
         for (int k = 0; k < kKeysPerThread; ++k) {
           const uint32_t bin = keys[k] >> kBinShift;
           const bool ok = (valid >> k) & 1u;
-          take |= static_cast<uint32_t>(ok && (bin > t_bin || (!refine && bin == t_bin))) << k;
+          take |= static_cast<uint32_t>(ok && !refine && bin >= t_bin) << k;
           in_bin |= static_cast<uint32_t>(ok && refine && bin == t_bin) << k;
         }
-        append_tile(a, row, sh, take, keys, first);
+        // Refine rows append in refine_kernel, so that each tile is one run.
+        if (!refine) append_tile(a, c.row, sh, take, keys, first);
         if (__any_sync(kFullMask, in_bin != 0u)) {
 #pragma unroll
           for (int k = 0; k < kKeysPerThread; ++k) {
@@ -363,8 +418,8 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) refine_kernel(To
   const bool full = int64_t{st.y} + f.above + f.count > a.list_cap;
   if (c.index == 0 && threadIdx.x == 0) a.state2[row] = make_int4(f.bin, f.above, f.count, full);
   if (full) return;
-  const uint32_t t_bin = static_cast<uint32_t>(st.x);
-  const uint32_t prefix = (t_bin << 11) | static_cast<uint32_t>(f.bin);  // 22 bits
+  // 22 bits; the keys at or above it are the bins above T and the top of bin T.
+  const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(f.bin);
   for_each_tile<kStreamThreads, kStreamVecs>(
       c.row, c.begin, c.end,
       [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
@@ -372,133 +427,183 @@ __global__ void __launch_bounds__(kStreamThreads, kBlocksPerSm) refine_kernel(To
 #pragma unroll
         for (int k = 0; k < kKeysPerThread; ++k) {
           const bool ok = (valid >> k) & 1u;
-          take |= static_cast<uint32_t>(ok && (keys[k] >> kBinShift) == t_bin &&
-                                        (keys[k] >> 10) >= prefix)
-                  << k;
+          take |= static_cast<uint32_t>(ok && (keys[k] >> 10) >= prefix) << k;
         }
-        append_tile(a, row, sh, take, keys, first);
+        append_tile(a, c.row, sh, take, keys, first);
       });
 }
 
-// select_kernel's dynamic shared memory: [the row's list | the sort's scratch] [winners:
-// kItems * kSelectThreads positions] [hist: kBins counts].
+// select_kernel's dynamic shared memory: [list: list_cap composites] [hist: kBins counts]
+// [run_shift: num_tiles ints, a run's place in the ordered list minus its base].
 struct SelectLayout {
-  size_t winners, hist, total;
+  size_t hist, run_shift, total;
 };
 
-template <int kItems>
-__host__ __device__ inline SelectLayout select_layout(int list_cap) {
+__host__ __device__ inline SelectLayout select_layout(int list_cap, int num_tiles) {
   SelectLayout l{};
-  const size_t list_bytes = sizeof(uint64_t) * static_cast<size_t>(list_cap);
-  const size_t sort_bytes = sizeof(typename Sort<kItems>::TempStorage);
-  l.winners = ((list_bytes > sort_bytes ? list_bytes : sort_bytes) + 15) / 16 * 16;
-  l.hist = l.winners + sizeof(uint32_t) * kSelectThreads * kItems;
-  l.total = l.hist + sizeof(int) * kBins;
+  l.hist = sizeof(uint64_t) * static_cast<size_t>(list_cap);
+  l.run_shift = l.hist + sizeof(int) * kBins;
+  l.total = l.run_shift + sizeof(int) * static_cast<size_t>(num_tiles);
   return l;
 }
 
-struct SelectShared {
-  ScanShared<kSelectThreads> scan;
-  int num_winners;
-};
+using SelectShared = ScanShared<kSelectThreads>;
+using SelectScan = cub::BlockScan<int, kSelectThreads>;
+
+// The tile of position pos in a row of misalignment head.
+__device__ __forceinline__ int tile_of(uint32_t pos, int head) {
+  return static_cast<int>((pos + static_cast<uint32_t>(head)) / static_cast<uint32_t>(kStreamTile));
+}
+
+// The slot of position pos >= 0 of row r, from its request's block table. block_size is a
+// power of two (check_params): a shift and a mask, not the two 64-bit divisions that took
+// ~11K cycles of a one-row select's writes.
+__device__ __forceinline__ int32_t slot_of(const TopkArgs& a, const Row& r, int64_t pos) {
+  const DsaTopkParams& p = a.p;
+  const auto position = static_cast<uint32_t>(pos);  // < max_context <= INT32_MAX
+  const int shift = __ffs(p.block_size) - 1;
+  const int64_t block = p.batch.block_tables[r.b * p.batch.max_blocks + (position >> shift)];
+  return static_cast<int32_t>(block * p.block_size +
+                              (position & static_cast<uint32_t>(p.block_size - 1)));
+}
+
+// Writes entry j of row r's output: position pos and its slot (both -1 when empty).
+__device__ __forceinline__ void put_slot(const TopkArgs& a, const Row& r, int64_t j, int64_t pos,
+                                         int32_t slot) {
+  const int64_t out = r.index * a.p.topk + j;
+  a.p.slots[out] = slot;
+  if (a.p.positions != nullptr) a.p.positions[out] = static_cast<int32_t>(pos);
+}
 
 // Writes entry j of row r's output: position pos and its slot, or -1 for both (pos < 0).
 __device__ __forceinline__ void put(const TopkArgs& a, const Row& r, int64_t j, int64_t pos) {
-  const DsaTopkParams& p = a.p;
-  const int64_t out = r.index * p.topk + j;
-  int32_t slot = -1;
-  if (pos >= 0) {
-    const int64_t block = p.batch.block_tables[r.b * p.batch.max_blocks + pos / p.block_size];
-    slot = static_cast<int32_t>(block * p.block_size + pos % p.block_size);
-  }
-  p.slots[out] = slot;
-  if (p.positions != nullptr) p.positions[out] = static_cast<int32_t>(pos);
+  put_slot(a, r, j, pos, pos >= 0 ? slot_of(a, r, pos) : -1);
 }
 
-// Sorts the winners' positions ascending and writes them (padding -1 past num_winners,
-// which is topk unless the caller's histogram does not match the scores).
-template <int kItems>
-__device__ void sort_and_put(const TopkArgs& a, const Row& r, uint8_t* scratch,
-                             const uint32_t* winners, int num_winners) {
-  uint32_t keys[kItems];
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int k = static_cast<int>(threadIdx.x) * kItems + i;
-    keys[i] = k < num_winners ? winners[k] : 0xffffffffu;  // sorts last: above every position
-  }
-  using BlockSort = Sort<kItems>;
-  BlockSort(*reinterpret_cast<typename BlockSort::TempStorage*>(scratch))
-      .Sort(keys, 0, a.position_bits);
-#pragma unroll
-  for (int i = 0; i < kItems; ++i) {
-    const int rank = static_cast<int>(threadIdx.x) * kItems + i;
-    if (rank < a.p.topk) put(a, r, rank, keys[i] < r.n ? int64_t{keys[i]} : int64_t{-1});
-  }
-}
-
-// List rows: the winners among the row's list, whose entries agree with prefix above bit
+// List rows: the winners among the row's list, whose keys agree with prefix above bit
 // `low` or exceed it there; `need` of those agreeing are winners.
-template <int kItems>
 __device__ void select_list(const TopkArgs& a, const Row& r, SelectShared& sh, uint8_t* smem,
-                            uint64_t prefix, int low, int need) {
-  const SelectLayout layout = select_layout<kItems>(a.list_cap);
+                            uint32_t prefix, int low, int need) {
+  const SelectLayout layout = select_layout(a.list_cap, a.num_tiles);
   auto* list = reinterpret_cast<uint64_t*>(smem);
-  auto* winners = reinterpret_cast<uint32_t*>(smem + layout.winners);
   auto* hist = reinterpret_cast<int*>(smem + layout.hist);
+  auto* run_shift = reinterpret_cast<int*>(smem + layout.run_shift);
   const int topk = static_cast<int>(a.p.topk);
   const int num = min(a.fill[r.index], a.list_cap);
-  const int num_padded = (num + kSelectThreads - 1) / kSelectThreads * kSelectThreads;
-  // The list (written by other kernels, so read through L2) with every copy in flight at
-  // once: 16-byte cp.async of two entries each (a row's list is 256-byte aligned).
-  const uint64_t* src = a.list + r.index * a.list_cap;
-  for (int j = 2 * static_cast<int>(threadIdx.x); j < num; j += 2 * kSelectThreads) {
-    dsa::cp_async_16(list + j, src + j, 16);
+  const int head = row_head(r.scores);
+
+  // Each run's place in position order: an exclusive scan of the run lengths in tile order.
+  // A list cut at list_cap (only when the caller's histogram does not match the scores)
+  // keeps its runs' entries below num, so the places still cover [0, num) exactly.
+  const int num_tiles = static_cast<int>((r.n + head + kStreamTile - 1) / kStreamTile);
+  const int* run_count = a.run_count + r.index * a.num_tiles;
+  const int* run_base = a.run_base + r.index * a.num_tiles;
+  int placed = 0;  // entries of the tiles before this step
+  for (int step = 0; step < num_tiles; step += kSelectThreads * kRunItems) {
+    const int tile0 = step + static_cast<int>(threadIdx.x) * kRunItems;
+    int len[kRunItems], base[kRunItems], place[kRunItems];
+#pragma unroll
+    for (int i = 0; i < kRunItems; ++i) {
+      const int count = tile0 + i < num_tiles ? run_count[tile0 + i] : 0;
+      base[i] = count > 0 ? run_base[tile0 + i] : 0;
+      len[i] = min(count, max(num - base[i], 0));
+    }
+    int step_total = 0;
+    SelectScan(sh.scan).ExclusiveSum(len, place, step_total);
+#pragma unroll
+    for (int i = 0; i < kRunItems; ++i) {
+      if (tile0 + i < num_tiles) run_shift[tile0 + i] = placed + place[i] - base[i];
+    }
+    placed += step_total;
+    __syncthreads();  // the scan's storage is reused, run_shift read below
   }
-  dsa::cp_async_commit();
-  if (threadIdx.x == 0) sh.num_winners = 0;
-  dsa::cp_async_wait<0>();
+
+  // The list (written by the streaming kernels, so read through L2) in position order:
+  // entry j of tile ti's run goes to j + run_shift[ti]. kLoadItems loads per thread in flight.
+  const uint64_t* src = a.list + r.index * a.list_cap;
+  for (int step = 0; step < num; step += kSelectThreads * kLoadItems) {
+    uint64_t c[kLoadItems];
+#pragma unroll
+    for (int i = 0; i < kLoadItems; ++i) {
+      const int j = step + i * kSelectThreads + static_cast<int>(threadIdx.x);
+      c[i] = j < num ? __ldcg(src + j) : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadItems; ++i) {
+      const int j = step + i * kSelectThreads + static_cast<int>(threadIdx.x);
+      if (j < num) list[j + run_shift[tile_of(composite_position(c[i]), head)]] = c[i];
+    }
+  }
   __syncthreads();
 
-  // Radix select in digits of up to 11 bits below the known prefix.
+  // Radix select on the key bits below the known prefix, in digits of up to 11 bits. Ties
+  // below the last digit are left to the position order.
   while (low > 0) {
     const int width = min(11, low);
     const int shift = low - width;
     const int num_bins = 1 << width;
     zero_hist(hist, num_bins, kSelectThreads);
     __syncthreads();
-    for (int j = threadIdx.x; j < num_padded; j += kSelectThreads) {
-      const uint64_t c = j < num ? list[j] : 0;
-      const bool active = j < num && (c >> low) == (prefix >> low);
-      hist_add(hist, static_cast<uint32_t>(c >> shift) & static_cast<uint32_t>(num_bins - 1),
-               active);
+    for (int j = threadIdx.x; j < num; j += kSelectThreads) {
+      const uint32_t key = composite_key(list[j]);
+      hist_add(hist, (key >> shift) & static_cast<uint32_t>(num_bins - 1),
+               (key >> low) == (prefix >> low));
     }
     __syncthreads();
     const Found f =
-        find_bin<kSelectThreads>(sh.scan, num_bins, need, [&](int bin) { return hist[bin]; });
-    prefix |= static_cast<uint64_t>(f.bin) << shift;
+        find_bin<kSelectThreads>(sh, num_bins, need, [&](int bin) { return hist[bin]; });
+    prefix |= static_cast<uint32_t>(f.bin) << shift;
     need -= f.above;
     low = shift;
     if (f.count == need) break;  // every entry of the bucket is a winner
   }
 
-  // Winners: c >= prefix on the bits above low (exactly topk entries).
-  const uint64_t threshold = prefix >> low;
-  const int lane = threadIdx.x & 31;
-  for (int j = threadIdx.x; j < num_padded; j += kSelectThreads) {
-    const uint64_t c = j < num ? list[j] : 0;
-    const bool take = j < num && (c >> low) >= threshold;
-    const unsigned mask = __ballot_sync(kFullMask, take);
-    int base = 0;
-    if (lane == 0 && mask != 0u) base = atomicAdd(&sh.num_winners, __popc(mask));
-    base = __shfl_sync(kFullMask, base, 0);
-    if (take) {
-      const int idx = base + __popc(mask & ((1u << lane) - 1u));
-      if (idx < topk) winners[idx] = composite_position(c);
+  // Winners in position order: the keys above prefix on the bits above low, and the first
+  // need of those equal to it there. Thread t takes entries [t per, t per + per), per odd so
+  // that a half-warp's 8-byte reads hit 16 different bank pairs; one block scan of both
+  // counts packed (gt << 16 | eq: gt < topk <= 8192 and eq <= list_cap <= 20480 when the
+  // histogram matches; gt <= 20480 keeps it positive otherwise).
+  const uint32_t threshold = prefix >> low;
+  const int per = ((num + kSelectThreads - 1) / kSelectThreads) | 1;
+  const int begin = min(static_cast<int>(threadIdx.x) * per, num);
+  const int end = min(begin + per, num);
+  int gt = 0, eq = 0;
+  for (int j = begin; j < end; ++j) {
+    const uint32_t bits = composite_key(list[j]) >> low;
+    gt += bits > threshold;
+    eq += bits == threshold;
+  }
+  int before = 0, total = 0;
+  SelectScan(sh.scan).ExclusiveSum((gt << 16) | eq, before, total);
+  int gt_before = before >> 16, eq_before = before & 0xffff;
+  // kPutItems winners at a time: their block-table loads all in flight before the stores.
+  for (int j0 = begin; j0 < end; j0 += kPutItems) {
+    int out[kPutItems];
+    uint32_t pos[kPutItems];
+    int32_t slot[kPutItems];
+#pragma unroll
+    for (int i = 0; i < kPutItems; ++i) {
+      const bool ok = j0 + i < end;
+      const uint64_t c = ok ? list[j0 + i] : 0;
+      const uint32_t bits = composite_key(c) >> low;
+      const bool is_gt = ok && bits > threshold, is_eq = ok && bits == threshold;
+      const bool take = is_gt || (is_eq && eq_before < need);
+      out[i] = take ? gt_before + min(eq_before, need) : topk;
+      gt_before += is_gt;
+      eq_before += is_eq;
+      pos[i] = composite_position(c);
+      slot[i] = out[i] < topk ? slot_of(a, r, pos[i]) : -1;
+    }
+#pragma unroll
+    for (int i = 0; i < kPutItems; ++i) {
+      if (out[i] < topk) put_slot(a, r, out[i], pos[i], slot[i]);
     }
   }
-  __syncthreads();  // the list is not read after this point: the sort's scratch overlays it
-  const int num_winners = min(sh.num_winners, topk);
-  sort_and_put<kItems>(a, r, smem, winners, num_winners);
+  // Exactly topk winners unless the caller's histogram does not match the scores.
+  const int num_winners = min((total >> 16) + min(total & 0xffff, need), topk);
+  for (int j = num_winners + static_cast<int>(threadIdx.x); j < topk; j += kSelectThreads) {
+    put(a, r, j, -1);
+  }
 }
 
 // Full rows (massive ties): the threshold key K below the known 22-bit prefix from one pass
@@ -518,11 +623,10 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
         }
       });
   __syncthreads();
-  const Found f = find_bin<kSelectThreads>(sh.scan, 1024, need, [&](int bin) { return hist[bin]; });
+  const Found f = find_bin<kSelectThreads>(sh, 1024, need, [&](int bin) { return hist[bin]; });
   const uint32_t threshold = (prefix << 10) | static_cast<uint32_t>(f.bin);
   const int need_eq = need - f.above;
 
-  using BlockScan = cub::BlockScan<int, kSelectThreads>;
   int taken = 0, eq_seen = 0;  // block-uniform: winners and == K keys before the step
   for (int64_t base = 0; base < r.n && taken < topk;
        base += int64_t{kSelectThreads} * kOrderedItems) {
@@ -538,7 +642,7 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
     }
     if (__syncthreads_or(gt + eq > 0) == 0) continue;
     int eq_before = 0, eq_total = 0;
-    BlockScan(sh.scan.scan).ExclusiveSum(eq, eq_before, eq_total);
+    SelectScan(sh.scan).ExclusiveSum(eq, eq_before, eq_total);
     eq_before += eq_seen;
     uint32_t take = 0;
 #pragma unroll
@@ -553,7 +657,7 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
     }
     __syncthreads();
     int out = 0, taken_total = 0;
-    BlockScan(sh.scan.scan).ExclusiveSum(__popc(take), out, taken_total);
+    SelectScan(sh.scan).ExclusiveSum(__popc(take), out, taken_total);
     out += taken;
 #pragma unroll
     for (int j = 0; j < kOrderedItems; ++j) {
@@ -569,8 +673,6 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
   for (int64_t j = taken + threadIdx.x; j < topk; j += kSelectThreads) put(a, r, j, -1);
 }
 
-// kItems: the sort's positions per thread, kItems * kSelectThreads >= topk.
-template <int kItems>
 __global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ SelectShared sh;
@@ -583,23 +685,23 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
   const int topk = static_cast<int>(p.topk);
   const int4 st = a.state[r.index];
   if (st.w == 0) {  // the list holds bin T and above
-    select_list<kItems>(a, r, sh, smem, static_cast<uint64_t>(st.x) << 53, 53, topk - st.y);
+    select_list(a, r, sh, smem, static_cast<uint32_t>(st.x) << kBinShift, kBinShift, topk - st.y);
     return;
   }
   const int4 st2 = a.state2[r.index];
   const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(st2.x);
   const int need = topk - st.y - st2.y;
   if (st2.w == 0) {  // the list holds the 22-bit bucket (T, T2) and above
-    select_list<kItems>(a, r, sh, smem, static_cast<uint64_t>(prefix) << 42, 42, need);
+    select_list(a, r, sh, smem, prefix << 10, 10, need);
   } else {
-    const SelectLayout layout = select_layout<kItems>(a.list_cap);
+    const SelectLayout layout = select_layout(a.list_cap, a.num_tiles);
     select_full(a, r, sh, reinterpret_cast<int*>(smem + layout.hist), prefix, need);
   }
 }
 
 struct Plan {
   int64_t rows, chunk_len, num_chunks;
-  int list_cap, position_bits;
+  int list_cap, num_tiles;
 };
 
 Plan make_plan(const DsaTopkParams& p, int64_t num_sms) {
@@ -614,33 +716,36 @@ Plan make_plan(const DsaTopkParams& p, int64_t num_sms) {
   const int64_t chunk = (span + per_row - 1) / per_row;
   plan.chunk_len = (chunk + kStreamTile - 1) / kStreamTile * kStreamTile;
   plan.num_chunks = (span + plan.chunk_len - 1) / plan.chunk_len;
-  // Even, so that every row's list is 16-byte aligned for select's copies.
-  plan.list_cap = static_cast<int>((std::min(kListCap, ctx) + 1) / 2 * 2);
-  plan.position_bits = static_cast<int>(std::bit_width(static_cast<uint64_t>(ctx)));
+  plan.list_cap = static_cast<int>(std::min(kListCap, ctx));
+  plan.num_tiles = static_cast<int>((span + kStreamTile - 1) / kStreamTile);
   return plan;
 }
 
 struct Layout {
-  size_t hist0, fill, hist1, state, state2, list, total;
+  size_t hist0, fill, hist1, run_count, zero_end, state, state2, run_base, list, total;
 };
 
-Layout make_layout(int64_t rows, int64_t list_cap) {
+Layout make_layout(const Plan& plan) {
   Layout l{};
-  const size_t hist_bytes = dsa::align_up(sizeof(int) * rows * kBins);
+  const size_t hist_bytes = sizeof(int) * plan.rows * kBins;
+  const size_t runs_bytes = sizeof(int) * plan.rows * plan.num_tiles;
   l.hist0 = 0;
-  l.fill = l.hist0 + hist_bytes;
-  l.hist1 = l.fill + dsa::align_up(sizeof(int) * rows);
-  l.state = l.hist1 + hist_bytes;
-  l.state2 = l.state + dsa::align_up(sizeof(int4) * rows);
-  l.list = l.state2 + dsa::align_up(sizeof(int4) * rows);
-  l.total = l.list + dsa::align_up(sizeof(uint64_t) * rows * list_cap);
+  l.fill = l.hist0 + dsa::align_up(hist_bytes);
+  l.hist1 = l.fill + dsa::align_up(sizeof(int) * plan.rows);
+  l.run_count = l.hist1 + dsa::align_up(hist_bytes);
+  l.zero_end = l.run_count + runs_bytes;
+  l.state = l.run_count + dsa::align_up(runs_bytes);
+  l.state2 = l.state + dsa::align_up(sizeof(int4) * plan.rows);
+  l.run_base = l.state2 + dsa::align_up(sizeof(int4) * plan.rows);
+  l.list = l.run_base + dsa::align_up(runs_bytes);
+  l.total = l.list + dsa::align_up(sizeof(uint64_t) * plan.rows * plan.list_cap);
   return l;
 }
 
 void check_params(const DsaTopkParams& p, bool need_pointers = true) {
   dsa::check_batch(p.batch, need_pointers);
   CHECK(p.topk > 0 && p.topk <= kMaxTopk, "dsa_topk supports topk in 1..", kMaxTopk,
-        " (the winners are sorted in shared memory), got ", p.topk);
+        " (a row's list must leave room beside the winners), got ", p.topk);
   CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
         p.batch.max_context);
   CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0, "block_size ", p.block_size);
@@ -651,7 +756,7 @@ void check_params(const DsaTopkParams& p, bool need_pointers = true) {
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
   check_params(p, /*need_pointers=*/false);
   const Plan plan = make_plan(p, 1);
-  return make_layout(plan.rows, plan.list_cap).total;
+  return make_layout(plan).total;
 }
 
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
@@ -666,7 +771,7 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   const Plan plan = make_plan(p, num_sms);
-  const Layout layout = make_layout(plan.rows, plan.list_cap);
+  const Layout layout = make_layout(plan);
   CHECK(workspace != nullptr && workspace_bytes >= layout.total, "dsa_topk workspace of ",
         workspace_bytes, " bytes, need ", layout.total);
   CHECK(reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
@@ -674,30 +779,31 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   const int64_t stream_blocks = plan.rows * plan.num_chunks;
   CHECK(stream_blocks < (int64_t{1} << 31), "dsa_topk: ", plan.rows, " rows x ", plan.num_chunks,
         " chunks");
-  const bool many = p.topk > 4 * kSelectThreads;
-  const SelectLayout select =
-      many ? select_layout<16>(plan.list_cap) : select_layout<4>(plan.list_cap);
+  const SelectLayout select = select_layout(plan.list_cap, plan.num_tiles);
   CHECK(select.total + sizeof(SelectShared) <= static_cast<size_t>(max_smem),
         "dsa_topk select needs ", select.total + sizeof(SelectShared),
-        " bytes of shared memory, the device has ", max_smem);
+        " bytes of shared memory (a list of ", plan.list_cap, " entries and ", plan.num_tiles,
+        " tiles of ", kStreamTile, " positions for max_context ", p.batch.max_context,
+        "), the device has ", max_smem);
   auto* base = static_cast<char*>(workspace);
   auto* hist0 = reinterpret_cast<int*>(base + layout.hist0);
   const TopkArgs a{.p = p,
                    .chunk_len = plan.chunk_len,
                    .num_chunks = plan.num_chunks,
                    .list_cap = plan.list_cap,
-                   .position_bits = plan.position_bits,
+                   .num_tiles = plan.num_tiles,
                    .hist0 = p.histogram != nullptr ? p.histogram : hist0,
                    .hist0_out = hist0,
                    .fill = reinterpret_cast<int*>(base + layout.fill),
                    .hist1 = reinterpret_cast<int*>(base + layout.hist1),
                    .state = reinterpret_cast<int4*>(base + layout.state),
                    .state2 = reinterpret_cast<int4*>(base + layout.state2),
+                   .run_count = reinterpret_cast<int*>(base + layout.run_count),
+                   .run_base = reinterpret_cast<int*>(base + layout.run_base),
                    .list = reinterpret_cast<uint64_t*>(base + layout.list)};
-  // hist0 (when computed here), fill and hist1 start at zero.
+  // hist0 (when computed here), fill, hist1 and run_count start at zero.
   const size_t zero_from = p.histogram != nullptr ? layout.fill : layout.hist0;
-  CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0,
-                             layout.hist1 + sizeof(int) * plan.rows * kBins - zero_from, stream));
+  CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0, layout.zero_end - zero_from, stream));
   const auto grid = static_cast<unsigned>(stream_blocks);
   if (p.histogram == nullptr) {
     hist_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
@@ -707,10 +813,9 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   CUDA_CHECK_LAUNCH();
   refine_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
-  auto* select_fn = many ? select_kernel<16> : select_kernel<4>;
-  CUDA_CHECK(cudaFuncSetAttribute(select_fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  CUDA_CHECK(cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(select.total)));
-  select_fn<<<static_cast<unsigned>(plan.rows), kSelectThreads, select.total, stream>>>(a);
+  select_kernel<<<static_cast<unsigned>(plan.rows), kSelectThreads, select.total, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
