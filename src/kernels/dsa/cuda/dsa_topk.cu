@@ -480,16 +480,16 @@ __device__ __forceinline__ void put(const TopkArgs& a, const Row& r, int64_t j, 
   put_slot(a, r, j, pos, pos >= 0 ? slot_of(a, r, pos) : -1);
 }
 
-// List rows: the winners among the row's list, whose keys agree with prefix above bit
-// `low` or exceed it there; `need` of those agreeing are winners.
+// List rows: the winners among the row's fill list entries, whose keys agree with prefix
+// above bit `low` or exceed it there; `need` of those agreeing are winners.
 __device__ void select_list(const TopkArgs& a, const Row& r, SelectShared& sh, uint8_t* smem,
-                            uint32_t prefix, int low, int need) {
+                            int fill, uint32_t prefix, int low, int need) {
   const SelectLayout layout = select_layout(a.list_cap, a.num_tiles);
   auto* list = reinterpret_cast<uint64_t*>(smem);
   auto* hist = reinterpret_cast<int*>(smem + layout.hist);
   auto* run_shift = reinterpret_cast<int*>(smem + layout.run_shift);
   const int topk = static_cast<int>(a.p.topk);
-  const int num = min(a.fill[r.index], a.list_cap);
+  const int num = min(fill, a.list_cap);
   const int head = row_head(r.scores);
 
   // Each run's place in position order: an exclusive scan of the run lengths in tile order.
@@ -677,22 +677,32 @@ __global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ SelectShared sh;
   const DsaTopkParams& p = a.p;
+  // The row's state from the streaming kernels and its list length are requested with its
+  // length (independent loads, one round trip instead of three; unused when n <= topk),
+  // and the request's block table is prefetched into L2 for the winners' slots.
+  const int4 st = a.state[blockIdx.x];
+  const int4 st2 = a.state2[blockIdx.x];
+  const int fill = a.fill[blockIdx.x];
   const Row r = make_row(a, blockIdx.x);
+  const int32_t* table = p.batch.block_tables + r.b * p.batch.max_blocks;
+  for (int64_t e = int64_t{threadIdx.x} * 32; e < p.batch.max_blocks;
+       e += int64_t{kSelectThreads} * 32) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(table + e));
+  }
   if (r.n <= p.topk) {
     for (int64_t j = threadIdx.x; j < p.topk; j += kSelectThreads) put(a, r, j, j < r.n ? j : -1);
     return;
   }
   const int topk = static_cast<int>(p.topk);
-  const int4 st = a.state[r.index];
   if (st.w == 0) {  // the list holds bin T and above
-    select_list(a, r, sh, smem, static_cast<uint32_t>(st.x) << kBinShift, kBinShift, topk - st.y);
+    select_list(a, r, sh, smem, fill, static_cast<uint32_t>(st.x) << kBinShift, kBinShift,
+                topk - st.y);
     return;
   }
-  const int4 st2 = a.state2[r.index];
   const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(st2.x);
   const int need = topk - st.y - st2.y;
   if (st2.w == 0) {  // the list holds the 22-bit bucket (T, T2) and above
-    select_list(a, r, sh, smem, prefix << 10, 10, need);
+    select_list(a, r, sh, smem, fill, prefix << 10, 10, need);
   } else {
     const SelectLayout layout = select_layout(a.list_cap, a.num_tiles);
     select_full(a, r, sh, reinterpret_cast<int*>(smem + layout.hist), prefix, need);
