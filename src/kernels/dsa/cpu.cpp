@@ -109,7 +109,8 @@ void dsa_topk(const DsaTopkParams& p) {
   CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
         p.batch.max_context);
   if (p.batch.num_requests == 0) return;
-  CHECK(p.block_size > 0, "block_size ", p.block_size);
+  CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0,
+        "block_size must be a power of two, got ", p.block_size);
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
   const DsaBatch& batch = p.batch;
   std::vector<int32_t> keys;

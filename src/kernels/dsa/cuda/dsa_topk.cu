@@ -455,18 +455,6 @@ __device__ __forceinline__ int tile_of(uint32_t pos, int head) {
   return static_cast<int>((pos + static_cast<uint32_t>(head)) / static_cast<uint32_t>(kStreamTile));
 }
 
-// The slot of position pos >= 0 of row r, from its request's block table. block_size is a
-// power of two (check_params): a shift and a mask, not the two 64-bit divisions that took
-// ~11K cycles of a one-row select's writes.
-__device__ __forceinline__ int32_t slot_of(const TopkArgs& a, const Row& r, int64_t pos) {
-  const DsaTopkParams& p = a.p;
-  const auto position = static_cast<uint32_t>(pos);  // < max_context <= INT32_MAX
-  const int shift = __ffs(p.block_size) - 1;
-  const int64_t block = p.batch.block_tables[r.b * p.batch.max_blocks + (position >> shift)];
-  return static_cast<int32_t>(block * p.block_size +
-                              (position & static_cast<uint32_t>(p.block_size - 1)));
-}
-
 // Writes entry j of row r's output: position pos and its slot (both -1 when empty).
 __device__ __forceinline__ void put_slot(const TopkArgs& a, const Row& r, int64_t j, int64_t pos,
                                          int32_t slot) {
@@ -477,7 +465,8 @@ __device__ __forceinline__ void put_slot(const TopkArgs& a, const Row& r, int64_
 
 // Writes entry j of row r's output: position pos and its slot, or -1 for both (pos < 0).
 __device__ __forceinline__ void put(const TopkArgs& a, const Row& r, int64_t j, int64_t pos) {
-  put_slot(a, r, j, pos, pos >= 0 ? slot_of(a, r, pos) : -1);
+  put_slot(a, r, j, pos,
+           pos >= 0 ? static_cast<int32_t>(dsa_slot(a.p.batch, a.p.block_size, r.b, pos)) : -1);
 }
 
 // List rows: the winners among the row's fill list entries, whose keys agree with prefix
@@ -592,7 +581,9 @@ __device__ void select_list(const TopkArgs& a, const Row& r, SelectShared& sh, u
       gt_before += is_gt;
       eq_before += is_eq;
       pos[i] = composite_position(c);
-      slot[i] = out[i] < topk ? slot_of(a, r, pos[i]) : -1;
+      slot[i] = out[i] < topk
+                    ? static_cast<int32_t>(dsa_slot(a.p.batch, a.p.block_size, r.b, pos[i]))
+                    : -1;
     }
 #pragma unroll
     for (int i = 0; i < kPutItems; ++i) {
