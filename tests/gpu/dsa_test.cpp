@@ -148,7 +148,7 @@ void expect_scores_match(const DsaTestPool& t, int64_t stride, const std::vector
 TEST(DsaGpu, IndexerScoresMatchCpu) {
   REQUIRE_GPU();
   uint64_t seed = 1;
-  for (const int64_t block_size : {64, 128}) {
+  for (const int64_t block_size : {32, 64, 128}) {  // 32: a 64-key tile spans two blocks
     for (const int64_t num_q : {1, 2, 8}) {
       for (const int64_t hi : {32, 64, 16, 48}) {
         if (num_q == 8 && (hi == 16 || hi == 48)) continue;

@@ -5,11 +5,11 @@
 // by the *_workspace_bytes functions. A seq_lens[b] above max_context breaks the contract;
 // the kernels then clamp it to max_context rather than touch memory outside the buffers.
 //
-//   dsa_indexer_scores  tensor-core scorer over the FP8 keys (f16 MMAs on the exactly
-//                       converted codes, keys as the A operand): a block takes a range of
+//   dsa_indexer_scores  scorer on the FP8 tensor cores (wgmma e4m3 x e4m3 -> f32, 64 keys
+//                       as the A operand, a query's heads as B): a block takes a range of
 //                       one request's keys and every query of that request, so each key is
-//                       read once per step (whole 32-byte sectors, through a cp.async ring
-//                       per warp); the keys of all requests are cut into enough ranges to
+//                       read once per step (whole sectors, through a cp.async ring per
+//                       warpgroup); the keys of all requests are cut into enough ranges to
 //                       fill every SM even at B = 1.
 //   dsa_topk            exact select on the order-preserving score key (topk <= 8192) in
 //                       plain launches, no grid barrier: a histogram of each row's 11-bit
@@ -34,8 +34,9 @@
 // query is one split, so its output bits do not depend on the batch (slower at small B
 // and long dense contexts).
 //
-// Tolerances against the CPU reference: scores to fp32 summation order (the e4m3
-// products are exact); attention to the fp16 rounding of q and of the probabilities
+// Tolerances against the CPU reference: scores to the tensor cores' reduced-precision
+// accumulation and fp32 summation order (the e4m3 products are exact); attention to the fp16
+// rounding of q and of the probabilities
 // (~2^-11 relative each) - see tests/gpu/dsa_test.cpp.
 #pragma once
 

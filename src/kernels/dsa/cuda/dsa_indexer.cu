@@ -1,36 +1,28 @@
-// DSA indexer scores over the packed cache's FP8 keys on tensor cores (cuda.h).
+// DSA indexer scores over the packed cache's FP8 keys on Hopper's FP8 tensor cores (wgmma,
+// e4m3 x e4m3 -> f32; cuda.h).
 //
 // Block (chunk, b): keys [chunk * keys_per_block, +keys_per_block) of request b, all n_q
-// queries of b. Warp w walks tiles of 32 keys (tiles w, w + 8, ... of the chunk, so the
-// block's warps read neighbouring memory) through a private two-stage shared-memory ring
-// filled by cp.async: the next tile is in flight while the current one is multiplied. A
-// lane reads back only the bytes it copied itself, so the ring needs no barrier
-// (cp.async.wait_group orders a thread's own copies).
+// queries of b. Each of the block's two warpgroups walks tiles of 64 keys (tiles wg,
+// wg + 2, ... of the chunk) through its own ring of kStages shared-memory stages filled
+// by cp.async, kStages - 1 tiles in flight while one is multiplied. A tile is the A
+// operand (64 keys x 128 dims, K-major, 128-byte swizzled: wgmma.cuh); a query's Hi heads
+// are B (Hi x 128, the same layout, written once per block). Four MMAs m64nHik32 give
+// the 64 x Hi dot products of one query in registers; each thread then weights its heads'
+// ReLUs (rows 16w + g and 16w + g + 8, heads 8n + 2t, +1), two shuffles finish the sums
+// over the 4 lanes of a row, and lanes t = 0 / 1 store their row's score times the key's
+// scale. The e4m3 products are exact; the tensor cores add them with a reduced-precision
+// accumulator (tests/gpu/dsa_test.cpp states the tolerance).
 //
-// MMA m16n8k16 on f16 with the KEYS as A (16 keys x 16 dims per m-tile, two m-tiles per
-// tile) and the query heads as B (16 dims x 8 heads per n-tile); the e4m3 codes are
-// exact in f16 and their products exact in the fp32 accumulators. (mma.sync with e4m3
-// operands compiles on sm_90 to the same f16 MMAs plus, per MMA, conversions of both
-// operands and four adds of a partial sum - 96 conversions and 72 adds per 16 MMAs in
-// the SASS of the previous version; here the queries are converted once per block and
-// the keys once per tile, and the MMAs accumulate in place.) The
-// query fragments are read from shared memory per k-step and serve both m-tiles; the
-// head reduction after the ReLU is a 4-lane one. The dot product is a sum over the 128
-// dims, so any permutation of the dims applied to A and B alike gives the same result;
-// we pick the one that makes every copy a whole 32-byte sector and every lane's operands
-// contiguous: lane (g = lane / 4, t = lane % 4) holds bytes [16t, 16t + 16) and
-// [64 + 16t, 64 + 16t + 16) of its key rows (keys 8j + g of the tile) and of its query
-// rows (head g of each n-tile) = 8 words w0..w7, and k-step s (of 8) uses word s: its
-// low byte pair as fragment regs a0/a1 and b0, its high pair as a2/a3 and b1. (With 32
-// contiguous bytes per lane every copy instruction touched each sector twice, and L2
-// throughput, not DRAM, bounded the kernel at ~45% of the copy bandwidth.)
+// Copies: thread i of a warpgroup copies 16-byte chunk i % 8 of key rows i / 8 + 16j
+// (j < 4), so a warp reads 512 contiguous bytes (four whole keys); the swizzle only moves
+// the chunk within its row in shared memory. Each thread waits for its own copies, fences
+// them for the async proxy, and a barrier of the warpgroup publishes the tile; that
+// barrier also tells the warpgroup that the stage filled next (read in the previous
+// iteration, MMAs and scales) is free.
 //
-// Epilogue per query: the accumulators hold dot(key, head) for keys 8j + g and heads
-// 8n + 2t, 8n + 2t + 1; the lane weights their ReLUs by w (one max and one FMA each),
-// sums over its n-tiles, then the 4 lanes of equal g reduce by two shuffles; lane t
-// stores key 8t + g's score (times the key's scale). With a histogram (the top-k's first
-// radix pass, fused) it also counts the score's bin in a shared histogram per query,
-// added to the global one when the block ends.
+// With a histogram (the top-k's first radix pass, fused) the storing lanes also count
+// the score's bin in a shared histogram per query, added to the global one when the
+// block ends.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -39,151 +31,84 @@
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
+#include "kernels/dsa/cuda/wgmma.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
 namespace {
 
-using dsa::mma_f16;
-
-constexpr int kThreads = 256;
-constexpr int kWarps = kThreads / 32;
-// Bytes per query row in shared memory: [8 k-steps][4 lanes t][f16 pairs lo, hi], padded
-// so that the 16 lanes of a half-warp's 8-byte loads hit distinct banks.
-constexpr int kQhPitch = 288;
+constexpr int kGroups = 2;  // warpgroups per block
+constexpr int kThreads = 128 * kGroups;
+constexpr int kTileKeys = 64;  // the wgmma's M
+constexpr int kTileBytes = kTileKeys * kDsaIndexDim;
+// 3 stages: 2 tiles (16 KB) in flight per warpgroup; a block with one query and its
+// histogram takes 64 KB of shared memory, so 3 blocks (96 KB in flight) fit an SM.
+// Measured against 2, 4 and 6 stages and one warpgroup per block (2026-11-30, H200).
+constexpr int kStages = 3;
+constexpr int kBlockStepKeys = kGroups * kTileKeys;
 constexpr int kMaxRows = 8 * 64;  // n_q * Hi
 
-// One ring stage of a warp: kMT m-tiles of 16 keys, indexed by lane so that a warp's
-// accesses are contiguous. Lane (g, t) owns codes[2j][lane] and codes[2j + 1][lane] =
-// bytes [16t, +16) and [64 + 16t, +16) of key 8j + g, and scales[j][lane] = its scale.
-template <int kMT>
-struct Stage {
-  uint4 codes[4 * kMT][32];
-  float scales[2 * kMT][32];
-};
+// Shared memory, from a 1,024-aligned base (swizzle atoms):
+//   codes  [kGroups][kStages][64 keys][128]   swizzled tiles
+//   q      [n_q * Hi][128]                    swizzled query rows
+//   scales [kGroups][kStages][64]             the tiles' key scales
+//   w      [n_q * Hi]                         head weights
+//   hist   [n_q][kDsaTopkBins]                only with a histogram
+constexpr size_t kCodesBytes = size_t{kGroups} * kStages * kTileBytes;
+constexpr size_t kScalesBytes = size_t{kGroups} * kStages * kTileKeys * sizeof(float);
 
-// The lane's operands of one tile: piece[2j..2j + 1] = its 32 bytes of key 8j + g.
-template <int kMT>
-struct KeyTile {
-  uint4 piece[4 * kMT];
-  float scale[2 * kMT];
-};
+size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
+  const auto rows = static_cast<size_t>(num_q * num_heads);
+  return 1024 /* base alignment */ + kCodesBytes + rows * kDsaIndexDim + kScalesBytes +
+         rows * sizeof(float) + (histogram ? sizeof(int) * num_q * kDsaTopkBins : 0);
+}
 
-// Issues the copies of the tile at tile0 into the lane's part of st (nothing past end).
-template <int kMT>
+// The stage's swizzled destination of chunk c (16 bytes) of key row r.
+__device__ __forceinline__ uint8_t* swizzled(uint8_t* rows, int r, int c) {
+  return rows + r * kDsaIndexDim + ((c ^ (r & 7)) << 4);
+}
+
+// Issues thread tid's copies of the tile at tile0 (keys past end: zeros, nothing read).
 __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int32_t* table,
-                                           int tile0, int end, int lane, Stage<kMT>& st) {
+                                           int block_shift, int tile0, int end, int tid,
+                                           uint8_t* codes, float* scales) {
   if (tile0 >= end) return;
-  const int g = lane / 4, t = lane % 4;
   const DsaCache& c = p.cache;
-  // A tile (16 kMT keys, aligned to its size) never straddles a block (block_size >= 32).
-  const int64_t block = table[tile0 / c.block_size];
-  const uint8_t* page = c.pool + block * c.row_bytes + c.index_offset;
-  const auto* scale_page =
-      reinterpret_cast<const float*>(page + int64_t{c.block_size} * kDsaIndexDim);
-  const int j0 = tile0 % c.block_size + g;
-  const int left = end - tile0 - g;  // keys j0, j0 + 8, ... below end
+  const int mask = c.block_size - 1;
+  const auto page_of = [&](int key) {
+    return c.pool + int64_t{table[key >> block_shift]} * c.row_bytes + c.index_offset;
+  };
+  const int chunk = tid % 8;
 #pragma unroll
-  for (int j = 0; j < 2 * kMT; ++j) {
-    if (8 * j < left) {
-      const uint8_t* src = page + (j0 + 8 * j) * kDsaIndexDim + t * 16;
-      dsa::cp_async_16(&st.codes[2 * j][lane], src, 16);
-      dsa::cp_async_16(&st.codes[2 * j + 1][lane], src + 64, 16);
-      dsa::cp_async_4(&st.scales[j][lane], scale_page + j0 + 8 * j);
-    }
+  for (int j = 0; j < kTileKeys / 16; ++j) {
+    const int r = tid / 8 + 16 * j, key = tile0 + r;
+    const uint8_t* src =
+        key < end ? page_of(key) + (key & mask) * kDsaIndexDim + chunk * 16 : c.pool;
+    dsa::cp_async_16(swizzled(codes, r, chunk), src, key < end ? 16 : 0);
+  }
+  if (tid < kTileKeys / 4) {  // 4 scales per thread (in one cache block: 4 | block_size)
+    const int key = tile0 + 4 * tid;
+    const int bytes = 4 * max(0, min(4, end - key));
+    const uint8_t* src = bytes > 0 ? page_of(key) + int64_t{c.block_size} * kDsaIndexDim +
+                                         (key & mask) * sizeof(float)
+                                   : c.pool;
+    dsa::cp_async_16(scales + 4 * tid, src, bytes);
   }
 }
 
-// The lane's part of a landed stage (keys past the end hold stale bytes: their rows of
-// the MMA are never stored).
-template <int kMT>
-__device__ __forceinline__ void read_tile(const Stage<kMT>& st, int lane, KeyTile<kMT>& k) {
-#pragma unroll
-  for (int j = 0; j < 4 * kMT; ++j) k.piece[j] = st.codes[j][lane];
-#pragma unroll
-  for (int j = 0; j < 2 * kMT; ++j) k.scale[j] = st.scales[j][lane];
-}
-
-// Scores of query i for the warp's tile: sums[j] = the weighted sum over all heads of
-// key 8j + g, reduced over the 4 lanes of equal g. k-step s (of 8, 16 dims each) uses
-// word s of every lane's 32 bytes: the key words are turned into f16 pairs here, once
-// per tile and n-tile group; the query's pairs were converted when the block started.
-// Groups of kG n-tiles keep the accumulators of both m-tiles in registers.
-template <int kNT, int kMT>
-__device__ __forceinline__ void tile_scores(const KeyTile<kMT>& k, const uint8_t* qh_s,
-                                            const float* w_s, int i, int g, int t,
-                                            float (&sums)[2 * kMT]) {
-  constexpr int kG = kNT % 4 == 0 ? 4 : 2;  // n-tiles per group
-#pragma unroll
-  for (int j = 0; j < 2 * kMT; ++j) sums[j] = 0.0f;
-#pragma unroll 1
-  for (int n0 = 0; n0 < kNT; n0 += kG) {
-    const int head0 = i * kNT * 8 + n0 * 8;
-    float acc[kMT][kG][4] = {};
-#pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      uint2 q[kG];
-#pragma unroll
-      for (int n = 0; n < kG; ++n) {
-        q[n] =
-            *reinterpret_cast<const uint2*>(qh_s + (head0 + 8 * n + g) * kQhPitch + s * 32 + t * 8);
-      }
-#pragma unroll
-      for (int m = 0; m < kMT; ++m) {
-        const uint32_t lo = dsa::word4(k.piece[2 * (2 * m) + s / 4], s % 4);      // key 16m + g
-        const uint32_t hi = dsa::word4(k.piece[2 * (2 * m + 1) + s / 4], s % 4);  // key + 8
-        const uint32_t a0 = dsa::e4m3x2_to_f16x2(lo & 0xffffu);
-        const uint32_t a1 = dsa::e4m3x2_to_f16x2(hi & 0xffffu);
-        const uint32_t a2 = dsa::e4m3x2_to_f16x2(lo >> 16);
-        const uint32_t a3 = dsa::e4m3x2_to_f16x2(hi >> 16);
-#pragma unroll
-        for (int n = 0; n < kG; ++n) mma_f16(acc[m][n], a0, a1, a2, a3, q[n].x, q[n].y);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < kG; ++n) {
-      const float2 w = *reinterpret_cast<const float2*>(w_s + head0 + 8 * n + 2 * t);
-#pragma unroll
-      for (int m = 0; m < kMT; ++m) {  // one max and one FMA per product
-        sums[2 * m] = fmaf(w.x, fmaxf(acc[m][n][0], 0.0f), sums[2 * m]);
-        sums[2 * m] = fmaf(w.y, fmaxf(acc[m][n][1], 0.0f), sums[2 * m]);
-        sums[2 * m + 1] = fmaf(w.x, fmaxf(acc[m][n][2], 0.0f), sums[2 * m + 1]);
-        sums[2 * m + 1] = fmaf(w.y, fmaxf(acc[m][n][3], 0.0f), sums[2 * m + 1]);
-      }
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < 2 * kMT; ++j) {
-    sums[j] += __shfl_xor_sync(0xffffffffu, sums[j], 1);
-    sums[j] += __shfl_xor_sync(0xffffffffu, sums[j], 2);
-  }
-}
-
-// Element t of a register array without dynamic indexing (t < N).
-template <int N>
-__device__ __forceinline__ float pick(const float (&v)[N], int t) {
-  float r = v[0];
-#pragma unroll
-  for (int j = 1; j < N; ++j) r = t == j ? v[j] : r;
-  return r;
-}
-
-// kNT = Hi / 8 n-tiles of 8 heads; kMT m-tiles of 16 keys per warp step; kStages ring
-// stages per warp.
-template <int kNT, int kMT, int kStages>
+// kN = Hi heads: the wgmma's N.
+template <int kN>
 __global__ void __launch_bounds__(kThreads, 2)
     indexer_kernel(DsaIndexerParams p, int64_t keys_per_block) {
-  constexpr int kTileKeys = 16 * kMT;
-  constexpr int kBlockStepKeys = kWarps * kTileKeys;
-  extern __shared__ __align__(16) uint8_t smem[];
-  constexpr int kHeads = kNT * 8;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
   const int num_q = static_cast<int>(p.batch.num_q);
-  const int num_rows = num_q * kHeads;
-  // [warps][kStages] ring, then [rows, kQhPitch] query f16 pairs, [rows] weights and, when
-  // p.histogram is set, [n_q, kDsaTopkBins] bins.
-  auto* ring = reinterpret_cast<Stage<kMT>*>(smem);
-  uint8_t* qh_s = smem + sizeof(Stage<kMT>) * kWarps * kStages;
-  float* w_s = reinterpret_cast<float*>(qh_s + num_rows * kQhPitch);
+  const int num_rows = num_q * kN;
+  uint8_t* codes_s = smem;
+  uint8_t* q_s = codes_s + kCodesBytes;
+  auto* scales_s = reinterpret_cast<float*>(q_s + num_rows * kDsaIndexDim);
+  float* w_s = scales_s + kGroups * kStages * kTileKeys;
   int* hist_s = p.histogram != nullptr ? reinterpret_cast<int*>(w_s + num_rows) : nullptr;
 
   const int64_t b = blockIdx.y;
@@ -195,60 +120,83 @@ __global__ void __launch_bounds__(kThreads, 2)
   const int begin = static_cast<int>(begin64);
   const int end = static_cast<int>(min(int64_t{seq_len}, begin64 + keys_per_block));
   const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
+  const int block_shift = __ffs(p.cache.block_size) - 1;
 
-  const int warp = threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  const int g = lane / 4;
-  const int t = lane % 4;
-  Stage<kMT>* my_ring = ring + warp * kStages;
-  // The first kStages - 1 tiles go out before the block waits for its queries; one commit
+  const int group = threadIdx.x / 128;
+  const int tid = threadIdx.x % 128;
+  uint8_t* my_codes = codes_s + group * kStages * kTileBytes;
+  float* my_scales = scales_s + group * kStages * kTileKeys;
+  // The first kStages - 1 tiles go out before the block loads its queries; one commit
   // group per tile (empty past the end), so that a tile is complete when at most
-  // kStages - 1 later groups are pending.
-  int tile0 = begin + warp * kTileKeys;
+  // kStages - 2 later groups are pending.
+  int tile0 = begin + group * kTileKeys;
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    issue_tile<kMT>(p, table, tile0 + k * kBlockStepKeys, end, lane, my_ring[k]);
+    issue_tile(p, table, block_shift, tile0 + k * kBlockStepKeys, end, tid,
+               my_codes + k * kTileBytes, my_scales + k * kTileKeys);
     dsa::cp_async_commit();
   }
 
-  // The queries as f16 pairs (exact: every e4m3 value is an f16), in the order tile_scores
-  // reads them: word s of lane t's bytes ([16t, +16) then [64 + 16t, +16)) of a row.
-  const auto* q_src = reinterpret_cast<const uint32_t*>(p.q8 + b * num_rows * kDsaIndexDim);
-  for (int e = threadIdx.x; e < num_rows * 32; e += kThreads) {
-    const int row = e / 32, t_of = (e / 8) % 4, s_of = e % 8;
-    const int byte = (s_of < 4 ? 16 * t_of : 64 + 16 * t_of) + 4 * (s_of % 4);
-    const uint32_t codes = q_src[row * (kDsaIndexDim / 4) + byte / 4];
-    *reinterpret_cast<uint2*>(qh_s + row * kQhPitch + s_of * 32 + t_of * 8) =
-        make_uint2(dsa::e4m3x2_to_f16x2(codes & 0xffffu), dsa::e4m3x2_to_f16x2(codes >> 16));
+  // The query rows, swizzled like the tiles.
+  const auto* q_src = reinterpret_cast<const uint4*>(p.q8 + b * num_rows * kDsaIndexDim);
+  for (int e = threadIdx.x; e < num_rows * 8; e += kThreads) {
+    *reinterpret_cast<uint4*>(swizzled(q_s, e / 8, e % 8)) = q_src[e];
   }
   for (int i = threadIdx.x; i < num_rows; i += kThreads) w_s[i] = p.weights[b * num_rows + i];
   if (hist_s != nullptr) {
     for (int i = threadIdx.x; i < num_q * kDsaTopkBins; i += kThreads) hist_s[i] = 0;
   }
+  dsa::fence_proxy_async();
   __syncthreads();
 
-  // Lane t stores key 8t + g of the tile (t < 2 kMT); the other lanes only help reduce.
-  const bool storer = t < 2 * kMT;
+  const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Lanes t = 0 / 1 store rows 16 warp + g / + 8 (the other two only help reduce).
+  const int row = 16 * warp + g + 8 * (t & 1);
+  const bool storer = t < 2;
   float* out = p.scores + b * num_q * p.score_stride;
   for (int stage = 0; tile0 < end; tile0 += kBlockStepKeys) {
-    // The stage refilled here held the previous tile, already read into registers.
+    dsa::cp_async_wait<kStages - 2>();  // this thread's copies of the tile landed
+    dsa::fence_proxy_async();
+    dsa::named_barrier(1 + group, 128);  // everyone's; the previous stage is free
     const int refill = stage == 0 ? kStages - 1 : stage - 1;
-    issue_tile<kMT>(p, table, tile0 + (kStages - 1) * kBlockStepKeys, end, lane, my_ring[refill]);
+    issue_tile(p, table, block_shift, tile0 + (kStages - 1) * kBlockStepKeys, end, tid,
+               my_codes + refill * kTileBytes, my_scales + refill * kTileKeys);
     dsa::cp_async_commit();
-    dsa::cp_async_wait<kStages - 1>();
-    KeyTile<kMT> cur;
-    read_tile<kMT>(my_ring[stage], lane, cur);
+
+    const uint64_t a_desc = dsa::wgmma_desc_sw128(my_codes + stage * kTileBytes);
+    const int key = tile0 + row;
+    const float scale = my_scales[stage * kTileKeys + row];
     stage = stage == kStages - 1 ? 0 : stage + 1;
-    const int key = tile0 + 8 * t + g;
-    const float scale = pick(cur.scale, t);
 #pragma unroll 1
     for (int i = 0; i < num_q; ++i) {
-      float sums[2 * kMT];
-      tile_scores<kNT, kMT>(cur, qh_s, w_s, i, g, t, sums);
+      const uint64_t b_desc = dsa::wgmma_desc_sw128(q_s + i * kN * kDsaIndexDim);
+      float acc[kN / 2];
+      dsa::wgmma_fence();
+#pragma unroll
+      for (int s = 0; s < kDsaIndexDim / 32; ++s) {  // +32 bytes per k-step: +2 in the descriptor
+        dsa::wgmma_e4m3<kN>(acc, a_desc + 2 * s, b_desc + 2 * s, s);
+      }
+      dsa::wgmma_commit();
+      dsa::wgmma_wait<0>(acc);
+      // sum0: row 16 warp + g, sum1: row + 8, over this lane's heads.
+      float sum0 = 0.0f, sum1 = 0.0f;
+      const float* w = w_s + i * kN + 2 * t;
+#pragma unroll
+      for (int n = 0; n < kN / 8; ++n) {
+        const float2 wn = *reinterpret_cast<const float2*>(w + 8 * n);
+        sum0 = fmaf(wn.x, fmaxf(acc[4 * n], 0.0f), sum0);
+        sum0 = fmaf(wn.y, fmaxf(acc[4 * n + 1], 0.0f), sum0);
+        sum1 = fmaf(wn.x, fmaxf(acc[4 * n + 2], 0.0f), sum1);
+        sum1 = fmaf(wn.y, fmaxf(acc[4 * n + 3], 0.0f), sum1);
+      }
+      // Odd lanes keep row + 8: each lane sends its partner the sum the partner keeps.
+      const bool odd = (t & 1) != 0;
+      float sum = (odd ? sum1 : sum0) + __shfl_xor_sync(0xffffffffu, odd ? sum0 : sum1, 1);
+      sum += __shfl_xor_sync(0xffffffffu, sum, 2);
       if (storer && key < end) {
         const int position = seq_len - num_q + i;
         const bool visible = key <= position;
-        const float s = visible ? scale * pick(sums, t) : -INFINITY;
+        const float s = visible ? scale * sum : -INFINITY;
         out[i * p.score_stride + key] = s;  // 64-bit: score_stride is int64
         if (hist_s != nullptr && visible) {
           atomicAdd(&hist_s[i * kDsaTopkBins + (dsa_order_key(s) >> kDsaTopkBinShift)], 1);
@@ -268,21 +216,13 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 using KernelFn = void (*)(DsaIndexerParams, int64_t);
 
-// 32 keys per warp step, two stages (one tile in flight while one is multiplied): 4.2 KB
-// per warp, ~67 KB per SM in flight. Measured against 16-key tiles with 2 or 4 stages,
-// 32-key tiles with 3 stages and half the blocks: this shape executes the fewest
-// instructions per key and read the keys fastest (2026-11-30, H200).
-constexpr int kMT = 2;
-constexpr int kStages = 2;
-constexpr int kStepKeys = kWarps * 16 * kMT;  // keys per block step
-constexpr int kBlocksPerSm = 4;               // keys cut into ~4 blocks per SM
-
-// The cp.async rings, query rows, head weights and (optionally) the histograms of one block.
-size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
-  return sizeof(Stage<kMT>) * kWarps * kStages +
-         static_cast<size_t>(num_q * num_heads) * (kQhPitch + sizeof(float)) +
-         (histogram ? sizeof(int) * num_q * kDsaTopkBins : 0);
-}
+// Keys cut into ~32 blocks per SM (short blocks keep every SM streaming to the end of
+// the grid: at B = 64 x 1M 4 per SM read at 77% of the copy bandwidth, 32 at 96%), but no
+// block under 1,024 keys unless that leaves fewer than 8 per SM (the ring's fill and the
+// query load are per block).
+constexpr int kBlocksPerSm = 32;
+constexpr int kMinBlocksPerSm = 8;
+constexpr int64_t kMinKeysPerBlock = 1024;
 
 // The histogram is fused only while two blocks fit an SM (227 KiB of shared memory).
 constexpr size_t kMaxSmemFor2Blocks = 113 * 1024;
@@ -307,11 +247,15 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   int device = 0, num_sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
-  // Cut every request's key range so that about kBlocksPerSm blocks per SM exist in total.
-  const int64_t step_keys = kStepKeys;
-  const int64_t target_blocks = int64_t{kBlocksPerSm} * num_sms;
+  // Cut every request's key range (kBlocksPerSm above).
+  const int64_t step_keys = kBlockStepKeys;
   const int64_t total_keys = p.batch.num_requests * p.batch.max_context;
-  int64_t keys_per_block = (total_keys + target_blocks - 1) / target_blocks;
+  const auto keys_for = [&](int64_t blocks_per_sm) {
+    const int64_t blocks = blocks_per_sm * num_sms;
+    return (total_keys + blocks - 1) / blocks;
+  };
+  int64_t keys_per_block =
+      std::max(keys_for(kBlocksPerSm), std::min(kMinKeysPerBlock, keys_for(kMinBlocksPerSm)));
   keys_per_block =
       std::max<int64_t>(step_keys, (keys_per_block + step_keys - 1) / step_keys * step_keys);
   const int64_t num_chunks = (p.batch.max_context + keys_per_block - 1) / keys_per_block;
@@ -319,8 +263,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   CHECK(p.histogram == nullptr || smem <= kMaxSmemFor2Blocks, "indexer: the histograms of n_q ",
         p.batch.num_q, " queries x ", p.num_heads,
         " heads do not fit shared memory (dsa_indexer_fuses_histogram)");
-  const KernelFn kernels[] = {indexer_kernel<2, kMT, kStages>, indexer_kernel<4, kMT, kStages>,
-                              indexer_kernel<6, kMT, kStages>, indexer_kernel<8, kMT, kStages>};
+  const KernelFn kernels[] = {indexer_kernel<16>, indexer_kernel<32>, indexer_kernel<48>,
+                              indexer_kernel<64>};
   const KernelFn kernel = kernels[p.num_heads / 16 - 1];
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));

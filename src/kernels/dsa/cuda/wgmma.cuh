@@ -1,0 +1,120 @@
+// Hopper warpgroup MMA (wgmma, sm_90a) on e4m3 operands in shared memory, for the DSA
+// indexer: the shared-memory matrix descriptor of the 128-byte-swizzled K-major layout,
+// the e4m3 x e4m3 -> f32 MMA for the N sizes the indexer uses, and the fences around it.
+//
+// The 128-byte swizzle, K-major (both operands, as FP8 wgmma requires): a matrix of rows
+// of 128 bytes (= 128 e4m3 along K) in atoms of 8 rows (1,024 bytes, 1,024-aligned); the
+// 16-byte chunk c of row r lies at r * 128 + ((c ^ (r % 8)) * 16). One MMA takes K = 32
+// (bytes [32s, 32s + 32) of every row for k-step s): its descriptor is the matrix's plus
+// 32s bytes, and the hardware applies the swizzle to the resulting addresses.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace hyserve::cuda::dsa {
+
+// Descriptor of a 128B-swizzled K-major matrix at `smem` (1,024-aligned, or that plus
+// 32s for k-step s): start address / 16 in bits 0-13, stride between 8-row atoms (1,024
+// bytes) / 16 in bits 32-45, the leading offset (unused by this layout) 1, layout 128B
+// swizzle (1) in bits 62-63.
+__device__ __forceinline__ uint64_t wgmma_desc_sw128(const void* smem) {
+  const auto addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  return (uint64_t{1} << 62) | (uint64_t{1024 >> 4} << 32) | (uint64_t{1} << 16) |
+         ((addr & 0x3ffffu) >> 4);
+}
+
+// Orders this thread's generic-proxy writes to shared memory (st.shared, cp.async) before
+// later async-proxy reads (wgmma operands); a barrier then publishes them to the group.
+__device__ __forceinline__ void fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// Barrier of the `threads` threads that use barrier `id` (1..15; 0 is __syncthreads).
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Before the first wgmma that writes registers other instructions touched.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most kPending committed groups are in flight; `d` (the accumulators) is
+// tied to the wait so that no read of it moves above.
+template <int kPending, int kRegs>
+__device__ __forceinline__ void wgmma_wait(float (&d)[kRegs]) {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+#pragma unroll
+  for (int i = 0; i < kRegs; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// d (+)= A * B^T over one k-step: A 64 x 32 e4m3 (descriptor a), B kN x 32 e4m3
+// (descriptor b), d the 64 x kN f32 tile in the wgmma accumulator layout: warp w of the
+// group, lane (g = lane / 4, t = lane % 4) holds d[4n + 0, 1] = rows 16w + g, columns
+// 8n + 2t, +1 and d[4n + 2, 3] = row 16w + g + 8, the same columns. accumulate 0 = d is
+// overwritten.
+template <int kN>
+__device__ __forceinline__ void wgmma_e4m3(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                           int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<16>(float (&d)[8], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n16k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7}, %8, "
+      "%9, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<32>(float (&d)[16], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<48>(float (&d)[24], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %26, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n48k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23}, %24, %25, p, 1, "
+      "1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_e4m3<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, %32, %33, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+}  // namespace hyserve::cuda::dsa
