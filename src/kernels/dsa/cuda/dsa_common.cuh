@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/dsa/params.h"
+#include "util/cuda_check.h"
 #include "util/error.h"
 
 namespace hyserve::cuda::dsa {
@@ -99,6 +101,39 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int kPending>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Programmatic dependent launch: the kernels of a DSA step are launched so that the next
+// one's blocks may become resident while the previous one finishes (its launch latency
+// and block start-up overlap the tail of the previous grid). Each such kernel calls
+// start_next_grid() and then wait_previous_grid() first thing, before it reads anything:
+// the wait returns when the previous grid has completed and its memory is visible (and
+// so, transitively, every earlier one), so the stream's order holds for all data. Both
+// are no-ops when the kernel was launched plainly.
+__device__ __forceinline__ void start_next_grid() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void wait_previous_grid() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
+// serialization (the kernel must begin with start_next_grid and wait_previous_grid).
+// Captured into CUDA graphs as a programmatic edge.
+template <class... Params, class... Args>
+void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,
+                       cudaStream_t stream, Args&&... args) {
+  cudaLaunchAttribute attr{};
+  attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &attr;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace hyserve::cuda::dsa

@@ -353,6 +353,8 @@ __device__ __forceinline__ Chunk make_chunk(const TopkArgs& a) {
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
+  dsa::start_next_grid();
+  dsa::wait_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   zero_hist(sh.hist, kBins, kStreamThreads);
@@ -371,6 +373,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(T
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
+  dsa::start_next_grid();
+  dsa::wait_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   const int64_t row = c.row.index;
@@ -410,6 +414,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) refine_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
+  dsa::start_next_grid();
+  dsa::wait_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   const int64_t row = c.row.index;
@@ -670,6 +676,8 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
 __global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ SelectShared sh;
+  dsa::start_next_grid();
+  dsa::wait_previous_grid();
   const DsaTopkParams& p = a.p;
   // The row's state from the streaming kernels and its list length are requested with its
   // length (independent loads, one round trip instead of three; unused when n <= topk),
@@ -808,19 +816,22 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
   // hist0 (when computed here), fill, hist1 and run_count start at zero.
   const size_t zero_from = p.histogram != nullptr ? layout.fill : layout.hist0;
   CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0, layout.zero_end - zero_from, stream));
+  // The kernel after the memset is launched plainly, the others overlapped with the one
+  // before (dsa_common.cuh).
   const auto grid = static_cast<unsigned>(stream_blocks);
   if (p.histogram == nullptr) {
     hist_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
     CUDA_CHECK_LAUNCH();
+    dsa::launch_overlapped(collect_kernel, grid, kStreamThreads, 0, stream, a);
+  } else {
+    collect_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
   }
-  collect_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
-  refine_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  dsa::launch_overlapped(refine_kernel, grid, kStreamThreads, 0, stream, a);
   CUDA_CHECK(cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(select.total)));
-  select_kernel<<<static_cast<unsigned>(plan.rows), kSelectThreads, select.total, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  dsa::launch_overlapped(select_kernel, static_cast<unsigned>(plan.rows), kSelectThreads,
+                         select.total, stream, a);
 }
 
 }  // namespace hyserve::cuda
