@@ -28,6 +28,11 @@
 //                       over the keys, then an LSE combine of the splits.
 //   dsa_decode          the whole step: indexer -> top-k -> sparse MLA.
 //
+// Inside the top-k and the sparse MLA, kernels after the first are launched with
+// programmatic dependent launch (dsa_common.cuh): their blocks may become resident while
+// the previous grid finishes and wait for it before reading anything (graph capture keeps
+// these as programmatic edges).
+//
 // Batch invariance: a query's scores and selection never depend on the other requests
 // (each score is one fixed sequence of MMAs; the top-k is exact). The MLA's split plan
 // does (it follows B, n_q and max_context), unless batch_invariant is set: then every
