@@ -12,7 +12,7 @@
 //                       warpgroup); the keys of all requests are cut into enough ranges to
 //                       fill every SM even at B = 1.
 //   dsa_topk            exact select on the order-preserving score key (topk <= 8192) in
-//                       plain launches, no grid barrier: a histogram of each row's 11-bit
+//                       separate launches, no grid barrier: a histogram of each row's 11-bit
 //                       key prefixes (or the indexer's) gives the threshold's bin; one pass
 //                       over the row collects the keys at or above it into a per-row list
 //                       (a second 11-bit histogram narrows a crowded bin first, with one

@@ -1,5 +1,6 @@
-// Exact top-k over the indexer scores (cuda.h): one memset and three or four plain
-// launches, no grid barrier, no cooperative launch, no sort; topk <= 8192.
+// Exact top-k over the indexer scores (cuda.h): one memset and three or four launches
+// (each after the first overlapped with the one before: dsa_common.cuh), no grid
+// barrier, no cooperative launch, no sort; topk <= 8192.
 //
 // Row r = (b, i) has n visible scores (positions 0..n-1). key(x) = dsa_order_key(x), the
 // order-preserving uint32 (-0 == +0); its bin is key >> 21 (11 bits, 2048 bins). For a row
