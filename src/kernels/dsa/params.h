@@ -43,7 +43,8 @@ constexpr int kDsaRopeDim = 64;                           // qk_rope_head_dim: k
 constexpr int kDsaLatentDim = kDsaLoraDim + kDsaRopeDim;  // 576 codes = bytes per token
 constexpr int kDsaIndexDim = 128;                         // index_head_dim
 constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;       // codes + fp32 scale
-// The largest index_topk the CUDA top-k takes (its winners are sorted in shared memory);
+// The largest index_topk the CUDA top-k takes (a row's candidate list, winners and the
+// rest of the threshold's bucket, lives in its select block's shared memory);
 // models with more keep the generic attention path.
 constexpr int64_t kDsaMaxTopk = 8192;
 
