@@ -106,19 +106,24 @@ __device__ __forceinline__ void cp_async_wait() {
 // Programmatic dependent launch: the kernels of a DSA step are launched so that the next
 // one's blocks may become resident while the previous one finishes (its launch latency
 // and block start-up overlap the tail of the previous grid). Each such kernel calls
-// start_next_grid() and then wait_previous_grid() first thing, before it reads anything:
-// the wait returns when the previous grid has completed and its memory is visible (and
-// so, transitively, every earlier one), so the stream's order holds for all data. Both
-// are no-ops when the kernel was launched plainly.
+// follow_previous_grid() first thing, before it reads anything: the wait returns when the
+// previous grid has completed and its memory is visible (and so, transitively, every
+// earlier one), so the stream's order holds for all data. Both parts are no-ops when the
+// kernel was launched plainly.
 __device__ __forceinline__ void start_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 __device__ __forceinline__ void wait_previous_grid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
+// Both, in that order: the kernel after this one may start, this one waits for the last.
+__device__ __forceinline__ void follow_previous_grid() {
+  start_next_grid();
+  wait_previous_grid();
+}
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) with programmatic stream
-// serialization (the kernel must begin with start_next_grid and wait_previous_grid).
+// serialization (the kernel must begin with follow_previous_grid).
 // Captured into CUDA graphs as a programmatic edge.
 template <class... Params, class... Args>
 void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem,

@@ -446,8 +446,7 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   __shared__ float2 ml_s[kMaxSplits];
   __shared__ float weight_s[kMaxSplits];
   __shared__ float warp_max_s[kCombineThreads / 32];
-  dsa::start_next_grid();
-  dsa::wait_previous_grid();
+  dsa::follow_previous_grid();
   const DsaMlaParams& p = a.p;
   const int64_t qh = blockIdx.x;  // (b * n_q + i) * H + h
   const int num_splits = static_cast<int>(a.num_splits);

@@ -354,8 +354,7 @@ __device__ __forceinline__ Chunk make_chunk(const TopkArgs& a) {
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
-  dsa::start_next_grid();
-  dsa::wait_previous_grid();
+  dsa::follow_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   zero_hist(sh.hist, kBins, kStreamThreads);
@@ -374,8 +373,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(T
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
-  dsa::start_next_grid();
-  dsa::wait_previous_grid();
+  dsa::follow_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   const int64_t row = c.row.index;
@@ -415,8 +413,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
 
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) refine_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
-  dsa::start_next_grid();
-  dsa::wait_previous_grid();
+  dsa::follow_previous_grid();
   const Chunk c = make_chunk(a);
   if (c.begin >= c.end) return;
   const int64_t row = c.row.index;
@@ -677,8 +674,7 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
 __global__ void __launch_bounds__(kSelectThreads, 1) select_kernel(TopkArgs a) {
   extern __shared__ __align__(16) uint8_t smem[];
   __shared__ SelectShared sh;
-  dsa::start_next_grid();
-  dsa::wait_previous_grid();
+  dsa::follow_previous_grid();
   const DsaTopkParams& p = a.p;
   // The row's state from the streaming kernels and its list length are requested with its
   // length (independent loads, one round trip instead of three; unused when n <= topk),
