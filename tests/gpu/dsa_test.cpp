@@ -661,13 +661,15 @@ TEST(DsaGpu, SparseMlaMatchesCpu) {
 
 TEST(DsaGpu, SparseMlaAllInvalidRows) {
   REQUIRE_GPU();
-  DsaTestPool t = make_dsa_test_pool({100, 5}, 64, 2, 16, 32, 77);
-  DevicePool d(t);
-  const std::vector<int32_t> slots(2 * 2 * 2048, -1);
-  DeviceBuffer d_slots = to_device(slots);
-  const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), 2048);
-  for (float l : got.lse) ASSERT_EQ(l, kNegInf);
-  for (float o : got.o_lat) ASSERT_EQ(o, 0.0f);
+  for (const int64_t heads : {16, 64}) {  // the mma.sync kernel and the wgmma one
+    DsaTestPool t = make_dsa_test_pool({100, 5}, 64, 2, heads, 32, 77);
+    DevicePool d(t);
+    const std::vector<int32_t> slots(2 * 2 * 2048, -1);
+    DeviceBuffer d_slots = to_device(slots);
+    const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), 2048);
+    for (float l : got.lse) ASSERT_EQ(l, kNegInf) << "heads " << heads;
+    for (float o : got.o_lat) ASSERT_EQ(o, 0.0f) << "heads " << heads;
+  }
 }
 
 TEST(DsaGpu, DenseMlaMatchesCpu) {

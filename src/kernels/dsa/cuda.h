@@ -25,7 +25,8 @@
 //   dsa_mla_decode      sparse (top-k slots) or dense (positions 0..pos) MLA decode over
 //                       the FP8 latent: fp16 tensor cores (q rounded to fp16 with a
 //                       power-of-two scale per row; latent codes are exact in fp16), split
-//                       over the keys, then an LSE combine of the splits.
+//                       over the keys, then an LSE combine of the splits. Groups of 64
+//                       heads on warpgroup MMAs, other head counts on mma.sync.
 //   dsa_decode          the whole step: indexer -> top-k -> sparse MLA.
 //
 // Inside the top-k and the sparse MLA, kernels after the first are launched with

@@ -1,4 +1,6 @@
-// Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h).
+// Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h). H a
+// multiple of 64 runs on warpgroup MMAs (dsa_mla_wgmma.cu); other head counts on the
+// mma.sync kernel below. Both write the same partials, merged by the combine here.
 //
 // Block (head group, split, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
 // one m-tile when H <= 16; missing heads are zero-padded) against its keys in tiles of 64,
@@ -39,6 +41,7 @@
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
+#include "kernels/dsa/cuda/dsa_mla_args.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
@@ -47,8 +50,8 @@ namespace {
 using dsa::mma_f16;
 
 constexpr int kThreads = 256;
-constexpr int kRows = 32;         // heads per block
-constexpr int kKeys = 64;         // keys per tile
+constexpr int kRows = 32;  // heads per block
+constexpr int kKeys = dsa::kMlaTileKeys;
 constexpr int kStages = 3;        // latent tiles in shared memory (two in flight)
 constexpr int kLatPitch = 592;    // bytes per key in shared memory
 constexpr int kQPitch = 584;      // halves per q row (1168 B: conflict-free A loads)
@@ -84,14 +87,7 @@ static_assert(kRows * kStagePitch * 4 <= kStages * kKeys * kLatPitch, "o staging
 static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block per SM");
 static_assert(SmemLayout::kBytes <= 227 * 1024, "above the H100/H200 block limit");
 
-struct MlaArgs {
-  DsaMlaParams p;
-  int64_t num_splits;
-  int64_t keys_per_split;  // multiple of kKeys
-  int64_t num_groups;      // head groups of kRows
-  float* part_o;           // [B*n_q, H, splits, 512]
-  float2* part_ml;         // [B*n_q, H, splits] (max, sum), base 2
-};
+using dsa::MlaArgs;
 
 // kMTiles = 2: 32 heads per block (warps split over the two m-tiles); kMTiles = 1 (H <= 16):
 // 16 heads, every warp on the one m-tile with half the keys (QK) or columns (PV) each.
@@ -502,6 +498,12 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
+// Groups of 64 heads run on warpgroup MMAs (dsa_mla_wgmma.cu), other head counts on the
+// mma.sync kernel above.
+bool uses_wgmma(const DsaMlaParams& p) {
+  return p.num_heads % dsa::kMlaWgmmaHeads == 0;
+}
+
 struct Plan {
   int64_t num_groups, num_splits, keys_per_split;
   size_t part_o_bytes, part_ml_bytes;
@@ -516,7 +518,8 @@ Plan make_plan(const DsaMlaParams& p, bool batch_invariant) {
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   Plan plan{};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
-  const int64_t group_rows = p.num_heads <= 16 ? 16 : kRows;  // the kernel's kMTiles
+  // The kernel's heads per block: 64 on warpgroup MMAs, else 32 (16 when H <= 16).
+  const int64_t group_rows = uses_wgmma(p) ? dsa::kMlaWgmmaHeads : p.num_heads <= 16 ? 16 : kRows;
   plan.num_groups = (p.num_heads + group_rows - 1) / group_rows;
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
@@ -590,16 +593,20 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   .part_ml = reinterpret_cast<float2*>(base + plan.part_o_bytes)};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
   CHECK(rows <= 65535, "dsa_mla_decode: B * n_q = ", rows, " above 65535");
-  auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  SmemLayout::kBytes));
   const dim3 grid(static_cast<unsigned>(plan.num_groups), static_cast<unsigned>(plan.num_splits),
                   static_cast<unsigned>(rows));
   // The combine overlapped with the MLA kernel (dsa_common.cuh). The MLA kernel is launched
   // plainly: overlapped with the top-k's select in a DSA step it made the step slower
   // (B = 8 x 1M 379 -> 395 us, 2026-11-30, H200).
-  kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
-  CUDA_CHECK_LAUNCH();
+  if (uses_wgmma(p)) {
+    dsa::launch_mla_wgmma(a, grid, stream);
+  } else {
+    auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    SmemLayout::kBytes));
+    kernel<<<grid, kThreads, SmemLayout::kBytes, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+  }
   const int64_t heads = rows * p.num_heads;
   dsa::launch_overlapped(combine_kernel, static_cast<unsigned>(heads), kCombineThreads, 0, stream,
                          a);

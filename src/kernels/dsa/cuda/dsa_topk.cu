@@ -320,6 +320,7 @@ __device__ __forceinline__ void append_tile(const TopkArgs& a, const Row& r, Str
   uint64_t* list = a.list + r.index * a.list_cap;
 #pragma unroll
   for (int u = 0; u < kStreamVecs; ++u) {
+    if (((take >> (4 * u)) & 0xfu) == 0u) continue;  // most vectors take nothing
     int idx =
         sh.block_base + sh.warp_start[warp][u] + static_cast<int>((before >> (8 * u)) & 0xffu);
 #pragma unroll
@@ -385,20 +386,33 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
   if (refine) zero_hist(sh.hist, kBins, kStreamThreads);
   __syncthreads();
   const uint32_t t_bin = static_cast<uint32_t>(f.bin);
+  if (!refine) {
+    // The keys of bin >= T are the keys >= T << 21: one compare each (invalid keys read 0,
+    // so the valid mask still applies when T = 0).
+    const uint32_t threshold = t_bin << kBinShift;
+    for_each_tile<kStreamThreads, kStreamVecs>(
+        c.row, c.begin, c.end,
+        [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
+          uint32_t take = 0;
+#pragma unroll
+          for (int k = 0; k < kKeysPerThread; ++k) {
+            take |= static_cast<uint32_t>(keys[k] >= threshold) << k;
+          }
+          append_tile(a, c.row, sh, take & valid, keys, first);
+        });
+    return;
+  }
+  // Refine rows append in refine_kernel (so that each tile is one run); here they count
+  // the next 11 bits of their bin-T keys.
   int* hist = sh.hist;
   for_each_tile<kStreamThreads, kStreamVecs>(
-      c.row, c.begin, c.end,
-      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
-        uint32_t take = 0, in_bin = 0;
+      c.row, c.begin, c.end, [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
+        uint32_t in_bin = 0;
 #pragma unroll
         for (int k = 0; k < kKeysPerThread; ++k) {
-          const uint32_t bin = keys[k] >> kBinShift;
-          const bool ok = (valid >> k) & 1u;
-          take |= static_cast<uint32_t>(ok && !refine && bin >= t_bin) << k;
-          in_bin |= static_cast<uint32_t>(ok && refine && bin == t_bin) << k;
+          in_bin |= static_cast<uint32_t>((keys[k] >> kBinShift) == t_bin) << k;
         }
-        // Refine rows append in refine_kernel, so that each tile is one run.
-        if (!refine) append_tile(a, c.row, sh, take, keys, first);
+        in_bin &= valid;
         if (__any_sync(kFullMask, in_bin != 0u)) {
 #pragma unroll
           for (int k = 0; k < kKeysPerThread; ++k) {
@@ -406,7 +420,6 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
           }
         }
       });
-  if (!refine) return;
   __syncthreads();
   flush_hist(sh.hist, a.hist1 + row * kBins);
 }
