@@ -12,6 +12,7 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -534,6 +535,7 @@ TEST(DsaGpu, TopkSixtyFourLongRows) {
 
 struct MlaResult {
   std::vector<float> o_lat, lse;
+  bool wgmma = false;  // which kernel ran (the tests check both are covered)
 };
 
 constexpr float kSoftmaxScale = 4.0f;  // sharp enough that the softmax is far from uniform
@@ -554,8 +556,8 @@ MlaResult cpu_mla(const DsaTestPool& t, const int32_t* slots, int64_t width) {
   return r;
 }
 
-MlaResult gpu_mla(const DsaTestPool& t, const DevicePool& d, const int32_t* d_slots,
-                  int64_t width) {
+MlaResult gpu_mla(const DsaTestPool& t, const DevicePool& d, const int32_t* d_slots, int64_t width,
+                  bool batch_invariant = false) {
   const int64_t heads = t.num_requests() * t.num_q * t.heads;
   DeviceBuffer o = to_device(std::vector<float>(heads * kDsaLoraDim, 12345.0f));
   DeviceBuffer lse = to_device(std::vector<float>(heads, 12345.0f));
@@ -570,9 +572,10 @@ MlaResult gpu_mla(const DsaTestPool& t, const DevicePool& d, const int32_t* d_sl
                        .o_lat = o.as<float>(),
                        .lse = lse.as<float>()};
   DeviceBuffer ws(std::max<size_t>(256, cuda::dsa_mla_workspace_bytes(p)));
-  cuda::dsa_mla_decode(p, ws.data(), ws.size(), nullptr);
+  cuda::dsa_mla_decode(p, ws.data(), ws.size(), nullptr, batch_invariant);
   sync();
-  return {to_host<float>(o, heads * kDsaLoraDim), to_host<float>(lse, heads)};
+  return {to_host<float>(o, heads * kDsaLoraDim), to_host<float>(lse, heads),
+          cuda::dsa_mla_uses_wgmma(p, batch_invariant)};
 }
 
 // Tolerance: q is rounded to fp16 (2^-12 relative) and the probabilities too (2^-12), so
@@ -640,6 +643,7 @@ std::vector<int32_t> random_selection(const DsaTestPool& t, int64_t width, uint6
 TEST(DsaGpu, SparseMlaMatchesCpu) {
   REQUIRE_GPU();
   uint64_t seed = 300;
+  std::set<std::pair<int64_t, bool>> kernels;  // (heads, wgmma) that ran
   for (const int64_t block_size : {64, 128}) {
     for (const int64_t heads : {8, 12, 16, 32, 64, 128}) {
       for (const int64_t num_q : {1, 2, 8}) {
@@ -650,31 +654,40 @@ TEST(DsaGpu, SparseMlaMatchesCpu) {
         for (const int64_t width : {1, 65, 2048}) {
           const std::vector<int32_t> slots = random_selection(t, width, ++seed);
           DeviceBuffer d_slots = to_device(slots);
-          expect_mla_matches(t, gpu_mla(t, d, d_slots.as<int32_t>(), width),
-                             cpu_mla(t, slots.data(), width),
+          const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), width);
+          kernels.insert({heads, got.wgmma});
+          expect_mla_matches(t, got, cpu_mla(t, slots.data(), width),
                              "sparse (width " + std::to_string(width) + ")");
         }
       }
     }
   }
+  // 64 heads at 6 queries run on mma.sync, at 12 and 48 on warpgroup MMAs.
+  EXPECT_TRUE(kernels.count({64, false}) && kernels.count({64, true}) && kernels.count({128, true}))
+      << "a kernel path went untested";
 }
 
 TEST(DsaGpu, SparseMlaAllInvalidRows) {
   REQUIRE_GPU();
-  for (const int64_t heads : {16, 64}) {  // the mma.sync kernel and the wgmma one
-    DsaTestPool t = make_dsa_test_pool({100, 5}, 64, 2, heads, 32, 77);
-    DevicePool d(t);
-    const std::vector<int32_t> slots(2 * 2 * 2048, -1);
-    DeviceBuffer d_slots = to_device(slots);
-    const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), 2048);
-    for (float l : got.lse) ASSERT_EQ(l, kNegInf) << "heads " << heads;
-    for (float o : got.o_lat) ASSERT_EQ(o, 0.0f) << "heads " << heads;
+  for (const int64_t heads : {16, 64}) {
+    // Batch-invariant 64 heads: the wgmma kernel; the rest: mma.sync.
+    for (const bool batch_invariant : {false, true}) {
+      DsaTestPool t = make_dsa_test_pool({100, 5}, 64, 2, heads, 32, 77);
+      DevicePool d(t);
+      const std::vector<int32_t> slots(2 * 2 * 2048, -1);
+      DeviceBuffer d_slots = to_device(slots);
+      const MlaResult got = gpu_mla(t, d, d_slots.as<int32_t>(), 2048, batch_invariant);
+      EXPECT_EQ(got.wgmma, heads == 64 && batch_invariant);
+      for (float l : got.lse) ASSERT_EQ(l, kNegInf) << "heads " << heads;
+      for (float o : got.o_lat) ASSERT_EQ(o, 0.0f) << "heads " << heads;
+    }
   }
 }
 
 TEST(DsaGpu, DenseMlaMatchesCpu) {
   REQUIRE_GPU();
   uint64_t seed = 500;
+  std::set<std::pair<int64_t, bool>> kernels;  // (heads, wgmma) that ran
   for (const int64_t block_size : {64, 128}) {
     for (const int64_t heads : {8, 16, 32, 64, 12}) {
       for (const int64_t num_q : {1, 3}) {
@@ -682,10 +695,16 @@ TEST(DsaGpu, DenseMlaMatchesCpu) {
         DsaTestPool t = make_dsa_test_pool({1, 3, 63, 65, 321, 2049, 9000}, block_size, num_q,
                                            heads, 32, ++seed);
         DevicePool d(t);
-        expect_mla_matches(t, gpu_mla(t, d, nullptr, 0), cpu_mla(t, nullptr, 0), "dense");
+        const MlaResult got = gpu_mla(t, d, nullptr, 0);
+        kernels.insert({heads, got.wgmma});
+        expect_mla_matches(t, got, cpu_mla(t, nullptr, 0), "dense");
       }
     }
   }
+  // Dense MLA: 64 heads always on warpgroup MMAs, the other head counts on mma.sync.
+  EXPECT_TRUE(kernels.count({64, true}) && kernels.count({32, false}) &&
+              !kernels.count({64, false}))
+      << "a kernel path went untested";
 }
 
 // ---------------------------------------------------------------- whole step

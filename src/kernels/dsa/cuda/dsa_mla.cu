@@ -498,11 +498,23 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
-// Groups of 64 heads run on warpgroup MMAs (dsa_mla_wgmma.cu), other head counts on the
-// mma.sync kernel above.
-bool uses_wgmma(const DsaMlaParams& p) {
-  return p.num_heads % dsa::kMlaWgmmaHeads == 0;
+// Sparse MLA: the fewest (query, 64-head group) pairs that run on warpgroup MMAs. Below
+// it the mma.sync kernel's smaller blocks spread a query's 2,048 keys over more SMs and
+// win (H200, 2026-11-30, 64 heads: B = 1 15.0 vs 18.0 us, B = 6 25.2 vs 25.8, B = 8 29.3
+// vs 27.4; 128 heads: B = 2 20.8 vs 23.6, B = 4 29.0 vs 27.0). Dense MLA runs on warpgroup
+// MMAs at every batch (B = 1 x 32K 48.4 vs 43.1 us, B = 2 80.5 vs 56.5).
+constexpr int64_t kWgmmaMinGroups = 8;
+
+}  // namespace
+
+bool dsa_mla_uses_wgmma(const DsaMlaParams& p, bool batch_invariant) {
+  if (p.num_heads % dsa::kMlaWgmmaHeads != 0) return false;
+  if (batch_invariant || p.slots == nullptr) return true;  // never by the batch
+  const int64_t rows = p.batch.num_requests * p.batch.num_q;
+  return rows * (p.num_heads / dsa::kMlaWgmmaHeads) >= kWgmmaMinGroups;
 }
+
+namespace {
 
 struct Plan {
   int64_t num_groups, num_splits, keys_per_split;
@@ -519,7 +531,9 @@ Plan make_plan(const DsaMlaParams& p, bool batch_invariant) {
   Plan plan{};
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
   // The kernel's heads per block: 64 on warpgroup MMAs, else 32 (16 when H <= 16).
-  const int64_t group_rows = uses_wgmma(p) ? dsa::kMlaWgmmaHeads : p.num_heads <= 16 ? 16 : kRows;
+  const int64_t group_rows = dsa_mla_uses_wgmma(p, batch_invariant) ? dsa::kMlaWgmmaHeads
+                             : p.num_heads <= 16                    ? 16
+                                                                    : kRows;
   plan.num_groups = (p.num_heads + group_rows - 1) / group_rows;
   const int64_t entries =
       std::max<int64_t>(1, p.slots != nullptr ? p.topk_width : p.batch.max_context);
@@ -598,7 +612,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
   // The combine overlapped with the MLA kernel (dsa_common.cuh). The MLA kernel is launched
   // plainly: overlapped with the top-k's select in a DSA step it made the step slower
   // (B = 8 x 1M 379 -> 395 us, 2026-11-30, H200).
-  if (uses_wgmma(p)) {
+  if (dsa_mla_uses_wgmma(p, batch_invariant)) {
     dsa::launch_mla_wgmma(a, grid, stream);
   } else {
     auto* kernel = p.num_heads <= 16 ? mla_kernel<1> : mla_kernel<2>;
