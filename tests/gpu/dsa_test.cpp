@@ -645,9 +645,9 @@ TEST(DsaGpu, SparseMlaMatchesCpu) {
   uint64_t seed = 300;
   std::set<std::pair<int64_t, bool>> kernels;  // (heads, wgmma) that ran
   for (const int64_t block_size : {64, 128}) {
-    for (const int64_t heads : {8, 12, 16, 32, 64, 128}) {
+    for (const int64_t heads : {8, 12, 16, 32, 48, 64, 96, 128}) {
       for (const int64_t num_q : {1, 2, 8}) {
-        if (heads == 128 && num_q == 8) continue;
+        if (heads >= 96 && num_q == 8) continue;
         DsaTestPool t =
             make_dsa_test_pool({1, 3, 63, 65, 321, 2049}, block_size, num_q, heads, 32, ++seed);
         DevicePool d(t);
@@ -662,9 +662,13 @@ TEST(DsaGpu, SparseMlaMatchesCpu) {
       }
     }
   }
-  // 64 heads at 6 queries run on mma.sync, at 12 and 48 on warpgroup MMAs.
-  EXPECT_TRUE(kernels.count({64, false}) && kernels.count({64, true}) && kernels.count({128, true}))
-      << "a kernel path went untested";
+  // 64 heads at 6 queries run on mma.sync, at 12 and 48 on warpgroup MMAs; 48 and 96 heads
+  // on warpgroup MMAs pad their last group.
+  for (const auto& want : std::vector<std::pair<int64_t, bool>>{
+           {64, false}, {64, true}, {48, true}, {96, true}, {128, true}, {32, false}}) {
+    EXPECT_TRUE(kernels.count(want)) << "untested: " << want.first << " heads on "
+                                     << (want.second ? "warpgroup MMAs" : "mma.sync");
+  }
 }
 
 TEST(DsaGpu, SparseMlaAllInvalidRows) {
@@ -689,7 +693,7 @@ TEST(DsaGpu, DenseMlaMatchesCpu) {
   uint64_t seed = 500;
   std::set<std::pair<int64_t, bool>> kernels;  // (heads, wgmma) that ran
   for (const int64_t block_size : {64, 128}) {
-    for (const int64_t heads : {8, 16, 32, 64, 12}) {
+    for (const int64_t heads : {8, 16, 32, 64, 12, 96}) {
       for (const int64_t num_q : {1, 3}) {
         // Includes seq_len 1 < n_q (queries with no key) and a long request (many splits).
         DsaTestPool t = make_dsa_test_pool({1, 3, 63, 65, 321, 2049, 9000}, block_size, num_q,
@@ -701,9 +705,9 @@ TEST(DsaGpu, DenseMlaMatchesCpu) {
       }
     }
   }
-  // Dense MLA: 64 heads always on warpgroup MMAs, the other head counts on mma.sync.
-  EXPECT_TRUE(kernels.count({64, true}) && kernels.count({32, false}) &&
-              !kernels.count({64, false}))
+  // Dense MLA: 64 and 96 heads always on warpgroup MMAs, fewer heads on mma.sync.
+  EXPECT_TRUE(kernels.count({64, true}) && kernels.count({96, true}) &&
+              kernels.count({32, false}) && !kernels.count({64, false}))
       << "a kernel path went untested";
 }
 

@@ -25,9 +25,10 @@
 //   dsa_mla_decode      sparse (top-k slots) or dense (positions 0..pos) MLA decode over
 //                       the FP8 latent: fp16 tensor cores (q rounded to fp16 with a
 //                       power-of-two scale per row; latent codes are exact in fp16), split
-//                       over the keys, then an LSE combine of the splits. Groups of 64
-//                       heads on warpgroup MMAs; other head counts, and sparse batches
-//                       of fewer than 8 (query, 64-head group) pairs, on mma.sync.
+//                       over the keys, then an LSE combine of the splits. From 48 heads
+//                       on warpgroup MMAs in groups of 64 heads (the last one padded);
+//                       fewer heads, and sparse batches of fewer than 8 (query, group)
+//                       pairs, on mma.sync.
 //   dsa_decode          the whole step: indexer -> top-k -> sparse MLA.
 //
 // Inside the top-k and the sparse MLA, kernels after the first are launched with
@@ -67,10 +68,9 @@ size_t dsa_mla_workspace_bytes(const DsaMlaParams& p);
 // The workspace covers both plans (batch_invariant needs less).
 void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_bytes,
                     cudaStream_t stream, bool batch_invariant = false);
-// Whether dsa_mla_decode runs these sizes on warpgroup MMAs: H a multiple of 64 and, for
-// sparse MLA, enough (query, 64-head group) pairs to fill the SMs; dense MLA and the
-// batch-invariant mode decide by H alone, so there a query's kernel never depends on the
-// batch.
+// Whether dsa_mla_decode runs these sizes on warpgroup MMAs: H >= 48 and, for sparse MLA,
+// enough (query, 64-head group) pairs to fill the SMs; dense MLA and the batch-invariant
+// mode decide by H alone, so there a query's kernel never depends on the batch.
 bool dsa_mla_uses_wgmma(const DsaMlaParams& p, bool batch_invariant = false);
 
 // Workspace of the whole step: scores [B*n_q, max_context] fp32, the top-k's histograms,

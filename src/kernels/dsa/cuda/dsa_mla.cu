@@ -498,20 +498,25 @@ __global__ void __launch_bounds__(kCombineThreads) combine_kernel(MlaArgs a) {
   if (threadIdx.x == 0) p.lse[qh] = (max_all + log2f(sum_all)) * kLn2;
 }
 
-// Sparse MLA: the fewest (query, 64-head group) pairs that run on warpgroup MMAs. Below
-// it the mma.sync kernel's smaller blocks spread a query's 2,048 keys over more SMs and
-// win (H200, 2026-11-30, 64 heads: B = 1 15.0 vs 18.0 us, B = 6 25.2 vs 25.8, B = 8 29.3
-// vs 27.4; 128 heads: B = 2 20.8 vs 23.6, B = 4 29.0 vs 27.0). Dense MLA runs on warpgroup
-// MMAs at every batch (B = 1 x 32K 48.4 vs 43.1 us, B = 2 80.5 vs 56.5).
+// Warpgroup MMAs take groups of 64 heads (the last one padded with zero rows), so they
+// run head counts from kWgmmaMinHeads up (at most 25% padding; below it the mma.sync
+// kernel's 16- or 32-head groups waste less), and sparse MLA only from kWgmmaMinGroups
+// (query, 64-head group) pairs: below that the mma.sync kernel's smaller blocks spread a
+// query's 2,048 keys over more SMs and win. Measured on the H200, 2026-11-30 (sparse, 64
+// heads: B = 1 15.0 vs 18.0 us, B = 6 25.2 vs 25.8, B = 8 29.3 vs 27.4; 128 heads: B = 2
+// 20.8 vs 23.6, B = 4 29.0 vs 27.0; dense MLA on warpgroup MMAs is faster at every batch:
+// B = 1 x 32K 48.4 vs 43.1 us). BENCHMARKS.md has the head-count sweep.
+constexpr int64_t kWgmmaMinHeads = 48;
 constexpr int64_t kWgmmaMinGroups = 8;
 
 }  // namespace
 
 bool dsa_mla_uses_wgmma(const DsaMlaParams& p, bool batch_invariant) {
-  if (p.num_heads % dsa::kMlaWgmmaHeads != 0) return false;
+  if (p.num_heads < kWgmmaMinHeads) return false;
   if (batch_invariant || p.slots == nullptr) return true;  // never by the batch
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
-  return rows * (p.num_heads / dsa::kMlaWgmmaHeads) >= kWgmmaMinGroups;
+  const int64_t groups = (p.num_heads + dsa::kMlaWgmmaHeads - 1) / dsa::kMlaWgmmaHeads;
+  return rows * groups >= kWgmmaMinGroups;
 }
 
 namespace {

@@ -21,7 +21,8 @@ struct MlaArgs {
   float2* part_ml;         // [B*n_q, H, splits] (max, sum), base 2
 };
 
-// Heads per block of the warpgroup-MMA kernel (the wgmma's M); it takes H % 64 == 0.
+// Heads per block of the warpgroup-MMA kernel (the wgmma's M); a last group of fewer heads
+// is padded with zero rows.
 constexpr int kMlaWgmmaHeads = 64;
 // Shared memory of one block of it (one block per SM).
 size_t mla_wgmma_shared_bytes();

@@ -1,6 +1,7 @@
 // Sparse and dense MLA decode on Hopper's warpgroup MMAs (wgmma f16 x f16 -> f32) for
-// groups of 64 heads (dsa_mla.cu plans the splits, merges them and runs the mma.sync
-// kernel for other head counts).
+// groups of 64 heads, the last one padded with zero rows when H is not a multiple of 64
+// (dsa_mla.cu plans the splits, merges them and runs the mma.sync kernel for the head
+// counts and batches this one does not take).
 //
 // Block (head group of 64, split, (b, i)), two warpgroups, one block per SM. Shared
 // memory, from a 1,024-aligned base, every matrix 128-byte swizzled in column blocks of 64
@@ -180,14 +181,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     const int r = warp_all + (kThreads / 32) * j;
-    const int64_t qh = row * num_heads + head0 + r;
+    // Heads past num_heads (a last group of fewer than 64) are zero rows: their logits
+    // are 0 and their outputs are not written.
+    const bool head_ok = head0 + r < num_heads;
+    const int64_t qh = row * num_heads + (head_ok ? head0 + r : 0);
     const auto* q_lat = reinterpret_cast<const float4*>(p.q_lat + qh * kDsaLoraDim);
     const auto* q_pe = reinterpret_cast<const float4*>(p.q_pe + qh * kDsaRopeDim);
 #pragma unroll
     for (int k = 0; k < kVecsPerLane; ++k) {
       const int e = k * 32 + lane;
       v[j][k] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (e < kVecsPerRow) v[j][k] = e < kDsaLoraDim / 4 ? q_lat[e] : q_pe[e - kDsaLoraDim / 4];
+      if (head_ok && e < kVecsPerRow) {
+        v[j][k] = e < kDsaLoraDim / 4 ? q_lat[e] : q_pe[e - kDsaLoraDim / 4];
+      }
     }
   }
   int32_t ids[kChunksPerThread];
@@ -341,18 +347,19 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   }
   __syncthreads();
   const int64_t num_splits = a.num_splits;
+  const bool ok0 = head0 + r0 < num_heads, ok1 = head0 + r1 < num_heads;
   const int64_t qh0 = (row * num_heads + head0 + r0) * num_splits + split;
   const int64_t qh1 = (row * num_heads + head0 + r1) * num_splits + split;
   if (group == 0 && t == 0) {
-    a.part_ml[qh0] = make_float2(run_max0, sum_s[r0] + sum_s[kHeads + r0]);
-    a.part_ml[qh1] = make_float2(run_max1, sum_s[r1] + sum_s[kHeads + r1]);
+    if (ok0) a.part_ml[qh0] = make_float2(run_max0, sum_s[r0] + sum_s[kHeads + r0]);
+    if (ok1) a.part_ml[qh1] = make_float2(run_max1, sum_s[r1] + sum_s[kHeads + r1]);
   }
   float* out0 = a.part_o + qh0 * kDsaLoraDim + 256 * group + 2 * t;
   float* out1 = a.part_o + qh1 * kDsaLoraDim + 256 * group + 2 * t;
 #pragma unroll
   for (int n = 0; n < 32; ++n) {
-    *reinterpret_cast<float2*>(out0 + 8 * n) = make_float2(o[4 * n], o[4 * n + 1]);
-    *reinterpret_cast<float2*>(out1 + 8 * n) = make_float2(o[4 * n + 2], o[4 * n + 3]);
+    if (ok0) *reinterpret_cast<float2*>(out0 + 8 * n) = make_float2(o[4 * n], o[4 * n + 1]);
+    if (ok1) *reinterpret_cast<float2*>(out1 + 8 * n) = make_float2(o[4 * n + 2], o[4 * n + 3]);
   }
 }
 
