@@ -141,4 +141,12 @@ void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// The top-k for a caller that zeroes the start of its workspace itself (dsa_decode: one
+// memset before the indexer). The workspace's first topk_zero_bytes(p) bytes must be zero
+// when the top-k's kernels start; its first rows x 2048 ints may serve as p.histogram
+// (the indexer's histogram, built into the zeroed bytes).
+size_t topk_zero_bytes(const DsaTopkParams& p);
+void topk_prezeroed(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream);
+
 }  // namespace hyserve::cuda::dsa

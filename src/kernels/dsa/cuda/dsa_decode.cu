@@ -1,11 +1,13 @@
 // The whole DSA decode step (cuda.h): indexer -> top-k -> sparse MLA, three launches
-// (four kernels and two memsets) into a caller-provided workspace:
-//   scores [B * n_q, stride] fp32 | histogram [B * n_q, 2048] int32 | top-k workspace |
-//   slots [B * n_q, topk] int32 (when the caller does not ask for them) | sparse MLA splits
+// (four kernels and one memset) into a caller-provided workspace:
+//   scores [B * n_q, stride] fp32 | top-k workspace (its first part the histogram
+//   [B * n_q, 2048] int32) | slots [B * n_q, topk] int32 (when the caller does not ask for
+//   them) | sparse MLA splits
 // stride = max_context rounded up to 4. The scores are the one round trip through memory
 // left (B * n_q * max_context * 4 bytes written once, read by the top-k). The indexer
 // builds the top-k's first radix histogram as it writes them, so the top-k reads the
-// scores one time fewer (when the histograms fit the indexer's shared memory).
+// scores one time fewer (when the histograms fit the indexer's shared memory); then one
+// memset before the indexer zeroes the histogram and the top-k's counters together.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -21,8 +23,8 @@ struct Step {
   DsaIndexerParams indexer;
   DsaTopkParams topk;
   DsaMlaParams mla;
-  size_t scores_offset, hist_offset, topk_offset, slots_offset, mla_offset, total;
-  size_t hist_bytes;  // 0: not fused
+  size_t scores_offset, topk_offset, slots_offset, mla_offset, total;
+  size_t zero_bytes;  // from topk_offset, zeroed before the indexer; 0: not fused
 };
 
 Step plan_step(const DsaDecodeParams& p, char* base) {
@@ -38,12 +40,7 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
                .num_heads = p.index_num_heads,
                .scores = scores,
                .score_stride = stride};
-  s.hist_offset = s.scores_offset + dsa::align_up(sizeof(float) * rows * stride);
-  s.hist_bytes = dsa_indexer_fuses_histogram(p.batch.num_q, p.index_num_heads)
-                     ? sizeof(int) * rows * kDsaTopkBins
-                     : 0;
-  if (s.hist_bytes > 0) s.indexer.histogram = reinterpret_cast<int*>(base + s.hist_offset);
-  s.topk_offset = s.hist_offset + dsa::align_up(s.hist_bytes);
+  s.topk_offset = s.scores_offset + dsa::align_up(sizeof(float) * rows * stride);
   s.topk = {.batch = p.batch,
             .block_size = p.cache.block_size,
             .scores = scores,
@@ -51,7 +48,13 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
             .topk = p.topk,
             .slots = p.slots,
             .positions = nullptr,
-            .histogram = s.indexer.histogram};
+            .histogram = nullptr};
+  if (dsa_indexer_fuses_histogram(p.batch.num_q, p.index_num_heads)) {
+    // The indexer's histogram is the top-k workspace's own first part.
+    s.zero_bytes = dsa::topk_zero_bytes(s.topk);
+    s.indexer.histogram = reinterpret_cast<int*>(base + s.topk_offset);
+    s.topk.histogram = s.indexer.histogram;
+  }
   s.slots_offset = s.topk_offset + dsa::align_up(dsa_topk_workspace_bytes(s.topk));
   s.mla_offset = s.slots_offset;
   if (p.slots == nullptr) {
@@ -93,9 +96,14 @@ void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_byte
   const Step s = plan_step(p, base);
   CHECK(workspace_bytes >= s.total, "dsa_decode workspace of ", workspace_bytes, " bytes, need ",
         s.total);
-  if (s.hist_bytes > 0) CUDA_CHECK(cudaMemsetAsync(base + s.hist_offset, 0, s.hist_bytes, stream));
-  dsa_indexer_scores(s.indexer, stream);
-  dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
+  if (s.zero_bytes > 0) {
+    CUDA_CHECK(cudaMemsetAsync(base + s.topk_offset, 0, s.zero_bytes, stream));
+    dsa_indexer_scores(s.indexer, stream);
+    dsa::topk_prezeroed(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
+  } else {
+    dsa_indexer_scores(s.indexer, stream);
+    dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
+  }
   dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream, batch_invariant);
 }
 

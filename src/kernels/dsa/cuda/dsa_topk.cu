@@ -63,9 +63,11 @@
 //
 // Workspace (256-byte aligned parts; all sizes from B, n_q and max_context; tiles =
 // ceil((max_context + 3) / 4096), every row's tiles whatever its head):
-//   hist0 [rows, 2048] int (when the indexer gave none) | fill [rows] int: list entries |
-//   hist1 [rows, 2048] int | run_count [rows, tiles] int: a tile's run length (0: none)
-//                                <- these zeroed by one memset per call
+//   hist0 [rows, 2048] int (when the indexer gave none, or dsa_decode's indexer builds
+//   it here) | fill [rows] int: list entries | hist1 [rows, 2048] int |
+//   run_count [rows, tiles] int: a tile's run length (0: none)
+//                                <- these zeroed by one memset per call (dsa_decode's
+//                                   memset before the indexer, or the top-k's own)
 //   state [rows] int4 (T, A, C, refine?) | state2 [rows] int4 (T2, A2, C2, full?) |
 //   run_base [rows, tiles] int: a run's first list index (read only where run_count > 0) |
 //   list [rows, list_cap] uint64 composites   <- written before they are read in each call
@@ -751,7 +753,7 @@ Layout make_layout(const Plan& plan) {
   Layout l{};
   const size_t hist_bytes = sizeof(int) * plan.rows * kBins;
   const size_t runs_bytes = sizeof(int) * plan.rows * plan.num_tiles;
-  l.hist0 = 0;
+  l.hist0 = 0;  // first: dsa_decode's indexer builds its histogram at the workspace's start
   l.fill = l.hist0 + dsa::align_up(hist_bytes);
   l.hist1 = l.fill + dsa::align_up(sizeof(int) * plan.rows);
   l.run_count = l.hist1 + dsa::align_up(hist_bytes);
@@ -781,8 +783,10 @@ size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
   return make_layout(plan).total;
 }
 
-void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
-              cudaStream_t stream) {
+namespace {
+
+void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
+              bool prezeroed) {
   check_params(p);
   if (p.batch.num_requests == 0) return;
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
@@ -825,7 +829,9 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
                    .list = reinterpret_cast<uint64_t*>(base + layout.list)};
   // hist0 (when computed here), fill, hist1 and run_count start at zero.
   const size_t zero_from = p.histogram != nullptr ? layout.fill : layout.hist0;
-  CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0, layout.zero_end - zero_from, stream));
+  if (!prezeroed) {
+    CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0, layout.zero_end - zero_from, stream));
+  }
   // The kernel after the memset is launched plainly, the others overlapped with the one
   // before (dsa_common.cuh).
   const auto grid = static_cast<unsigned>(stream_blocks);
@@ -844,4 +850,24 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
                          select.total, stream, a);
 }
 
+}  // namespace
+
+void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
+              cudaStream_t stream) {
+  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/false);
+}
+
+namespace dsa {
+
+size_t topk_zero_bytes(const DsaTopkParams& p) {
+  check_params(p, /*need_pointers=*/false);
+  return make_layout(make_plan(p, 1)).zero_end;
+}
+
+void topk_prezeroed(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
+                    cudaStream_t stream) {
+  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/true);
+}
+
+}  // namespace dsa
 }  // namespace hyserve::cuda
