@@ -180,7 +180,7 @@ TEST(DsaGpu, IndexerHistogramCountsItsOwnScores) {
   uint64_t seed = 500;
   for (const int64_t num_q : {1, 2, 4, 8}) {
     for (const int64_t hi : {32, 64}) {
-      if (!cuda::dsa_indexer_fuses_histogram(num_q, hi)) continue;
+      if (!cuda::dsa_indexer_takes_histogram(num_q, hi)) continue;
       DsaTestPool t = make_dsa_test_pool({1, 3, 65, 2049, 40000}, 64, num_q, 8, hi, ++seed, 7);
       DevicePool d(t);
       const int64_t rows = t.num_requests() * num_q, stride = t.max_context;
@@ -743,9 +743,14 @@ struct StepRun {
 TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
   REQUIRE_GPU();
   uint64_t seed = 700;
-  for (const int64_t num_q : {1, 4}) {
+  std::set<bool> fused;  // whether the indexer built the top-k's histogram
+  // (n_q, index heads): (1, 64) fuses the histogram, (4, 64) cannot.
+  for (const auto& [num_q, index_heads] :
+       std::vector<std::pair<int64_t, int64_t>>{{1, 32}, {4, 32}, {1, 64}, {4, 64}}) {
     for (const int64_t topk : {64, 2048}) {
-      DsaTestPool t = make_dsa_test_pool({1, 65, 321, 2049, 5000}, 64, num_q, 16, 32, ++seed);
+      DsaTestPool t =
+          make_dsa_test_pool({1, 65, 321, 2049, 5000}, 64, num_q, 16, index_heads, ++seed);
+      fused.insert(cuda::dsa_indexer_fuses_histogram(t.host_batch(), index_heads));
       DevicePool d(t);
       StepRun run(t, d, topk);
       const int64_t rows = run.rows, heads = run.heads;
@@ -776,6 +781,8 @@ TEST(DsaGpu, WholeStepMatchesItsPartsAndCpu) {
                          "whole step (topk " + std::to_string(topk) + ")");
     }
   }
+  EXPECT_EQ(fused.size(), 2u) << "the step ran only with the histogram "
+                              << (fused.count(true) ? "fused" : "of the top-k's own");
 }
 
 // Batch-invariant mode: each request's step run alone (B = 1, max_context = its own

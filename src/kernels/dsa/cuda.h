@@ -59,7 +59,13 @@ namespace hyserve::cuda {
 void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream);
 // Whether dsa_indexer_scores takes a histogram (DsaIndexerParams::histogram) at these
 // sizes: its per-query bins must fit shared memory beside the queries.
-bool dsa_indexer_fuses_histogram(int64_t num_q, int64_t num_heads);
+bool dsa_indexer_takes_histogram(int64_t num_q, int64_t num_heads);
+// Whether dsa_decode has the indexer build the top-k's histogram for this batch: where
+// it takes one and either the step is small (<= 2M scores) or the histogram's shared
+// memory costs the indexer no resident block per SM; else the top-k counts the bins in a
+// pass of its own, which measured faster. Reads only the batch's sizes; queries the
+// current device.
+bool dsa_indexer_fuses_histogram(const DsaBatch& batch, int64_t num_heads);
 
 size_t dsa_topk_workspace_bytes(const DsaTopkParams& p);
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream);

@@ -1,13 +1,15 @@
 // The whole DSA decode step (cuda.h): indexer -> top-k -> sparse MLA, three launches
-// (four kernels and one memset) into a caller-provided workspace:
+// (six or seven kernels and one memset) into a caller-provided workspace:
 //   scores [B * n_q, stride] fp32 | top-k workspace (its first part the histogram
 //   [B * n_q, 2048] int32) | slots [B * n_q, topk] int32 (when the caller does not ask for
 //   them) | sparse MLA splits
 // stride = max_context rounded up to 4. The scores are the one round trip through memory
-// left (B * n_q * max_context * 4 bytes written once, read by the top-k). The indexer
+// left (B * n_q * max_context * 4 bytes written once, read by the top-k). Where it pays
+// (dsa_indexer_fuses_histogram: small steps, or no resident block lost) the indexer
 // builds the top-k's first radix histogram as it writes them, so the top-k reads the
-// scores one time fewer (when the histograms fit the indexer's shared memory); then one
-// memset before the indexer zeroes the histogram and the top-k's counters together.
+// scores one time fewer; then one memset before the indexer zeroes the histogram and the
+// top-k's counters together. Otherwise the top-k zeroes its counters and counts the bins
+// in a pass of its own.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -49,7 +51,7 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
             .slots = p.slots,
             .positions = nullptr,
             .histogram = nullptr};
-  if (dsa_indexer_fuses_histogram(p.batch.num_q, p.index_num_heads)) {
+  if (dsa_indexer_fuses_histogram(p.batch, p.index_num_heads)) {
     // The indexer's histogram is the top-k workspace's own first part.
     s.zero_bytes = dsa::topk_zero_bytes(s.topk);
     s.indexer.histogram = reinterpret_cast<int*>(base + s.topk_offset);

@@ -224,8 +224,34 @@ constexpr int kBlocksPerSm = 32;
 constexpr int kMinBlocksPerSm = 8;
 constexpr int64_t kMinKeysPerBlock = 1024;
 
-// The histogram is fused only while two blocks fit an SM (227 KiB of shared memory).
+// The indexer takes a histogram only while two blocks fit an SM (227 KiB of shared
+// memory). dsa_decode has it build one where that costs no resident block, or where the
+// step is small: with 32 index heads and one query the histogram's 8 KB take the SM from
+// 4 blocks to 3, and the fused indexer reads ~8% slower (Nsight Compute, B = 8 x 1M:
+// 307 us against 283), more than the top-k's own histogram pass costs (15 us) from ~2M
+// scores on; below that the extra pass and launch cost more. Steps on the H200,
+// 2026-11-30, fused / not: B = 8 x 1M 370.4 / 362.3 us, B = 32 x 128K 256.5 / 247.3,
+// B = 64 x 128K 442.9 / 434.2, B = 8 x 512K 224.2 / 216.7; B = 1 x 32K 40.8 / 47.8, B = 8
+// x 32K 70.2 / 73.5, B = 8 x 128K 101.8 / 102.3, B = 1 x 1M 89.6 / 90.2.
 constexpr size_t kMaxSmemFor2Blocks = 113 * 1024;
+constexpr int64_t kFuseAlwaysScores = int64_t{1} << 21;
+
+KernelFn kernel_for(int64_t num_heads) {
+  const KernelFn kernels[] = {indexer_kernel<16>, indexer_kernel<32>, indexer_kernel<48>,
+                              indexer_kernel<64>};
+  return kernels[num_heads / 16 - 1];
+}
+
+// Blocks of the indexer for these sizes resident per SM.
+int resident_blocks(int64_t num_q, int64_t num_heads, bool histogram) {
+  const KernelFn kernel = kernel_for(num_heads);
+  const size_t smem = shared_bytes(num_q, num_heads, histogram);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(smem)));
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem));
+  return blocks;
+}
 
 }  // namespace
 
@@ -262,10 +288,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   const size_t smem = shared_bytes(p.batch.num_q, p.num_heads, p.histogram != nullptr);
   CHECK(p.histogram == nullptr || smem <= kMaxSmemFor2Blocks, "indexer: the histograms of n_q ",
         p.batch.num_q, " queries x ", p.num_heads,
-        " heads do not fit shared memory (dsa_indexer_fuses_histogram)");
-  const KernelFn kernels[] = {indexer_kernel<16>, indexer_kernel<32>, indexer_kernel<48>,
-                              indexer_kernel<64>};
-  const KernelFn kernel = kernels[p.num_heads / 16 - 1];
+        " heads do not fit shared memory (dsa_indexer_takes_histogram)");
+  const KernelFn kernel = kernel_for(p.num_heads);
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(p.batch.num_requests));
@@ -273,8 +297,17 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-bool dsa_indexer_fuses_histogram(int64_t num_q, int64_t num_heads) {
+bool dsa_indexer_takes_histogram(int64_t num_q, int64_t num_heads) {
   return shared_bytes(num_q, num_heads, true) <= kMaxSmemFor2Blocks;
+}
+
+bool dsa_indexer_fuses_histogram(const DsaBatch& batch, int64_t num_heads) {
+  if (!dsa_indexer_takes_histogram(batch.num_q, num_heads)) return false;
+  if (batch.num_requests * batch.num_q * batch.max_context <= kFuseAlwaysScores) return true;
+  CHECK(num_heads >= 16 && num_heads <= 64 && num_heads % 16 == 0,
+        "indexer heads must be 16, 32, 48 or 64, got ", num_heads);
+  return resident_blocks(batch.num_q, num_heads, true) >=
+         resident_blocks(batch.num_q, num_heads, false);
 }
 
 }  // namespace hyserve::cuda
