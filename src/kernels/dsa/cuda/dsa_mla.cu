@@ -88,6 +88,7 @@ static_assert(2 * SmemLayout::kBytes > 228 * 1024, "kCtasPerSm assumes one block
 static_assert(SmemLayout::kBytes <= 227 * 1024, "above the H100/H200 block limit");
 
 using dsa::MlaArgs;
+using dsa::MlaSplit;
 
 // kMTiles = 2: 32 heads per block (warps split over the two m-tiles); kMTiles = 1 (H <= 16):
 // 16 heads, every warp on the one m-tile with half the keys (QK) or columns (PV) each.
@@ -110,8 +111,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int64_t group = blockIdx.x;  // fastest: a split's head groups run side by side
   const int64_t split = blockIdx.y;
   const int64_t row = blockIdx.z;  // b * n_q + i
-  const int64_t b = row / p.batch.num_q;
-  const int64_t i = row % p.batch.num_q;
   const int num_heads = static_cast<int>(p.num_heads);
   const int head0 = static_cast<int>(group) * kGroupRows;
   const int rows_here = min(kGroupRows, num_heads - head0);
@@ -120,36 +119,17 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // The split's entries: slot-list indices (sparse) or positions (dense).
-  const bool sparse = p.slots != nullptr;
-  int64_t total = p.topk_width;
-  if (!sparse) {
-    const int64_t len = min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context);
-    const int64_t n = len - p.batch.num_q + i + 1;
-    total = n < 0 ? 0 : n;
-  }
-  const int64_t begin = split * a.keys_per_split;
-  const int64_t end = min(total, begin + a.keys_per_split);
-  const int32_t* list = sparse ? p.slots + row * p.topk_width : nullptr;
-  const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
+  const MlaSplit sp = dsa::mla_split(a, row, split);
+  const bool sparse = sp.sparse;
+  const int64_t begin = sp.begin, num_tiles = sp.num_tiles;
   const DsaCache& cache = p.cache;
-  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
-  // block_size is a power of two (check_cache): slot -> (block, offset) by shift and mask.
-  const int bs_shift = __ffs(cache.block_size) - 1;
-  const int32_t bs_mask = cache.block_size - 1;
 
   // Thread tid copies chunks tid + kThreads * j (j < kChunksPerThread) of a tile. Its
   // entries' slot ids (sparse) or block ids (dense) are fetched into registers an
   // iteration before the tile is issued (-1: past the split's end), so that no global
   // load sits between a tile's turn and its cp.async.
   auto fetch_tile = [&](int64_t k, int32_t(&raw)[kChunksPerThread]) {
-    const int64_t tile0 = begin + k * kKeys;
-#pragma unroll
-    for (int j = 0; j < kChunksPerThread; ++j) {
-      const int64_t e = tile0 + (static_cast<int>(threadIdx.x) + kThreads * j) / kChunksPerKey;
-      raw[j] = -1;
-      if (e < end) raw[j] = sparse ? list[e] : table[e >> bs_shift];
-    }
+    dsa::mla_fetch_ids<kThreads, kChunksPerKey>(sp, k, raw);
   };
   // Issues the cp.async loads of tile k into stage k % kStages from its fetched ids, as one
   // commit group.
@@ -164,8 +144,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
       const int chunk = c % kChunksPerKey;
       const int32_t id = raw[j];
       const bool valid = id >= 0;
-      const int64_t block = sparse ? int64_t{id >> bs_shift} : int64_t{id};
-      const int64_t in_block = sparse ? int64_t{id & bs_mask} : (tile0 + key) & bs_mask;
+      const int64_t block = sparse ? int64_t{id >> sp.bs_shift} : int64_t{id};
+      const int64_t in_block = sparse ? int64_t{id & sp.bs_mask} : (tile0 + key) & sp.bs_mask;
       const uint8_t* src = valid ? cache.pool + block * cache.row_bytes + cache.latent_offset +
                                        in_block * kDsaLatentDim + chunk * 16
                                  : cache.pool;
@@ -210,28 +190,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_kernel(MlaArgs a) {
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     const int r = warp + (kThreads / 32) * j;
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kVecsPerLane; ++k) {
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j][k].x), fabsf(v[j][k].y)),
-                               fmaxf(fabsf(v[j][k].z), fabsf(v[j][k].w))));
-    }
-    for (int off = 16; off > 0; off /= 2)
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    int exponent = 0;
-    if (amax > 0.0f && isfinite(amax)) frexpf(amax, &exponent);  // amax in [2^(e-1), 2^e)
-    const float scale = ldexpf(1.0f, exponent - 14);             // q / scale < 2^14
-    const float inv = ldexpf(1.0f, 14 - exponent);
+    float inv = 0.0f;
+    const float scale = dsa::mla_q_scale(v[j], inv);
 #pragma unroll
     for (int k = 0; k < kVecsPerLane; ++k) {
       const int i = k * 32 + lane;
       if (i < kVecsPerRow) {
-        const __half2 lo = __floats2half2_rn(v[j][k].x * inv, v[j][k].y * inv);
-        const __half2 hi = __floats2half2_rn(v[j][k].z * inv, v[j][k].w * inv);
-        uint2 w;
-        w.x = *reinterpret_cast<const uint32_t*>(&lo);
-        w.y = *reinterpret_cast<const uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(q_s + r * kQPitch + 4 * i) = w;
+        *reinterpret_cast<uint2*>(q_s + r * kQPitch + 4 * i) = dsa::mla_q_f16x4(v[j][k], inv);
       }
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;

@@ -87,8 +87,6 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   const DsaMlaParams& p = a.p;
   const int64_t split = blockIdx.y;
   const int64_t row = blockIdx.z;  // b * n_q + i
-  const int64_t b = row / p.batch.num_q;
-  const int64_t i = row % p.batch.num_q;
   const int num_heads = static_cast<int>(p.num_heads);
   const int head0 = static_cast<int>(blockIdx.x) * kHeads;
   const int group = threadIdx.x / 128;  // warpgroup
@@ -97,34 +95,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   const int g = lane / 4;
   const int t = lane % 4;
 
-  // The split's entries: slot-list indices (sparse) or positions (dense).
-  const bool sparse = p.slots != nullptr;
-  int64_t total = p.topk_width;
-  if (!sparse) {
-    const int64_t len = min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context);
-    const int64_t n = len - p.batch.num_q + i + 1;
-    total = n < 0 ? 0 : n;
-  }
-  const int64_t begin = split * a.keys_per_split;
-  const int64_t end = min(total, begin + a.keys_per_split);
-  const int32_t* list = sparse ? p.slots + row * p.topk_width : nullptr;
-  const int32_t* table = p.batch.block_tables + b * p.batch.max_blocks;
+  const MlaSplit sp = mla_split(a, row, split);
+  const bool sparse = sp.sparse;
+  const int64_t begin = sp.begin, num_tiles = sp.num_tiles;
   const DsaCache& cache = p.cache;
-  const int64_t num_tiles = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
-  const int bs_shift = __ffs(cache.block_size) - 1;
-  const int32_t bs_mask = cache.block_size - 1;
 
   // Thread tid handles chunks c = tid + kThreads * j (key c / 36, codes 16 (c % 36) ..+16)
   // of every tile. Slot ids (sparse) or block ids (dense), -1 past the split's end, are
   // fetched a tile before the codes are requested, the codes a tile before they are used.
   auto fetch_ids = [&](int64_t k, int32_t(&ids)[kChunksPerThread]) {
-    const int64_t tile0 = begin + k * kKeys;
-#pragma unroll
-    for (int j = 0; j < kChunksPerThread; ++j) {
-      const int64_t e = tile0 + (static_cast<int>(threadIdx.x) + kThreads * j) / kChunksPerKey;
-      ids[j] = -1;
-      if (e < end) ids[j] = sparse ? list[e] : table[e >> bs_shift];
-    }
+    mla_fetch_ids<kThreads, kChunksPerKey>(sp, k, ids);
   };
   auto load_codes = [&](int64_t k, const int32_t(&ids)[kChunksPerThread],
                         uint4(&codes)[kChunksPerThread], uint32_t& valid) {
@@ -138,8 +118,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       const int32_t id = ids[j];
       codes[j] = make_uint4(0u, 0u, 0u, 0u);
       if (id >= 0) {
-        const int64_t block = sparse ? int64_t{id >> bs_shift} : int64_t{id};
-        const int64_t in_block = sparse ? int64_t{id & bs_mask} : (tile0 + key) & bs_mask;
+        const int64_t block = sparse ? int64_t{id >> sp.bs_shift} : int64_t{id};
+        const int64_t in_block = sparse ? int64_t{id & sp.bs_mask} : (tile0 + key) & sp.bs_mask;
         codes[j] = __ldg(reinterpret_cast<const uint4*>(cache.pool + block * cache.row_bytes +
                                                         cache.latent_offset +
                                                         in_block * kDsaLatentDim + chunk * 16));
@@ -207,28 +187,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
     const int r = warp_all + (kThreads / 32) * j;
-    float amax = 0.0f;
-#pragma unroll
-    for (int k = 0; k < kVecsPerLane; ++k) {
-      amax = fmaxf(amax, fmaxf(fmaxf(fabsf(v[j][k].x), fabsf(v[j][k].y)),
-                               fmaxf(fabsf(v[j][k].z), fabsf(v[j][k].w))));
-    }
-    for (int off = 16; off > 0; off /= 2)
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    int exponent = 0;
-    if (amax > 0.0f && isfinite(amax)) frexpf(amax, &exponent);  // amax in [2^(e-1), 2^e)
-    const float scale = ldexpf(1.0f, exponent - 14);             // q / scale < 2^14
-    const float inv = ldexpf(1.0f, 14 - exponent);
+    float inv = 0.0f;
+    const float scale = mla_q_scale(v[j], inv);
 #pragma unroll
     for (int k = 0; k < kVecsPerLane; ++k) {
       const int e = k * 32 + lane;  // dims 4e ..+4: block e / 16, byte 8 (e % 16)
       if (e < kVecsPerRow) {
-        const __half2 lo = __floats2half2_rn(v[j][k].x * inv, v[j][k].y * inv);
-        const __half2 hi = __floats2half2_rn(v[j][k].z * inv, v[j][k].w * inv);
-        uint2 w;
-        w.x = *reinterpret_cast<const uint32_t*>(&lo);
-        w.y = *reinterpret_cast<const uint32_t*>(&hi);
-        *reinterpret_cast<uint2*>(q_s + (e / 16) * kPanelBytes + swizzled(r, 8 * (e % 16))) = w;
+        *reinterpret_cast<uint2*>(q_s + (e / 16) * kPanelBytes + swizzled(r, 8 * (e % 16))) =
+            mla_q_f16x4(v[j][k], inv);
       }
     }
     if (lane == 0) factor_s[r] = scale * cache.latent_scale * p.softmax_scale * kLog2e;
