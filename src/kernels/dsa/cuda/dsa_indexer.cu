@@ -63,11 +63,6 @@ size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
          rows * sizeof(float) + (histogram ? sizeof(int) * num_q * kDsaTopkBins : 0);
 }
 
-// The stage's swizzled destination of chunk c (16 bytes) of key row r.
-__device__ __forceinline__ uint8_t* swizzled(uint8_t* rows, int r, int c) {
-  return rows + r * kDsaIndexDim + ((c ^ (r & 7)) << 4);
-}
-
 // Issues thread tid's copies of the tile at tile0 (keys past end: zeros, nothing read).
 __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int32_t* table,
                                            int block_shift, int tile0, int end, int tid,
@@ -84,7 +79,7 @@ __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int3
     const int r = tid / 8 + 16 * j, key = tile0 + r;
     const uint8_t* src =
         key < end ? page_of(key) + (key & mask) * kDsaIndexDim + chunk * 16 : c.pool;
-    dsa::cp_async_16(swizzled(codes, r, chunk), src, key < end ? 16 : 0);
+    dsa::cp_async_16(dsa::sw128_chunk(codes, r, chunk), src, key < end ? 16 : 0);
   }
   if (tid < kTileKeys / 4) {  // 4 scales per thread (in one cache block: 4 | block_size)
     const int key = tile0 + 4 * tid;
@@ -140,7 +135,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The query rows, swizzled like the tiles.
   const auto* q_src = reinterpret_cast<const uint4*>(p.q8 + b * num_rows * kDsaIndexDim);
   for (int e = threadIdx.x; e < num_rows * 8; e += kThreads) {
-    *reinterpret_cast<uint4*>(swizzled(q_s, e / 8, e % 8)) = q_src[e];
+    *reinterpret_cast<uint4*>(dsa::sw128_chunk(q_s, e / 8, e % 8)) = q_src[e];
   }
   for (int i = threadIdx.x; i < num_rows; i += kThreads) w_s[i] = p.weights[b * num_rows + i];
   if (hist_s != nullptr) {

@@ -66,11 +66,6 @@ struct Smem {
 };
 static_assert(Smem::kAllocated <= 227 * 1024, "above the H100/H200 block limit");
 
-// Byte offset of (row, byte) in a 128-byte-swizzled matrix of 128-byte rows.
-__device__ __forceinline__ int swizzled(int row, int byte) {
-  return row * 128 + ((((byte >> 4) ^ (row & 7))) << 4) + (byte & 15);
-}
-
 __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
@@ -143,8 +138,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       }
       uint8_t* dst = k_s + (chunk / 4) * kPanelBytes;
       const int byte = (chunk % 4) * 32;
-      *reinterpret_cast<uint4*>(dst + swizzled(key, byte)) = make_uint4(h[0], h[1], h[2], h[3]);
-      *reinterpret_cast<uint4*>(dst + swizzled(key, byte + 16)) =
+      *reinterpret_cast<uint4*>(dst + sw128_offset(key, byte)) = make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(dst + sw128_offset(key, byte + 16)) =
           make_uint4(h[4], h[5], h[6], h[7]);
       if (chunk == 0) valid_s[key] = (valid >> j) & 1u;
     }
@@ -193,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
     for (int k = 0; k < kVecsPerLane; ++k) {
       const int e = k * 32 + lane;  // dims 4e ..+4: block e / 16, byte 8 (e % 16)
       if (e < kVecsPerRow) {
-        *reinterpret_cast<uint2*>(q_s + (e / 16) * kPanelBytes + swizzled(r, 8 * (e % 16))) =
+        *reinterpret_cast<uint2*>(q_s + (e / 16) * kPanelBytes + sw128_offset(r, 8 * (e % 16))) =
             mla_q_f16x4(v[j][k], inv);
       }
     }
@@ -271,8 +266,8 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
                                                                exp2f(s[4 * n + 3] - new1));
       sum0 += __low2float(p0) + __high2float(p0);
       sum1 += __low2float(p1) + __high2float(p1);
-      *reinterpret_cast<__half2*>(p_s + swizzled(r0, 2 * key)) = p0;
-      *reinterpret_cast<__half2*>(p_s + swizzled(r1, 2 * key)) = p1;
+      *reinterpret_cast<__half2*>(p_s + sw128_offset(r0, 2 * key)) = p0;
+      *reinterpret_cast<__half2*>(p_s + sw128_offset(r1, 2 * key)) = p1;
     }
     run_sum0 = run_sum0 * corr0 + sum0;
     run_sum1 = run_sum1 * corr1 + sum1;

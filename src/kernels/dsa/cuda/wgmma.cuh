@@ -16,6 +16,16 @@
 
 namespace hyserve::cuda::dsa {
 
+// Where 16-byte chunk `chunk` (0..7) of row `row` lies in a 128-byte-swizzled matrix of
+// 128-byte rows at `rows` (the layout above), and the byte offset of byte `byte`
+// (0..127) of row `row` in such a matrix.
+__device__ __forceinline__ uint8_t* sw128_chunk(uint8_t* rows, int row, int chunk) {
+  return rows + row * 128 + ((chunk ^ (row & 7)) << 4);
+}
+__device__ __forceinline__ int sw128_offset(int row, int byte) {
+  return row * 128 + (((byte >> 4) ^ (row & 7)) << 4) + (byte & 15);
+}
+
 // Descriptor of a 128B-swizzled K-major matrix at `smem` (1,024-aligned, or that plus
 // 32s for k-step s): start address / 16 in bits 0-13, stride between 8-row atoms (1,024
 // bytes) / 16 in bits 32-45, the leading offset (unused by this layout) 1, layout 128B
