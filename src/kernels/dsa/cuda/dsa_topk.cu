@@ -843,7 +843,11 @@ void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, c
     collect_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
     CUDA_CHECK_LAUNCH();
   }
-  dsa::launch_overlapped(refine_kernel, grid, kStreamThreads, 0, stream, a);
+  // A row needs the refine pass only when the keys of its threshold's bin and above
+  // exceed list_cap; with list_cap = max_context (contexts up to kListCap) none can.
+  if (plan.list_cap < p.batch.max_context) {
+    dsa::launch_overlapped(refine_kernel, grid, kStreamThreads, 0, stream, a);
+  }
   CUDA_CHECK(cudaFuncSetAttribute(select_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(select.total)));
   dsa::launch_overlapped(select_kernel, static_cast<unsigned>(plan.rows), kSelectThreads,
