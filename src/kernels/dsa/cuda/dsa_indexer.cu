@@ -28,6 +28,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <tuple>
 
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
@@ -301,8 +304,21 @@ bool dsa_indexer_fuses_histogram(const DsaBatch& batch, int64_t num_heads) {
   if (batch.num_requests * batch.num_q * batch.max_context <= kFuseAlwaysScores) return true;
   CHECK(num_heads >= 16 && num_heads <= 64 && num_heads % 16 == 0,
         "indexer heads must be 16, 32, 48 or 64, got ", num_heads);
-  return resident_blocks(batch.num_q, num_heads, true) >=
-         resident_blocks(batch.num_q, num_heads, false);
+  // Per (device, n_q, Hi) the occupancy answer never changes: asked once, not per step.
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  static std::mutex mutex;
+  static std::map<std::tuple<int, int64_t, int64_t>, bool> no_block_lost;
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_tuple(device, batch.num_q, num_heads);
+  auto it = no_block_lost.find(key);
+  if (it == no_block_lost.end()) {
+    it = no_block_lost
+             .emplace(key, resident_blocks(batch.num_q, num_heads, true) >=
+                               resident_blocks(batch.num_q, num_heads, false))
+             .first;
+  }
+  return it->second;
 }
 
 }  // namespace hyserve::cuda
