@@ -88,6 +88,52 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int sr
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
                "r"(src_bytes));
 }
+
+// L2 eviction priorities (createpolicy, sm_80+). A DSA step streams ~30x more index-key
+// bytes than it writes scores, and the top-k reads the scores back right after. Where the
+// step's scores fit L2 (keep_scores_in_l2) the indexer marks its key copies evict-first
+// and its score stores evict-last, and the top-k's first pass loads them evict-last
+// (its last pass evict-first). Measured on the H200 (2026-12-01, steps, hints / none):
+// B = 1 x 1M 83.4 / 90.7 us, B = 8 x 128K 96.4 / 101.9, B = 32 x 128K 243.9 / 247.6,
+// B = 8 x 512K 213.7 / 217.5, B = 8 x 1M 363.8 / 365.0; the keys alone marked evict-first
+// at B = 64 x 1M (256 MiB of scores): 2,541 / 2,507, so larger steps take no hints.
+__device__ __forceinline__ uint64_t l2_evict_first() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t l2_evict_last() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+__device__ __forceinline__ uint64_t l2_evict_normal() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+// Whether a step with score_bytes of scores takes the hints above: at most 3/4 of L2
+// (B = 8 x 1M: 32 MiB of the H200's 50 MiB).
+bool keep_scores_in_l2(size_t score_bytes);
+// cp_async_16 with an L2 policy.
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes,
+                                            uint64_t policy) {
+  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(s),
+               "l"(gmem), "r"(src_bytes), "l"(policy));
+}
+// A float store and a read-only float4 load with an L2 policy.
+__device__ __forceinline__ void store_f32(float* gmem, float v, uint64_t policy) {
+  asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;\n" ::"l"(gmem), "f"(v), "l"(policy)
+               : "memory");
+}
+__device__ __forceinline__ float4 load_f4(const float4* gmem, uint64_t policy) {
+  float4 v;
+  asm("ld.global.nc.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;\n"
+      : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+      : "l"(gmem), "l"(policy));
+  return v;
+}
 // 4-byte async copy global -> shared (through L1: the .cg form takes 16 bytes only);
 // src_bytes 0 fills zeros without reading.
 __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src_bytes = 4) {

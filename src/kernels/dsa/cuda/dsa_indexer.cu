@@ -20,6 +20,9 @@
 // barrier also tells the warpgroup that the stage filled next (read in the previous
 // iteration, MMAs and scales) is free.
 //
+// L2: where the step's scores fit (dsa::keep_scores_in_l2) the key copies are marked
+// evict-first (read once) and the score stores evict-last, for the top-k to read there.
+//
 // With a histogram (the top-k's first radix pass, fused) the storing lanes also count
 // the score's bin in a shared histogram per query, added to the global one when the
 // block ends.
@@ -69,7 +72,7 @@ size_t shared_bytes(int64_t num_q, int64_t num_heads, bool histogram) {
 // Issues thread tid's copies of the tile at tile0 (keys past end: zeros, nothing read).
 __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int32_t* table,
                                            int block_shift, int tile0, int end, int tid,
-                                           uint8_t* codes, float* scales) {
+                                           uint64_t policy, uint8_t* codes, float* scales) {
   if (tile0 >= end) return;
   const DsaCache& c = p.cache;
   const int mask = c.block_size - 1;
@@ -82,7 +85,7 @@ __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int3
     const int r = tid / 8 + 16 * j, key = tile0 + r;
     const uint8_t* src =
         key < end ? page_of(key) + (key & mask) * kDsaIndexDim + chunk * 16 : c.pool;
-    dsa::cp_async_16(dsa::sw128_chunk(codes, r, chunk), src, key < end ? 16 : 0);
+    dsa::cp_async_16(dsa::sw128_chunk(codes, r, chunk), src, key < end ? 16 : 0, policy);
   }
   if (tid < kTileKeys / 4) {  // 4 scales per thread (in one cache block: 4 | block_size)
     const int key = tile0 + 4 * tid;
@@ -90,14 +93,14 @@ __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int3
     const uint8_t* src = bytes > 0 ? page_of(key) + int64_t{c.block_size} * kDsaIndexDim +
                                          (key & mask) * sizeof(float)
                                    : c.pool;
-    dsa::cp_async_16(scales + 4 * tid, src, bytes);
+    dsa::cp_async_16(scales + 4 * tid, src, bytes, policy);
   }
 }
 
 // kN = Hi heads: the wgmma's N.
 template <int kN>
 __global__ void __launch_bounds__(kThreads, 2)
-    indexer_kernel(DsaIndexerParams p, int64_t keys_per_block) {
+    indexer_kernel(DsaIndexerParams p, int64_t keys_per_block, bool keep_scores) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
@@ -122,6 +125,10 @@ __global__ void __launch_bounds__(kThreads, 2)
 
   const int group = threadIdx.x / 128;
   const int tid = threadIdx.x % 128;
+  // Where the step's scores fit L2, the keys (read once) leave it first and the scores
+  // (read back by the top-k right after) last; otherwise no hints (dsa_common.cuh).
+  const uint64_t stream = keep_scores ? dsa::l2_evict_first() : dsa::l2_evict_normal();
+  const uint64_t keep = keep_scores ? dsa::l2_evict_last() : dsa::l2_evict_normal();
   uint8_t* my_codes = codes_s + group * kStages * kTileBytes;
   float* my_scales = scales_s + group * kStages * kTileKeys;
   // The first kStages - 1 tiles go out before the block loads its queries; one commit
@@ -130,7 +137,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int tile0 = begin + group * kTileKeys;
 #pragma unroll
   for (int k = 0; k < kStages - 1; ++k) {
-    issue_tile(p, table, block_shift, tile0 + k * kBlockStepKeys, end, tid,
+    issue_tile(p, table, block_shift, tile0 + k * kBlockStepKeys, end, tid, stream,
                my_codes + k * kTileBytes, my_scales + k * kTileKeys);
     dsa::cp_async_commit();
   }
@@ -157,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2)
     dsa::fence_proxy_async();
     dsa::named_barrier(1 + group, 128);  // everyone's; the previous stage is free
     const int refill = stage == 0 ? kStages - 1 : stage - 1;
-    issue_tile(p, table, block_shift, tile0 + (kStages - 1) * kBlockStepKeys, end, tid,
+    issue_tile(p, table, block_shift, tile0 + (kStages - 1) * kBlockStepKeys, end, tid, stream,
                my_codes + refill * kTileBytes, my_scales + refill * kTileKeys);
     dsa::cp_async_commit();
 
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const int position = seq_len - num_q + i;
         const bool visible = key <= position;
         const float s = visible ? scale * sum : -INFINITY;
-        out[i * p.score_stride + key] = s;  // 64-bit: score_stride is int64
+        dsa::store_f32(out + i * p.score_stride + key, s, keep);  // 64-bit: int64 stride
         if (hist_s != nullptr && visible) {
           atomicAdd(&hist_s[i * kDsaTopkBins + (dsa_order_key(s) >> kDsaTopkBinShift)], 1);
         }
@@ -212,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
-using KernelFn = void (*)(DsaIndexerParams, int64_t);
+using KernelFn = void (*)(DsaIndexerParams, int64_t, bool);
 
 // Keys cut into ~32 blocks per SM (short blocks keep every SM streaming to the end of
 // the grid: at B = 64 x 1M 4 per SM read at 77% of the copy bandwidth, 32 at 96%), but no
@@ -291,7 +298,9 @@ void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
   CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(smem)));
   const dim3 grid(static_cast<unsigned>(num_chunks), static_cast<unsigned>(p.batch.num_requests));
-  kernel<<<grid, kThreads, smem, stream>>>(p, keys_per_block);
+  const bool keep_scores = dsa::keep_scores_in_l2(sizeof(float) * p.batch.num_requests *
+                                                  p.batch.num_q * p.batch.max_context);
+  kernel<<<grid, kThreads, smem, stream>>>(p, keys_per_block, keep_scores);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -53,6 +53,9 @@
 //                     full rows: the last 10 bits of the threshold key K from one pass over
 //                       the row, then a pass in position order takes the keys > K and the
 //                       first `need` keys == K (block scans), so the output needs no sort.
+// L2: a pass that a later one follows over the same scores (hist, the refine rows'
+// counting) loads them evict-last where they fit (dsa::keep_scores_in_l2), the last pass
+// evict-first.
 // Every block of a row derives the same T, A, C (and T2, A2, C2) from the same exact
 // histograms; the order of the runs depends on atomics, the ordered list and the winners
 // do not, so the result is deterministic and equal to cpu::dsa_topk for NaN-free rows.
@@ -122,6 +125,7 @@ struct TopkArgs {
   int* run_count;      // [rows, num_tiles] entries of a tile's run, 0 when none
   int* run_base;       // [rows, num_tiles] a run's first index in the row's list
   uint64_t* list;      // [rows, list_cap]
+  bool keep_scores;    // the first pass's loads evict-last (dsa::keep_scores_in_l2)
 };
 
 struct Row {
@@ -161,10 +165,11 @@ __device__ __forceinline__ uint32_t composite_key(uint64_t c) {
 // [slot_begin, slot_end) (slot_begin a multiple of the tile). Key k = 4 u + e of thread t
 // is position first + 4 u kBlock + e (first = tile + 4 t - head); bit k of valid says it
 // is visible (< n; invalid keys read 0). Every thread calls visit equally often, so visit
-// may use warp- and block-wide primitives.
+// may use warp- and block-wide primitives. policy: the L2 eviction priority of the loads
+// (dsa_common.cuh): evict-last where a later kernel reads the scores again.
 template <int kBlock, int kVecs, class Visit>
 __device__ __forceinline__ void for_each_tile(const Row& r, int64_t slot_begin, int64_t slot_end,
-                                              Visit&& visit) {
+                                              uint64_t policy, Visit&& visit) {
   constexpr int kKeys = 4 * kVecs;
   constexpr int64_t kTile = int64_t{kBlock} * kKeys;
   const int head = row_head(r.scores);
@@ -177,7 +182,9 @@ __device__ __forceinline__ void for_each_tile(const Row& r, int64_t slot_begin, 
     if (tile >= head && tile + kTile - head <= r.n) {  // every slot of the tile is visible
       float4 v[kVecs];
 #pragma unroll
-      for (int u = 0; u < kVecs; ++u) v[u] = __ldg(aligned + tile / 4 + u * kBlock + threadIdx.x);
+      for (int u = 0; u < kVecs; ++u) {
+        v[u] = dsa::load_f4(aligned + tile / 4 + u * kBlock + threadIdx.x, policy);
+      }
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
         keys[4 * u] = dsa_order_key(v[u].x);
@@ -364,7 +371,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(T
   __syncthreads();
   int* hist = sh.hist;
   for_each_tile<kStreamThreads, kStreamVecs>(
-      c.row, c.begin, c.end, [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
+      c.row, c.begin, c.end, a.keep_scores ? dsa::l2_evict_last() : dsa::l2_evict_normal(),
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
 #pragma unroll
         for (int k = 0; k < kKeysPerThread; ++k) {
           hist_add(hist, keys[k] >> kBinShift, (valid >> k) & 1u);
@@ -393,7 +401,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
     // so the valid mask still applies when T = 0).
     const uint32_t threshold = t_bin << kBinShift;
     for_each_tile<kStreamThreads, kStreamVecs>(
-        c.row, c.begin, c.end,
+        c.row, c.begin, c.end, dsa::l2_evict_first(),
         [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
           uint32_t take = 0;
 #pragma unroll
@@ -408,7 +416,8 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
   // the next 11 bits of their bin-T keys.
   int* hist = sh.hist;
   for_each_tile<kStreamThreads, kStreamVecs>(
-      c.row, c.begin, c.end, [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
+      c.row, c.begin, c.end, a.keep_scores ? dsa::l2_evict_last() : dsa::l2_evict_normal(),
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
         uint32_t in_bin = 0;
 #pragma unroll
         for (int k = 0; k < kKeysPerThread; ++k) {
@@ -443,7 +452,7 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) refine_kernel
   // 22 bits; the keys at or above it are the bins above T and the top of bin T.
   const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(f.bin);
   for_each_tile<kStreamThreads, kStreamVecs>(
-      c.row, c.begin, c.end,
+      c.row, c.begin, c.end, dsa::l2_evict_first(),
       [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
         uint32_t take = 0;
 #pragma unroll
@@ -627,7 +636,7 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
   zero_hist(hist, 1024, kSelectThreads);
   __syncthreads();
   for_each_tile<kSelectThreads, kStreamVecs>(
-      r, 0, r.n + row_head(r.scores),
+      r, 0, r.n + row_head(r.scores), dsa::l2_evict_first(),
       [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t) {
 #pragma unroll
         for (int k = 0; k < kKeysPerThread; ++k) {
@@ -813,20 +822,22 @@ void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, c
         "), the device has ", max_smem);
   auto* base = static_cast<char*>(workspace);
   auto* hist0 = reinterpret_cast<int*>(base + layout.hist0);
-  const TopkArgs a{.p = p,
-                   .chunk_len = plan.chunk_len,
-                   .num_chunks = plan.num_chunks,
-                   .list_cap = plan.list_cap,
-                   .num_tiles = plan.num_tiles,
-                   .hist0 = p.histogram != nullptr ? p.histogram : hist0,
-                   .hist0_out = hist0,
-                   .fill = reinterpret_cast<int*>(base + layout.fill),
-                   .hist1 = reinterpret_cast<int*>(base + layout.hist1),
-                   .state = reinterpret_cast<int4*>(base + layout.state),
-                   .state2 = reinterpret_cast<int4*>(base + layout.state2),
-                   .run_count = reinterpret_cast<int*>(base + layout.run_count),
-                   .run_base = reinterpret_cast<int*>(base + layout.run_base),
-                   .list = reinterpret_cast<uint64_t*>(base + layout.list)};
+  const TopkArgs a{
+      .p = p,
+      .chunk_len = plan.chunk_len,
+      .num_chunks = plan.num_chunks,
+      .list_cap = plan.list_cap,
+      .num_tiles = plan.num_tiles,
+      .hist0 = p.histogram != nullptr ? p.histogram : hist0,
+      .hist0_out = hist0,
+      .fill = reinterpret_cast<int*>(base + layout.fill),
+      .hist1 = reinterpret_cast<int*>(base + layout.hist1),
+      .state = reinterpret_cast<int4*>(base + layout.state),
+      .state2 = reinterpret_cast<int4*>(base + layout.state2),
+      .run_count = reinterpret_cast<int*>(base + layout.run_count),
+      .run_base = reinterpret_cast<int*>(base + layout.run_base),
+      .list = reinterpret_cast<uint64_t*>(base + layout.list),
+      .keep_scores = dsa::keep_scores_in_l2(sizeof(float) * plan.rows * p.batch.max_context)};
   // hist0 (when computed here), fill, hist1 and run_count start at zero.
   const size_t zero_from = p.histogram != nullptr ? layout.fill : layout.hist0;
   if (!prezeroed) {
@@ -862,6 +873,13 @@ void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
 }
 
 namespace dsa {
+
+bool keep_scores_in_l2(size_t score_bytes) {
+  int device = 0, l2_bytes = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device));
+  return score_bytes <= static_cast<size_t>(l2_bytes) / 4 * 3;
+}
 
 size_t topk_zero_bytes(const DsaTopkParams& p) {
   check_params(p, /*need_pointers=*/false);
