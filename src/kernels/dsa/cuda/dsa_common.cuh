@@ -190,9 +190,11 @@ void launch_overlapped(void (*kernel)(Params...), dim3 grid, dim3 block, size_t 
 // The top-k for a caller that zeroes the start of its workspace itself (dsa_decode: one
 // memset before the indexer). The workspace's first topk_zero_bytes(p) bytes must be zero
 // when the top-k's kernels start; its first rows x 2048 ints may serve as p.histogram
-// (the indexer's histogram, built into the zeroed bytes).
+// (the indexer's histogram, built into the zeroed bytes). after_kernel: the stream's last
+// operation is a kernel (the indexer), with which the top-k's first kernel is then
+// launched overlapped.
 size_t topk_zero_bytes(const DsaTopkParams& p);
 void topk_prezeroed(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream);
+                    cudaStream_t stream, bool after_kernel);
 
 }  // namespace hyserve::cuda::dsa

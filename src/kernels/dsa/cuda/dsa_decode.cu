@@ -7,9 +7,9 @@
 // left (B * n_q * max_context * 4 bytes written once, read by the top-k). Where it pays
 // (dsa_indexer_fuses_histogram: small steps, or no resident block lost) the indexer
 // builds the top-k's first radix histogram as it writes them, so the top-k reads the
-// scores one time fewer; then one memset before the indexer zeroes the histogram and the
-// top-k's counters together. Otherwise the top-k zeroes its counters and counts the bins
-// in a pass of its own.
+// scores one time fewer; otherwise the top-k counts the bins in a pass of its own. Either
+// way one memset before the indexer zeroes the histogram and the top-k's counters, so
+// that the top-k's first kernel follows the indexer directly (dsa_common.cuh).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -26,7 +26,7 @@ struct Step {
   DsaTopkParams topk;
   DsaMlaParams mla;
   size_t scores_offset, topk_offset, slots_offset, mla_offset, total;
-  size_t zero_bytes;  // from topk_offset, zeroed before the indexer; 0: not fused
+  size_t zero_bytes;  // from topk_offset, zeroed before the indexer
 };
 
 Step plan_step(const DsaDecodeParams& p, char* base) {
@@ -53,10 +53,10 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
             .histogram = nullptr};
   if (dsa_indexer_fuses_histogram(p.batch, p.index_num_heads)) {
     // The indexer's histogram is the top-k workspace's own first part.
-    s.zero_bytes = dsa::topk_zero_bytes(s.topk);
     s.indexer.histogram = reinterpret_cast<int*>(base + s.topk_offset);
     s.topk.histogram = s.indexer.histogram;
   }
+  s.zero_bytes = dsa::topk_zero_bytes(s.topk);
   s.slots_offset = s.topk_offset + dsa::align_up(dsa_topk_workspace_bytes(s.topk));
   s.mla_offset = s.slots_offset;
   if (p.slots == nullptr) {
@@ -98,14 +98,11 @@ void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_byte
   const Step s = plan_step(p, base);
   CHECK(workspace_bytes >= s.total, "dsa_decode workspace of ", workspace_bytes, " bytes, need ",
         s.total);
-  if (s.zero_bytes > 0) {
-    CUDA_CHECK(cudaMemsetAsync(base + s.topk_offset, 0, s.zero_bytes, stream));
-    dsa_indexer_scores(s.indexer, stream);
-    dsa::topk_prezeroed(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
-  } else {
-    dsa_indexer_scores(s.indexer, stream);
-    dsa_topk(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream);
-  }
+  CUDA_CHECK(cudaMemsetAsync(base + s.topk_offset, 0, s.zero_bytes, stream));
+  dsa_indexer_scores(s.indexer, stream);
+  // The indexer launches a kernel unless max_context is 0.
+  dsa::topk_prezeroed(s.topk, base + s.topk_offset, s.slots_offset - s.topk_offset, stream,
+                      /*after_kernel=*/p.batch.max_context > 0);
   dsa_mla_decode(s.mla, base + s.mla_offset, s.total - s.mla_offset, stream, batch_invariant);
 }
 

@@ -794,8 +794,10 @@ size_t dsa_topk_workspace_bytes(const DsaTopkParams& p) {
 
 namespace {
 
+// prezeroed: the caller zeroed the workspace's start; after_kernel: the stream's last
+// operation is a kernel (dsa::topk_prezeroed).
 void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-              bool prezeroed) {
+              bool prezeroed, bool after_kernel) {
   check_params(p);
   if (p.batch.num_requests == 0) return;
   CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
@@ -843,16 +845,22 @@ void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, c
   if (!prezeroed) {
     CUDA_CHECK(cudaMemsetAsync(base + zero_from, 0, layout.zero_end - zero_from, stream));
   }
-  // The kernel after the memset is launched plainly, the others overlapped with the one
-  // before (dsa_common.cuh).
+  // The kernels are launched overlapped with the one before (dsa_common.cuh), except the
+  // first when a memset (this call's own) or other work precedes it.
   const auto grid = static_cast<unsigned>(stream_blocks);
+  const auto launch_first = [&](void (*kernel)(TopkArgs)) {
+    if (after_kernel) {
+      dsa::launch_overlapped(kernel, grid, kStreamThreads, 0, stream, a);
+    } else {
+      kernel<<<grid, kStreamThreads, 0, stream>>>(a);
+      CUDA_CHECK_LAUNCH();
+    }
+  };
   if (p.histogram == nullptr) {
-    hist_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    launch_first(hist_kernel);
     dsa::launch_overlapped(collect_kernel, grid, kStreamThreads, 0, stream, a);
   } else {
-    collect_kernel<<<grid, kStreamThreads, 0, stream>>>(a);
-    CUDA_CHECK_LAUNCH();
+    launch_first(collect_kernel);
   }
   // A row needs the refine pass only when the keys of its threshold's bin and above
   // exceed list_cap; with list_cap = max_context (contexts up to kListCap) none can.
@@ -869,7 +877,7 @@ void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, c
 
 void dsa_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
               cudaStream_t stream) {
-  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/false);
+  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/false, /*after_kernel=*/false);
 }
 
 namespace dsa {
@@ -887,8 +895,8 @@ size_t topk_zero_bytes(const DsaTopkParams& p) {
 }
 
 void topk_prezeroed(const DsaTopkParams& p, void* workspace, size_t workspace_bytes,
-                    cudaStream_t stream) {
-  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/true);
+                    cudaStream_t stream, bool after_kernel) {
+  run_topk(p, workspace, workspace_bytes, stream, /*prezeroed=*/true, after_kernel);
 }
 
 }  // namespace dsa
