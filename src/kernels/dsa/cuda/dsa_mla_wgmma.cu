@@ -11,8 +11,9 @@
 //   p      [64 heads][128 B]             the tile's probabilities, fp16
 // Per tile of 64 keys (the next tile's codes already in registers, requested one tile
 // ahead):
-//   convert  every thread turns its 9 chunks of 16 codes into fp16 in k (then requests
-//            the next tile's codes and fetches the slot ids of the one after);
+//   convert  every thread turns its key's 9 chunks of 16 codes (one per column block)
+//            into fp16 in k (then requests the next tile's codes and fetches the slot
+//            id of the one after);
 //   QK       warpgroup w: logits of all 64 heads x keys [32w, 32w + 32): 36 MMAs
 //            m64n32k16, A = q (K-major), B = its half of k (K-major);
 //   softmax  online in base 2, the tile's row maxima exchanged between the warpgroups
@@ -45,11 +46,12 @@ namespace {
 constexpr int kThreads = 256;  // two warpgroups
 constexpr int kHeads = kMlaWgmmaHeads;
 constexpr int kKeys = kMlaTileKeys;
-constexpr int kDimBlocks = kDsaLatentDim / 64;     // 9 column blocks of 64 dims
-constexpr int kPanelBytes = 64 * 128;              // one column block of a 64-row matrix
-constexpr int kChunksPerKey = kDsaLatentDim / 16;  // 36 chunks of 16 codes
-constexpr int kChunksPerThread = kKeys * kChunksPerKey / kThreads;  // 9
-static_assert(kKeys * kChunksPerKey % kThreads == 0);
+constexpr int kDimBlocks = kDsaLatentDim / 64;  // 9 column blocks of 64 dims
+constexpr int kPanelBytes = 64 * 128;           // one column block of a 64-row matrix
+// Codes: thread tid takes key tid / 4 of a tile and, in each column block j, its
+// 16-code chunk 4j + tid % 4 (dims 64j + 16 (tid % 4) ..+16).
+constexpr int kThreadsPerKey = 4;
+static_assert(kKeys * kThreadsPerKey == kThreads, "one key per 4 threads");
 static_assert(kHeads == 64 && kKeys == 64, "one wgmma M and two N halves per tile");
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -95,40 +97,35 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   const int64_t begin = sp.begin, num_tiles = sp.num_tiles;
   const DsaCache& cache = p.cache;
 
-  // Thread tid handles chunks c = tid + kThreads * j (key c / 36, codes 16 (c % 36) ..+16)
-  // of every tile. Slot ids (sparse) or block ids (dense), -1 past the split's end, are
-  // fetched a tile before the codes are requested, the codes a tile before they are used.
-  auto fetch_ids = [&](int64_t k, int32_t(&ids)[kChunksPerThread]) {
-    mla_fetch_ids<kThreads, kChunksPerKey>(sp, k, ids);
+  // Thread tid handles key tid / 4 of every tile (kThreadsPerKey above): a warp's loads
+  // take 64 contiguous bytes of each of 8 latents, and its fp16 stores land on 8 rows of
+  // different swizzle phases, so they take the 4 shared-memory wavefronts that 512 bytes
+  // need. The key's slot id (sparse) or block id (dense), -1 past the split's end, is
+  // fetched a tile before its codes are requested, the codes a tile before they are used.
+  const int my_key = static_cast<int>(threadIdx.x) / kThreadsPerKey;
+  const int quarter = static_cast<int>(threadIdx.x) % kThreadsPerKey;
+  auto fetch_id = [&](int64_t k) {
+    const int64_t e = begin + k * kKeys + my_key;
+    if (e >= sp.end) return int32_t{-1};
+    return sparse ? sp.list[e] : sp.table[e >> sp.bs_shift];
   };
-  auto load_codes = [&](int64_t k, const int32_t(&ids)[kChunksPerThread],
-                        uint4(&codes)[kChunksPerThread], uint32_t& valid) {
-    const int64_t tile0 = begin + k * kKeys;
-    valid = 0;
+  auto load_codes = [&](int64_t k, int32_t id, uint4(&codes)[kDimBlocks]) {
 #pragma unroll
-    for (int j = 0; j < kChunksPerThread; ++j) {
-      const int c = static_cast<int>(threadIdx.x) + kThreads * j;
-      const int key = c / kChunksPerKey;
-      const int chunk = c % kChunksPerKey;
-      const int32_t id = ids[j];
-      codes[j] = make_uint4(0u, 0u, 0u, 0u);
-      if (id >= 0) {
-        const int64_t block = sparse ? int64_t{id >> sp.bs_shift} : int64_t{id};
-        const int64_t in_block = sparse ? int64_t{id & sp.bs_mask} : (tile0 + key) & sp.bs_mask;
-        codes[j] = __ldg(reinterpret_cast<const uint4*>(cache.pool + block * cache.row_bytes +
-                                                        cache.latent_offset +
-                                                        in_block * kDsaLatentDim + chunk * 16));
-        valid |= 1u << j;
-      }
-    }
+    for (int j = 0; j < kDimBlocks; ++j) codes[j] = make_uint4(0u, 0u, 0u, 0u);
+    if (id < 0) return;
+    const int64_t block = sparse ? int64_t{id >> sp.bs_shift} : int64_t{id};
+    const int64_t in_block =
+        sparse ? int64_t{id & sp.bs_mask} : (begin + k * kKeys + my_key) & sp.bs_mask;
+    const auto* src =
+        reinterpret_cast<const uint4*>(cache.pool + block * cache.row_bytes + cache.latent_offset +
+                                       in_block * kDsaLatentDim + quarter * 16);
+#pragma unroll
+    for (int j = 0; j < kDimBlocks; ++j) codes[j] = __ldg(src + 4 * j);
   };
-  // The codes -> fp16 (exact) into k, and the keys' valid flags.
-  auto store_codes = [&](const uint4(&codes)[kChunksPerThread], uint32_t valid) {
+  // The codes -> fp16 (exact) into k, and the key's valid flag.
+  auto store_codes = [&](const uint4(&codes)[kDimBlocks], bool valid) {
 #pragma unroll
-    for (int j = 0; j < kChunksPerThread; ++j) {
-      const int c = static_cast<int>(threadIdx.x) + kThreads * j;
-      const int key = c / kChunksPerKey;
-      const int chunk = c % kChunksPerKey;
+    for (int j = 0; j < kDimBlocks; ++j) {
       const uint32_t w[4] = {codes[j].x, codes[j].y, codes[j].z, codes[j].w};
       uint32_t h[8];
 #pragma unroll
@@ -136,13 +133,13 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
         h[2 * e] = e4m3x2_to_f16x2(w[e] & 0xffffu);
         h[2 * e + 1] = e4m3x2_to_f16x2(w[e] >> 16);
       }
-      uint8_t* dst = k_s + (chunk / 4) * kPanelBytes;
-      const int byte = (chunk % 4) * 32;
-      *reinterpret_cast<uint4*>(dst + sw128_offset(key, byte)) = make_uint4(h[0], h[1], h[2], h[3]);
-      *reinterpret_cast<uint4*>(dst + sw128_offset(key, byte + 16)) =
+      uint8_t* dst = k_s + j * kPanelBytes;
+      *reinterpret_cast<uint4*>(dst + sw128_offset(my_key, 32 * quarter)) =
+          make_uint4(h[0], h[1], h[2], h[3]);
+      *reinterpret_cast<uint4*>(dst + sw128_offset(my_key, 32 * quarter + 16)) =
           make_uint4(h[4], h[5], h[6], h[7]);
-      if (chunk == 0) valid_s[key] = (valid >> j) & 1u;
     }
+    if (quarter == 0) valid_s[my_key] = valid ? 1 : 0;
   };
 
   // q rows: warp w (of 8) converts rows w + 8r, all of its rows' float4s requested first
@@ -171,13 +168,14 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
       }
     }
   }
-  int32_t ids[kChunksPerThread];
-  uint4 codes[kChunksPerThread];
-  uint32_t valid = 0;
+  int32_t id = -1;
+  uint4 codes[kDimBlocks];
+  bool valid = false;
   if (num_tiles > 0) {
-    fetch_ids(0, ids);
-    load_codes(0, ids, codes, valid);
-    fetch_ids(1, ids);
+    id = fetch_id(0);
+    load_codes(0, id, codes);
+    valid = id >= 0;
+    id = fetch_id(1);
   }
 #pragma unroll
   for (int j = 0; j < kRowsPerWarp; ++j) {
@@ -210,8 +208,11 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
   for (int64_t k = 0; k < num_tiles; ++k) {
     __syncthreads();  // k and p are free: both warpgroups' PV of the last tile completed
     store_codes(codes, valid);
-    if (k + 1 < num_tiles) load_codes(k + 1, ids, codes, valid);
-    fetch_ids(k + 2, ids);
+    if (k + 1 < num_tiles) {
+      load_codes(k + 1, id, codes);
+      valid = id >= 0;
+    }
+    id = fetch_id(k + 2);
     fence_proxy_async();
     __syncthreads();  // k written
 
@@ -273,12 +274,16 @@ __global__ void __launch_bounds__(kThreads, 1) mla_wgmma_kernel(MlaArgs a) {
     run_sum1 = run_sum1 * corr1 + sum1;
     run_max0 = new0;
     run_max1 = new1;
+    // Once the running maxima settle the factors are 1: skipping the products changes
+    // no bit.
+    if (corr0 != 1.0f || corr1 != 1.0f) {
 #pragma unroll
-    for (int n = 0; n < 32; ++n) {
-      o[4 * n] *= corr0;
-      o[4 * n + 1] *= corr0;
-      o[4 * n + 2] *= corr1;
-      o[4 * n + 3] *= corr1;
+      for (int n = 0; n < 32; ++n) {
+        o[4 * n] *= corr0;
+        o[4 * n + 1] *= corr0;
+        o[4 * n + 2] *= corr1;
+        o[4 * n + 3] *= corr1;
+      }
     }
     fence_proxy_async();
     __syncthreads();  // p written
