@@ -221,11 +221,15 @@ __global__ void __launch_bounds__(kThreads, 2)
 
 using KernelFn = void (*)(DsaIndexerParams, int64_t, bool);
 
-// Keys cut into ~32 blocks per SM (short blocks keep every SM streaming to the end of
+// Keys cut into ~64 blocks per SM (short blocks keep every SM streaming to the end of
 // the grid: at B = 64 x 1M 4 per SM read at 77% of the copy bandwidth, 32 at 96%), but no
 // block under 1,024 keys unless that leaves fewer than 8 per SM (the ring's fill and the
-// query load are per block).
-constexpr int kBlocksPerSm = 32;
+// query load are per block). H200, 2026-12-01, indexer us, 32 -> 64 blocks per SM in one
+// run and 64 -> 128 in the next: B = 32 x 1M 1,119 -> 1,099 and 1,099 -> 1,089, B = 64 x
+// 1M 2,232 -> 2,191 and 2,190 -> 2,169 (but its step 2,465 -> 2,489), B = 8 x 1M 289.2 ->
+// 286.5 and 286.7 -> 287.0; 128K within 1%. 16 or 8 per SM (4K-8K-key blocks) were 1-10%
+// slower than 32, and 512-key blocks slower at 128K (B = 8 x 128K 44.5 -> 45.7).
+constexpr int kBlocksPerSm = 64;
 constexpr int kMinBlocksPerSm = 8;
 constexpr int64_t kMinKeysPerBlock = 1024;
 
