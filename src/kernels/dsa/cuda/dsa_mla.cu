@@ -581,7 +581,9 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                   static_cast<unsigned>(rows));
   // The combine overlapped with the MLA kernel (dsa_common.cuh). The MLA kernel is launched
   // plainly: overlapped with the top-k's select in a DSA step it made the step slower
-  // (B = 8 x 1M 379 -> 395 us, 2026-11-30, H200).
+  // (B = 8 x 1M 379 -> 395 us, 2026-11-30, H200), and again with its blocks loading q
+  // before they waited for the select (2026-12-01: B = 1 x 8K 38.3 -> 48.8, B = 64 x 8K
+  // 130.4 -> 141.2, B = 8 x 1M 354.5 -> 360.9; only B = 8 x 128K gained, 92.2 -> 89.6).
   if (dsa_mla_uses_wgmma(p, batch_invariant)) {
     dsa::launch_mla_wgmma(a, grid, stream);
   } else {
