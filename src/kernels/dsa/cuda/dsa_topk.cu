@@ -362,6 +362,23 @@ __device__ __forceinline__ Chunk make_chunk(const TopkArgs& a) {
   return c;
 }
 
+// Appends every visible key >= threshold of the chunk to the row's list, one run per
+// tile (the collect's list rows: threshold T << 21; the refine's: (T, T2) << 10). The
+// chunk's last pass over the scores, so its loads are evict-first.
+__device__ __forceinline__ void append_at_least(const TopkArgs& a, const Chunk& c, StreamShared& sh,
+                                                uint32_t threshold) {
+  for_each_tile<kStreamThreads, kStreamVecs>(
+      c.row, c.begin, c.end, dsa::l2_evict_first(),
+      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
+        uint32_t take = 0;
+#pragma unroll
+        for (int k = 0; k < kKeysPerThread; ++k) {
+          take |= static_cast<uint32_t>(keys[k] >= threshold) << k;
+        }
+        append_tile(a, c.row, sh, take & valid, keys, first);
+      });
+}
+
 __global__ void __launch_bounds__(kStreamThreads, kStreamResident) hist_kernel(TopkArgs a) {
   __shared__ StreamShared sh;
   dsa::follow_previous_grid();
@@ -397,19 +414,9 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) collect_kerne
   __syncthreads();
   const uint32_t t_bin = static_cast<uint32_t>(f.bin);
   if (!refine) {
-    // The keys of bin >= T are the keys >= T << 21: one compare each (invalid keys read 0,
-    // so the valid mask still applies when T = 0).
-    const uint32_t threshold = t_bin << kBinShift;
-    for_each_tile<kStreamThreads, kStreamVecs>(
-        c.row, c.begin, c.end, dsa::l2_evict_first(),
-        [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
-          uint32_t take = 0;
-#pragma unroll
-          for (int k = 0; k < kKeysPerThread; ++k) {
-            take |= static_cast<uint32_t>(keys[k] >= threshold) << k;
-          }
-          append_tile(a, c.row, sh, take & valid, keys, first);
-        });
+    // The keys of bin >= T are the keys >= T << 21 (invalid keys read 0, so the valid mask
+    // still applies when T = 0).
+    append_at_least(a, c, sh, t_bin << kBinShift);
     return;
   }
   // Refine rows append in refine_kernel (so that each tile is one run); here they count
@@ -449,19 +456,10 @@ __global__ void __launch_bounds__(kStreamThreads, kStreamResident) refine_kernel
   const bool full = int64_t{st.y} + f.above + f.count > a.list_cap;
   if (c.index == 0 && threadIdx.x == 0) a.state2[row] = make_int4(f.bin, f.above, f.count, full);
   if (full) return;
-  // 22 bits; the keys at or above it are the bins above T and the top of bin T.
+  // A 22-bit prefix; the keys at or above it (key >> 10 >= prefix, i.e. key >= prefix <<
+  // 10) are the bins above T and the top of bin T.
   const uint32_t prefix = (static_cast<uint32_t>(st.x) << 11) | static_cast<uint32_t>(f.bin);
-  for_each_tile<kStreamThreads, kStreamVecs>(
-      c.row, c.begin, c.end, dsa::l2_evict_first(),
-      [&](const uint32_t(&keys)[kKeysPerThread], uint32_t valid, int64_t first) {
-        uint32_t take = 0;
-#pragma unroll
-        for (int k = 0; k < kKeysPerThread; ++k) {
-          const bool ok = (valid >> k) & 1u;
-          take |= static_cast<uint32_t>(ok && (keys[k] >> 10) >= prefix) << k;
-        }
-        append_tile(a, c.row, sh, take, keys, first);
-      });
+  append_at_least(a, c, sh, prefix << 10);
 }
 
 // select_kernel's dynamic shared memory: [list: list_cap composites] [hist: kBins counts]
