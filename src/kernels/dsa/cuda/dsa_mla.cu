@@ -1,5 +1,6 @@
-// Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h). H a
-// multiple of 64 runs on warpgroup MMAs (dsa_mla_wgmma.cu); other head counts on the
+// Sparse and dense MLA decode over the FP8 latent of the packed cache (cuda.h). From 48
+// heads on warpgroup MMAs in groups of 64 (dsa_mla_wgmma.cu; dsa_mla_uses_wgmma below:
+// sparse batches of fewer than 8 (query, group) pairs excepted); other head counts on the
 // mma.sync kernel below. Both write the same partials, merged by the combine here.
 //
 // Block (head group, split, (b, i)): 32 heads of one query token (two MMA m-tiles; 16 with
