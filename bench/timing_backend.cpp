@@ -75,6 +75,13 @@ void TimingBackend::rms_norm(const RmsNormParams& p) {
         [&] { inner_->rms_norm(p); });
 }
 
+void TimingBackend::attn_res_norm(const AttnResNormParams& p) {
+  // Reads every candidate and the weights, writes y.
+  const double elems = static_cast<double>(p.num_tokens) * p.dim;
+  timed("attn_res_norm", 4.0 * elems * (p.num_snapshots + 2), 6.0 * elems * (p.num_snapshots + 2),
+        [&] { inner_->attn_res_norm(p); });
+}
+
 void TimingBackend::layer_norm(const LayerNormParams& p) {
   timed("layer_norm", 8.0 * p.num_rows * p.dim, 6.0 * p.num_rows * p.dim,
         [&] { inner_->layer_norm(p); });

@@ -54,6 +54,7 @@ class TimingBackend final : public Backend {
   void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;
   void rms_norm(const RmsNormParams& p) override;
   void layer_norm(const LayerNormParams& p) override;
+  void attn_res_norm(const AttnResNormParams& p) override;
   void rope(const RopeTable& table, const RopeParams& p, bool neox) override;
   void mla_attention(const MlaAttentionParams& p, bool absorbed) override;
   void hadamard_rotate(float* x, int64_t rows, int64_t dim) override;

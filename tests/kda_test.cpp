@@ -181,7 +181,7 @@ double softplus_ref(double x) {
 
 std::vector<float> run_gate(const std::vector<float>& f, const std::vector<float>& dt_bias,
                             const std::vector<float>& a_log, int64_t num_tokens, int64_t num_heads,
-                            int64_t head_dim) {
+                            int64_t head_dim, float lower_bound = 0.0f) {
   std::vector<float> g(f.size());
   KdaGateParams p;
   p.f = f.data();
@@ -191,6 +191,7 @@ std::vector<float> run_gate(const std::vector<float>& f, const std::vector<float
   p.num_tokens = num_tokens;
   p.num_heads = num_heads;
   p.head_dim = head_dim;
+  p.lower_bound = lower_bound;
   cpu::kda_gate(p);
   return g;
 }
@@ -218,6 +219,35 @@ TEST(KdaGate, MatchesNaiveFormula) {
     ASSERT_LE(g[i], 0.0f) << "element " << i;
     ASSERT_NEAR(g[i], want[i], 1e-5 * std::fabs(want[i]) + 1e-30) << "element " << i;
   }
+}
+
+// Kimi K3's bounded gate (K3.md §3.3): lb * sigmoid(exp(A_log) * (f + dt_bias)), in
+// (lb, 0) for any input, saturating at the ends instead of overflowing.
+TEST(KdaGate, BoundedFormMatchesNaiveFormula) {
+  std::mt19937 rng(5);
+  const int64_t num_tokens = 63, num_heads = 3, head_dim = 32;
+  auto f = random_uniform(num_tokens * num_heads * head_dim, rng, -60.0f, 60.0f);
+  f[0] = 1e30f;   // saturates to lb (the strongest decay)
+  f[1] = -1e30f;  // saturates to 0 (no decay)
+  const auto dt_bias = random_normal(num_heads * head_dim, rng);
+  const auto a_log = random_uniform(num_heads, rng, -2.0f, 3.0f);
+  const auto g = run_gate(f, dt_bias, a_log, num_tokens, num_heads, head_dim, -5.0f);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    for (int64_t i = 0; i < num_heads * head_dim; ++i) {
+      const int64_t e = t * num_heads * head_dim + i;
+      const double x = static_cast<double>(f[e]) + dt_bias[i];
+      const double want =
+          -5.0 / (1.0 + std::exp(-std::exp(static_cast<double>(a_log[i / head_dim])) * x));
+      ASSERT_GE(g[e], -5.0f) << e;
+      ASSERT_LE(g[e], 0.0f) << e;
+      // fp32 exp and division: a few ulps of 5.
+      ASSERT_NEAR(g[e], want, 4e-6 * 5.0) << "element " << e;
+    }
+  }
+  EXPECT_EQ(g[0], -5.0f);
+  EXPECT_EQ(g[1], 0.0f);
+  // A positive bound is refused.
+  EXPECT_THROW(run_gate(f, dt_bias, a_log, num_tokens, num_heads, head_dim, 1.0f), InvalidArgument);
 }
 
 TEST(KdaGate, SoftplusThresholdAt20) {

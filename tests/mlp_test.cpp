@@ -2,6 +2,7 @@
 // from the fp32 dot products through silu(gate) * up into down.
 #include "kernels/mlp/params.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -58,7 +59,7 @@ TEST(Mlp, MatchesDoubleLoop) {
           std::vector<float> x(num_tokens * hidden);
           for (auto& v : x) v = dist(rng);
           std::vector<float> y(num_tokens * hidden, NAN);
-          mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = num_tokens});
+          mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = num_tokens, .act = {}});
 
           double worst = 0.0;
           int64_t worst_i = -1;
@@ -102,6 +103,57 @@ TEST(Mlp, MatchesDoubleLoop) {
   }
 }
 
+// Kimi K3's SiTU (K3.md §3.7): beta tanh(g/beta) sigmoid(g) * linear_beta tanh(u/linear_beta),
+// and without the cap on u (linear_beta 0). Pre-activations reach far past both caps.
+TEST(Mlp, SituMatchesDoubleLoop) {
+  std::mt19937 rng(31);
+  for (float linear_beta : {25.0f, 0.0f}) {
+    const int64_t hidden = 65, inter = 63, num_tokens = 5;
+    TestMatrix gate = random_matrix(inter, hidden, true, rng);
+    TestMatrix up = random_matrix(inter, hidden, true, rng);
+    TestMatrix down = random_matrix(hidden, inter, true, rng);
+    const MlpWeights w{.gate = gate.w, .up = up.w, .down = down.w};
+    std::normal_distribution<float> dist(0.0f, 40.0f);  // |g|, |u| up to ~150
+    std::vector<float> x(num_tokens * hidden);
+    for (auto& v : x) v = dist(rng);
+    std::vector<float> y(num_tokens * hidden, NAN);
+    const GatedActivation act{GatedActivation::Kind::kSitu, 4.0f, linear_beta};
+    mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = num_tokens, .act = act});
+    for (int64_t t = 0; t < num_tokens; ++t) {
+      std::vector<double> a(inter);
+      double scale = 0.0;
+      for (int64_t i = 0; i < inter; ++i) {
+        double g = 0, u = 0;
+        for (int64_t k = 0; k < hidden; ++k) {
+          g += static_cast<double>(gate.values[i * hidden + k]) * x[t * hidden + k];
+          u += static_cast<double>(up.values[i * hidden + k]) * x[t * hidden + k];
+        }
+        const double cap_u = linear_beta > 0 ? linear_beta * std::tanh(u / linear_beta) : u;
+        a[i] = 4.0 * std::tanh(g / 4.0) / (1.0 + std::exp(-g)) * cap_u;
+        scale = std::max(scale, std::fabs(a[i]));
+      }
+      for (int64_t o = 0; o < hidden; ++o) {
+        double want = 0.0;
+        for (int64_t i = 0; i < inter; ++i)
+          want += static_cast<double>(down.values[o * inter + i]) * a[i];
+        // fp32 dot products of 65 terms of |x| ~ 40 (~1e-5 relative), then tanh/exp.
+        ASSERT_NEAR(y[t * hidden + o], want, 1e-4 * scale) << "token " << t << " out " << o;
+      }
+    }
+  }
+  // beta must be positive.
+  TestMatrix g2 = random_matrix(3, 3, false, rng), u2 = random_matrix(3, 3, false, rng),
+             d2 = random_matrix(3, 3, false, rng);
+  const MlpWeights w2{.gate = g2.w, .up = u2.w, .down = d2.w};
+  std::vector<float> x2(3, 1.0f), y2(3);
+  EXPECT_THROW(mlp({.x = x2.data(),
+                    .w = &w2,
+                    .y = y2.data(),
+                    .num_tokens = 1,
+                    .act = {GatedActivation::Kind::kSitu, 0.0f, 25.0f}}),
+               InvalidArgument);
+}
+
 TEST(Mlp, InPlaceAndBatchInvariant) {
   std::mt19937 rng(31);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -113,10 +165,10 @@ TEST(Mlp, InPlaceAndBatchInvariant) {
   std::vector<float> x(num_tokens * hidden);
   for (auto& v : x) v = dist(rng);
   std::vector<float> y(x.size());
-  mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = num_tokens});
+  mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = num_tokens, .act = {}});
   for (int64_t t = 0; t < num_tokens; ++t) {
     std::vector<float> alone(x.begin() + t * hidden, x.begin() + (t + 1) * hidden);
-    mlp({.x = alone.data(), .w = &w, .y = alone.data(), .num_tokens = 1});
+    mlp({.x = alone.data(), .w = &w, .y = alone.data(), .num_tokens = 1, .act = {}});
     ASSERT_EQ(std::memcmp(alone.data(), y.data() + t * hidden, hidden * sizeof(float)), 0)
         << "token " << t;
   }
@@ -129,9 +181,11 @@ TEST(Mlp, RejectsMismatchedShapes) {
   TestMatrix down = random_matrix(3, 4, false, rng);
   const MlpWeights w{.gate = gate.w, .up = up.w, .down = down.w};
   std::vector<float> x(3), y(3);
-  EXPECT_THROW(mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = 1}), InvalidArgument);
+  EXPECT_THROW(mlp({.x = x.data(), .w = &w, .y = y.data(), .num_tokens = 1, .act = {}}),
+               InvalidArgument);
   const MlpWeights w2{.gate = gate.w, .up = gate.w, .down = up.w};
-  EXPECT_THROW(mlp({.x = x.data(), .w = &w2, .y = y.data(), .num_tokens = 1}), InvalidArgument);
+  EXPECT_THROW(mlp({.x = x.data(), .w = &w2, .y = y.data(), .num_tokens = 1, .act = {}}),
+               InvalidArgument);
 }
 
 }  // namespace

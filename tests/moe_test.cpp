@@ -316,7 +316,8 @@ void run_moe(const MoeCase& c, const MoeData& m, const float* x, int64_t num_tok
        .expert_weights = weights,
        .top_k = c.top_k,
        .shared = c.with_shared ? &m.shared.w : nullptr,
-       .y = y});
+       .y = y,
+       .act = {}});
 }
 
 TEST(Moe, MatchesNaiveLoop) {

@@ -100,6 +100,7 @@ class Backend {
   virtual void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;
+  virtual void attn_res_norm(const AttnResNormParams& p) = 0;
   virtual void rope(const RopeTable& table, const RopeParams& p, bool neox) = 0;
   virtual void mla_attention(const MlaAttentionParams& p, bool absorbed) = 0;
   virtual void hadamard_rotate(float* x, int64_t rows, int64_t dim) = 0;

@@ -90,6 +90,7 @@ class CpuBackend final : public Backend {
   }
   void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
   void layer_norm(const LayerNormParams& p) override { cpu::layer_norm(p); }
+  void attn_res_norm(const AttnResNormParams& p) override { cpu::attn_res_norm(p); }
   void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
     if (neox) {
       cpu::apply_rope_neox(table, p);

@@ -35,8 +35,8 @@ std::vector<float> run_gpu(const MlpWeights& dw, const std::vector<float>& x, in
     cuda::DeviceBuffer dy(x.size() * sizeof(float) + 4);
     cuda::DeviceBuffer ws(cuda::mlp_workspace_bytes(dw, t));
     float* out = in_place ? dx.as<float>() : dy.as<float>();
-    cuda::mlp({.x = dx.as<float>(), .w = &dw, .y = out, .num_tokens = t}, blas, ws.data(),
-              ws.size(), stream, kernel);
+    cuda::mlp({.x = dx.as<float>(), .w = &dw, .y = out, .num_tokens = t, .act = {}}, blas,
+              ws.data(), ws.size(), stream, kernel);
     CUDA_CHECK(cudaStreamSynchronize(stream));
     y = cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(t * hidden));
   }
@@ -58,7 +58,7 @@ TEST(GpuMlp, MatchesCpuEveryFormatBothPaths) {
                      " I=" + std::to_string(s.inter) + " T=" + std::to_string(t));
         const std::vector<float> x = test::random_floats(t * s.hidden, seed++);
         std::vector<float> want(x.size());
-        cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t});
+        cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t, .act = {}});
         const bool in_place = t % 2 == 1;
         if (t <= cuda::kSmallBatchMaxTokens) {
           EXPECT_TRUE(test::all_close(run_gpu(d.w, x, t, in_place), want, 2e-5f, 1e-4f));
@@ -85,7 +85,7 @@ TEST(GpuMlp, BatchInvariantMatchesCpuAndEachTokenAlone) {
     const test::DeviceMlp d = test::upload(m);
     const std::vector<float> x = test::random_floats(t * hidden, seed++);
     std::vector<float> want(x.size());
-    cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t});
+    cpu::mlp({.x = x.data(), .w = &m.w, .y = want.data(), .num_tokens = t, .act = {}});
     const std::vector<float> all = run_gpu(d.w, x, t, false, k);
     EXPECT_TRUE(test::all_close(all, want, 1e-2f * test::max_abs(want), 1e-2f));
     for (int64_t i = 0; i < t; i += 5) {
@@ -104,12 +104,14 @@ TEST(GpuMlp, EmptyBatchAndSmallWorkspace) {
   cuda::Blas blas(nullptr);
   cuda::DeviceBuffer buf(64 * 64 * sizeof(float));
   EXPECT_NO_THROW(
-      cuda::mlp({.x = buf.as<float>(), .w = &d.w, .y = buf.as<float>(), .num_tokens = 0}, blas,
-                nullptr, 0, nullptr));
+      cuda::mlp({.x = buf.as<float>(), .w = &d.w, .y = buf.as<float>(), .num_tokens = 0, .act = {}},
+                blas, nullptr, 0, nullptr));
   cuda::DeviceBuffer ws(cuda::mlp_workspace_bytes(d.w, 64) - 1);
-  EXPECT_THROW(cuda::mlp({.x = buf.as<float>(), .w = &d.w, .y = buf.as<float>(), .num_tokens = 64},
-                         blas, ws.data(), ws.size(), nullptr),
-               InvalidArgument);
+  EXPECT_THROW(
+      cuda::mlp(
+          {.x = buf.as<float>(), .w = &d.w, .y = buf.as<float>(), .num_tokens = 64, .act = {}},
+          blas, ws.data(), ws.size(), nullptr),
+      InvalidArgument);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 // same assignment. Experts with < 16 tokens take the fp32 GEMV path: abs 2e-5,
 // rel 1e-4 against the CPU. Experts with >= 16 tokens take wmma bf16 tiles (x and
 // silu*up rounded to bf16; F32 / F16 weights too): abs 1e-2 * max|y|, rel 1e-2.
+// SiTU experts: see SituMatchesCpuMxfp4AndBf16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -184,9 +185,11 @@ Routing mixed_routing(int64_t tokens, int64_t top_k, uint64_t seed) {
 }
 
 std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const Routing& r,
-                           int64_t tokens, int64_t top_k, bool shared) {
+                           int64_t tokens, int64_t top_k, bool shared,
+                           const GatedActivation& act = {}) {
   const int64_t hidden = e.host_w[0].down.rows;
-  std::vector<float> y(tokens * hidden);
+  // At least one element, so that the CPU op gets a non-null y for an empty batch.
+  std::vector<float> y(std::max<int64_t>(tokens * hidden, 1));
   // The CPU op throws on id -1: give such slots expert 0 with weight 0 (adds +-0).
   Routing valid = r;
   for (size_t s = 0; s < valid.ids.size(); ++s) {
@@ -204,13 +207,15 @@ std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const 
             .expert_weights = valid.weights.data(),
             .top_k = top_k,
             .shared = shared ? &e.shared.w : nullptr,
-            .y = y.data()});
+            .y = y.data(),
+            .act = act});
+  y.resize(tokens * hidden);
   return y;
 }
 
 std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
                            int64_t tokens, int64_t top_k, bool shared, bool in_place,
-                           bool batch_invariant = false) {
+                           bool batch_invariant = false, const GatedActivation& act = {}) {
   Stream stream;
   cuda::Blas blas(stream.s);
   const int64_t hidden = e.table.hidden();
@@ -229,7 +234,8 @@ std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const 
              .expert_weights = weights.as<float>(),
              .top_k = top_k,
              .shared = sh,
-             .y = y},
+             .y = y,
+             .act = act},
             e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
   return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
@@ -325,6 +331,71 @@ TEST(GpuMoe, BatchInvariantEachTokenAloneEqualsInBatch) {
   }
 }
 
+// Kimi K3's SiTU (K3.md §3.7) in every expert and the shared MLP, on MXFP4 and bf16
+// experts. Inputs span [-6, 6] so that the tanh caps bite (beta 4; linear_beta 2 as well
+// as K3's 25, and 0: no cap on up). Calls where every expert has < 16 tokens, without
+// batch invariance and with at most 16 tokens for the shared MLP, run fp32 GEMVs:
+// abs 2e-5 * max(1, max|y|), rel 1e-4 (summation order, tanhf / expf ulps); any tensor-core
+// tile (x and act(gate, up) rounded to bf16): abs 1e-2 * max|y|, rel 1e-2. In
+// batch-invariant mode a token alone gives the same bits as in the batch.
+TEST(GpuMoe, SituMatchesCpuMxfp4AndBf16) {
+  REQUIRE_GPU();
+  const GatedActivation acts[] = {
+      {.kind = GatedActivation::Kind::kSitu, .beta = 4.0f, .linear_beta = 25.0f},
+      {.kind = GatedActivation::Kind::kSitu, .beta = 4.0f, .linear_beta = 2.0f},
+      {.kind = GatedActivation::Kind::kSitu, .beta = 1.5f, .linear_beta = 0.0f}};
+  const int64_t hidden = 64, inter = 96, num_experts = 8, top_k = 3;
+  uint64_t seed = 30000;
+  for (Format f : {Format::kBF16, Format::kMxfp4}) {
+    const Experts e = make_experts(num_experts, hidden, inter, f, seed);
+    seed += 100;
+    for (const GatedActivation& act : acts) {
+      for (int64_t tokens : {0, 1, 3, 63, 65}) {
+        for (bool shared : {false, true}) {
+          for (bool batch_invariant : {false, true}) {
+            SCOPED_TRACE(test::format_name(f) + " linear_beta " + std::to_string(act.linear_beta) +
+                         " T=" + std::to_string(tokens) + (shared ? " shared" : "") +
+                         (batch_invariant ? " batch-invariant" : ""));
+            // At least one element / slot each, so that both ops get non-null pointers
+            // for an empty batch.
+            const std::vector<float> x =
+                test::random_floats(std::max<int64_t>(tokens * hidden, 1), seed++, -6.0f, 6.0f);
+            Routing r = random_routing(tokens, top_k, num_experts, seed++);
+            if (tokens == 0) r = {{0}, {0.0f}};
+            std::vector<int64_t> counts(num_experts, 0);
+            for (int64_t s = 0; s < tokens * top_k; ++s) ++counts[r.ids[s]];
+            const bool all_gemv =
+                !batch_invariant &&
+                *std::max_element(counts.begin(), counts.end()) < cuda::kMoeMmaMinTokens &&
+                (!shared || tokens <= cuda::kSmallBatchMaxTokens);
+            // The CPU op's shared MLP refuses T = 0 (null buffers): nothing to compare.
+            const std::vector<float> want =
+                tokens > 0 ? run_cpu(e, x, r, tokens, top_k, shared, act) : std::vector<float>{};
+            const std::vector<float> got =
+                run_gpu(e, x, r, tokens, top_k, shared, tokens == 3, batch_invariant, act);
+            const float scale = test::max_abs(want);
+            if (all_gemv) {
+              EXPECT_TRUE(test::all_close(got, want, 2e-5f * std::max(1.0f, scale), 1e-4f));
+            } else {
+              EXPECT_TRUE(test::all_close(got, want, 1e-2f * scale, 1e-2f));
+            }
+            if (!batch_invariant || tokens != 65) continue;
+            for (int64_t t = 0; t < tokens; t += 16) {
+              const std::vector<float> xt(x.begin() + t * hidden, x.begin() + (t + 1) * hidden);
+              Routing rt;
+              rt.ids.assign(r.ids.begin() + t * top_k, r.ids.begin() + (t + 1) * top_k);
+              rt.weights.assign(r.weights.begin() + t * top_k, r.weights.begin() + (t + 1) * top_k);
+              const std::vector<float> one = run_gpu(e, xt, rt, 1, top_k, shared, false, true, act);
+              ASSERT_EQ(0, std::memcmp(one.data(), got.data() + t * hidden, hidden * sizeof(float)))
+                  << "token " << t;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(GpuMoe, EmptyBatchAndBadArguments) {
   REQUIRE_GPU();
   const Experts e = make_experts(4, 64, 32, Format::kBF16, 1);
@@ -338,10 +409,14 @@ TEST(GpuMoe, EmptyBatchAndBadArguments) {
               .expert_ids = buf.as<int32_t>(),
               .expert_weights = buf.as<float>(),
               .top_k = 2,
-              .y = buf.as<float>()};
+              .y = buf.as<float>(),
+              .act = {}};
   EXPECT_NO_THROW(cuda::moe(p, e.table, blas, nullptr, 0, stream.s));
   p.num_tokens = 4;
   EXPECT_THROW(cuda::moe(p, e.table, blas, buf.data(), 16, stream.s), InvalidArgument);
+  p.act = {.kind = GatedActivation::Kind::kSitu, .beta = 0.0f, .linear_beta = 0.0f};  // beta > 0
+  EXPECT_THROW(cuda::moe(p, e.table, blas, buf.data(), buf.size(), stream.s), InvalidArgument);
+  p.act = {};
   p.num_experts = 5;
   EXPECT_THROW(cuda::moe(p, e.table, blas, buf.data(), buf.size(), stream.s), InvalidArgument);
   // Experts of different shapes cannot share one table.

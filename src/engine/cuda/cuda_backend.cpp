@@ -106,6 +106,7 @@ class CudaBackend final : public Backend {
   }
   void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
   void layer_norm(const LayerNormParams& p) override { cuda::layer_norm(p, stream_); }
+  void attn_res_norm(const AttnResNormParams& p) override { cuda::attn_res_norm(p, stream_); }
   void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
     auto it = rope_tables_.find(&table);
     if (it == rope_tables_.end()) {

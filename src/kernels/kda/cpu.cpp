@@ -256,6 +256,9 @@ void kda_gate(const KdaGateParams& p) {
   if (p.num_tokens == 0) return;
   CHECK(p.f != nullptr && p.dt_bias != nullptr && p.a_log != nullptr && p.g != nullptr,
         "kda_gate: null f, dt_bias, a_log or g");
+  CHECK(p.lower_bound <= 0.0f && std::isfinite(p.lower_bound),
+        "kda_gate: lower_bound = ", p.lower_bound,
+        " (0: the softplus gate; < 0: the bounded gate)");
 
   const int64_t width = p.num_heads * p.head_dim;
   parallel_for(
@@ -263,10 +266,12 @@ void kda_gate(const KdaGateParams& p) {
       [&](int64_t t_begin, int64_t t_end) {
         for (int64_t t = t_begin; t < t_end; ++t) {
           for (int64_t h = 0; h < p.num_heads; ++h) {
-            const float rate = -std::exp(p.a_log[h]);
+            const float a = std::exp(p.a_log[h]);
             for (int64_t d = 0; d < p.head_dim; ++d) {
               const int64_t i = h * p.head_dim + d;
-              p.g[t * width + i] = rate * softplus(p.f[t * width + i] + p.dt_bias[i]);
+              const float x = p.f[t * width + i] + p.dt_bias[i];
+              p.g[t * width + i] = p.lower_bound < 0.0f ? p.lower_bound / (1.0f + std::exp(-a * x))
+                                                        : -a * softplus(x);
             }
           }
         }

@@ -56,8 +56,11 @@ HYSERVE_HOST_DEVICE inline ShortConvChannel short_conv_channel(const ShortConvPa
   return {base == nullptr ? nullptr : base + ch, p.channels_per_row, p.weight + ch * p.kernel_size};
 }
 
-// Per-channel log-decay: g = -exp(a_log[h]) * softplus(f + dt_bias), softplus with
-// threshold 20 (x > 20 -> x). g <= 0.
+// Per-channel log-decay, in one of two forms:
+//   lower_bound == 0 (Kimi Linear): g = -exp(a_log[h]) * softplus(f + dt_bias), softplus
+//     with threshold 20 (x > 20 -> x); g <= 0.
+//   lower_bound < 0 (Kimi K3's gate_lower_bound, K3.md §3.3):
+//     g = lower_bound * sigmoid(exp(a_log[h]) * (f + dt_bias)); lower_bound < g < 0.
 struct KdaGateParams {
   const float* f = nullptr;        // [T, H*K] f_b(f_a(x)), before the bias
   const float* dt_bias = nullptr;  // [H*K]
@@ -66,6 +69,7 @@ struct KdaGateParams {
   int64_t num_tokens = 0;          // T >= 0
   int64_t num_heads = 0;           // H
   int64_t head_dim = 0;            // K
+  float lower_bound = 0.0f;        // 0: the softplus form; < 0: the bounded form
 };
 
 // The gated delta rule, per head, state S [K, V]:

@@ -1,5 +1,5 @@
-// CPU reference for the gated MLP: three linear calls around an elementwise
-// silu(gate) * up. Batch invariant because linear is.
+// CPU reference for the gated MLP: three linear calls around the elementwise gated
+// activation (silu(gate) * up or SiTU). Batch invariant because linear is.
 #include <cmath>
 #include <vector>
 
@@ -20,11 +20,19 @@ void check_mlp_weights(const MlpWeights& w, int64_t hidden) {
         w.down.cols, "] must be [", hidden, ", ", inter, "]");
 }
 
+void check_gated_activation(const GatedActivation& a) {
+  if (a.kind == GatedActivation::Kind::kSilu) return;
+  CHECK(a.beta > 0.0f && std::isfinite(a.beta) && a.linear_beta >= 0.0f &&
+            std::isfinite(a.linear_beta),
+        "mlp: SiTU needs beta > 0 and linear_beta >= 0, got ", a.beta, " and ", a.linear_beta);
+}
+
 void mlp(const MlpParams& p) {
   CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "mlp: null pointer");
   CHECK(p.num_tokens >= 0, "mlp: num_tokens ", p.num_tokens);
   const int64_t hidden = p.w->down.rows;
   check_mlp_weights(*p.w, hidden);
+  check_gated_activation(p.act);
   if (p.num_tokens == 0) return;
   const int64_t inter = p.w->gate.rows;
   const int64_t n = p.num_tokens * inter;
@@ -36,8 +44,7 @@ void mlp(const MlpParams& p) {
       n,
       [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-          const float g = gate[i];
-          gate[i] = g / (1.0f + std::exp(-g)) * up[i];
+          gate[i] = gated_activation(gate[i], up[i], p.act);
         }
       },
       4096);

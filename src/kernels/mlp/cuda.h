@@ -1,7 +1,9 @@
 // CUDA gated MLP (params.h; device activations, MlpWeights of device-data Weights):
-// y = down(silu(gate(x)) * up(x)) as three cuda::linear calls around cuda::silu_mul,
-// so its numerics are linear's (fp32 GEMV for small batches, bf16 tensor cores above;
-// `kernel` picks linear's kernel, kernels/linear/cuda.h).
+// y = down(act(gate(x), up(x))) as three cuda::linear calls around the elementwise
+// activation (p.act: cuda::silu_mul for SiLU, gated_activation for SiTU, both in fp32
+// with the CPU op's float expressions), so its numerics are linear's (fp32 GEMV for
+// small batches, bf16 tensor cores above; `kernel` picks linear's kernel,
+// kernels/linear/cuda.h).
 #pragma once
 
 #include <cuda_runtime_api.h>

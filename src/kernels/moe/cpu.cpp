@@ -142,7 +142,11 @@ void moe(const MoeParams& p) {
       const float* src = p.x + (slots[first + j] / p.top_k) * hidden;
       std::copy(src, src + hidden, expert_x.begin() + j * hidden);
     }
-    mlp({.x = expert_x.data(), .w = &p.experts[e], .y = expert_y.data(), .num_tokens = n});
+    mlp({.x = expert_x.data(),
+         .w = &p.experts[e],
+         .y = expert_y.data(),
+         .num_tokens = n,
+         .act = p.act});
     for (int64_t j = 0; j < n; ++j) {
       std::copy(expert_y.begin() + j * hidden, expert_y.begin() + (j + 1) * hidden,
                 slot_out.begin() + slots[first + j] * hidden);
@@ -150,9 +154,13 @@ void moe(const MoeParams& p) {
   }
 
   std::vector<float> shared_out;  // [T, hidden]
-  if (p.shared != nullptr) {
+  if (p.shared != nullptr && p.num_tokens > 0) {
     shared_out.resize(p.num_tokens * hidden);
-    mlp({.x = p.x, .w = p.shared, .y = shared_out.data(), .num_tokens = p.num_tokens});
+    mlp({.x = p.x,
+         .w = p.shared,
+         .y = shared_out.data(),
+         .num_tokens = p.num_tokens,
+         .act = p.act});
   }
 
   parallel_for(p.num_tokens, [&](int64_t begin, int64_t end) {

@@ -5,10 +5,11 @@
 //   decision, so no bf16 rounding), then one block per token does sigmoid, bias,
 //   grouped top-k and the weights with the CPU op's float expressions and tie rule.
 // moe: slots (token, i) are bucketed by expert with a counting sort on the device;
-//   each expert runs gate/up -> silu*up -> down over its tokens:
+//   each expert runs gate/up -> act(gate, up) -> down over its tokens (p.act, SiLU or
+//   SiTU, for every expert and the shared MLP; fp32 with the CPU op's expression):
 //     < kMoeMmaMinTokens tokens: memory-bound GEMV (exact fp32, like linear_gemv)
 //     >= kMoeMmaMinTokens:       wmma bf16 tensor cores on weight tiles decoded in
-//                                shared memory, fp32 accumulate. x and silu*up are
+//                                shared memory, fp32 accumulate. x and act(gate, up) are
 //                                rounded to bf16; BF16 and MXFP4 weights are exact in
 //                                bf16; FP8 tiles hold the exact e4m3 values and the
 //                                128x128 block scale multiplies each 128-wide k

@@ -44,6 +44,7 @@ struct MoeParams {
   int64_t top_k = 0;
   const MlpWeights* shared = nullptr;  // the shared experts as one MLP, or null
   float* y = nullptr;                  // [num_tokens, hidden]; may equal x
+  GatedActivation act;                 // of every expert and the shared MLP
 };
 
 namespace cpu {

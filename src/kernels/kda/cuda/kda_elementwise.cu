@@ -1,7 +1,10 @@
-// CUDA KDA ops around the recurrence (cuda.h): the short conv, the gate, the l2norm and
-// the gated output RMSNorm. The conv runs one thread per channel through the tokens, as
-// the CPU does; the norms run one warp per row.
+// CUDA KDA ops around the recurrence (cuda.h): the short conv, the gate (softplus or
+// bounded sigmoid form, params.h), the l2norm and the gated output RMSNorm. The conv
+// runs one thread per channel through the tokens, as the CPU does; the norms run one
+// warp per row.
 #include <cuda_runtime.h>
+
+#include <cmath>
 
 #include "kernels/kda/check.h"
 #include "kernels/kda/cuda.h"
@@ -58,8 +61,12 @@ __global__ void gate_kernel(KdaGateParams p) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= p.num_tokens * width) return;
   const int64_t col = i % width;
-  const float rate = -expf(p.a_log[col / p.head_dim]);
   const float x = p.f[i] + p.dt_bias[col];
+  if (p.lower_bound < 0.0f) {  // bounded: lower_bound * sigmoid(exp(a_log) * x)
+    p.g[i] = p.lower_bound / (1.0f + expf(-expf(p.a_log[col / p.head_dim]) * x));
+    return;
+  }
+  const float rate = -expf(p.a_log[col / p.head_dim]);
   p.g[i] = rate * (x > kSoftplusThreshold ? x : log1pf(expf(x)));
 }
 
@@ -113,6 +120,9 @@ void kda_gate(const KdaGateParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   CHECK(p.f != nullptr && p.dt_bias != nullptr && p.a_log != nullptr && p.g != nullptr,
         "kda_gate: null f, dt_bias, a_log or g");
+  CHECK(p.lower_bound <= 0.0f && std::isfinite(p.lower_bound),
+        "kda_gate: lower_bound = ", p.lower_bound,
+        " (0: the softplus gate; < 0: the bounded gate)");
   const int64_t n = p.num_tokens * p.num_heads * p.head_dim;
   gate_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();

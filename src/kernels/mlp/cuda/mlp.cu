@@ -1,14 +1,38 @@
 // CUDA gated MLP: workspace = [gate | up | linear workspace], each 256-byte aligned.
+// SiLU runs cuda::silu_mul; SiTU runs gated_activation (params.h) elementwise here.
 #include <algorithm>
 
 #include "kernels/elementwise/cuda.h"
 #include "kernels/mlp/cuda.h"
+#include "util/cuda_check.h"
 #include "util/error.h"
 
 namespace hyserve::cuda {
 namespace {
 
 constexpr size_t kAlign = 256;
+constexpr int kThreads = 256;
+
+// gate[i] = act(gate[i], up[i])
+__global__ void gated_activation_kernel(float* __restrict__ gate, const float* __restrict__ up,
+                                        int64_t n, GatedActivation act) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    gate[i] = gated_activation(gate[i], up[i], act);
+  }
+}
+
+void apply_gated_activation(float* gate, const float* up, int64_t n, const GatedActivation& act,
+                            cudaStream_t stream) {
+  if (act.kind == GatedActivation::Kind::kSilu) {
+    silu_mul({.gate = gate, .up = up, .out = gate, .n = n}, stream);
+    return;
+  }
+  const auto blocks =
+      static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 65536));
+  gated_activation_kernel<<<blocks, kThreads, 0, stream>>>(gate, up, n, act);
+  CUDA_CHECK_LAUNCH();
+}
 
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -34,6 +58,7 @@ void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace
   CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "mlp: null pointer");
   CHECK(p.num_tokens >= 0, "mlp: num_tokens ", p.num_tokens);
   cpu::check_mlp_weights(*p.w, p.w->down.rows);
+  cpu::check_gated_activation(p.act);
   if (p.num_tokens == 0) return;
   const size_t need = mlp_workspace_bytes(*p.w, p.num_tokens);
   CHECK(workspace != nullptr && workspace_bytes >= need, "mlp: workspace of ", workspace_bytes,
@@ -48,7 +73,7 @@ void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace
   linear({.x = p.x, .w = &p.w->gate, .y = gate, .num_tokens = t}, blas, lin, lin_bytes, stream,
          kernel);
   linear({.x = p.x, .w = &p.w->up, .y = up, .num_tokens = t}, blas, lin, lin_bytes, stream, kernel);
-  silu_mul({.gate = gate, .up = up, .out = gate, .n = t * p.w->gate.rows}, stream);
+  apply_gated_activation(gate, up, t * p.w->gate.rows, p.act, stream);
   linear({.x = gate, .w = &p.w->down, .y = p.y, .num_tokens = t}, blas, lin, lin_bytes, stream,
          kernel);
 }

@@ -3,9 +3,10 @@
 //   2. scan     offsets = exclusive scan of counts; active = experts with tokens, in
 //               expert order; num_active                          (one block)
 //   3. fill     sorted_slots[offsets[e] ...] = the slots of e     (any order in a bucket)
-//   4. gate/up  h[pos] = silu(x W_gate^T) * (x W_up^T) for every sorted position pos
+//   4. gate/up  h[pos] = act(x W_gate^T, x W_up^T) for every sorted position pos
+//               (p.act: silu(gate) * up or SiTU, gated_activation in kernels/mlp/params.h)
 //   5. down     slot_out[slot] = h[pos] W_down^T
-//   6. shared   shared_out = cuda::mlp(x) when there is a shared expert
+//   6. shared   shared_out = cuda::mlp(x) with p.act when there is a shared expert
 //   7. combine  y[t] = sum_i w_i * slot_out[t * top_k + i] (+ shared_out[t])
 // Steps 4 and 5 launch a memory-bound kernel and two tensor-core kernels (the small and
 // the big tile of mma_tile.cuh) over (active expert, row block); each block handles only
@@ -95,16 +96,13 @@ struct Geometry {
   int64_t inter = 0;
   int64_t top_k = 0;
   int32_t mma_min_tokens = kMoeMmaMinTokens;  // experts with fewer tokens run the GEMV kernels
+  GatedActivation act;                        // between gate/up and down, every expert
 };
 
 __device__ __forceinline__ WRef with_expert(WRef w, const ExpertPtrs& e, int i) {
   w.data = static_cast<const uint8_t*>(e.data[i]);
   w.scales = e.scales[i];
   return w;
-}
-
-__device__ __forceinline__ float silu_mul(float g, float u) {
-  return g / (1.0f + expf(-g)) * u;
 }
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
@@ -208,7 +206,7 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
 #pragma unroll
     for (int j = 0; j < kGemvMaxTokens; ++j) {
       if (q < num_rows && j < a.count && lane == j) {
-        h[(a.begin + j) * g.inter + r0 + q] = silu_mul(acc_gate[q][j], acc_up[q][j]);
+        h[(a.begin + j) * g.inter + r0 + q] = gated_activation(acc_gate[q][j], acc_up[q][j], g.act);
       }
     }
   }
@@ -271,7 +269,7 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int n = i % kBN;
       if (m0 + m < a.count && n0 + n < g.inter) {
         h[(a.begin + m0 + m) * g.inter + n0 + n] =
-            silu_mul(s.c[0][m * kLdC + n], s.c[1][m * kLdC + n]);
+            gated_activation(s.c[0][m * kLdC + n], s.c[1][m * kLdC + n], g.act);
       }
     }
     __syncthreads();
@@ -398,6 +396,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
         "moe: ", experts.num_experts(), " uploaded experts of hidden size ", experts.hidden(),
         " for ", p.num_experts, " experts of hidden size ", p.hidden);
   if (p.shared != nullptr) cpu::check_mlp_weights(*p.shared, p.hidden);
+  cpu::check_gated_activation(p.act);
   CHECK(blas.stream() == stream, "moe: the Blas handle is bound to another stream");
   if (p.num_tokens == 0) return;
   const int64_t num_slots = p.num_tokens * p.top_k;
@@ -437,6 +436,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.inter = experts.inter();
   g.top_k = p.top_k;
   g.mma_min_tokens = batch_invariant ? 1 : static_cast<int32_t>(kMoeMmaMinTokens);
+  g.act = p.act;
   const Buckets b{counts, offsets, active, num_active, sorted_slots};
   const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
   const auto max_active = static_cast<unsigned>(std::min(p.num_experts, num_slots));
@@ -500,7 +500,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   });
 
   if (p.shared != nullptr) {
-    mlp({.x = p.x, .w = p.shared, .y = shared_out, .num_tokens = p.num_tokens}, blas,
+    mlp({.x = p.x, .w = p.shared, .y = shared_out, .num_tokens = p.num_tokens, .act = p.act}, blas,
         at(lay.shared_ws), lay.total - lay.shared_ws, stream,
         batch_invariant ? LinearKernel::kBatchInvariant : LinearKernel::kAuto);
   }

@@ -1,5 +1,9 @@
 // CUDA row normalizations: one 256-thread block per row, statistics in double
 // (cub block reductions), per-element scaling in fp32 in the CPU op's order.
+// attn_res_norm reads each candidate twice: pass 1 sums v_i^2 and v_i . query for every
+// candidate (warp shuffles, then per-warp partials in shared memory summed in warp
+// order), one thread turns the scores into softmax weights in shared memory; pass 2
+// mixes the raw candidates into y (as scratch) while summing m^2; pass 3 scales y.
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/norm/cuda.h"
@@ -58,6 +62,78 @@ __global__ void __launch_bounds__(kThreads) layer_norm_kernel(LayerNormParams p)
   }
 }
 
+__device__ double warp_sum(double v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+constexpr int kWarps = kThreads / 32;
+
+__global__ void __launch_bounds__(kThreads) attn_res_norm_kernel(AttnResNormParams p) {
+  __shared__ typename BlockSum::TempStorage tmp;
+  __shared__ double result;
+  __shared__ double partial[kMaxAttnResCandidates][kWarps][2];  // sum v^2, v . query
+  __shared__ float alpha[kMaxAttnResCandidates];
+  const int64_t n = p.num_snapshots + 1;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * p.dim;
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  const auto candidate = [&](int64_t i) {
+    return i < p.num_snapshots ? p.snapshots + i * p.snapshot_stride + row : p.current + row;
+  };
+  // Pass 1: s_i = (v_i . query) / sqrt(mean(v_i^2) + res_eps).
+  for (int64_t i = 0; i < n; ++i) {
+    const float* v = candidate(i);
+    double sum_sq = 0.0, dot = 0.0;
+    for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
+      sum_sq += static_cast<double>(v[d]) * v[d];
+      dot += static_cast<double>(v[d]) * p.query[d];
+    }
+    sum_sq = warp_sum(sum_sq);
+    dot = warp_sum(dot);
+    if (lane == 0) {
+      partial[i][warp][0] = sum_sq;
+      partial[i][warp][1] = dot;
+    }
+  }
+  __syncthreads();
+  // Softmax over the candidates in the CPU op's order and precision.
+  if (threadIdx.x == 0) {
+    float max_score = -INFINITY;
+    for (int64_t i = 0; i < n; ++i) {
+      double sum_sq = 0.0, dot = 0.0;
+      for (int w = 0; w < kWarps; ++w) {
+        sum_sq += partial[i][w][0];
+        dot += partial[i][w][1];
+      }
+      alpha[i] = static_cast<float>(dot / sqrt(sum_sq / p.dim + p.res_eps));
+      max_score = fmaxf(max_score, alpha[i]);
+    }
+    double total = 0.0;
+    for (int64_t i = 0; i < n; ++i) {
+      alpha[i] = expf(alpha[i] - max_score);
+      total += alpha[i];
+    }
+    for (int64_t i = 0; i < n; ++i) alpha[i] = static_cast<float>(alpha[i] / total);
+  }
+  __syncthreads();
+  // Pass 2: m = sum_i alpha_i v_i in candidate order, one rounding per step as on the
+  // CPU; m goes to y (each thread reads back only its own elements).
+  float* y = p.y + row;
+  double sum_sq = 0.0;
+  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
+    float m = 0.0f;
+    for (int64_t i = 0; i < n; ++i) m = __fadd_rn(m, __fmul_rn(alpha[i], candidate(i)[d]));
+    y[d] = m;
+    sum_sq += static_cast<double>(m) * m;
+  }
+  sum_sq = block_sum(sum_sq, tmp, result);
+  // Pass 3: y = m / sqrt(mean(m^2) + norm_eps) * norm_weight.
+  const float inv_rms = static_cast<float>(1.0 / sqrt(sum_sq / p.dim + p.norm_eps));
+  for (int64_t d = threadIdx.x; d < p.dim; d += kThreads)
+    y[d] = __fmul_rn(__fmul_rn(y[d], inv_rms), p.norm_weight[d]);
+}
+
 void check_rows(int64_t num_rows, int64_t dim, float eps, const char* op) {
   CHECK(num_rows >= 0, op, ": num_rows ", num_rows);
   CHECK(dim > 0, op, ": dim ", dim);
@@ -81,6 +157,30 @@ void layer_norm(const LayerNormParams& p, cudaStream_t stream) {
   check_rows(p.num_rows, p.dim, p.eps, "layer_norm");
   if (p.num_rows == 0) return;
   layer_norm_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void attn_res_norm(const AttnResNormParams& p, cudaStream_t stream) {
+  CHECK(p.num_tokens >= 0 && p.num_snapshots >= 0, "attn_res_norm: num_tokens ", p.num_tokens,
+        ", num_snapshots ", p.num_snapshots);
+  CHECK(p.num_snapshots < kMaxAttnResCandidates, "attn_res_norm: num_snapshots ", p.num_snapshots,
+        " (the CUDA kernel takes 0..", kMaxAttnResCandidates - 1, ")");
+  if (p.num_tokens == 0) return;
+  CHECK(p.current != nullptr && p.query != nullptr && p.norm_weight != nullptr && p.y != nullptr &&
+            (p.num_snapshots == 0 || p.snapshots != nullptr),
+        "attn_res_norm: null pointer");
+  check_rows(p.num_tokens, p.dim, p.res_eps, "attn_res_norm");
+  CHECK(p.norm_eps >= 0.0f, "attn_res_norm: norm_eps ", p.norm_eps);
+  const int64_t n = p.num_tokens * p.dim;
+  CHECK(p.num_snapshots == 0 || p.snapshot_stride >= n, "attn_res_norm: snapshot_stride ",
+        p.snapshot_stride, " < num_tokens * dim = ", n);
+  // y is scratch for the mix while candidates are still read: it must not overlap them.
+  const auto overlaps = [&](const float* v) { return p.y < v + n && v < p.y + n; };
+  bool aliased = overlaps(p.current);
+  for (int64_t i = 0; i < p.num_snapshots; ++i)
+    aliased = aliased || overlaps(p.snapshots + i * p.snapshot_stride);
+  CHECK(!aliased, "attn_res_norm: y overlaps a candidate");
+  attn_res_norm_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
