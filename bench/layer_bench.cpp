@@ -1,5 +1,5 @@
 // hyserve_layer_bench: one KDA layer, one MLA+DSA layer and one MoE layer at the true
-// dimensions of a config (default ../shared/configs/kimi-k3.1-pro.json), random weights
+// dimensions of a config (default ../shared/configs/kimi-k3.1-pro-published.json), random weights
 // (RandomWeights: bf16 matrices, MXFP4 experts as the config says), on one GPU.
 //
 // Cases: decode at batch 1, 8, 64 with --context past tokens per sequence (caches filled
@@ -185,7 +185,7 @@ void report(const std::string& case_name, int64_t batch, int64_t context, int64_
 int run(int argc, char** argv) {
   CLI::App app{"Layer benchmark at full model dimensions (random weights)"};
   std::string config_path =
-      std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro.json";
+      std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro-published.json";
   int64_t context = 32768, prefill = 4096;
   std::vector<int64_t> batches = {1, 8, 64};
   int iters = 10;

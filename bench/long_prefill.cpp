@@ -53,7 +53,7 @@ void print(const nlohmann::json& j) {
 int run(int argc, char** argv) {
   CLI::App app{"One long prompt through K3.1 Pro-shaped layers, in bounded memory"};
   std::string config_path =
-      std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro.json";
+      std::string(HYSERVE_SOURCE_DIR) + "/../shared/configs/kimi-k3.1-pro-published.json";
   int64_t prompt_tokens = int64_t{1} << 20, chunk = 16384, output_tokens = 4;
   int64_t progress_every = 8;
   std::string kv_cache_dtype = "fp8";

@@ -127,61 +127,66 @@ TEST(CachePlanTest, SnapshotCountMatchesThePolicy) {
 }
 
 TEST(CachePlanTest, KimiK31ProAtTp8MatchesHandComputation) {
-  const auto path = shared_config("kimi-k3.1-pro.json");
-  if (path.empty()) GTEST_SKIP() << "kimi-k3.1-pro.json not found";
+  const auto path = shared_config("kimi-k3.1-pro-published.json");
+  if (path.empty()) GTEST_SKIP() << "kimi-k3.1-pro-published.json not found";
   const ModelConfig c = ModelConfig::load(path);
   const CachePlan p = plan_cache(
       c, {.latent = LatentCacheDtype::kFp8, .index = IndexCacheDtype::kFp8, .tp = 8, .dcp = 1});
 
-  // KDA state per request at TP8: 128 / 8 = 16 heads of 128, 69 layers;
-  // conv 3 x (3*16*128) fp32 = 73,728 B, recurrent 16*128*128 fp32 = 1,048,576 B.
-  const int64_t kda_state = 69 * (3 * 3 * 16 * 128 * 4 + 16 * 128 * 128 * 4);
-  EXPECT_EQ(kda_state, 77'438'976);
+  // KDA state per request at TP8: 96 / 8 = 12 heads of 128, 69 layers;
+  // conv 3 x (3*12*128) fp32 = 55,296 B, recurrent 12*128*128 fp32 = 786,432 B.
+  const int64_t kda_state = 69 * (3 * 3 * 12 * 128 * 4 + 12 * 128 * 128 * 4);
+  EXPECT_EQ(kda_state, 58'079'232);
   EXPECT_EQ(p.kda_state_bytes, kda_state);
   EXPECT_EQ(p.kda_state_bytes, kda_state_bytes_per_request(c, 8));
   EXPECT_EQ(p.kda_state_rows, 1);
-  EXPECT_EQ(p.kda_heads_per_gpu, 16);
-  // Per token slot: 24 layers x (576 + 132) = 16,992 B. 4096 slots = 69,599,232 B < the
-  // state; 8192 slots = 139,198,464 B >= it. Pages of 576*8192 and 132*8192 B are multiples
+  EXPECT_EQ(p.kda_heads_per_gpu, 12);
+  // Per token slot: 24 layers x (576 + 132) = 16,992 B. 2048 slots = 34,799,616 B < the
+  // state; 4096 slots = 69,599,232 B >= it. Pages of 576*4096 and 132*4096 B are multiples
   // of 256: no padding.
   EXPECT_EQ(p.token_bytes_per_slot, 16'992);
-  EXPECT_LT(16'992 * 4096, kda_state);
-  EXPECT_EQ(p.block_size, 8192);
-  EXPECT_EQ(p.row_bytes, 139'198'464);
+  EXPECT_LT(16'992 * 2048, kda_state);
+  EXPECT_EQ(p.block_size, 4096);
+  EXPECT_EQ(p.row_bytes, 69'599'232);
   EXPECT_EQ(p.padding_bytes, 0);
   ASSERT_EQ(p.pages.size(), 24u);
   for (int64_t j = 0; j < 24; ++j) {
     const CachePage& page = p.pages[j];
     EXPECT_EQ(page.layer, j < 23 ? 4 * j + 3 : 92) << j;
-    EXPECT_EQ(page.latent_offset, j * (576 + 132) * 8192) << j;
-    EXPECT_EQ(page.latent_bytes, 576 * 8192) << j;
-    EXPECT_EQ(page.index_offset, j * (576 + 132) * 8192 + 576 * 8192) << j;
-    EXPECT_EQ(page.index_bytes, 132 * 8192) << j;
+    EXPECT_EQ(page.latent_offset, j * (576 + 132) * 4096) << j;
+    EXPECT_EQ(page.latent_bytes, 576 * 4096) << j;
+    EXPECT_EQ(page.index_offset, j * (576 + 132) * 4096 + 576 * 4096) << j;
+    EXPECT_EQ(page.index_bytes, 132 * 4096) << j;
   }
   ASSERT_EQ(p.kda_pages.size(), 69u);
   EXPECT_EQ(p.kda_pages[68].layer, 90);
-  EXPECT_EQ(p.kda_pages[68].recurrent_offset, 68 * 1'122'304 + 73'728);
+  EXPECT_EQ(p.kda_pages[68].recurrent_offset, 68 * 841'728 + 55'296);
 
-  // Weights per GPU at TP8 (bf16 except MXFP4 routed experts: 17/32 B per value).
+  // Weights per GPU at TP8 (bf16; fp32 small KDA tensors and biases; MXFP4 routed experts:
+  // 17/32 B per value):
   //   embed + lm_head 2 * (163840/8) * 7168 * 2 + model.norm 7168 * 2   =     587,216,896
+  //   AttnRes 2 * 7168 * 2 B per norm and per proj, 2 * 93 + 1 pairs       =       5,361,664
   //   norms 93 * 2 * 7168 * 2                                              =       2,666,496
   //   MLA replicated: q_a 1536*7168 + 1536, kv_a 576*7168 + 512, indexer wq_b 4096*1536,
   //     wk 128*7168, k_norm 256, weights_proj 32*7168: 22,579,456 values = 45,158,912 B
   //   MLA sharded: (q_b 18432*1536 + kv_b 24576*512 + o 7168*12288 + g 12288*7168) / 8
   //     = 27,131,904 values = 54,263,808 B; x24 layers with the replicated part
-  //   KDA sharded: (3*16384*7168 + conv 3*16384*4 + f_b, g_b 2*16384*128 + b 128*7168
-  //     + A_log 128 + dt_bias 16384 + o 7168*16384) / 8 = 59,385,872 values = 118,771,744 B
-  //   KDA replicated: f_a, g_a 2*128*7168 + o_norm 128 = 1,835,136 values = 3,670,272 B
-  //   dense MLP (layer 0): 3*7168*18432/8 * 2                              =      99,090,432
-  //   MoE x92: router (896*7168 + 896)*2 = 12,846,848; shared 5*3*7168*192*2 = 41,287,680;
-  //     routed 896*3*7168*192 * 17/32 = 1,965,293,568
-  const int64_t mla = 45'158'912 + 54'263'808, kda = 118'771'744 + 3'670'272;
-  const int64_t moe = 12'846'848 + 41'287'680 + 1'965'293'568;
-  const int64_t weights = 587'216'896 + 2'666'496 + 24 * mla + 69 * kda + 99'090'432 + 92 * moe;
+  //   KDA sharded (12 heads, 1536 wide): bf16 q, k, v 3*1536*7168, f_b 1536*128,
+  //     b 12*7168, o 7168*1536, g_proj 1536*7168 = 55,332,864 values = 110,665,728 B;
+  //     fp32 conv 3*1536*4, A_log 12, dt_bias 1536 = 19,980 values = 79,920 B
+  //   KDA replicated: f_a 128*7168 * 2 + o_norm 128 * 4                   =       1,835,520
+  //   dense MLP (layer 0): 3*7168*(33792/8) * 2                            =     181,665,792
+  //   MoE x92: router 896*7168*2 + bias 896*4 = 12,848,640; shared 2*3*7168*384*2 =
+  //     33,030,144; routed 896*3*3584*384 * 17/32 = 1,965,293,568; latent down + up
+  //     2*3584*7168*2 + norm 3584*2 = 102,767,616
+  const int64_t mla = 45'158'912 + 54'263'808, kda = 110'745'648 + 1'835'520;
+  const int64_t moe = 12'848'640 + 33'030'144 + 1'965'293'568 + 102'767'616;
+  const int64_t weights =
+      587'216'896 + 5'361'664 + 2'666'496 + 24 * mla + 69 * kda + 181'665'792 + 92 * moe;
   const WeightBytes w = estimate_weight_bytes_per_gpu(c, 8);
   EXPECT_EQ(w.total(), weights);
   EXPECT_EQ(w.routed_experts, int64_t{92} * 1'965'293'568);
-  EXPECT_EQ(weights, 197'311'003'040);  // > 141 GB: K3.1 Pro does not fit on 8 H200s
+  EXPECT_EQ(weights, 205'413'633'776);  // > 141 GB: K3.1 Pro does not fit on 8 H200s
 
   const int64_t gpu = 141'000'000'000;
   const MemoryPlan too_big =
@@ -191,8 +196,8 @@ TEST(CachePlanTest, KimiK31ProAtTp8MatchesHandComputation) {
   EXPECT_EQ(too_big.num_full_contexts, 0);
 
   // A given weights estimate of 100 GB per GPU and an 8 GB reserve:
-  // 141e9 * 0.9 = 126.9e9 usable; 18.9e9 for the cache; floor(18.9e9 / 139,198,464) = 135
-  // (135 rows = 18,791,792,640 B; 136 rows = 18,930,991,104 B).
+  // 141e9 * 0.9 = 126.9e9 usable; 18.9e9 for the cache; floor(18.9e9 / 69,599,232) = 271
+  // (271 rows = 18,861,391,872 B; 272 rows = 18,930,991,104 B).
   const MemoryBudget budget{.gpu_memory_bytes = gpu,
                             .gpu_memory_utilization = 0.9,
                             .weight_bytes = 100'000'000'000,
@@ -203,35 +208,35 @@ TEST(CachePlanTest, KimiK31ProAtTp8MatchesHandComputation) {
   EXPECT_TRUE(m.fits);
   EXPECT_EQ(m.usable_bytes, 126'900'000'000);
   EXPECT_EQ(m.cache_bytes, 18'900'000'000);
-  EXPECT_EQ(m.num_blocks, 135);
-  EXPECT_EQ(m.tokens_per_gpu, 135 * 8192);
-  EXPECT_EQ(m.tokens_per_dcp_group, 135 * 8192);
-  // 1M = 2^20 tokens: 128 token blocks + 1 live KDA state + 1 snapshot at the prompt end.
-  EXPECT_EQ(m.context_token_blocks, 128);
+  EXPECT_EQ(m.num_blocks, 271);
+  EXPECT_EQ(m.tokens_per_gpu, 271 * 4096);
+  EXPECT_EQ(m.tokens_per_dcp_group, 271 * 4096);
+  // 1M = 2^20 tokens: 256 token blocks + 1 live KDA state + 1 snapshot at the prompt end.
+  EXPECT_EQ(m.context_token_blocks, 256);
   EXPECT_EQ(m.context_snapshot_blocks, 1);
-  EXPECT_EQ(m.blocks_per_context, 130);
+  EXPECT_EQ(m.blocks_per_context, 258);
   EXPECT_EQ(m.num_full_contexts, 1);
 
-  // DCP 8 (same row layout): a block id covers 65,536 positions; 16 + 1 + 1 = 18 blocks per
-  // context, 135 / 18 = 7 contexts. A snapshot every 4th boundary adds 16/4 = 4 (the prompt
-  // end, boundary 16, is one of them): 21 blocks, 6 contexts.
+  // DCP 8 (same row layout): a block id covers 32,768 positions; 32 + 1 + 1 = 34 blocks per
+  // context, 271 / 34 = 7 contexts. A snapshot every 4th boundary adds 32/4 = 8 (the prompt
+  // end, boundary 32, is one of them): 41 blocks, 6 contexts.
   const CachePlan p8 = plan_cache(c, {.tp = 8, .dcp = 8});
   EXPECT_EQ(p8.row_bytes, p.row_bytes);
   const MemoryPlan m8 = plan_memory(p8, budget);
-  EXPECT_EQ(m8.tokens_per_dcp_group, int64_t{135} * 8192 * 8);
-  EXPECT_EQ(m8.blocks_per_context, 18);
+  EXPECT_EQ(m8.tokens_per_dcp_group, int64_t{271} * 4096 * 8);
+  EXPECT_EQ(m8.blocks_per_context, 34);
   EXPECT_EQ(m8.num_full_contexts, 7);
   MemoryBudget periodic = budget;
   periodic.snapshots.every_blocks = 4;
   const MemoryPlan m8p = plan_memory(p8, periodic);
-  EXPECT_EQ(m8p.context_snapshot_blocks, 4);
-  EXPECT_EQ(m8p.blocks_per_context, 21);
+  EXPECT_EQ(m8p.context_snapshot_blocks, 8);
+  EXPECT_EQ(m8p.blocks_per_context, 41);
   EXPECT_EQ(m8p.num_full_contexts, 6);
 
   const std::string text = format_cache_plan(p, m);
-  EXPECT_NE(text.find("139,198,464"), std::string::npos) << text;
-  EXPECT_NE(text.find("4,718,592"), std::string::npos) << text;
-  EXPECT_NE(text.find("135 blocks"), std::string::npos) << text;
+  EXPECT_NE(text.find("69,599,232"), std::string::npos) << text;
+  EXPECT_NE(text.find("2,359,296"), std::string::npos) << text;
+  EXPECT_NE(text.find("271 blocks"), std::string::npos) << text;
 }
 
 }  // namespace

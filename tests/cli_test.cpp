@@ -30,16 +30,17 @@ std::string shared_configs() {
 }
 
 bool has_shared_configs() {
-  FILE* f = std::fopen((shared_configs() + "/kimi-k3.1-pro.json").c_str(), "r");
+  FILE* f = std::fopen((shared_configs() + "/kimi-k3.1-pro-published.json").c_str(), "r");
   if (f) std::fclose(f);
   return f != nullptr;
 }
 
 TEST(Cli, InfoOnKimiK31ProShowsCacheBytes) {
   if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
-  const RunResult r = run("info " + shared_configs() + "/kimi-k3.1-pro.json");
+  const RunResult r = run("info " + shared_configs() + "/kimi-k3.1-pro-published.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("93 = 69 KDA + 24 MLA+DSA"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("fp8          -                  13,824"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("fp8          fp8                16,992"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("nvfp4        mxfp4              10,080"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("total 2.78T"), std::string::npos) << r.output;
@@ -47,23 +48,33 @@ TEST(Cli, InfoOnKimiK31ProShowsCacheBytes) {
 
 TEST(Cli, InfoOnKimiK3ShowsDenseMlaCache) {
   if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
-  const RunResult r = run("info " + shared_configs() + "/kimi-k3.json");
+  const RunResult r = run("info " + shared_configs() + "/kimi-k3-published.json");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("13,824"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("MLA (dense)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("bounded forget gate, full-rank output gate"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("block AttnRes, a snapshot every 12 layers"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("latent experts at 3584"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("total 2.78T"), std::string::npos) << r.output;
+  // Every field of the published config is known: no warning.
+  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
 }
 
 TEST(Cli, InfoPrintsTheCachePlan) {
   if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
-  RunResult r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory 141GB --tp 8");
+  RunResult r =
+      run("info " + shared_configs() + "/kimi-k3.1-pro-published.json --gpu-memory 141GB --tp 8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  // 8192-token blocks x 16,992 B/token (tests/cache_plan_test.cpp has the hand computation).
-  EXPECT_NE(r.output.find("row: 139,198,464 B"), std::string::npos) << r.output;
+  // 4096-token blocks x 16,992 B/token (tests/cache_plan_test.cpp has the hand computation).
+  EXPECT_NE(r.output.find("row: 69,599,232 B"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("does not fit"), std::string::npos) << r.output;
-  r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory 141GB --tp 16 --dcp 8");
+  r = run("info " + shared_configs() +
+          "/kimi-k3.1-pro-published.json --gpu-memory 141GB --tp 16 --dcp 8");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("full contexts fit"), std::string::npos) << r.output;
-  r = run("info " + shared_configs() + "/kimi-k3.1-pro.json --gpu-memory lots");
+  r = run("info " + shared_configs() + "/kimi-k3.1-pro-published.json --gpu-memory lots");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--gpu-memory"), std::string::npos) << r.output;
 }

@@ -4,7 +4,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -48,43 +50,173 @@ std::string error_of(const json& j) {
   return "";
 }
 
-TEST(Config, KimiK31ProFullSize) {
-  const auto path = shared_config("kimi-k3.1-pro.json");
+// The published Kimi K3.1 Pro config (K3.md §1, §6): the wrapper, every math field under
+// its published name, the indexer from dsa_config.
+TEST(Config, KimiK31ProPublished) {
+  const auto path = shared_config("kimi-k3.1-pro-published.json");
   if (path.empty()) GTEST_SKIP() << "shared/configs not found";
   const ModelConfig c = ModelConfig::load(path);
   EXPECT_EQ(c.model_type, ModelType::kKimiK3);
+  EXPECT_EQ(c.tensor_prefix, "language_model.");
+  EXPECT_TRUE(c.has_vision);
+  EXPECT_TRUE(c.unknown_fields.empty()) << c.unknown_fields_warning();
+  EXPECT_EQ(c.vocab_size, 163840);
+  EXPECT_EQ(c.hidden_size, 7168);
   EXPECT_EQ(c.num_hidden_layers, 93);
   EXPECT_EQ(c.num_kda_layers(), 69);
   EXPECT_EQ(c.num_mla_layers(), 24);
+  // The last two layers are both MLA (a % 4 rule gets layer 92 wrong).
+  EXPECT_TRUE(c.is_kda(90));
+  EXPECT_FALSE(c.is_kda(91));
+  EXPECT_FALSE(c.is_kda(92));
+  EXPECT_FALSE(c.is_kda(3));
   EXPECT_TRUE(c.has_indexer());
+  EXPECT_EQ(c.index_n_heads, 32);
+  EXPECT_EQ(c.index_head_dim, 128);
   EXPECT_EQ(c.index_topk, 2048);
   EXPECT_EQ(c.index_rope_dims, 0);
+  EXPECT_DOUBLE_EQ(c.index_k_norm_eps, 1e-5);
   EXPECT_FALSE(c.rope.enabled);
   EXPECT_TRUE(c.mla_output_gate);
+  EXPECT_EQ(c.num_attention_heads, 96);
+  EXPECT_DOUBLE_EQ(c.kv_norm_eps, 1e-6);
+  EXPECT_EQ(c.linear_num_heads, 96);
+  EXPECT_EQ(c.linear_head_dim, 128);
+  EXPECT_DOUBLE_EQ(c.kda_gate_lower_bound, -5.0);
+  EXPECT_TRUE(c.kda_full_rank_gate);
+  EXPECT_EQ(c.attn_res_block_size, 12);
+  EXPECT_EQ(c.num_attn_res_snapshots(), 8);
+  EXPECT_TRUE(c.situ);
+  EXPECT_DOUBLE_EQ(c.situ_beta, 4.0);
+  EXPECT_DOUBLE_EQ(c.situ_linear_beta, 25.0);
   EXPECT_EQ(c.expert_format, ExpertFormat::kMxfp4);
   EXPECT_EQ(c.num_experts, 896);
   EXPECT_EQ(c.num_experts_per_tok, 16);
+  EXPECT_EQ(c.num_shared_experts, 2);
+  EXPECT_EQ(c.moe_latent_size, 3584);
+  EXPECT_EQ(c.expert_hidden_size(), 3584);
+  EXPECT_TRUE(c.moe_latent_norm);
+  EXPECT_EQ(c.n_group, 1);
   EXPECT_FALSE(c.is_moe(0));
   EXPECT_TRUE(c.is_moe(1));
+  EXPECT_TRUE(c.is_moe(92));
+  EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{163586}));
   // MODEL.md §6: 24 layers x (576 + 132) and x (352 + 68).
   EXPECT_EQ(cache_bytes_per_token(c, LatentCacheDtype::kFp8, IndexCacheDtype::kFp8), 16992);
   EXPECT_EQ(cache_bytes_per_token(c, LatentCacheDtype::kNvfp4, IndexCacheDtype::kMxfp4), 10080);
-  EXPECT_EQ(latent_bytes_per_token(c, LatentCacheDtype::kFp8WithScales), 656);
-  EXPECT_EQ(latent_bytes_per_token(c, LatentCacheDtype::kBf16), 1152);
-  // MODEL.md: the configs land near 2.78T total and 105B active.
-  const ParamCount p = count_params(c);
-  EXPECT_NEAR(static_cast<double>(p.total) / 1e12, 2.78, 0.01);
-  EXPECT_NEAR(static_cast<double>(p.active) / 1e9, 105.0, 1.5);
-  // Per request: 69 layers x (3 x 3 x 16384 conv + 128 x 128 x 128 state) fp32.
-  EXPECT_EQ(kda_state_bytes_per_request(c), 69LL * (3 * 3 * 16384 + 128 * 128 * 128) * 4);
+  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c, LatentCacheDtype::kFp8), 13824);
+  // Per request: 69 layers x (3 x 3 x 12288 conv + 96 x 128 x 128 state) fp32.
+  EXPECT_EQ(kda_state_bytes_per_request(c), 69LL * (3 * 3 * 12288 + 96 * 128 * 128) * 4);
 }
 
-TEST(Config, KimiK3WithoutIndexer) {
-  const auto path = shared_config("kimi-k3.json");
+// Parameter totals against the published tensor list (K3.md §4.4): 2,779,484,478,208
+// logical text-model parameters (MXFP4 bytes count two, scales none), counted from
+// configs/kimi-k3-published.tensors.txt; hyserve counts A_log as its 96 heads, not the
+// stored [128] (69 layers x 32 padding entries).
+TEST(Config, KimiK3PublishedParamsMatchTensorList) {
+  const auto path = shared_config("kimi-k3-published.json");
   if (path.empty()) GTEST_SKIP() << "shared/configs not found";
   const ModelConfig c = ModelConfig::load(path);
   EXPECT_FALSE(c.has_indexer());
-  EXPECT_EQ(cache_bytes_per_token(c, LatentCacheDtype::kFp8, IndexCacheDtype::kFp8), 13824);
+  EXPECT_TRUE(c.unknown_fields.empty()) << c.unknown_fields_warning();
+  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c, LatentCacheDtype::kFp8), 13824);
+  const ParamCount p = count_params(c);
+  EXPECT_EQ(p.total, 2779484478208LL - 69 * 32);
+  const int64_t expert = 3LL * 3584 * 3072;
+  EXPECT_EQ(p.routed_experts, 92LL * 896 * expert);
+  EXPECT_EQ(p.active, p.total - 92LL * (896 - 16) * expert);
+  // K3.1 Pro adds the indexer: 24 x (32*128*1536 + 128*7168 + 2*128 + 32*7168).
+  const auto pro = shared_config("kimi-k3.1-pro-published.json");
+  if (!pro.empty()) {
+    EXPECT_EQ(count_params(ModelConfig::load(pro)).total,
+              p.total + 24LL * (32 * 128 * 1536 + 128 * 7168 + 2 * 128 + 32 * 7168));
+  }
+}
+
+json published_k3_text() {
+  const auto path = shared_config("kimi-k3-published.json");
+  std::ifstream in(path);
+  return json::parse(in);
+}
+
+TEST(Config, PublishedK3UnknownFieldsAreReported) {
+  if (shared_config("kimi-k3-published.json").empty()) GTEST_SKIP() << "shared/configs not found";
+  json j = published_k3_text();
+  j["text_config"]["some_new_knob"] = 3;
+  j["text_config"]["linear_attn_config"]["other_knob"] = true;
+  j["top_level_thing"] = "x";
+  const ModelConfig c = ModelConfig::from_json(j);
+  EXPECT_EQ(c.unknown_fields,
+            (std::vector<std::string>{"text_config.some_new_knob", "top_level_thing",
+                                      "text_config.linear_attn_config.other_knob"}));
+  EXPECT_NE(c.unknown_fields_warning().find("text_config.some_new_knob"), std::string::npos);
+}
+
+TEST(Config, PublishedK3MathFieldsRefusedOrApplied) {
+  if (shared_config("kimi-k3-published.json").empty()) GTEST_SKIP() << "shared/configs not found";
+  auto with = [](const std::function<void(json&)>& edit) {
+    json j = published_k3_text();
+    edit(j["text_config"]);
+    return error_of(j);
+  };
+  EXPECT_NE(with([](json& t) { t["hidden_act"] = "gelu"; }).find("hidden_act"), std::string::npos);
+  EXPECT_NE(with([](json& t) { t.erase("activation_situ_beta"); }).find("activation_situ_beta"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) { t["mla_output_gate"] = true; }).find("mla_use_output_gate"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) { t["mla_use_nope"] = false; }).find("mla_use_nope"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) { t["topk_method"] = "greedy"; }).find("topk_method"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) {
+              t["linear_attn_config"]["gate_lower_bound"] = 1.0;
+            }).find("gate_lower_bound"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) { t["attention_bias"] = true; }).find("attention_bias"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) {
+              t["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 16;
+            }).find("groups of 32"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) {
+              t["quantization_config"]["config_groups"]["group_0"]["input_activations"] =
+                  json{{"num_bits", 8}};
+            }).find("activation quantization"),
+            std::string::npos);
+  EXPECT_NE(with([](json& t) {
+              t["dsa_config"] = json{{"index_n_heads", 32},
+                                     {"index_head_dim", 128},
+                                     {"index_topk", 2048},
+                                     {"layers", {4, 8}}};
+            }).find("dsa_config.layers"),
+            std::string::npos);
+  // Errors inside the wrapper name where they are.
+  EXPECT_NE(with([](json& t) { t["hidden_act"] = "gelu"; }).find("text_config"), std::string::npos);
+
+  // Fields that select other (implemented) math.
+  json j = published_k3_text();
+  j["text_config"]["linear_attn_config"].erase("gate_lower_bound");
+  j["text_config"]["linear_attn_config"]["use_full_rank_gate"] = false;
+  j["text_config"]["latent_moe_use_norm"] = false;
+  j["text_config"]["activation_situ_linear_beta"] = nullptr;
+  j["text_config"]["moe_layer_freq"] = 2;
+  ModelConfig c = ModelConfig::from_json(j);
+  EXPECT_EQ(c.kda_gate_lower_bound, 0.0);
+  EXPECT_FALSE(c.kda_full_rank_gate);
+  EXPECT_FALSE(c.moe_latent_norm);
+  EXPECT_EQ(c.situ_linear_beta, 0.0);
+  EXPECT_FALSE(c.is_moe(1));
+  EXPECT_TRUE(c.is_moe(2));
+  EXPECT_FALSE(c.is_moe(3));
+  // DeepSeek-style top-level index_* fields are read too.
+  j = published_k3_text();
+  j["text_config"]["index_n_heads"] = 32;
+  j["text_config"]["index_head_dim"] = 128;
+  j["text_config"]["index_topk"] = 2048;
+  c = ModelConfig::from_json(j);
+  EXPECT_EQ(c.index_n_heads, 32);
+  EXPECT_EQ(c.index_rope_dims, 0);
+  EXPECT_TRUE(c.unknown_fields.empty());
 }
 
 TEST(Config, KimiLinearOneIndexedLayerLists) {

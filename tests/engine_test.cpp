@@ -362,7 +362,10 @@ TEST(EngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
   std::vector<int32_t> all = prompt;
   for (const OutputToken& t : c.tokens) all.push_back(t.token);
   const auto alone = logits_alone(engine.model(), all);
-  constexpr double kTol = 1e-5;
+  // logits_alone runs one token per step (recurrent KDA) where the engine prefills the prompt
+  // (chunked KDA): fp32 rounding apart, up to ~8e-5 on the bundled K3.1 Pro (SiTU, bounded
+  // gate, AttnRes).
+  constexpr double kTol = 2e-4;
   for (size_t i = 0; i < c.tokens.size(); ++i) {
     const std::vector<float>& row = alone[prompt.size() - 1 + i];
     const OutputToken& t = c.tokens[i];

@@ -27,6 +27,8 @@ inline const GoldenFixture kGoldenFixtures[] = {
     {"deepseek_v32", "tests/fixtures/deepseek_v32_tiny", "tests/fixtures/deepseek_v32_tiny"},
     {"deepseek_v32_fp8", "tests/fixtures/deepseek_v32_fp8_tiny",
      "tests/fixtures/deepseek_v32_fp8_tiny"},
+    {"kimi_k3_published", "tests/fixtures/kimi_k3_published_tiny",
+     "tests/fixtures/kimi_k3_published_tiny"},
 };
 
 inline std::vector<float> golden_floats(const SafetensorsFile& f, const std::string& name) {

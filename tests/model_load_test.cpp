@@ -49,30 +49,33 @@ std::string load_error(const fs::path& dir) {
 TEST(ModelLoad, MissingTensorIsNamed) {
   const auto dir = rewrite_tiny("missing", [](std::vector<TensorToWrite>& t) {
     std::erase_if(t, [](const TensorToWrite& w) {
-      return w.name == "model.layers.2.self_attn.indexer.wk.weight";
+      return w.name == "language_model.model.layers.3.self_attn.indexer.wk.weight";
     });
   });
   const std::string err = load_error(dir);
-  EXPECT_NE(err.find("model.layers.2.self_attn.indexer.wk.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("language_model.model.layers.3.self_attn.indexer.wk.weight"),
+            std::string::npos)
+      << err;
 }
 
 TEST(ModelLoad, WrongShapeIsNamedWithFile) {
   const auto dir = rewrite_tiny("shape", [](std::vector<TensorToWrite>& t) {
     for (auto& w : t) {
-      if (w.name == "model.layers.0.self_attn.b_proj.weight") {
+      if (w.name == "language_model.model.layers.0.self_attn.b_proj.weight") {
         w.shape = {w.shape[1], w.shape[0]};
       }
     }
   });
   const std::string err = load_error(dir);
-  EXPECT_NE(err.find("model.layers.0.self_attn.b_proj.weight"), std::string::npos) << err;
+  EXPECT_NE(err.find("language_model.model.layers.0.self_attn.b_proj.weight"), std::string::npos)
+      << err;
   EXPECT_NE(err.find("model.safetensors"), std::string::npos) << err;
 }
 
 TEST(ModelLoad, WrongDtypeIsNamed) {
   const auto dir = rewrite_tiny("dtype", [](std::vector<TensorToWrite>& t) {
     for (auto& w : t) {
-      if (w.name == "model.norm.weight") {
+      if (w.name == "language_model.model.norm.weight") {
         w.dtype = DType::kI32;  // same bytes, an integer type
         w.shape = {w.shape[0] / 2};
       }
@@ -86,11 +89,70 @@ TEST(ModelLoad, WrongDtypeIsNamed) {
 TEST(ModelLoad, MissingMxfp4ScalesAreNamed) {
   const auto dir = rewrite_tiny("scales", [](std::vector<TensorToWrite>& t) {
     std::erase_if(t, [](const TensorToWrite& w) {
-      return w.name == "model.layers.1.block_sparse_moe.experts.3.w2.weight_scales";
+      return w.name == "language_model.model.layers.1.block_sparse_moe.experts.3.w2.weight_scale";
     });
   });
   const std::string err = load_error(dir);
-  EXPECT_NE(err.find("experts.3.w2.weight_scales"), std::string::npos) << err;
+  EXPECT_NE(err.find("experts.3.w2.weight_scale"), std::string::npos) << err;
+}
+
+// The published layout (K3.md §4): the vision tower and projector are never read (a
+// broken or missing one changes nothing), the K3 tensors are all required, and A_log's
+// padding past the heads is not read.
+TEST(ModelLoad, PublishedK3SkipsTheVisionTowerAndNamesK3Tensors) {
+  const auto reference = Model::load(kTiny);
+  const std::vector<int32_t> prompt = {5, 9, 14, 3, 77, 21, 8, 8, 40, 2, 11};
+  SequenceState s = reference->new_sequence();
+  std::vector<float> expected;
+  reference->forward(prompt, s, expected, true);
+
+  const auto is_vision = [](const std::string& name) {
+    return name.starts_with("vision_tower.") || name.starts_with("mm_projector.");
+  };
+  const auto no_vision = rewrite_tiny("no_vision", [&](std::vector<TensorToWrite>& t) {
+    const size_t before = t.size();
+    std::erase_if(t, [&](const TensorToWrite& w) { return is_vision(w.name); });
+    ASSERT_LT(t.size(), before) << "the bundled model has a vision tower stub";
+  });
+  const auto bad_vision = rewrite_tiny("bad_vision", [&](std::vector<TensorToWrite>& t) {
+    for (auto& w : t) {
+      if (!is_vision(w.name)) continue;
+      w.dtype = DType::kI32;
+      w.shape = {1};
+      w.bytes.resize(4);
+    }
+  });
+  // A_log's padding entries hold garbage: not read.
+  const auto a_log = rewrite_tiny("a_log_pad", [&](std::vector<TensorToWrite>& t) {
+    for (auto& w : t) {
+      if (w.name.ends_with("self_attn.A_log")) {
+        ASSERT_EQ(w.dtype, DType::kF32);
+        ASSERT_GT(w.shape[0], reference->config().linear_num_heads);
+        float* v = reinterpret_cast<float*>(w.bytes.data());
+        for (int64_t i = reference->config().linear_num_heads; i < w.shape[0]; ++i) v[i] = 1e6f;
+      }
+    }
+  });
+  for (const fs::path& dir : {no_vision, bad_vision, a_log}) {
+    const auto model = Model::load(dir);
+    SequenceState st = model->new_sequence();
+    std::vector<float> logits;
+    model->forward(prompt, st, logits, true);
+    EXPECT_EQ(logits, expected) << dir;
+  }
+
+  for (const char* name :
+       {"language_model.model.output_attn_res_proj.weight",
+        "language_model.model.layers.4.mlp_res_norm.weight",
+        "language_model.model.layers.2.self_attn.g_proj.weight",
+        "language_model.model.layers.1.block_sparse_moe.routed_expert_norm.weight",
+        "language_model.model.layers.6.block_sparse_moe.routed_expert_up_proj.weight"}) {
+    const auto dir = rewrite_tiny("missing_k3", [&](std::vector<TensorToWrite>& t) {
+      std::erase_if(t, [&](const TensorToWrite& w) { return w.name == name; });
+    });
+    const std::string err = load_error(dir);
+    EXPECT_NE(err.find(name), std::string::npos) << name << ": " << err;
+  }
 }
 
 TEST(ModelLoad, TokenOutsideVocabularyIsRefused) {

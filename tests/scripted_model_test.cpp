@@ -1,5 +1,6 @@
 // The scripted checkpoint of the server's tool-call tests (tests/fixtures/scripted-kimi-k3,
-// built by tools/make_scripted_model.py): every attention and MLP output is exactly zero, so
+// built by tools/make_scripted_model.py, a kimi_k3 in the published layout): every attention
+// and MLP output is exactly zero, so
 // the logits depend on the last token only, and greedy decoding from the chat prompt's last
 // token (<think>) emits scripted_reply.json's ids. Checked here on the model alone, so a
 // server test failure is not the fixture's fault.
@@ -48,8 +49,10 @@ TEST(ScriptedModel, GreedyDecodingFollowsTheScript) {
   SequenceState state = model->new_sequence();
   std::vector<float> logits;
   model->forward(prompt, state, logits);
-  // hidden 64, rms eps 1e-5: the final RMSNorm turns the one-hot embedding into
-  // e_k / sqrt(1/64 + 1e-5), and lm_head holds 8 * e_k on the successor's row only.
+  // hidden 64, rms eps 1e-5: the output AttnRes mixes the snapshots [embed, 0, ...] with the
+  // (zero) last prefix into a * e_k for some weight a in (0, 1], the final RMSNorm turns that
+  // into e_k * a / sqrt(a^2/64 + 1e-5), and lm_head holds 8 * e_k on the successor's row only:
+  // the successor's logit is at most 8 / sqrt(1/64 + 1e-5) (a = 1) and every other logit 0.
   const float successor_logit = static_cast<float>(8.0 / std::sqrt(1.0 / 64 + 1e-5));
   std::vector<int32_t> generated;
   for (size_t step = 0; step < expected.size(); ++step) {
@@ -57,7 +60,8 @@ TEST(ScriptedModel, GreedyDecodingFollowsTheScript) {
     generated.push_back(next);
     for (size_t i = 0; i < logits.size(); ++i) {
       if (static_cast<int32_t>(i) == next) {
-        EXPECT_NEAR(logits[i], successor_logit, 1e-3) << "step " << step;
+        EXPECT_LE(logits[i], successor_logit + 1e-3f) << "step " << step;
+        EXPECT_GT(logits[i], 0.5f * successor_logit) << "step " << step;
       } else {
         ASSERT_EQ(logits[i], 0.0f) << "step " << step << ", token " << i;
       }

@@ -1,8 +1,11 @@
-"""Readable fp32 PyTorch reference of the hyserve model family, written from shared/MODEL.md.
+"""Readable fp32 PyTorch reference written from shared/MODEL.md: the MODEL.md cross-check for
+`kimi_linear` (no indexer, no gate, q_proj) and `deepseek_v32` (YaRN RoPE, indexer with RoPE), used by
+make_fixtures.py to check transformers' modules against MODEL.md.
 
-Primary target: `kimi_k3` (KDA + MLA/DSA, NoPE, output gate, MXFP4 experts). The same code also runs
-`kimi_linear` (no indexer, no gate, q_proj) and `deepseek_v32` (YaRN RoPE, indexer with RoPE) so that
-make_fixtures.py can cross-check transformers' modules against MODEL.md.
+It is NOT the kimi_k3 reference any more: the published Kimi K3 / K3.1 Pro architecture (shared/K3.md:
+Block AttnRes, SiTU, latent MoE, bounded KDA gate, compressed-tensors MXFP4) lives in
+tools/k3_reference.py. The MODEL.md-era kimi_k3 guess (flat config, residual stream, MXFP4
+`weight_blocks`/`weight_scales`) that this file still understands is kept unchanged for reference only.
 
 Conventions (see docs/REFERENCE_NOTES.md):
   * every weight is upcast to fp32 exactly (bf16, FP8 e4m3 x block scale, MXFP4 e2m1 x e8m0);

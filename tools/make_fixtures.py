@@ -1,16 +1,20 @@
-"""Builds hyserve's golden fixtures, deterministically (re-running reproduces every file byte for byte).
+"""Builds hyserve's transformers-based golden fixtures, deterministically (re-running reproduces every
+file byte for byte).
 
-  models/tiny-kimi-k3/                 tiny kimi_k3 (BF16, MXFP4 routed experts), golden from
-                                       tools/kimi_k3_reference.py -> tests/fixtures/kimi_k3_tiny/
   tests/fixtures/kimi_linear_tiny/     tiny kimi_linear saved by transformers, golden from transformers
   tests/fixtures/deepseek_v32_tiny/    tiny deepseek_v32 (YaRN, DSA) saved by transformers, golden from transformers
   tests/fixtures/deepseek_v32_fp8_tiny/ the same weights with FP8 e4m3 128x128-block decoder linears
+
+kimi_k3 (the bundled models/tiny-kimi-k3, tests/fixtures/kimi_k3_tiny and
+tests/fixtures/kimi_k3_published_tiny, in the published Kimi K3 / K3.1 Pro layout) is built by
+tools/make_k3_fixtures.py (numpy only, goldens from tools/k3_reference.py), not here.
 
 Every HF golden is also recomputed by kimi_k3_reference.py (written from MODEL.md); the max abs
 difference goes to meta.json. A fixture is accepted when the min top1-top2 gap over greedy steps is
 >= 1e-3 and the router / indexer top-k margins are >= 1e-5; otherwise the next seed is tried.
 
-Usage: /work/venv/bin/python tools/make_fixtures.py   (from the repository root)
+Usage: /work/venv/bin/python tools/make_fixtures.py [kimi_linear|deepseek_v32]   (from the repository root;
+needs torch, transformers and fla: tools/requirements.txt)
 """
 
 import collections
@@ -135,35 +139,6 @@ def bf16_round(x):
 # Quantizers
 
 
-def f32_to_e2m1_codes(x):
-    """Round to the nearest e2m1 value (ties to the even code), return 4-bit codes."""
-    mags = torch.tensor(ref.E2M1_VALUES[:8])
-    dist = (x.abs()[..., None] - mags).abs()
-    code = dist.argmin(-1)  # argmin returns the first (lower, even-mantissa) code on ties
-    best = dist.gather(-1, code[..., None])[..., 0]
-    tie_up = (dist[..., 1:] == best[..., None])
-    # prefer the even code among two equidistant neighbours
-    for c in range(7):
-        both = (code == c) & tie_up[..., c] & (c % 2 == 1)
-        code = torch.where(both, torch.full_like(code, c + 1), code)
-    sign = ((x < 0) & (code != 0)).to(torch.int64) << 3
-    return code | sign
-
-
-def quantize_mxfp4(w):
-    """w fp32 [rows, cols] -> (blocks U8 [rows, cols/32, 16], scales U8 [rows, cols/32])."""
-    rows, cols = w.shape
-    assert cols % 32 == 0
-    blocks = w.view(rows, cols // 32, 32)
-    amax = blocks.abs().amax(-1)
-    exp = torch.ceil(torch.log2(amax.double() / 6.0)).clamp(-127, 127)
-    exp = torch.where(amax > 0, exp, torch.full_like(exp, -127))
-    scales = (exp + 127).to(torch.uint8)
-    codes = f32_to_e2m1_codes(blocks / torch.pow(2.0, exp).float()[..., None])
-    packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).to(torch.uint8)
-    return packed.contiguous(), scales.contiguous()
-
-
 def quantize_fp8_block(w, block=128):
     """w fp32 [rows, cols] -> (e4m3 [rows, cols], scale_inv F32 [ceil(rows/128), ceil(cols/128)])."""
     rows, cols = w.shape
@@ -246,150 +221,7 @@ def write_golden(out_dir, golden, meta):
 
 
 # ----------------------------------------------------------------------------------------------
-# a. kimi_k3
-
-
-KIMI_K3_CONFIG = {
-    "architectures": ["KimiK3ForCausalLM"],
-    "model_type": "kimi_k3",
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "num_hidden_layers": 6,
-    "layer_types": ["linear_attention", "linear_attention", "full_attention",
-                    "linear_attention", "linear_attention", "full_attention"],
-    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse", "sparse", "sparse"],
-    "rms_norm_eps": 1e-05,
-    "tie_word_embeddings": False,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-    "max_position_embeddings": 4096,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 4,
-    "q_lora_rank": 32,
-    "kv_lora_rank": 32,
-    "qk_nope_head_dim": 16,
-    "qk_rope_head_dim": 8,
-    "v_head_dim": 16,
-    "mla_use_nope": True,
-    "mla_output_gate": True,
-    "linear_num_heads": 2,
-    "linear_head_dim": 32,
-    "linear_conv_kernel_dim": 4,
-    "intermediate_size": 128,
-    "moe_intermediate_size": 32,
-    "num_experts": 8,
-    "num_experts_per_token": 2,
-    "num_shared_experts": 1,
-    "first_k_dense_replace": 1,
-    "moe_router_activation_func": "sigmoid",
-    "moe_renormalize": True,
-    "routed_scaling_factor": 2.5,
-    "num_expert_group": 1,
-    "topk_group": 1,
-    "index_n_heads": 4,
-    "index_head_dim": 32,
-    "index_topk": 8,
-    "quantization_config": {"quant_method": "mxfp4", "modules": "routed_experts"},
-    "torch_dtype": "bfloat16",
-}
-
-
-def kimi_k3_shapes(c):
-    D, V = c["hidden_size"], c["vocab_size"]
-    H, dn, dr, dv = c["num_attention_heads"], c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"]
-    qr, kr = c["q_lora_rank"], c["kv_lora_rank"]
-    Hk, K, ck = c["linear_num_heads"], c["linear_head_dim"], c["linear_conv_kernel_dim"]
-    Hi, di = c["index_n_heads"], c["index_head_dim"]
-    E, I, Id = c["num_experts"], c["moe_intermediate_size"], c["intermediate_size"]
-    Is = I * c["num_shared_experts"]
-    shapes = {"model.embed_tokens.weight": [V, D], "model.norm.weight": [D], "lm_head.weight": [V, D]}
-    for i in range(c["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = [D]
-        shapes[p + "post_attention_layernorm.weight"] = [D]
-        a = p + "self_attn."
-        if c["layer_types"][i] == "linear_attention":
-            for n in "qkv":
-                shapes[a + f"{n}_proj.weight"] = [Hk * K, D]
-                shapes[a + f"{n}_conv1d.weight"] = [Hk * K, 1, ck]
-            shapes.update({
-                a + "f_a_proj.weight": [K, D], a + "f_b_proj.weight": [Hk * K, K], a + "b_proj.weight": [Hk, D],
-                a + "g_a_proj.weight": [K, D], a + "g_b_proj.weight": [Hk * K, K], a + "A_log": [1, 1, Hk, 1],
-                a + "dt_bias": [Hk * K], a + "o_norm.weight": [K], a + "o_proj.weight": [D, Hk * K],
-            })
-        else:
-            shapes.update({
-                a + "q_a_proj.weight": [qr, D], a + "q_a_layernorm.weight": [qr],
-                a + "q_b_proj.weight": [H * (dn + dr), qr], a + "kv_a_proj_with_mqa.weight": [kr + dr, D],
-                a + "kv_a_layernorm.weight": [kr], a + "kv_b_proj.weight": [H * (dn + dv), kr],
-                a + "o_proj.weight": [D, H * dv], a + "g_proj.weight": [H * dv, D],
-                a + "indexer.wq_b.weight": [Hi * di, qr], a + "indexer.wk.weight": [di, D],
-                a + "indexer.k_norm.weight": [di], a + "indexer.k_norm.bias": [di],
-                a + "indexer.weights_proj.weight": [Hi, D],
-            })
-        if c["mlp_layer_types"][i] == "dense":
-            m = p + "mlp."
-            shapes.update({m + "gate_proj.weight": [Id, D], m + "up_proj.weight": [Id, D], m + "down_proj.weight": [D, Id]})
-        else:
-            m = p + "block_sparse_moe."
-            shapes.update({m + "gate.weight": [E, D], m + "gate.e_score_correction_bias": [E]})
-            for e in range(E):
-                shapes.update({m + f"experts.{e}.w1.weight": [I, D], m + f"experts.{e}.w3.weight": [I, D],
-                               m + f"experts.{e}.w2.weight": [D, I]})
-            s = m + "shared_experts."
-            shapes.update({s + "gate_proj.weight": [Is, D], s + "up_proj.weight": [Is, D], s + "down_proj.weight": [D, Is]})
-    return shapes
-
-
-def build_kimi_k3(seed, model_dir):
-    c = KIMI_K3_CONFIG
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for name, shape in sorted(kimi_k3_shapes(c).items()):
-        value = init_tensor(name, shape, gen)
-        if ".experts." in name:
-            blocks, scales = quantize_mxfp4(value)
-            prefix = name[: -len(".weight")]
-            tensors[prefix + ".weight_blocks"] = blocks
-            tensors[prefix + ".weight_scales"] = scales
-        elif name.endswith(("A_log", "dt_bias", "e_score_correction_bias")):
-            tensors[name] = value.contiguous()
-        else:
-            tensors[name] = value.to(torch.bfloat16).contiguous()
-    if os.path.exists(model_dir):
-        shutil.rmtree(model_dir)
-    os.makedirs(model_dir)
-    save_file(tensors, os.path.join(model_dir, "model.safetensors"))
-    with open(os.path.join(model_dir, "config.json"), "w") as f:
-        json.dump(c, f, indent=1)
-        f.write("\n")
-
-
-def make_kimi_k3():
-    model_dir = os.path.join(ROOT, "models", "tiny-kimi-k3")
-    out_dir = os.path.join(ROOT, "tests", "fixtures", "kimi_k3_tiny")
-    prompts = make_prompts(KIMI_K3_CONFIG["vocab_size"])
-    for attempt in range(MAX_ATTEMPTS):
-        seed = 3000 + attempt
-        build_kimi_k3(seed, model_dir)
-        model = ref.Model(model_dir)
-        golden, gaps = compute_goldens(lambda ids: model.forward(ids), prompts)
-        stats = model.stats.to_dict()
-        print(f"kimi_k3 seed {seed}: gaps {gaps} stats {stats}")
-        if accept(gaps, stats):
-            break
-    else:
-        raise RuntimeError("kimi_k3: no acceptable seed")
-    meta = {"model": "models/tiny-kimi-k3", "source": "tools/kimi_k3_reference.py", "seed": seed,
-            "prompt_min_top1_top2_gap": gaps, **stats}
-    write_golden(out_dir, golden, meta)
-    with open(os.path.join(out_dir, "README.md"), "w") as f:
-        f.write("Golden logits of the bundled model models/tiny-kimi-k3 (computed by tools/kimi_k3_reference.py).\n")
-
-
-# ----------------------------------------------------------------------------------------------
-# b/c/d. transformers models
+# transformers models
 
 
 def init_hf_model(model, seed):
@@ -519,9 +351,7 @@ def make_hf_fixture(name, cls, config_fn, base_seed, fp8_name=None):
 
 def main():
     torch.set_num_threads(1)  # summation order independent of the machine
-    which = sys.argv[1:] or ["kimi_k3", "kimi_linear", "deepseek_v32"]
-    if "kimi_k3" in which:
-        make_kimi_k3()
+    which = sys.argv[1:] or ["kimi_linear", "deepseek_v32"]
     if "kimi_linear" in which:
         make_hf_fixture("kimi_linear_tiny", KimiLinearForCausalLM, kimi_linear_config, 4000)
     if "deepseek_v32" in which:

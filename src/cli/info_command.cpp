@@ -146,6 +146,8 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
   const std::filesystem::path path =
       path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
   const ModelConfig c = ModelConfig::load(path);
+  if (const std::string w = c.unknown_fields_warning(); !w.empty())
+    std::fprintf(stderr, "hyserve: warning: %s\n", w.c_str());
   const ParamCount p = count_params(c);
   std::vector<bool> kda(c.num_hidden_layers), mla(c.num_hidden_layers), dense(c.num_hidden_layers);
   int64_t num_dense = 0;
@@ -165,12 +167,17 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
     LatentCacheDtype latent;
     IndexCacheDtype index;
     int64_t bytes;
+    bool keys = true;  // index keys included (models with an indexer)
   };
   std::vector<CacheRow> rows;
   if (c.num_mla_layers() > 0) {
     for (auto l : latents) {
       if (l == LatentCacheDtype::kFp8WithScales && c.kv_lora_rank % 128 != 0) continue;
       if (l == LatentCacheDtype::kNvfp4 && c.kv_lora_rank % 16 != 0) continue;
+      // With an indexer also the latent alone (Kimi K3's cache, without index keys).
+      if (c.has_indexer() && l == LatentCacheDtype::kFp8)
+        rows.push_back(
+            {l, IndexCacheDtype::kFp8, c.num_mla_layers() * latent_bytes_per_token(c, l), false});
       for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(c, l, ix)});
     }
   }
@@ -189,11 +196,18 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
     j["params_total"] = p.total;
     j["params_active"] = p.active;
     j["kda_state_bytes_per_request"] = kda_state;
+    j["attn_res_block_size"] = c.attn_res_block_size;
+    j["hidden_act"] = c.situ ? "situ" : "silu";
+    j["kda_gate_lower_bound"] = c.kda_gate_lower_bound;
+    j["kda_full_rank_gate"] = c.kda_full_rank_gate;
+    j["moe_latent_size"] = c.moe_latent_size;
+    j["unknown_fields"] = c.unknown_fields;
     nlohmann::json cache = nlohmann::json::array();
     for (const auto& r : rows) {
-      cache.push_back({{"latent", latent_cache_dtype_name(r.latent)},
-                       {"index", c.has_indexer() ? index_cache_dtype_name(r.index) : "none"},
-                       {"bytes_per_token", r.bytes}});
+      cache.push_back(
+          {{"latent", latent_cache_dtype_name(r.latent)},
+           {"index", c.has_indexer() && r.keys ? index_cache_dtype_name(r.index) : "none"},
+           {"bytes_per_token", r.bytes}});
     }
     j["cache"] = cache;
     std::printf("%s\n", j.dump(1).c_str());
@@ -221,9 +235,12 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
                 static_cast<long long>(c.index_head_dim), static_cast<long long>(c.index_topk));
   }
   if (c.num_kda_layers() > 0) {
-    std::printf("  KDA: %lld heads x %lld, conv %lld\n", static_cast<long long>(c.linear_num_heads),
+    std::printf("  KDA: %lld heads x %lld, conv %lld, %s forget gate, %s output gate\n",
+                static_cast<long long>(c.linear_num_heads),
                 static_cast<long long>(c.linear_head_dim),
-                static_cast<long long>(c.linear_conv_kernel));
+                static_cast<long long>(c.linear_conv_kernel),
+                c.kda_gate_lower_bound < 0 ? "bounded" : "softplus",
+                c.kda_full_rank_gate ? "full-rank" : "low-rank");
   }
   std::printf("  MLP: dense %s; MoE %s\n", ranges(dense).c_str(),
               num_dense == c.num_hidden_layers ? "none" : "the rest");
@@ -234,7 +251,15 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
         static_cast<long long>(c.num_shared_experts),
         static_cast<long long>(c.moe_intermediate_size), static_cast<long long>(c.topk_group),
         static_cast<long long>(c.n_group), expert_format_name(c.expert_format));
+    if (c.moe_latent_size > 0)
+      std::printf("  MoE: latent experts at %lld%s\n", static_cast<long long>(c.moe_latent_size),
+                  c.moe_latent_norm ? ", normed before the up-projection" : "");
   }
+  std::printf("  activation: %s; residuals: %s\n", c.situ ? "SiTU" : "SiLU",
+              c.has_attn_res() ? ("block AttnRes, a snapshot every " +
+                                  std::to_string(c.attn_res_block_size) + " layers")
+                                     .c_str()
+                               : "plain");
   std::printf("parameters: total %s (%s), active %s (%s)\n", human(p.total).c_str(),
               with_commas(p.total).c_str(), human(p.active).c_str(), with_commas(p.active).c_str());
   std::printf(
@@ -248,9 +273,10 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
                 static_cast<long long>(c.num_mla_layers()));
     std::printf("  %-12s %-12s %12s\n", "latent", "index keys", "bytes/token");
     for (const auto& r : rows) {
-      std::printf("  %-12s %-12s %12s\n", std::string(latent_cache_dtype_name(r.latent)).c_str(),
-                  c.has_indexer() ? std::string(index_cache_dtype_name(r.index)).c_str() : "-",
-                  with_commas(r.bytes).c_str());
+      std::printf(
+          "  %-12s %-12s %12s\n", std::string(latent_cache_dtype_name(r.latent)).c_str(),
+          c.has_indexer() && r.keys ? std::string(index_cache_dtype_name(r.index)).c_str() : "-",
+          with_commas(r.bytes).c_str());
     }
   }
   if (!plan_args.gpu_memory.empty()) {

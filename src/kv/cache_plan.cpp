@@ -190,7 +190,8 @@ WeightBytes estimate_weight_bytes_per_gpu(const ModelConfig& c, int64_t tp) {
   WeightBytes w;
   const int64_t vocab_shard = ceil_div(c.vocab_size, tp);
   w.sharded += matrix_bytes(vocab_shard, d, bf16) * (c.tie_word_embeddings ? 1 : 2);
-  w.replicated += 2 * d;  // model.norm
+  w.replicated += 2 * d;                                                            // model.norm
+  if (c.has_attn_res()) w.replicated += 2 * 2 * d * (2 * c.num_hidden_layers + 1);  // AttnRes
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     w.replicated += 2 * 2 * d;  // input_layernorm, post_attention_layernorm
@@ -198,13 +199,19 @@ WeightBytes estimate_weight_bytes_per_gpu(const ModelConfig& c, int64_t tp) {
       const int64_t k = c.linear_head_dim;
       const int64_t heads = split(c.linear_num_heads, "linear_num_heads");
       const int64_t width = heads * k;
-      w.sharded += 3 * matrix_bytes(width, d, linear)          // q, k, v proj
-                   + 2 * 3 * width * c.linear_conv_kernel      // q, k, v conv1d
-                   + 2 * matrix_bytes(width, k, linear)        // f_b, g_b
-                   + matrix_bytes(heads, d, linear)            // b_proj
-                   + 2 * (heads + width)                       // A_log, dt_bias
-                   + matrix_bytes(d, width, linear);           // o_proj
-      w.replicated += 2 * matrix_bytes(k, d, linear) + 2 * k;  // f_a, g_a, o_norm
+      w.sharded += 3 * matrix_bytes(width, d, linear)      // q, k, v proj
+                   + 4 * 3 * width * c.linear_conv_kernel  // q, k, v conv1d (fp32)
+                   + matrix_bytes(width, k, linear)        // f_b
+                   + matrix_bytes(heads, d, linear)        // b_proj
+                   + 4 * (heads + width)                   // A_log, dt_bias (fp32)
+                   + matrix_bytes(d, width, linear);       // o_proj
+      w.replicated += matrix_bytes(k, d, linear) + 4 * k;  // f_a, o_norm (fp32)
+      if (c.kda_full_rank_gate) {
+        w.sharded += matrix_bytes(width, d, linear);  // g_proj
+      } else {
+        w.sharded += matrix_bytes(width, k, linear);  // g_b
+        w.replicated += matrix_bytes(k, d, linear);   // g_a
+      }
     } else {
       const int64_t heads = split(c.num_attention_heads, "num_attention_heads");
       const int64_t q_out = heads * c.qk_head_dim();
@@ -230,12 +237,15 @@ WeightBytes estimate_weight_bytes_per_gpu(const ModelConfig& c, int64_t tp) {
     }
     if (c.is_moe(layer)) {
       const int64_t inter = split(c.moe_intermediate_size, "moe_intermediate_size");
+      const int64_t de = c.expert_hidden_size();
       const int64_t expert_linear =
           2 * matrix_bytes(inter, d, linear) + matrix_bytes(d, inter, linear);
       const int64_t expert_routed =
-          2 * matrix_bytes(inter, d, experts) + matrix_bytes(d, inter, experts);
-      w.replicated += matrix_bytes(c.num_experts, d, bf16) + 2 * c.num_experts;  // router
+          2 * matrix_bytes(inter, de, experts) + matrix_bytes(de, inter, experts);
+      w.replicated += matrix_bytes(c.num_experts, d, bf16) + 4 * c.num_experts;  // router, bias
       w.sharded += c.num_shared_experts * expert_linear;
+      if (c.moe_latent_size > 0)  // routed_expert_{down,up}_proj, routed_expert_norm
+        w.replicated += 2 * matrix_bytes(de, d, bf16) + (c.moe_latent_norm ? 2 * de : 0);
       w.routed_experts += c.num_experts * expert_routed;
     } else {
       const int64_t inter = split(c.intermediate_size, "intermediate_size");

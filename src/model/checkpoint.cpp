@@ -203,6 +203,23 @@ Weight Checkpoint::load_weight(const std::string& prefix, int64_t rows, int64_t 
     w.scales_dtype = scales.dtype;
     return w;
   }
+  // compressed-tensors' mxfp4-pack-quantized (the published Kimi K3 experts): the same
+  // bytes as weight_blocks, stored [rows, cols/2]; scales [rows, cols/32].
+  const std::string packed_name = prefix + ".weight_packed";
+  if (const TensorInfo* t = find(packed_name)) {
+    if (cols % Weight::kMxfp4BlockSize != 0) {
+      FAIL_IN(t->file, "MXFP4 weight ", packed_name, ": cols ", cols, " is not a multiple of ",
+              Weight::kMxfp4BlockSize);
+    }
+    w.format = WeightFormat::kMxfp4;
+    w.dtype = DType::kU8;
+    w.data = require(packed_name, {DType::kU8}, {rows, cols / 2}).data;
+    const TensorInfo& scales = require(prefix + ".weight_scale", {DType::kU8, DType::kE8M0},
+                                       {rows, cols / Weight::kMxfp4BlockSize});
+    w.scales = scales.data;
+    w.scales_dtype = scales.dtype;
+    return w;
+  }
   FAIL_IN("checkpoint " + dir_.string(), "missing tensor ", weight_name);
 }
 

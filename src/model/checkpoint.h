@@ -53,6 +53,8 @@ class Checkpoint final : public TensorSource {
   //     + prefix.weight_scale_inv F32/BF16 [ceil(rows/128), ceil(cols/128)]    -> kFp8Block
   //   prefix.weight_blocks U8 [rows, cols/32, 16]
   //     + prefix.weight_scales U8/F8_E8M0 [rows, cols/32]                       -> kMxfp4
+  //   prefix.weight_packed U8 [rows, cols/2] (compressed-tensors)
+  //     + prefix.weight_scale U8/F8_E8M0 [rows, cols/32]                        -> kMxfp4
   // The Weight points into the mmap: it is valid while this Checkpoint lives.
   // rows and cols must be positive (InvalidArgument otherwise).
   Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const override;

@@ -1,8 +1,10 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -15,12 +17,16 @@ using nlohmann::json;
 
 #define CONFIG_CHECK(cond, ...) CHECK_AS(::hyserve::ConfigError, cond, __VA_ARGS__)
 
-// Reads config fields under any of their spellings; every error names the field.
+// Reads config fields under any of their spellings; every error names the field. Every
+// name asked for is recorded in `used` (when given), so that the fields nobody asked for
+// can be reported.
 class Fields {
  public:
-  explicit Fields(const json& j) : j_(j) {}
+  explicit Fields(const json& j, std::set<std::string>* used = nullptr) : j_(j), used_(used) {}
 
   const json* find(std::initializer_list<const char*> names) const {
+    if (used_)
+      for (const char* n : names) used_->insert(n);
     for (const char* n : names) {
       auto it = j_.find(n);
       if (it != j_.end() && !it->is_null()) return &*it;
@@ -84,6 +90,7 @@ class Fields {
 
  private:
   const json& j_;
+  std::set<std::string>* used_;
 };
 
 std::vector<LayerKind> parse_layer_kinds(const json& j, const Fields& f, ModelType type,
@@ -168,8 +175,10 @@ std::vector<MlpKind> parse_mlp_kinds(const Fields& f, int64_t num_layers, int64_
                   "config has experts but neither 'mlp_layer_types' nor "
                   "'first_k_dense_replace'");
   CONFIG_CHECK(*first_dense >= 0, "'first_k_dense_replace' must be >= 0, got ", *first_dense);
+  const int64_t freq = f.opt_int({"moe_layer_freq"}).value_or(1);
+  CONFIG_CHECK(freq >= 1, "'moe_layer_freq' must be >= 1, got ", freq);
   for (int64_t i = 0; i < num_layers; ++i)
-    kinds.push_back(i < *first_dense ? MlpKind::kDense : MlpKind::kMoe);
+    kinds.push_back(i >= *first_dense && i % freq == 0 ? MlpKind::kMoe : MlpKind::kDense);
   return kinds;
 }
 
@@ -179,6 +188,7 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     if (auto nope = f.opt_bool({"mla_use_nope"}); nope && !*nope)
       HYSERVE_THROW(ConfigError, "config field 'mla_use_nope' is false, but ", c.model_type_name,
                     " MLA is NoPE in hyserve");
+    f.find({"rope_theta", "rope_scaling", "rope_parameters"});  // NoPE: read, unused
     return;
   }
   c.rope.enabled = true;
@@ -212,6 +222,48 @@ void parse_rope(const Fields& f, ModelConfig& c) {
   c.rope.mscale_all_dim = src.opt_double({"mscale_all_dim"}).value_or(0.0);
 }
 
+// compressed-tensors as the published Kimi K3 declares it (K3.md §4.3): weight-only
+// MXFP4 ("mxfp4-pack-quantized": e2m1 codes two per byte, one e8m0 scale per 32 inputs)
+// for the routed experts. Anything else (other formats, bit widths, group sizes,
+// activation quantization) changes the math and is refused.
+void parse_compressed_tensors(const json& q, ModelConfig& c) {
+  const Fields qf(q);
+  if (auto status = qf.opt_string({"quantization_status"}); status && *status != "compressed")
+    HYSERVE_THROW(ConfigError, "'quantization_config.quantization_status' = \"", *status,
+                  "\" (only compressed checkpoints are read)");
+  const json* groups = qf.find({"config_groups"});
+  CONFIG_CHECK(groups && groups->is_object() && !groups->empty(),
+               "compressed-tensors 'quantization_config' needs 'config_groups'");
+  const auto top_format = qf.opt_string({"format"});
+  for (auto it = groups->begin(); it != groups->end(); ++it) {
+    const std::string name = "quantization_config.config_groups." + it.key();
+    CONFIG_CHECK(it->is_object(), "'", name, "' must be an object");
+    const Fields g(*it);
+    const std::string format = g.opt_string({"format"}).value_or(top_format.value_or(""));
+    if (format != "mxfp4-pack-quantized")
+      HYSERVE_THROW(ConfigError, "'", name, ".format' = \"", format,
+                    "\" is not supported (mxfp4-pack-quantized)");
+    for (const char* key : {"input_activations", "output_activations"}) {
+      if (const json* a = g.find({key}))
+        HYSERVE_THROW(ConfigError, "'", name, ".", key, "' = ", a->dump(),
+                      ": activation quantization is not implemented (weight-only W4A16)");
+    }
+    const json* w = g.find({"weights"});
+    CONFIG_CHECK(w && w->is_object(), "'", name, ".weights' must be an object");
+    const Fields wf(*w);
+    const auto bits = wf.opt_int({"num_bits"});
+    const auto type = wf.opt_string({"type"});
+    const auto group = wf.opt_int({"group_size"});
+    const auto strategy = wf.opt_string({"strategy"});
+    if (bits != 4 || type != "float" || group != 32 || (strategy && *strategy != "group"))
+      HYSERVE_THROW(ConfigError, "'", name, ".weights' = ", w->dump(),
+                    ": only 4-bit float (e2m1) weights in groups of 32 are supported");
+    if (auto sym = wf.opt_bool({"symmetric"}); sym && !*sym)
+      HYSERVE_THROW(ConfigError, "'", name, ".weights.symmetric' is false (zero points)");
+  }
+  c.expert_format = ExpertFormat::kMxfp4;
+}
+
 void parse_quantization(const Fields& f, ModelConfig& c) {
   const json* q = f.find({"quantization_config"});
   if (!q) return;
@@ -221,6 +273,8 @@ void parse_quantization(const Fields& f, ModelConfig& c) {
   if (!method) HYSERVE_THROW(ConfigError, "config is missing 'quantization_config.quant_method'");
   if (*method == "mxfp4") {
     c.expert_format = ExpertFormat::kMxfp4;
+  } else if (*method == "compressed-tensors") {
+    parse_compressed_tensors(*q, c);
   } else if (*method == "fp8") {
     if (const json* b = qf.find({"weight_block_size"})) {
       CONFIG_CHECK(*b == json::array({128, 128}),
@@ -230,12 +284,355 @@ void parse_quantization(const Fields& f, ModelConfig& c) {
     c.expert_format = ExpertFormat::kFp8Block;
   } else {
     HYSERVE_THROW(ConfigError, "config field 'quantization_config.quant_method' = \"", *method,
-                  "\" is not supported (mxfp4 or fp8)");
+                  "\" is not supported (mxfp4, fp8, compressed-tensors)");
   }
 }
 
 bool is_power_of_two(int64_t v) {
   return v > 0 && (v & (v - 1)) == 0;
+}
+
+// Fields every Hugging Face config carries that do not change the forward pass
+// (generation defaults, training-only settings, bookkeeping), and derived or unused
+// geometry (head_dim, qk_head_dim: recomputed; num_nextn_predict_layers: MTP layers,
+// not part of the main model's forward).
+bool is_boilerplate_field(const std::string& name) {
+  static const std::set<std::string> kFields = {"_name_or_path",
+                                                "add_cross_attention",
+                                                "architectures",
+                                                "attention_dropout",
+                                                "auto_map",
+                                                "aux_loss_alpha",
+                                                "bad_words_ids",
+                                                "begin_suppress_tokens",
+                                                "chunk_size_feed_forward",
+                                                "cross_attention_hidden_size",
+                                                "decoder_start_token_id",
+                                                "diversity_penalty",
+                                                "do_sample",
+                                                "dtype",
+                                                "early_stopping",
+                                                "encoder_no_repeat_ngram_size",
+                                                "ep_size",
+                                                "exponential_decay_length_penalty",
+                                                "finetuning_task",
+                                                "forced_bos_token_id",
+                                                "forced_eos_token_id",
+                                                "head_dim",
+                                                "id2label",
+                                                "ignore_index",
+                                                "initializer_range",
+                                                "is_decoder",
+                                                "is_encoder_decoder",
+                                                "label2id",
+                                                "length_penalty",
+                                                "max_length",
+                                                "min_length",
+                                                "no_repeat_ngram_size",
+                                                "num_beam_groups",
+                                                "num_beams",
+                                                "num_nextn_predict_layers",
+                                                "num_return_sequences",
+                                                "output_attentions",
+                                                "output_hidden_states",
+                                                "output_router_logits",
+                                                "output_scores",
+                                                "pad_token_id",
+                                                "prefix",
+                                                "pretraining_tp",
+                                                "problem_type",
+                                                "pruned_heads",
+                                                "qk_head_dim",
+                                                "remove_invalid_values",
+                                                "repetition_penalty",
+                                                "return_dict",
+                                                "return_dict_in_generate",
+                                                "router_aux_loss_coef",
+                                                "seq_aux",
+                                                "sep_token_id",
+                                                "suppress_tokens",
+                                                "task_specific_params",
+                                                "temperature",
+                                                "tf_legacy_loss",
+                                                "tie_encoder_decoder",
+                                                "tokenizer_class",
+                                                "top_k",
+                                                "top_p",
+                                                "torch_dtype",
+                                                "torchscript",
+                                                "transformers_version",
+                                                "typical_p",
+                                                "use_bfloat16",
+                                                "use_cache"};
+  return kFields.count(name) > 0;
+}
+
+// Refuses a boolean field that changes the math when it is true (biases hyserve's
+// checkpoints never have).
+void refuse_if_true(const Fields& f, const char* name, const char* what) {
+  if (auto v = f.opt_bool({name}); v && *v)
+    HYSERVE_THROW(ConfigError, "config field '", name, "' is true (", what,
+                  "): not implemented in hyserve");
+}
+
+// The fields of a text model (the whole config, or the published wrapper's text_config).
+void parse_text_config(const json& j, const Fields& f, ModelConfig& c) {
+  c.vocab_size = f.positive({"vocab_size"}, "embedding rows");
+  c.hidden_size = f.positive({"hidden_size"}, "model width");
+  c.num_hidden_layers = f.positive({"num_hidden_layers"}, "decoder depth");
+  c.rms_norm_eps = f.opt_double({"rms_norm_eps"}).value_or(1e-6);
+  CONFIG_CHECK(c.rms_norm_eps > 0, "'rms_norm_eps' must be positive");
+  c.max_position_embeddings =
+      f.opt_int({"max_position_embeddings", "model_max_length"}).value_or(0);
+  c.tie_word_embeddings = f.opt_bool({"tie_word_embeddings"}).value_or(false);
+  c.bos_token_id = f.opt_int({"bos_token_id"}).value_or(-1);
+  if (const json* eos = f.find({"eos_token_id"})) {
+    if (eos->is_number_integer()) {
+      c.eos_token_ids.push_back(eos->get<int64_t>());
+    } else if (eos->is_array()) {
+      for (const json& e : *eos) {
+        CONFIG_CHECK(e.is_number_integer(), "'eos_token_id' holds ", e.dump());
+        c.eos_token_ids.push_back(e.get<int64_t>());
+      }
+    } else {
+      HYSERVE_THROW(ConfigError, "config field 'eos_token_id' must be an integer or a list");
+    }
+  }
+  refuse_if_true(f, "attention_bias", "biases on the attention projections");
+  refuse_if_true(f, "mlp_bias", "biases on the MLP projections");
+
+  // The gated activation (K3.md §3.7).
+  const std::string act = f.opt_string({"hidden_act"}).value_or("silu");
+  if (act == "situ") {
+    c.situ = true;
+    const auto beta = f.opt_double({"activation_situ_beta"});
+    if (!beta)
+      HYSERVE_THROW(ConfigError, "'hidden_act' is \"situ\" but 'activation_situ_beta' is missing");
+    CONFIG_CHECK(*beta > 0, "'activation_situ_beta' must be positive, got ", *beta);
+    c.situ_beta = *beta;
+    c.situ_linear_beta = f.opt_double({"activation_situ_linear_beta"}).value_or(0.0);
+    CONFIG_CHECK(c.situ_linear_beta >= 0, "'activation_situ_linear_beta' must be positive or null");
+  } else if (act != "silu") {
+    HYSERVE_THROW(ConfigError, "config field 'hidden_act' = \"", act,
+                  "\" is not supported (silu, situ)");
+  }
+
+  // Block attention residuals (K3.md §3.2).
+  if (auto bs = f.opt_int({"attn_res_block_size"})) {
+    CONFIG_CHECK(*bs >= 1, "'attn_res_block_size' must be >= 1, got ", *bs);
+    c.attn_res_block_size = *bs;
+  }
+
+  c.layer_kinds = parse_layer_kinds(j, f, c.model_type, c.num_hidden_layers);
+
+  // MoE.
+  c.num_experts = f.opt_int({"num_experts", "n_routed_experts", "num_local_experts"}).value_or(0);
+  CONFIG_CHECK(c.num_experts >= 0, "'num_experts' must be >= 0");
+  c.mlp_kinds = parse_mlp_kinds(f, c.num_hidden_layers, c.num_experts);
+  c.moe_layer_freq = f.opt_int({"moe_layer_freq"}).value_or(1);
+  bool any_moe = false, any_dense = false;
+  for (MlpKind k : c.mlp_kinds) (k == MlpKind::kMoe ? any_moe : any_dense) = true;
+  if (any_dense) c.intermediate_size = f.positive({"intermediate_size"}, "dense MLP width");
+  if (any_moe) {
+    CONFIG_CHECK(c.num_experts > 0, "MoE layers need 'num_experts' (or 'n_routed_experts') > 0");
+    c.num_experts_per_tok =
+        f.positive({"num_experts_per_token", "num_experts_per_tok"}, "routed experts per token");
+    CONFIG_CHECK(c.num_experts_per_tok <= c.num_experts, "'num_experts_per_token' (",
+                 c.num_experts_per_tok, ") exceeds 'num_experts' (", c.num_experts, ")");
+    c.moe_intermediate_size = f.positive({"moe_intermediate_size"}, "expert MLP width");
+    c.num_shared_experts = f.opt_int({"num_shared_experts", "n_shared_experts"}).value_or(0);
+    CONFIG_CHECK(c.num_shared_experts >= 0, "'num_shared_experts' must be >= 0");
+    c.n_group = f.opt_int({"num_expert_group", "n_group"}).value_or(1);
+    c.topk_group = f.opt_int({"topk_group"}).value_or(1);
+    // use_grouped_topk false: plain top-k whatever the group fields say.
+    if (auto grouped = f.opt_bool({"use_grouped_topk"}); grouped && !*grouped) {
+      c.n_group = 1;
+      c.topk_group = 1;
+    }
+    CONFIG_CHECK(c.n_group >= 1 && c.num_experts % c.n_group == 0, "'n_group' (", c.n_group,
+                 ") must divide num_experts (", c.num_experts, ")");
+    CONFIG_CHECK(c.topk_group >= 1 && c.topk_group <= c.n_group, "'topk_group' (", c.topk_group,
+                 ") must be in 1..n_group (", c.n_group, ")");
+    CONFIG_CHECK(c.num_experts_per_tok <= c.topk_group * (c.num_experts / c.n_group),
+                 "'num_experts_per_token' exceeds the experts of the kept groups");
+    c.routed_scaling_factor = f.opt_double({"routed_scaling_factor"}).value_or(1.0);
+    c.norm_topk_prob = f.opt_bool({"moe_renormalize", "norm_topk_prob"}).value_or(true);
+    if (auto act_fn = f.opt_string({"moe_router_activation_func", "scoring_func"});
+        act_fn && *act_fn != "sigmoid")
+      HYSERVE_THROW(ConfigError, "router activation '", *act_fn, "' is not supported (sigmoid)");
+    if (auto method = f.opt_string({"topk_method"}); method && *method != "noaux_tc")
+      HYSERVE_THROW(ConfigError, "config field 'topk_method' = \"", *method,
+                    "\" is not supported (noaux_tc: the bias-corrected selection)");
+    // The latent MoE (K3.md §3.5).
+    if (auto latent = f.opt_int({"routed_expert_hidden_size"})) {
+      CONFIG_CHECK(*latent >= 1, "'routed_expert_hidden_size' must be positive, got ", *latent);
+      c.moe_latent_size = *latent;
+    }
+    c.moe_latent_norm = f.opt_bool({"latent_moe_use_norm"}).value_or(false);
+    CONFIG_CHECK(!c.moe_latent_norm || c.moe_latent_size > 0,
+                 "'latent_moe_use_norm' needs 'routed_expert_hidden_size' (the latent it norms)");
+  }
+
+  // MLA.
+  const bool any_mla = c.num_mla_layers() > 0;
+  if (f.find({"mla_output_gate"}))
+    HYSERVE_THROW(ConfigError,
+                  "config field 'mla_output_gate' is not a published field: Kimi K3 names the "
+                  "MLA output gate 'mla_use_output_gate'");
+  if (any_mla) {
+    c.num_attention_heads = f.positive({"num_attention_heads"}, "MLA heads");
+    c.q_lora_rank = f.opt_int({"q_lora_rank"}).value_or(0);
+    CONFIG_CHECK(c.q_lora_rank >= 0, "'q_lora_rank' must be >= 0 or null");
+    c.kv_lora_rank = f.positive({"kv_lora_rank"}, "MLA latent width");
+    c.qk_nope_head_dim = f.positive({"qk_nope_head_dim"}, "MLA no-rope head dim");
+    c.qk_rope_head_dim = f.positive({"qk_rope_head_dim"}, "MLA rope head dim");
+    c.v_head_dim = f.positive({"v_head_dim"}, "MLA value head dim");
+    if (auto kvh = f.opt_int({"num_key_value_heads"}))
+      CONFIG_CHECK(*kvh == c.num_attention_heads, "'num_key_value_heads' (", *kvh,
+                   ") must equal num_attention_heads (", c.num_attention_heads, ") for MLA");
+    c.mla_output_gate = f.opt_bool({"mla_use_output_gate"}).value_or(false);
+    if (c.mla_output_gate && c.model_type == ModelType::kDeepseekV32)
+      HYSERVE_THROW(ConfigError, "'mla_use_output_gate' is a Kimi field, not deepseek_v32's");
+    parse_rope(f, c);
+  } else {
+    f.find({"mla_use_output_gate", "mla_use_nope", "rope_theta", "rope_scaling"});
+  }
+
+  // DSA indexer: all three fields or none, at top level (DeepSeek-V3.2) or in Kimi K3.1
+  // Pro's dsa_config block (K3.md §6), whose layer list must be the full-attention layers.
+  const json* dsa = f.find({"dsa_config"});
+  const json empty = json::object();
+  if (dsa) CONFIG_CHECK(dsa->is_object(), "'dsa_config' must be an object");
+  const Fields df(dsa ? *dsa : empty);
+  auto ih = f.opt_int({"index_n_heads"});
+  auto id = f.opt_int({"index_head_dim"});
+  auto ik = f.opt_int({"index_topk"});
+  if (dsa) {
+    CONFIG_CHECK(!(ih || id || ik),
+                 "config sets 'index_*' fields both at top level and in 'dsa_config'");
+    ih = df.opt_int({"index_n_heads"});
+    id = df.opt_int({"index_head_dim"});
+    ik = df.opt_int({"index_topk"});
+    if (!(ih && id && ik))
+      HYSERVE_THROW(ConfigError,
+                    "'dsa_config' needs 'index_n_heads', 'index_head_dim' and 'index_topk'");
+    if (const json* layers = df.find({"layers"})) {
+      CONFIG_CHECK(layers->is_array(), "'dsa_config.layers' must be a list of layer numbers");
+      std::vector<int64_t> listed, full;
+      for (const json& e : *layers) {
+        CONFIG_CHECK(e.is_number_integer(), "'dsa_config.layers' holds ", e.dump());
+        listed.push_back(e.get<int64_t>());
+      }
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i)
+        if (c.layer_kinds[i] == LayerKind::kMla) full.push_back(i + 1);
+      std::sort(listed.begin(), listed.end());
+      CONFIG_CHECK(listed == full,
+                   "'dsa_config.layers' (1-based) must list exactly the full-attention layers: "
+                   "hyserve runs the indexer on every MLA layer or on none");
+    }
+  }
+  if (ih || id || ik) {
+    if (!(ih && id && ik))
+      HYSERVE_THROW(ConfigError,
+                    "config sets only some of 'index_n_heads', 'index_head_dim', "
+                    "'index_topk' (all three or none)");
+    CONFIG_CHECK(c.model_type != ModelType::kKimiLinear,
+                 "kimi_linear has no DSA indexer ('index_*' fields)");
+    CONFIG_CHECK(any_mla, "the DSA indexer ('index_*' fields) needs full-attention layers");
+    c.index_n_heads = *ih;
+    c.index_head_dim = *id;
+    c.index_topk = *ik;
+    CONFIG_CHECK(c.index_n_heads > 0, "'index_n_heads' must be positive");
+    CONFIG_CHECK(is_power_of_two(c.index_head_dim), "'index_head_dim' must be a power of two (",
+                 "the Hadamard rotation), got ", c.index_head_dim);
+    CONFIG_CHECK(c.index_topk > 0, "'index_topk' must be positive");
+    if (c.model_type == ModelType::kDeepseekV32) {
+      c.index_rope_dims = c.qk_rope_head_dim;
+      CONFIG_CHECK(c.index_rope_dims <= c.index_head_dim,
+                   "qk_rope_head_dim exceeds index_head_dim");
+    } else {
+      // Kimi K3.1 Pro: the dsa_config declares no eps; llama.cpp, the one published
+      // implementation, takes rms_norm_eps (docs/DECISIONS.md).
+      c.index_k_norm_eps = df.opt_double({"index_k_norm_eps"}).value_or(c.rms_norm_eps);
+    }
+  } else if (c.model_type == ModelType::kDeepseekV32) {
+    HYSERVE_THROW(ConfigError,
+                  "deepseek_v32 config is missing 'index_n_heads', 'index_head_dim', 'index_topk'");
+  }
+
+  // KDA.
+  const json* la = f.find({"linear_attn_config"});
+  const Fields lf(la && la->is_object() ? *la : empty);
+  if (c.num_kda_layers() > 0) {
+    CONFIG_CHECK(c.model_type != ModelType::kDeepseekV32,
+                 "deepseek_v32 has no linear-attention layers");
+    auto heads = f.opt_int({"linear_num_heads"});
+    if (!heads) heads = lf.opt_int({"num_heads"});
+    auto dim = f.opt_int({"linear_head_dim"});
+    if (!dim) dim = lf.opt_int({"head_dim"});
+    auto conv = f.opt_int({"linear_conv_kernel_dim"});
+    if (!conv) conv = lf.opt_int({"short_conv_kernel_size"});
+    if (!heads)
+      HYSERVE_THROW(ConfigError,
+                    "config is missing 'linear_num_heads' (or linear_attn_config.num_heads)");
+    if (!dim)
+      HYSERVE_THROW(ConfigError,
+                    "config is missing 'linear_head_dim' (or linear_attn_config.head_dim)");
+    c.linear_num_heads = *heads;
+    c.linear_head_dim = *dim;
+    c.linear_conv_kernel = conv.value_or(4);
+    CONFIG_CHECK(c.linear_num_heads > 0, "'linear_num_heads' must be positive");
+    CONFIG_CHECK(c.linear_head_dim > 0, "'linear_head_dim' must be positive");
+    CONFIG_CHECK(c.linear_conv_kernel >= 1, "'linear_conv_kernel_dim' must be >= 1");
+    if (auto lb = lf.opt_double({"gate_lower_bound"})) {
+      CONFIG_CHECK(*lb < 0 && std::isfinite(*lb),
+                   "'linear_attn_config.gate_lower_bound' must be negative, got ", *lb);
+      c.kda_gate_lower_bound = *lb;
+    }
+    c.kda_full_rank_gate = lf.opt_bool({"use_full_rank_gate"}).value_or(false);
+  }
+
+  // Fields hyserve knows that this config's layers happen not to use.
+  f.find({"intermediate_size",
+          "first_k_dense_replace",
+          "moe_intermediate_size",
+          "num_experts_per_token",
+          "num_experts_per_tok",
+          "num_shared_experts",
+          "n_shared_experts",
+          "num_expert_group",
+          "n_group",
+          "topk_group",
+          "routed_scaling_factor",
+          "moe_renormalize",
+          "norm_topk_prob",
+          "moe_router_activation_func",
+          "scoring_func",
+          "topk_method",
+          "use_grouped_topk",
+          "routed_expert_hidden_size",
+          "latent_moe_use_norm",
+          "num_attention_heads",
+          "num_key_value_heads",
+          "q_lora_rank",
+          "kv_lora_rank",
+          "qk_nope_head_dim",
+          "qk_rope_head_dim",
+          "v_head_dim",
+          "mla_use_nope",
+          "linear_num_heads",
+          "linear_head_dim",
+          "linear_conv_kernel_dim",
+          "activation_situ_beta",
+          "activation_situ_linear_beta",
+          "quantization_config"});
+
+  parse_quantization(f, c);
+  if (c.expert_format == ExpertFormat::kMxfp4) {
+    CONFIG_CHECK(c.expert_hidden_size() % 32 == 0 && c.moe_intermediate_size % 32 == 0,
+                 "MXFP4 experts need their input and output widths (", c.expert_hidden_size(), ", ",
+                 c.moe_intermediate_size, ") to be multiples of 32");
+  }
 }
 
 }  // namespace
@@ -273,9 +670,10 @@ double ModelConfig::mla_softmax_scale() const {
 
 ModelConfig ModelConfig::from_json(const json& j) {
   CONFIG_CHECK(j.is_object(), "config.json must hold a JSON object");
-  const Fields f(j);
   ModelConfig c;
-  const auto type = f.opt_string({"model_type"});
+  std::set<std::string> used_top;
+  const Fields top(j, &used_top);
+  const auto type = top.opt_string({"model_type"});
   if (!type) HYSERVE_THROW(ConfigError, "config is missing required field 'model_type'");
   c.model_type_name = *type;
   if (*type == "kimi_k3") {
@@ -289,141 +687,69 @@ ModelConfig ModelConfig::from_json(const json& j) {
                   "\" is not supported (kimi_k3, kimi_linear, deepseek_v32)");
   }
 
-  c.vocab_size = f.positive({"vocab_size"}, "embedding rows");
-  c.hidden_size = f.positive({"hidden_size"}, "model width");
-  c.num_hidden_layers = f.positive({"num_hidden_layers"}, "decoder depth");
-  c.rms_norm_eps = f.opt_double({"rms_norm_eps"}).value_or(1e-6);
-  CONFIG_CHECK(c.rms_norm_eps > 0, "'rms_norm_eps' must be positive");
-  c.max_position_embeddings =
-      f.opt_int({"max_position_embeddings", "model_max_length"}).value_or(0);
-  c.tie_word_embeddings = f.opt_bool({"tie_word_embeddings"}).value_or(false);
-  c.bos_token_id = f.opt_int({"bos_token_id"}).value_or(-1);
-  if (const json* eos = f.find({"eos_token_id"})) {
-    if (eos->is_number_integer()) {
-      c.eos_token_ids.push_back(eos->get<int64_t>());
-    } else if (eos->is_array()) {
-      for (const json& e : *eos) {
-        CONFIG_CHECK(e.is_number_integer(), "'eos_token_id' holds ", e.dump());
-        c.eos_token_ids.push_back(e.get<int64_t>());
-      }
-    } else {
-      HYSERVE_THROW(ConfigError, "config field 'eos_token_id' must be an integer or a list");
+  // The published Kimi K3 wrapper (K3.md §1): the text model's fields under text_config,
+  // its tensors under language_model., a vision tower beside it.
+  const json* text = top.find({"text_config"});
+  std::string where;  // prefix of the text fields' names in messages
+  std::set<std::string> used;
+  if (text) {
+    CONFIG_CHECK(c.model_type == ModelType::kKimiK3,
+                 "'text_config' (a multimodal wrapper) is read for kimi_k3 only, not ",
+                 c.model_type_name);
+    CONFIG_CHECK(text->is_object(), "'text_config' must be an object");
+    c.tensor_prefix = "language_model.";
+    where = "text_config.";
+    const Fields tf(*text, &used);
+    if (auto tt = tf.opt_string({"model_type"}); tt && *tt != "kimi_linear" && *tt != "kimi_k3")
+      HYSERVE_THROW(ConfigError, "config field 'text_config.model_type' = \"", *tt,
+                    "\": a kimi_k3 text model is \"kimi_linear\"");
+  }
+  c.has_vision = top.find({"vision_config"}) != nullptr;
+  const json& tj = text ? *text : j;
+  const Fields f(tj, &used);
+  try {
+    parse_text_config(tj, f, c);
+  } catch (const ConfigError& e) {
+    // Name the nested field as it appears in the file.
+    if (!text) throw;
+    throw ConfigError(std::string("in 'text_config': ") + e.what());
+  }
+
+  // Report what nobody read.
+  const auto report = [&](const json& obj, const std::set<std::string>& read,
+                          const std::string& prefix) {
+    for (auto it = obj.begin(); it != obj.end(); ++it) {
+      if (read.count(it.key()) || is_boilerplate_field(it.key())) continue;
+      c.unknown_fields.push_back(prefix + it.key());
     }
+  };
+  report(tj, used, where);
+  if (text) {
+    used_top.insert({"text_config", "vision_config", "media_placeholder_token_id",
+                     "image_placeholder", "bos_token_id", "eos_token_id", "tie_word_embeddings",
+                     "quantization_config"});
+    report(j, used_top, "");
   }
-
-  c.layer_kinds = parse_layer_kinds(j, f, c.model_type, c.num_hidden_layers);
-
-  // MoE.
-  c.num_experts = f.opt_int({"num_experts", "n_routed_experts", "num_local_experts"}).value_or(0);
-  CONFIG_CHECK(c.num_experts >= 0, "'num_experts' must be >= 0");
-  c.mlp_kinds = parse_mlp_kinds(f, c.num_hidden_layers, c.num_experts);
-  bool any_moe = false, any_dense = false;
-  for (MlpKind k : c.mlp_kinds) (k == MlpKind::kMoe ? any_moe : any_dense) = true;
-  if (any_dense) c.intermediate_size = f.positive({"intermediate_size"}, "dense MLP width");
-  if (any_moe) {
-    CONFIG_CHECK(c.num_experts > 0, "MoE layers need 'num_experts' (or 'n_routed_experts') > 0");
-    c.num_experts_per_tok =
-        f.positive({"num_experts_per_token", "num_experts_per_tok"}, "routed experts per token");
-    CONFIG_CHECK(c.num_experts_per_tok <= c.num_experts, "'num_experts_per_token' (",
-                 c.num_experts_per_tok, ") exceeds 'num_experts' (", c.num_experts, ")");
-    c.moe_intermediate_size = f.positive({"moe_intermediate_size"}, "expert MLP width");
-    c.num_shared_experts = f.opt_int({"num_shared_experts", "n_shared_experts"}).value_or(0);
-    CONFIG_CHECK(c.num_shared_experts >= 0, "'num_shared_experts' must be >= 0");
-    c.n_group = f.opt_int({"num_expert_group", "n_group"}).value_or(1);
-    c.topk_group = f.opt_int({"topk_group"}).value_or(1);
-    CONFIG_CHECK(c.n_group >= 1 && c.num_experts % c.n_group == 0, "'n_group' (", c.n_group,
-                 ") must divide num_experts (", c.num_experts, ")");
-    CONFIG_CHECK(c.topk_group >= 1 && c.topk_group <= c.n_group, "'topk_group' (", c.topk_group,
-                 ") must be in 1..n_group (", c.n_group, ")");
-    CONFIG_CHECK(c.num_experts_per_tok <= c.topk_group * (c.num_experts / c.n_group),
-                 "'num_experts_per_token' exceeds the experts of the kept groups");
-    c.routed_scaling_factor = f.opt_double({"routed_scaling_factor"}).value_or(1.0);
-    c.norm_topk_prob = f.opt_bool({"moe_renormalize", "norm_topk_prob"}).value_or(true);
-    if (auto act = f.opt_string({"moe_router_activation_func", "scoring_func"});
-        act && *act != "sigmoid")
-      HYSERVE_THROW(ConfigError, "router activation '", *act, "' is not supported (sigmoid)");
+  if (const json* la = f.find({"linear_attn_config"}); la && la->is_object()) {
+    static const std::set<std::string> kRead = {
+        "kda_layers",       "full_attn_layers",  "num_heads", "head_dim", "short_conv_kernel_size",
+        "gate_lower_bound", "use_full_rank_gate"};
+    report(*la, kRead, where + "linear_attn_config.");
   }
-
-  // MLA.
-  const bool any_mla = c.num_mla_layers() > 0;
-  if (any_mla) {
-    c.num_attention_heads = f.positive({"num_attention_heads"}, "MLA heads");
-    c.q_lora_rank = f.opt_int({"q_lora_rank"}).value_or(0);
-    CONFIG_CHECK(c.q_lora_rank >= 0, "'q_lora_rank' must be >= 0 or null");
-    c.kv_lora_rank = f.positive({"kv_lora_rank"}, "MLA latent width");
-    c.qk_nope_head_dim = f.positive({"qk_nope_head_dim"}, "MLA no-rope head dim");
-    c.qk_rope_head_dim = f.positive({"qk_rope_head_dim"}, "MLA rope head dim");
-    c.v_head_dim = f.positive({"v_head_dim"}, "MLA value head dim");
-    if (auto kvh = f.opt_int({"num_key_value_heads"}))
-      CONFIG_CHECK(*kvh == c.num_attention_heads, "'num_key_value_heads' (", *kvh,
-                   ") must equal num_attention_heads (", c.num_attention_heads, ") for MLA");
-    c.mla_output_gate = f.opt_bool({"mla_output_gate"}).value_or(false);
-    if (c.mla_output_gate && c.model_type != ModelType::kKimiK3)
-      HYSERVE_THROW(ConfigError, "'mla_output_gate' is a kimi_k3 field");
-    parse_rope(f, c);
-  }
-
-  // DSA indexer: all three fields or none.
-  const auto ih = f.opt_int({"index_n_heads"});
-  const auto id = f.opt_int({"index_head_dim"});
-  const auto ik = f.opt_int({"index_topk"});
-  if (ih || id || ik) {
-    if (!(ih && id && ik))
-      HYSERVE_THROW(ConfigError,
-                    "config sets only some of 'index_n_heads', 'index_head_dim', "
-                    "'index_topk' (all three or none)");
-    CONFIG_CHECK(c.model_type != ModelType::kKimiLinear,
-                 "kimi_linear has no DSA indexer ('index_*' fields)");
-    c.index_n_heads = *ih;
-    c.index_head_dim = *id;
-    c.index_topk = *ik;
-    CONFIG_CHECK(c.index_n_heads > 0, "'index_n_heads' must be positive");
-    CONFIG_CHECK(is_power_of_two(c.index_head_dim), "'index_head_dim' must be a power of two (",
-                 "the Hadamard rotation), got ", c.index_head_dim);
-    CONFIG_CHECK(c.index_topk > 0, "'index_topk' must be positive");
-    if (c.model_type == ModelType::kDeepseekV32) {
-      c.index_rope_dims = c.qk_rope_head_dim;
-      CONFIG_CHECK(c.index_rope_dims <= c.index_head_dim,
-                   "qk_rope_head_dim exceeds index_head_dim");
-    }
-  } else if (c.model_type == ModelType::kDeepseekV32) {
-    HYSERVE_THROW(ConfigError,
-                  "deepseek_v32 config is missing 'index_n_heads', 'index_head_dim', 'index_topk'");
-  }
-
-  // KDA.
-  if (c.num_kda_layers() > 0) {
-    CONFIG_CHECK(c.model_type != ModelType::kDeepseekV32,
-                 "deepseek_v32 has no linear-attention layers");
-    const json* la = f.find({"linear_attn_config"});
-    const json empty = json::object();
-    const Fields lf(la && la->is_object() ? *la : empty);
-    auto heads = f.opt_int({"linear_num_heads"});
-    if (!heads) heads = lf.opt_int({"num_heads"});
-    auto dim = f.opt_int({"linear_head_dim"});
-    if (!dim) dim = lf.opt_int({"head_dim"});
-    auto conv = f.opt_int({"linear_conv_kernel_dim"});
-    if (!conv) conv = lf.opt_int({"short_conv_kernel_size"});
-    if (!heads)
-      HYSERVE_THROW(ConfigError,
-                    "config is missing 'linear_num_heads' (or linear_attn_config.num_heads)");
-    if (!dim)
-      HYSERVE_THROW(ConfigError,
-                    "config is missing 'linear_head_dim' (or linear_attn_config.head_dim)");
-    c.linear_num_heads = *heads;
-    c.linear_head_dim = *dim;
-    c.linear_conv_kernel = conv.value_or(4);
-    CONFIG_CHECK(c.linear_num_heads > 0, "'linear_num_heads' must be positive");
-    CONFIG_CHECK(c.linear_head_dim > 0, "'linear_head_dim' must be positive");
-    CONFIG_CHECK(c.linear_conv_kernel >= 1, "'linear_conv_kernel_dim' must be >= 1");
-  }
-
-  parse_quantization(f, c);
-  if (c.expert_format == ExpertFormat::kMxfp4) {
-    CONFIG_CHECK(c.hidden_size % 32 == 0 && c.moe_intermediate_size % 32 == 0,
-                 "MXFP4 experts need hidden_size and moe_intermediate_size multiples of 32");
+  if (const json* dsa = f.find({"dsa_config"}); dsa && dsa->is_object()) {
+    static const std::set<std::string> kRead = {"index_n_heads", "index_head_dim", "index_topk",
+                                                "layers", "index_k_norm_eps"};
+    report(*dsa, kRead, where + "dsa_config.");
   }
   return c;
+}
+
+std::string ModelConfig::unknown_fields_warning() const {
+  if (unknown_fields.empty()) return "";
+  std::string s = "config fields hyserve does not know (not read; they should not change the " +
+                  model_type_name + " forward pass):";
+  for (size_t i = 0; i < unknown_fields.size(); ++i) s += (i == 0 ? " " : ", ") + unknown_fields[i];
+  return s;
 }
 
 ModelConfig ModelConfig::load(const std::filesystem::path& path) {

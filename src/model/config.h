@@ -1,7 +1,11 @@
 // ModelConfig: everything hyserve needs from a checkpoint's config.json, for the
-// three model types it serves (MODEL.md §1). Parsing accepts every spelling the
-// real checkpoints use and refuses unknown types, missing fields and inconsistent
-// sizes with a ConfigError naming the field.
+// three model types it serves (MODEL.md §1; kimi_k3 as published, K3.md §1). Parsing
+// accepts every spelling the real checkpoints use, the published Kimi K3 wrapper
+// (`KimiK3ForConditionalGeneration` with the text model under `text_config` and its
+// tensors under `language_model.`) included, and refuses unknown types, missing fields,
+// inconsistent sizes and fields known to change the math that hyserve does not
+// implement with a ConfigError naming the field. Fields it does not know are listed in
+// `unknown_fields` (reported at load), never silently dropped.
 #pragma once
 
 #include <cstdint>
@@ -66,19 +70,28 @@ struct ModelConfig {
   int64_t qk_rope_head_dim = 0;
   int64_t v_head_dim = 0;
   double kv_norm_eps = 1e-6;     // kv_a_layernorm / q_a_layernorm eps
-  bool mla_output_gate = false;  // kimi_k3: o *= sigmoid(g_proj(x))
+  bool mla_output_gate = false;  // mla_use_output_gate (kimi_k3): o *= sigmoid(g_proj(x))
   RopeConfig rope;
 
   // DSA indexer; index_n_heads == 0 means dense MLA.
   int64_t index_n_heads = 0;
   int64_t index_head_dim = 0;
   int64_t index_topk = 0;
-  int64_t index_rope_dims = 0;  // deepseek_v32: qk_rope_head_dim; kimi_k3: 0 (NoPE)
+  int64_t index_rope_dims = 0;     // deepseek_v32: qk_rope_head_dim; kimi_k3: 0 (NoPE)
+  double index_k_norm_eps = 1e-6;  // k_norm (LayerNorm): 1e-6 (deepseek_v32), rms_norm_eps
+                                   // (kimi_k3's dsa_config, which declares none)
 
   // KDA (linear-attention layers).
   int64_t linear_num_heads = 0;
   int64_t linear_head_dim = 0;
   int64_t linear_conv_kernel = 0;
+  // linear_attn_config.gate_lower_bound (kimi_k3, K3.md §3.3): < 0 selects the bounded
+  // forget gate lb * sigmoid(exp(A_log) * (f + dt_bias)); 0 (absent) Kimi Linear's
+  // -exp(A_log) * softplus(f + dt_bias).
+  double kda_gate_lower_bound = 0.0;
+  // linear_attn_config.use_full_rank_gate: the KDA output gate is one g_proj [H*K, D]
+  // instead of g_b_proj(g_a_proj(x)).
+  bool kda_full_rank_gate = false;
 
   // MoE.
   int64_t num_experts = 0;
@@ -89,12 +102,45 @@ struct ModelConfig {
   int64_t topk_group = 1;
   double routed_scaling_factor = 1.0;
   bool norm_topk_prob = true;
+  int64_t moe_layer_freq = 1;  // layer i >= first_k_dense_replace is MoE iff i % freq == 0
+  // routed_expert_hidden_size (kimi_k3's latent MoE, K3.md §3.5): the routed experts run
+  // on a [T, moe_latent_size] projection of the input; 0: on the input itself.
+  int64_t moe_latent_size = 0;
+  bool moe_latent_norm = false;  // latent_moe_use_norm: RMSNorm of the combined latent
   ExpertFormat expert_format = ExpertFormat::kBf16;
   // FP8 block scales apply to every linear weight that has a weight_scale_inv
   // (deepseek's "fp8" quant_method); recorded for reporting.
   bool fp8_block_weights = false;
 
+  // The gated activation of every MLP and expert: hidden_act "silu" (SwiGLU) or "situ"
+  // (K3.md §3.7, with activation_situ_beta and activation_situ_linear_beta; the latter
+  // 0 when null).
+  bool situ = false;
+  double situ_beta = 0.0;
+  double situ_linear_beta = 0.0;
+
+  // Block attention residuals (K3.md §3.2): a snapshot of the residual stream every
+  // attn_res_block_size layers, mixed in before each sublayer's norm; 0: the plain
+  // residual stream of MODEL.md §0.
+  int64_t attn_res_block_size = 0;
+
+  // The published Kimi K3 wrapper: tensor names under this prefix ("language_model."),
+  // a vision tower that text-only serving skips.
+  std::string tensor_prefix;
+  bool has_vision = false;
+  // Config fields hyserve does not know (dotted paths, e.g. "text_config.foo"): they
+  // are reported at load; a known field that changes the math and is not implemented
+  // is refused instead.
+  std::vector<std::string> unknown_fields;
+
   bool has_indexer() const { return index_n_heads > 0; }
+  bool has_attn_res() const { return attn_res_block_size > 0; }
+  // AttnRes snapshots a forward pass holds at most: layers 0, bs, 2 bs, ...
+  int64_t num_attn_res_snapshots() const {
+    return has_attn_res() ? (num_hidden_layers + attn_res_block_size - 1) / attn_res_block_size : 0;
+  }
+  // Width the routed experts run at.
+  int64_t expert_hidden_size() const { return moe_latent_size > 0 ? moe_latent_size : hidden_size; }
   bool is_kda(int64_t layer) const { return layer_kinds.at(layer) == LayerKind::kKda; }
   bool is_moe(int64_t layer) const { return mlp_kinds.at(layer) == MlpKind::kMoe; }
   int64_t num_kda_layers() const;
@@ -102,6 +148,9 @@ struct ModelConfig {
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
   // Softmax scale of MLA: (dn+dr)^-0.5, times mscale^2 under YaRN.
   double mla_softmax_scale() const;
+
+  // "" when every field is known, else one line naming the unknown fields.
+  std::string unknown_fields_warning() const;
 
   // Parses a config.json object. Throws ConfigError naming the field.
   static ModelConfig from_json(const nlohmann::json& j);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -107,6 +108,11 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     backend_->synchronize();
   }
   rope_ = make_rope_table(config_);
+  if (config_.situ) {
+    activation_.kind = GatedActivation::Kind::kSitu;
+    activation_.beta = static_cast<float>(config_.situ_beta);
+    activation_.linear_beta = static_cast<float>(config_.situ_linear_beta);
+  }
   const LatentCacheDtype latent = options_.latent_cache;
   CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
         latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
@@ -129,6 +135,8 @@ Model::~Model() = default;
 std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOptions options,
                                    std::unique_ptr<Backend> backend) {
   ModelConfig config = ModelConfig::load(dir);
+  if (const std::string w = config.unknown_fields_warning(); !w.empty())
+    std::fprintf(stderr, "hyserve: warning: %s: %s\n", dir.string().c_str(), w.c_str());
   auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
   return create(std::move(config), std::move(checkpoint), options, std::move(backend));
 }
@@ -361,42 +369,97 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     decode_ = {batch[0].cache, padded_dev, width, rows_dev, seq_lens_dev, max_keys};
   }
 
-  float* h = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
-  // logits = lm_head(rms(h)) for the rows asked for.
+  const Hidden hidden = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
+  // logits = lm_head(final_norm(h)) for the rows asked for.
   trace("lm_head");
   float* rows = workspace_.floats(num_rows * d);
+  // AttnRes models mix every token's snapshots first (all of them: the rows' snapshots are
+  // not contiguous); the others gather the rows and norm only those.
+  const float* src = hidden.h;
+  if (c.has_attn_res()) {
+    float* normed = workspace_.floats(t * d);
+    final_norm(hidden, t, normed);
+    src = normed;
+  }
   int64_t r = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const int64_t n = offset[i + 1] - offset[i];
     const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
     const int64_t count = batch[i].all_logits ? n : 1;
-    backend_->copy(rows + r * d, h + first * d, static_cast<size_t>(count * d) * 4);
+    backend_->copy(rows + r * d, src + first * d, static_cast<size_t>(count * d) * 4);
     r += count;
   }
-  rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
+  if (!c.has_attn_res()) rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
   float* logits_dev = linear(rows, num_rows, weights_.lm_head);
   dump("logits", logits_dev, num_rows, c.vocab_size);
   logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
   backend_->download(logits.data(), logits_dev, logits.size() * 4);
 }
 
-float* Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
-                         std::span<const Slice> slices, int64_t t) const {
+void Model::attn_res_norm(const Hidden& hs, const Vec& query, const Vec& norm, int64_t t,
+                          float* y) const {
+  const ModelConfig& c = config_;
+  AttnResNormParams p;
+  p.snapshots = hs.snapshots;
+  p.snapshot_stride = t * c.hidden_size;
+  p.num_snapshots = hs.num_snapshots;
+  p.current = hs.h;
+  p.query = query.data;
+  p.res_eps = static_cast<float>(c.rms_norm_eps);
+  p.norm_weight = norm.data;
+  p.norm_eps = static_cast<float>(c.rms_norm_eps);
+  p.y = y;
+  p.num_tokens = t;
+  p.dim = c.hidden_size;
+  backend_->attn_res_norm(p);
+}
+
+void Model::final_norm(const Hidden& hs, int64_t t, float* y) const {
+  if (config_.has_attn_res()) {
+    attn_res_norm(hs, weights_.output_res, weights_.final_norm, t, y);
+  } else {
+    rms_norm(hs.h, weights_.final_norm, t, config_.hidden_size, config_.rms_norm_eps, y);
+  }
+}
+
+Model::Hidden Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev,
+                                const int64_t* slots_dev, std::span<const Slice> slices,
+                                int64_t t) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
   // h = embed_tokens(ids)
   float* h = workspace_.floats(t * d);
   float* x = workspace_.floats(t * d);
   float* out = workspace_.floats(t * d);
+  // Block AttnRes (K3.md §3.2): h is the running prefix sum P of the current block, the
+  // bank holds the snapshots [num_snapshots, T, D].
+  Hidden hs{h, nullptr, 0};
+  float* bank = c.has_attn_res() ? workspace_.floats(c.num_attn_res_snapshots() * t * d) : nullptr;
+  hs.snapshots = bank;
   trace("embed");
   backend_->embedding_lookup(weights_.embed, ids_dev, t, h);
   dump("embed", h, t, d);
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& lw = weights_.layers[layer];
-    // h = h + attn(rms(h)).
+    // h = h + attn(rms(h)); AttnRes: x = rms(mix(bank, P)), a snapshot of P at block
+    // boundaries, then P = a (boundary) or P + a.
     trace(layer_name(layer, "attention"));
-    rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
+    bool boundary = false;
+    if (c.has_attn_res()) {
+      if (hs.num_snapshots > 0) {
+        attn_res_norm(hs, lw.attn_res, lw.input_norm, t, x);
+      } else {
+        rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
+      }
+      boundary = layer % c.attn_res_block_size == 0;
+      if (boundary) {
+        backend_->copy(bank + hs.num_snapshots * t * d, h, static_cast<size_t>(t * d) * 4);
+        ++hs.num_snapshots;
+      }
+    } else {
+      rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
+    }
     {
       const Workspace::Mark mark = workspace_.mark();
       if (c.is_kda(layer)) {
@@ -407,10 +470,18 @@ float* Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const i
       workspace_.rewind(mark);
     }
     dump(layer_name(layer, "attn_out"), out, t, d);
-    backend_->add(h, out, t * d);
-    // h = h + mlp(rms(h)), over the whole batch.
+    if (boundary) {
+      backend_->copy(h, out, static_cast<size_t>(t * d) * 4);
+    } else {
+      backend_->add(h, out, t * d);
+    }
+    // h = h + mlp(rms(h)) (AttnRes: of rms(mix(bank, P))), over the whole batch.
     trace(layer_name(layer, "mlp"));
-    rms_norm(h, lw.post_norm, t, d, c.rms_norm_eps, x);
+    if (c.has_attn_res()) {
+      attn_res_norm(hs, lw.mlp_res, lw.post_norm, t, x);
+    } else {
+      rms_norm(h, lw.post_norm, t, d, c.rms_norm_eps, x);
+    }
     const Workspace::Mark mark = workspace_.mark();
     feed_forward(layer, x, t, out);
     workspace_.rewind(mark);
@@ -418,7 +489,7 @@ float* Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const i
     backend_->add(h, out, t * d);
     dump(layer_name(layer, "hidden"), h, t, d);
   }
-  return h;
+  return hs;
 }
 
 void Model::enable_decode_graphs(int64_t max_batch, int64_t max_context) {
@@ -494,11 +565,11 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
     decode_ = {
         &cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), g.seq_lens.as<int32_t>(),
         context};
-    float* h = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(), g.slots.as<int64_t>(),
-                          std::span<const Slice>(&all, 1), rows);
+    const Hidden hidden = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(),
+                                     g.slots.as<int64_t>(), std::span<const Slice>(&all, 1), rows);
     trace("lm_head");
     float* x = workspace_.floats(rows * d);
-    rms_norm(h, weights_.final_norm, rows, d, config_.rms_norm_eps, x);
+    final_norm(hidden, rows, x);
     linear_into(x, rows, weights_.lm_head, g.logits.as<float>());
   };
   if (g.captured) {
@@ -559,7 +630,8 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   float* kk = conv(w.k_proj, w.k_conv, 1);
   float* v = conv(w.v_proj, w.v_conv, 2);
 
-  // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)
+  // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), or the bounded gate
+  //    lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias)) (K3.md §3.3)
   float* g = linear(linear(x, t, w.f_a_proj), t, w.f_b_proj);
   KdaGateParams gp;
   gp.f = g;
@@ -569,6 +641,7 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   gp.num_tokens = t;
   gp.num_heads = h;
   gp.head_dim = k;
+  gp.lower_bound = static_cast<float>(c.kda_gate_lower_bound);
   backend_->kda_gate(gp);
 
   // 3. beta = sigmoid(b_proj(x))
@@ -621,8 +694,10 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   }
   dump(layer_name(layer, "kda_core"), o, t, width);
 
-  // 7. o = rmsnorm(o) * o_norm * sigmoid(g_b(g_a(x))); o_proj
-  const float* gate = linear(linear(x, t, w.g_a_proj), t, w.g_b_proj);
+  // 7. o = rmsnorm(o) * o_norm * sigmoid(gate); gate = g_proj(x) (full rank) or
+  //    g_b(g_a(x)); o_proj
+  const float* gate = c.kda_full_rank_gate ? linear(x, t, w.g_proj)
+                                           : linear(linear(x, t, w.g_a_proj), t, w.g_b_proj);
   GatedRmsNormParams np;
   np.o = o;
   np.weight = w.o_norm.data;
@@ -645,6 +720,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
     p.w = &lw.dense;
     p.y = out;
     p.num_tokens = t;
+    p.act = activation_;
     backend_->mlp(p);
     return;
   }
@@ -677,7 +753,34 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   m.top_k = k;
   m.shared = lw.moe.has_shared ? &lw.moe.shared : nullptr;
   m.y = out;
+  m.act = activation_;
+  if (c.moe_latent_size == 0) {
+    backend_->moe(m);
+    return;
+  }
+  // The latent MoE (K3.md §3.5): routed experts on zl = down(x) [T, De], combined in
+  // fp32, RMSNorm, up to [T, D]; the shared MLP on the full-width x.
+  const int64_t de = c.moe_latent_size;
+  const float* latent_in = linear(x, t, lw.moe.latent_down);
+  float* latent = workspace_.floats(t * de);
+  m.x = latent_in;
+  m.hidden = de;
+  m.shared = nullptr;
+  m.y = latent;
   backend_->moe(m);
+  if (c.moe_latent_norm) rms_norm(latent, lw.moe.latent_norm, t, de, c.rms_norm_eps, latent);
+  linear_into(latent, t, lw.moe.latent_up, out);
+  if (lw.moe.has_shared) {
+    float* shared = workspace_.floats(t * c.hidden_size);
+    MlpParams p;
+    p.x = x;
+    p.w = &lw.moe.shared;
+    p.y = shared;
+    p.num_tokens = t;
+    p.act = activation_;
+    backend_->mlp(p);
+    backend_->add(out, shared, t * c.hidden_size);
+  }
 }
 
 }  // namespace hyserve

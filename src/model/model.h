@@ -191,10 +191,22 @@ class Model {
     int64_t max_keys = 0;                 // the largest num_computed + 1 (graphs: the bound)
   };
 
+  // The residual stream after the last layer: h [T, D] and, for AttnRes models, the
+  // snapshot bank [num_snapshots, T, D] (workspace).
+  struct Hidden {
+    float* h;
+    const float* snapshots;
+    int64_t num_snapshots;
+  };
   // Embedding and every decoder layer over the batch's T tokens (the cache written as
-  // they go); returns the final hidden states h [T, D] (workspace).
-  float* run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
+  // they go).
+  Hidden run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
                     std::span<const Slice> slices, int64_t t) const;
+  // y = rms(mix(snapshots, h)) with one AttnRes query and the norm after it (K3.md §3.2).
+  void attn_res_norm(const Hidden& hs, const Vec& query, const Vec& norm, int64_t t,
+                     float* y) const;
+  // The last norm before lm_head: model.norm of h, or of the output AttnRes mix.
+  void final_norm(const Hidden& hs, int64_t t, float* y) const;
 
   // slots: [T] each token's cache slot (block * block_size + offset).
   void mla_attention(int64_t layer, const float* x, int64_t num_tokens, const int64_t* pos,
@@ -249,7 +261,8 @@ class Model {
   LoadedWeights host_weights_;
   ModelWeights weights_;                       // views in backend memory
   std::vector<BackendBuffer> weight_buffers_;  // backend copies (non-CPU backends)
-  RopeTable rope_;  // deepseek_v32's (YaRN) rotary table; unused for NoPE
+  RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
+  GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)
   CachePlanOptions cache_options_;
   mutable BatchedDecode decode_;  // of the forward in progress
 

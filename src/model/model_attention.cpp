@@ -166,7 +166,7 @@ Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float*
   ln.y = ki;
   ln.num_rows = t;
   ln.dim = di;
-  ln.eps = 1e-6f;
+  ln.eps = static_cast<float>(c.index_k_norm_eps);
   backend_->layer_norm(ln);
   // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
   if (c.index_rope_dims > 0) {

@@ -16,8 +16,8 @@ struct ParamCount {
   int64_t attention_kda = 0;  // all KDA layers
   int64_t dense_mlp = 0;
   int64_t routed_experts = 0;  // all routed experts of all MoE layers
-  int64_t moe_other = 0;       // router + shared experts
-  int64_t norms = 0;           // per-layer input / post-attention norms
+  int64_t moe_other = 0;       // router, shared experts, latent projections and norm
+  int64_t norms = 0;           // per-layer input / post-attention norms, AttnRes pairs
 };
 
 int64_t mla_layer_params(const ModelConfig& c);      // incl. indexer and output gate

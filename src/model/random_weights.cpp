@@ -42,6 +42,10 @@ std::vector<float> RandomWeights::load_f32(std::string_view name,
     for (int64_t i = 0; i < n; ++i) v[i] = std::log(8.5f + 7.5f * uniform(s, i));  // A in [1, 16]
   } else if (ends_with(name, "dt_bias") || ends_with(name, "bias")) {
     for (int64_t i = 0; i < n; ++i) v[i] = 0.1f * uniform(s, i);
+  } else if (ends_with(name, "_res_proj.weight")) {
+    // AttnRes query ~ N(0, 1/D)-scaled: candidate scores of order one.
+    const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+    for (int64_t i = 0; i < n; ++i) v[i] = scale * uniform(s, i);
   } else if (name.find("conv1d") != std::string_view::npos) {
     for (int64_t i = 0; i < n; ++i) v[i] = 0.5f * uniform(s, i);
   } else {  // norm weights

@@ -48,9 +48,10 @@ struct KdaWeights {
   Weight f_a_proj;                // [K, D]
   Weight f_b_proj;                // [H*K, K]
   Weight b_proj;                  // [H, D]
-  Weight g_a_proj;                // [K, D]
+  Weight g_a_proj;                // [K, D]     low-rank output gate (Kimi Linear)
   Weight g_b_proj;                // [H*K, K]
-  Vec a_log;                      // [H]
+  Weight g_proj;                  // [H*K, D]   full-rank output gate (use_full_rank_gate)
+  Vec a_log;                      // [H] (a stored [>= H] tensor's first H entries)
   Vec dt_bias;                    // [H*K]
   Vec o_norm;                     // [K]
   Weight o_proj;                  // [D, H*K]
@@ -59,24 +60,35 @@ struct KdaWeights {
 struct MoeWeights {
   Weight gate;                      // [E, D] router
   Vec score_bias;                   // [E] e_score_correction_bias (empty: none)
-  std::vector<MlpWeights> experts;  // [E]
-  MlpWeights shared;                // all shared experts as one MLP (empty when none)
+  std::vector<MlpWeights> experts;  // [E], on [*, De] inputs (De = expert_hidden_size)
+  MlpWeights shared;                // all shared experts as one MLP on [*, D] (empty: none)
   bool has_shared = false;
+  // The latent MoE (routed_expert_hidden_size; empty otherwise).
+  Weight latent_down;  // [De, D] routed_expert_down_proj
+  Vec latent_norm;     // [De] routed_expert_norm (latent_moe_use_norm)
+  Weight latent_up;    // [D, De] routed_expert_up_proj
 };
 
+// Block AttnRes (K3.md §3.2): res_norm.weight [D] * res_proj.weight [1, D] folded into
+// the one query vector the mix scores candidates against.
+using AttnResQuery = Vec;  // [D]
+
 struct LayerWeights {
-  Vec input_norm;    // [D]
-  Vec post_norm;     // [D]
-  MlaWeights mla;    // full-attention layers
-  KdaWeights kda;    // KDA layers
-  MlpWeights dense;  // dense-MLP layers
-  MoeWeights moe;    // MoE layers
+  Vec input_norm;         // [D]
+  Vec post_norm;          // [D]
+  AttnResQuery attn_res;  // self_attention_res_{norm,proj} (AttnRes models, layers >= 1)
+  AttnResQuery mlp_res;   // mlp_res_{norm,proj} (AttnRes models)
+  MlaWeights mla;         // full-attention layers
+  KdaWeights kda;         // KDA layers
+  MlpWeights dense;       // dense-MLP layers
+  MoeWeights moe;         // MoE layers
 };
 
 struct ModelWeights {
-  Weight embed;    // [V, D]
-  Weight lm_head;  // [V, D] (embed when tied)
-  Vec final_norm;  // [D]
+  Weight embed;             // [V, D]
+  Weight lm_head;           // [V, D] (embed when tied)
+  Vec final_norm;           // [D]
+  AttnResQuery output_res;  // output_attn_res_{norm,proj} (AttnRes models)
   std::vector<LayerWeights> layers;
 };
 
@@ -109,9 +121,12 @@ void for_each_tensor(ModelWeights& w, OnWeight&& on_weight, OnVec&& on_vec) {
   wt(w.embed);
   wt(w.lm_head);
   vc(w.final_norm);
+  vc(w.output_res);
   for (LayerWeights& l : w.layers) {
     vc(l.input_norm);
     vc(l.post_norm);
+    vc(l.attn_res);
+    vc(l.mlp_res);
     MlaWeights& a = l.mla;
     for (Weight* x : {&a.q_proj, &a.q_a_proj, &a.q_b_proj, &a.kv_a_proj, &a.kv_b_proj, &a.o_proj,
                       &a.g_proj, &a.idx_wq_b, &a.idx_wk, &a.idx_weights_proj})
@@ -119,7 +134,7 @@ void for_each_tensor(ModelWeights& w, OnWeight&& on_weight, OnVec&& on_vec) {
     for (Vec* x : {&a.q_a_norm, &a.kv_a_norm, &a.idx_k_norm_w, &a.idx_k_norm_b}) vc(*x);
     KdaWeights& k = l.kda;
     for (Weight* x : {&k.q_proj, &k.k_proj, &k.v_proj, &k.f_a_proj, &k.f_b_proj, &k.b_proj,
-                      &k.g_a_proj, &k.g_b_proj, &k.o_proj})
+                      &k.g_a_proj, &k.g_b_proj, &k.g_proj, &k.o_proj})
       wt(*x);
     for (Vec* x : {&k.q_conv, &k.k_conv, &k.v_conv, &k.a_log, &k.dt_bias, &k.o_norm}) vc(*x);
     mlp(l.dense);
@@ -127,6 +142,9 @@ void for_each_tensor(ModelWeights& w, OnWeight&& on_weight, OnVec&& on_vec) {
     vc(l.moe.score_bias);
     for (MlpWeights& e : l.moe.experts) mlp(e);
     mlp(l.moe.shared);
+    wt(l.moe.latent_down);
+    vc(l.moe.latent_norm);
+    wt(l.moe.latent_up);
   }
 }
 

@@ -325,6 +325,14 @@ std::optional<std::string> get_message_content(const ordered_json& value,
     if (!part.is_object()) fail_type(part_param, "object", part);
     const std::string type =
         present(part, "type") ? get_string(part["type"], part_param + ".type") : "";
+    if (type == "image_url" || type == "video_url" || type == "input_image" ||
+        type == "input_audio" || type == "image" || type == "video") {
+      // The published Kimi K3 has a vision tower; hyserve serves its text model only.
+      fail(part_param + ".type",
+           str_cat("Unsupported content part type '", type,
+                   "': this server runs the text model only (no image, video or audio input); "
+                   "send 'text' parts"));
+    }
     if (type != "text") {
       fail(part_param + ".type",
            str_cat("Unsupported content part type '", type, "': only 'text' is supported"));

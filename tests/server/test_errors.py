@@ -82,3 +82,16 @@ def test_regex_guided_decoding_is_refused_not_ignored(server):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["code"] == 400 and err["param"] == "guided_regex"
+
+
+def test_image_part_is_refused_for_text_only_serving(server):
+    # The published Kimi K3 carries a vision tower; hyserve serves its text model only.
+    for part in ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                 {"type": "video_url", "video_url": {"url": "https://example.invalid/v.mp4"}}):
+        r = post(server, "/v1/chat/completions",
+                 {"model": server.model, "max_tokens": 2,
+                  "messages": [{"role": "user", "content": [{"type": "text", "text": "what is this"},
+                                                            part]}]})
+        error = assert_openai_error(r, 400)
+        assert "text model only" in error["message"], error
+        assert error["param"] == "messages[0].content[1].type", error
