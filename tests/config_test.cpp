@@ -152,6 +152,21 @@ TEST(Config, PublishedK3UnknownFieldsAreReported) {
   EXPECT_NE(c.unknown_fields_warning().find("text_config.some_new_knob"), std::string::npos);
 }
 
+// Every checkpoint config the tests load is fully known: no field reported.
+TEST(Config, FixtureConfigsHaveNoUnknownFields) {
+  for (const char* dir :
+       {"models/tiny-kimi-k3", "tests/fixtures/kimi_k3_published_tiny",
+        "tests/fixtures/scripted-kimi-k3", "tests/fixtures/kimi_linear_tiny",
+        "tests/fixtures/deepseek_v32_tiny", "tests/fixtures/deepseek_v32_fp8_tiny"}) {
+    const ModelConfig c = ModelConfig::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / dir);
+    EXPECT_TRUE(c.unknown_fields.empty()) << dir << ": " << c.unknown_fields_warning();
+  }
+  // A flat config reports its own unknown fields too.
+  json j = small_kimi_linear();
+  j["mystery"] = 1;
+  EXPECT_EQ(ModelConfig::from_json(j).unknown_fields, std::vector<std::string>{"mystery"});
+}
+
 TEST(Config, PublishedK3MathFieldsRefusedOrApplied) {
   if (shared_config("kimi-k3-published.json").empty()) GTEST_SKIP() << "shared/configs not found";
   auto with = [](const std::function<void(json&)>& edit) {

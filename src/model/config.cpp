@@ -723,6 +723,7 @@ ModelConfig ModelConfig::from_json(const json& j) {
       c.unknown_fields.push_back(prefix + it.key());
     }
   };
+  if (!text) used.insert(used_top.begin(), used_top.end());  // one object: read at either level
   report(tj, used, where);
   if (text) {
     used_top.insert({"text_config", "vision_config", "media_placeholder_token_id",
