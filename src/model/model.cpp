@@ -372,24 +372,28 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   const Hidden hidden = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
   // logits = lm_head(final_norm(h)) for the rows asked for.
   trace("lm_head");
+  // The last norm of the rows asked for only: every token's (decode steps, all-logits
+  // prefill) as they are, else those rows gathered, each AttnRes snapshot's rows with them
+  // ([snapshots..., h], each [num_rows, D]; the norm is per token, so the bits are the same).
+  Hidden last = hidden;
+  if (num_rows != t) {
+    const int64_t n = hidden.num_snapshots;
+    float* gathered = workspace_.floats((n + 1) * num_rows * d);
+    int64_t r = 0;
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
+      const int64_t count = batch[i].all_logits ? offset[i + 1] - offset[i] : 1;
+      for (int64_t j = 0; j <= n; ++j) {
+        const float* src = j < n ? hidden.snapshots + j * t * d : hidden.h;
+        backend_->copy(gathered + (j * num_rows + r) * d, src + first * d,
+                       static_cast<size_t>(count * d) * 4);
+      }
+      r += count;
+    }
+    last = {gathered + n * num_rows * d, gathered, n};
+  }
   float* rows = workspace_.floats(num_rows * d);
-  // AttnRes models mix every token's snapshots first (all of them: the rows' snapshots are
-  // not contiguous); the others gather the rows and norm only those.
-  const float* src = hidden.h;
-  if (c.has_attn_res()) {
-    float* normed = workspace_.floats(t * d);
-    final_norm(hidden, t, normed);
-    src = normed;
-  }
-  int64_t r = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const int64_t n = offset[i + 1] - offset[i];
-    const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
-    const int64_t count = batch[i].all_logits ? n : 1;
-    backend_->copy(rows + r * d, src + first * d, static_cast<size_t>(count * d) * 4);
-    r += count;
-  }
-  if (!c.has_attn_res()) rms_norm(rows, weights_.final_norm, num_rows, d, c.rms_norm_eps, rows);
+  final_norm(last, num_rows, rows);
   float* logits_dev = linear(rows, num_rows, weights_.lm_head);
   dump("logits", logits_dev, num_rows, c.vocab_size);
   logits.resize(static_cast<size_t>(num_rows * c.vocab_size));

@@ -4,7 +4,7 @@
 // to 1: g -> -0 and g -> lower_bound), and the softplus form (lower_bound 0) unchanged.
 // Both are a few fp32 operations with expf / log1pf, which differ from the host's
 // std::exp / std::log1p by an ulp or two: abs 1e-6, rel 1e-5 (|g| <= 5 here, and the
-// softplus gates are O(1..100)).
+// softplus gates are O(1..100)). The only GPU test of kda_gate (both forms).
 #include <algorithm>
 #include <cmath>
 #include <string>
