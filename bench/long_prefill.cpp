@@ -31,6 +31,7 @@
 
 #include "core/cuda/device_buffer.h"
 #include "engine/engine.h"
+#include "kv/cache_format.h"
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "peaks.h"
@@ -64,8 +65,8 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--progress-every", progress_every, "steps between progress lines")
       ->capture_default_str();
-  app.add_option("--kv-cache-dtype", kv_cache_dtype, "latent cache: fp8 (576 B/token) or fp32")
-      ->check(CLI::IsMember({"fp8", "fp32"}))
+  app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "latent cache: fp8 (576 B/token) or fp32 (auto = fp32)")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   CHECK(prompt_tokens >= 1 && chunk >= 64 && output_tokens >= 1, "bad sizes");
@@ -80,7 +81,7 @@ int run(int argc, char** argv) {
   TimingBackend& timing = *timing_owner;
   ModelOptions options;
   options.indexer_fp8 = true;
-  options.latent_cache = kv_cache_dtype == "fp8" ? LatentCacheDtype::kFp8 : LatentCacheDtype::kFp32;
+  options.latent_cache = parse_latent_cache_dtype(kv_cache_dtype);
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
   model->set_trace([&](std::string_view s) { timing.set_section(s); });

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace hyserve::bench {
 
@@ -91,6 +91,13 @@ class TimingBackend final : public Backend {
     return inner_->dsa_decode_scratch_bytes(p);
   }
   void reserve_scratch(size_t n) override { inner_->reserve_scratch(n); }
+  // Logits processing and sampling pass straight through, untimed.
+  void apply_penalties(const PenaltyParams& p) override { inner_->apply_penalties(p); }
+  void count_tokens(const CountTokensParams& p) override { inner_->count_tokens(p); }
+  void adjust_logits(const LogitAdjustParams& p) override { inner_->adjust_logits(p); }
+  void apply_token_mask(const TokenMaskParams& p) override { inner_->apply_token_mask(p); }
+  void token_logprobs(const LogprobParams& p) override { inner_->token_logprobs(p); }
+  void sample_tokens(const SampleParams& p) override { inner_->sample_tokens(p); }
 
  private:
   template <typename F>

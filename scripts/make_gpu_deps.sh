@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs the third-party headers and static libraries the build needs (the Debian
 # packages of scripts/install_deps.sh) into .deps/, for a GPU machine that has CUDA,
-# CMake and a compiler but none of those packages. Build there with
+# CMake and a compiler but none of those packages (spdlog and fmt as headers: the build
+# uses them header-only). Build there with
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH=$PWD/.deps && cmake --build build-gpu
 # .deps/ is ignored by git (add "/.deps/" to .git/info/exclude); it also gets a copy of
 # ../shared/configs for the benchmarks.
@@ -11,7 +12,8 @@ bash scripts/install_deps.sh
 D=.deps
 rm -rf "$D"
 mkdir -p "$D/include" "$D/lib/x86_64-linux-gnu/cmake" "$D/share/cmake" "$D/configs"
-cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/gtest /usr/include/gmock "$D/include/"
+cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/gtest /usr/include/gmock \
+  /usr/include/spdlog /usr/include/fmt "$D/include/"
 cp /usr/include/xxhash.h /usr/include/xxh3.h /usr/include/pcre2.h "$D/include/"
 cp /usr/lib/x86_64-linux-gnu/libpcre2-8.a "$D/lib/"
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$D/lib/x86_64-linux-gnu/"

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/config.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -64,7 +65,7 @@ TEST(BlockTableTest, SlotsFollowTheDcpInterleave) {
 
 TEST(BlockTableTest, PageAddressesByHand) {
   // bs 8: row 2048; layer 2 pages at 0 / 512, layer 4 at 1024 / 1536 (cache_plan_test).
-  const CachePlan plan = plan_cache(small_config(), {.tp = 2, .min_block_size = 1});
+  const CachePlan plan = plan_cache(small_config().cache_spec(), {.tp = 2, .min_block_size = 1});
   ASSERT_EQ(plan.row_bytes, 2048);
   const uint64_t base = 0x10000;
   EXPECT_EQ(row_address(base, plan, 3), base + 3 * 2048);
@@ -90,7 +91,7 @@ TEST(BlockTableTest, PageAddressesByHand) {
 TEST(BlockTableTest, PagesAndStatesTileTheRowWithoutOverlap) {
   const ModelConfig c = small_config();
   for (int64_t min_bs : {1, 64}) {
-    const CachePlan plan = plan_cache(c, {.tp = 2, .min_block_size = min_bs});
+    const CachePlan plan = plan_cache(c.cache_spec(), {.tp = 2, .min_block_size = min_bs});
     const uint64_t base = 1 << 20;
     for (int32_t block : {0, 1, 5}) {
       const uint64_t row = row_address(base, plan, block);

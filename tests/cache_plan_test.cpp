@@ -6,6 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include "kv/memory_plan.h"
+#include "model/config.h"
+#include "model/weight_bytes.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -42,7 +45,7 @@ TEST(CachePlanTest, AwkwardWidthsArePaddedTo256AndCounted) {
   // 4*4*4 = 64 B -> 256: 512 B; 3 layers: 1536 B.
   // bs 1, 2, 4: each of the 4 pages rounds up to 256 -> 1024 B < 1536.
   // bs 8: latent 304 -> 512, index 288 -> 512: row 2048 >= 1536.
-  const CachePlan p = plan_cache(awkward_config(), {.tp = 2, .min_block_size = 1});
+  const CachePlan p = plan_cache(awkward_config().cache_spec(), {.tp = 2, .min_block_size = 1});
   EXPECT_EQ(p.block_size, 8);
   EXPECT_EQ(p.row_bytes, 2048);
   EXPECT_EQ(p.token_bytes_per_slot, 2 * (38 + 36));
@@ -78,7 +81,7 @@ TEST(CachePlanTest, AwkwardWidthsArePaddedTo256AndCounted) {
 
 TEST(CachePlanTest, DefaultMinimumBlockIs64AndDcpScalesPositions) {
   // bs 64: latent 2432 -> 2560 (pad 128), index 2304 (no pad); row 2 * 4864 = 9728.
-  const CachePlan p = plan_cache(awkward_config(), {.tp = 2, .dcp = 2});
+  const CachePlan p = plan_cache(awkward_config().cache_spec(), {.tp = 2, .dcp = 2});
   EXPECT_EQ(p.block_size, 64);
   EXPECT_EQ(p.row_bytes, 9728);
   EXPECT_EQ(p.padding_bytes, 256);
@@ -91,7 +94,8 @@ TEST(CachePlanTest, DefaultMinimumBlockIs64AndDcpScalesPositions) {
 TEST(CachePlanTest, NoKdaLayersUsesTheMinimumBlock) {
   ModelConfig c = awkward_config();
   c.layer_kinds.assign(5, LayerKind::kMla);
-  const CachePlan p = plan_cache(c, {.index = IndexCacheDtype::kMxfp4, .min_block_size = 16});
+  const CachePlan p =
+      plan_cache(c.cache_spec(), {.index = IndexCacheDtype::kMxfp4, .min_block_size = 16});
   // latent 38*16 = 608 -> 768; mxfp4 keys (16 + 1)*16 = 272 -> 512; 5 layers.
   EXPECT_EQ(p.block_size, 16);
   EXPECT_EQ(p.row_bytes, 5 * (768 + 512));
@@ -107,9 +111,10 @@ TEST(CachePlanTest, NoKdaLayersUsesTheMinimumBlock) {
 }
 
 TEST(CachePlanTest, RefusesBadParallelLayouts) {
-  EXPECT_THROW(plan_cache(awkward_config(), {.tp = 2, .dcp = 4}), InvalidArgument);
-  EXPECT_THROW(plan_cache(awkward_config(), {.tp = 4}), InvalidArgument);  // 2 KDA heads
-  EXPECT_THROW(plan_cache(awkward_config(), {.min_block_size = 48}), InvalidArgument);
+  EXPECT_THROW(plan_cache(awkward_config().cache_spec(), {.tp = 2, .dcp = 4}), InvalidArgument);
+  EXPECT_THROW(plan_cache(awkward_config().cache_spec(), {.tp = 4}),
+               InvalidArgument);  // 2 KDA heads
+  EXPECT_THROW(plan_cache(awkward_config().cache_spec(), {.min_block_size = 48}), InvalidArgument);
 }
 
 TEST(CachePlanTest, SnapshotCountMatchesThePolicy) {
@@ -131,14 +136,15 @@ TEST(CachePlanTest, KimiK31ProAtTp8MatchesHandComputation) {
   if (path.empty()) GTEST_SKIP() << "kimi-k3.1-pro-published.json not found";
   const ModelConfig c = ModelConfig::load(path);
   const CachePlan p = plan_cache(
-      c, {.latent = LatentCacheDtype::kFp8, .index = IndexCacheDtype::kFp8, .tp = 8, .dcp = 1});
+      c.cache_spec(),
+      {.latent = LatentCacheDtype::kFp8, .index = IndexCacheDtype::kFp8, .tp = 8, .dcp = 1});
 
   // KDA state per request at TP8: 96 / 8 = 12 heads of 128, 69 layers;
   // conv 3 x (3*12*128) fp32 = 55,296 B, recurrent 12*128*128 fp32 = 786,432 B.
   const int64_t kda_state = 69 * (3 * 3 * 12 * 128 * 4 + 12 * 128 * 128 * 4);
   EXPECT_EQ(kda_state, 58'079'232);
   EXPECT_EQ(p.kda_state_bytes, kda_state);
-  EXPECT_EQ(p.kda_state_bytes, kda_state_bytes_per_request(c, 8));
+  EXPECT_EQ(p.kda_state_bytes, kda_state_bytes_per_request(c.cache_spec(), 8));
   EXPECT_EQ(p.kda_state_rows, 1);
   EXPECT_EQ(p.kda_heads_per_gpu, 12);
   // Per token slot: 24 layers x (576 + 132) = 16,992 B. 2048 slots = 34,799,616 B < the
@@ -220,7 +226,7 @@ TEST(CachePlanTest, KimiK31ProAtTp8MatchesHandComputation) {
   // DCP 8 (same row layout): a block id covers 32,768 positions; 32 + 1 + 1 = 34 blocks per
   // context, 271 / 34 = 7 contexts. A snapshot every 4th boundary adds 32/4 = 8 (the prompt
   // end, boundary 32, is one of them): 41 blocks, 6 contexts.
-  const CachePlan p8 = plan_cache(c, {.tp = 8, .dcp = 8});
+  const CachePlan p8 = plan_cache(c.cache_spec(), {.tp = 8, .dcp = 8});
   EXPECT_EQ(p8.row_bytes, p.row_bytes);
   const MemoryPlan m8 = plan_memory(p8, budget);
   EXPECT_EQ(m8.tokens_per_dcp_group, int64_t{271} * 4096 * 8);

@@ -1,6 +1,8 @@
 // The hyserve binary itself: `info` and `generate` as a user runs them.
 #include <array>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -59,7 +61,7 @@ TEST(Cli, InfoOnKimiK3ShowsDenseMlaCache) {
   EXPECT_NE(r.output.find("latent experts at 3584"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("total 2.78T"), std::string::npos) << r.output;
   // Every field of the published config is known: no warning.
-  EXPECT_EQ(r.output.find("warning"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("WARNING"), std::string::npos) << r.output;
 }
 
 TEST(Cli, InfoPrintsTheCachePlan) {
@@ -77,6 +79,25 @@ TEST(Cli, InfoPrintsTheCachePlan) {
   r = run("info " + shared_configs() + "/kimi-k3.1-pro-published.json --gpu-memory lots");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--gpu-memory"), std::string::npos) << r.output;
+}
+
+TEST(Cli, LogLevelFiltersTheUnknownFieldWarning) {
+  const std::string dir = testing::TempDir() + "/hyserve_cli_log_level";
+  ASSERT_EQ(std::system(("mkdir -p " + dir).c_str()), 0);
+  std::ifstream in(std::string(HYSERVE_SOURCE_DIR) + "/models/tiny-kimi-k3/config.json");
+  std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  ASSERT_EQ(config.front(), '{');
+  std::ofstream(dir + "/config.json") << "{\"some_new_knob\": 1," << config.substr(1);
+  RunResult r = run("info " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("WARNING"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("some_new_knob"), std::string::npos) << r.output;
+  r = run("info " + dir + " --log-level error");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("WARNING"), std::string::npos) << r.output;
+  r = run("info " + dir + " --log-level verbose");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.output.find("verbose"), std::string::npos) << r.output;
 }
 
 TEST(Cli, InfoJsonOnBundledModel) {

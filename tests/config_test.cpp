@@ -102,11 +102,16 @@ TEST(Config, KimiK31ProPublished) {
   EXPECT_TRUE(c.is_moe(92));
   EXPECT_EQ(c.eos_token_ids, (std::vector<int64_t>{163586}));
   // MODEL.md §6: 24 layers x (576 + 132) and x (352 + 68).
-  EXPECT_EQ(cache_bytes_per_token(c, LatentCacheDtype::kFp8, IndexCacheDtype::kFp8), 16992);
-  EXPECT_EQ(cache_bytes_per_token(c, LatentCacheDtype::kNvfp4, IndexCacheDtype::kMxfp4), 10080);
-  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c, LatentCacheDtype::kFp8), 13824);
+  EXPECT_EQ(cache_bytes_per_token(c.cache_spec(), LatentCacheDtype::kFp8, IndexCacheDtype::kFp8),
+            16992);
+  EXPECT_EQ(
+      cache_bytes_per_token(c.cache_spec(), LatentCacheDtype::kNvfp4, IndexCacheDtype::kMxfp4),
+      10080);
+  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c.cache_spec(), LatentCacheDtype::kFp8),
+            13824);
   // Per request: 69 layers x (3 x 3 x 12288 conv + 96 x 128 x 128 state) fp32.
-  EXPECT_EQ(kda_state_bytes_per_request(c), 69LL * (3 * 3 * 12288 + 96 * 128 * 128) * 4);
+  EXPECT_EQ(kda_state_bytes_per_request(c.cache_spec()),
+            69LL * (3 * 3 * 12288 + 96 * 128 * 128) * 4);
 }
 
 // Parameter totals against the published tensor list (K3.md §4.4): 2,779,484,478,208
@@ -119,7 +124,8 @@ TEST(Config, KimiK3PublishedParamsMatchTensorList) {
   const ModelConfig c = ModelConfig::load(path);
   EXPECT_FALSE(c.has_indexer());
   EXPECT_TRUE(c.unknown_fields.empty()) << c.unknown_fields_warning();
-  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c, LatentCacheDtype::kFp8), 13824);
+  EXPECT_EQ(c.num_mla_layers() * latent_bytes_per_token(c.cache_spec(), LatentCacheDtype::kFp8),
+            13824);
   const ParamCount p = count_params(c);
   EXPECT_EQ(p.total, 2779484478208LL - 69 * 32);
   const int64_t expert = 3LL * 3584 * 3072;

@@ -8,9 +8,9 @@
 #include <random>
 #include <vector>
 
+#include "backend/backend.h"
 #include "kernels/dsa/params.h"
 #include "kv/cache_format.h"
-#include "model/backend.h"
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "random_prompt.h"

@@ -207,15 +207,15 @@ TEST(DsaCpu, IndexerHistogramCountsVisibleScores) {
       for (int64_t p = 0; p <= t.seq_lens[b] - num_q + i; ++p) {
         // The order key sorts like the float, so the bin order is the score order.
         const float x = scores[row * stride + p];
-        ++want[row * kDsaTopkBins + (dsa_order_key(x) >> kDsaTopkBinShift)];
+        ++want[row * kDsaTopkBins + (float_order_key(x) >> kDsaTopkBinShift)];
       }
     }
   }
   EXPECT_EQ(hist, want);
-  EXPECT_LT(dsa_order_key(-1.0f), dsa_order_key(-0.5f));
-  EXPECT_EQ(dsa_order_key(-0.0f), dsa_order_key(0.0f));
-  EXPECT_LT(dsa_order_key(0.0f), dsa_order_key(1e-30f));
-  EXPECT_LT(dsa_order_key(2.0f), dsa_order_key(std::numeric_limits<float>::infinity()));
+  EXPECT_LT(float_order_key(-1.0f), float_order_key(-0.5f));
+  EXPECT_EQ(float_order_key(-0.0f), float_order_key(0.0f));
+  EXPECT_LT(float_order_key(0.0f), float_order_key(1e-30f));
+  EXPECT_LT(float_order_key(2.0f), float_order_key(std::numeric_limits<float>::infinity()));
 }
 
 }  // namespace

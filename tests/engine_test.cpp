@@ -17,11 +17,10 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/logits_processor.h"
-#include "engine/sampler.h"
 #include "kernels/sampling/cpu.h"
 #include "random_prompt.h"
 #include "util/error.h"
+#include "util/logits.h"
 
 namespace hyserve {
 namespace {
@@ -460,7 +459,7 @@ TEST(EngineTest, AddRequestRefusesBadParamsNamingTheField) {
   expect_refused(engine, r, "logit_bias");
   r = good;
   r.prompt_token_ids.assign(128, 5);
-  expect_refused(engine, r, "max_model_len");
+  expect_refused(engine, r, "maximum context length");
   r = good;
   r.sampling_params.max_tokens = 126;
   expect_refused(engine, r, "max_tokens");
@@ -471,48 +470,127 @@ TEST(EngineTest, AddRequestRefusesBadParamsNamingTheField) {
   expect_refused(engine, good, "already in use");
 }
 
-// Logits processors on hand-made logits, against the formulas written out per element.
-TEST(LogitsProcessorTest, PenaltiesBiasAndMinTokens) {
-  const std::vector<float> raw = {2.0f, -1.0f, 0.5f, -3.0f, 1.0f, 0.0f};
-  const std::vector<int32_t> prompt = {0, 1};
-  const std::vector<int32_t> outputs = {2, 2, 3};
-  const std::vector<int32_t> eos = {5};
+// The logits processors as SamplingParams defines them (engine/model_runner.h), written out
+// per element on the raw row of one step.
+std::vector<float> processed_row(std::vector<float> l, const SamplingParams& sp,
+                                 const std::vector<int32_t>& prompt,
+                                 const std::vector<int32_t>& outputs,
+                                 const std::vector<int32_t>& eos) {
+  const auto vocab = static_cast<int32_t>(l.size());
+  std::vector<int64_t> count(l.size(), 0);
+  std::vector<bool> seen(l.size(), false);
+  for (int32_t t : prompt) seen[static_cast<size_t>(t)] = true;
+  for (int32_t t : outputs) {
+    seen[static_cast<size_t>(t)] = true;
+    ++count[static_cast<size_t>(t)];
+  }
+  for (int32_t i = 0; i < vocab; ++i) {
+    float& x = l[static_cast<size_t>(i)];
+    if (seen[static_cast<size_t>(i)]) {
+      x = x > 0.0f ? x / sp.repetition_penalty : x * sp.repetition_penalty;
+    }
+    const int64_t c = count[static_cast<size_t>(i)];
+    if (c > 0) x -= sp.presence_penalty + sp.frequency_penalty * static_cast<float>(c);
+  }
+  for (const auto& [id, bias] : sp.logit_bias) l[static_cast<size_t>(id)] += bias;
+  if (static_cast<int64_t>(outputs.size()) < sp.min_tokens) {
+    for (int32_t id : sp.stop_token_ids) l[static_cast<size_t>(id)] = -INFINITY;
+    if (!sp.ignore_eos) {
+      for (int32_t id : eos) l[static_cast<size_t>(id)] = -INFINITY;
+    }
+  }
+  return l;
+}
 
-  SamplingParams rep;
-  rep.repetition_penalty = 2.0f;
-  std::vector<float> l = raw;
-  apply_logits_processors(l, {&rep, prompt, outputs, eos});
-  EXPECT_EQ(l, (std::vector<float>{1.0f, -2.0f, 0.25f, -6.0f, 1.0f, 0.0f}));
+// Several requests with penalties, biases and min_tokens decode in one batch beside plain
+// ones; each one's greedy tokens are those of the formulas applied to its raw logits alone
+// (the device state: the prompt mask, the output counts advanced by each sampled token).
+TEST(EngineTest, LogitsProcessorsFollowTheFormulasInABatch) {
+  Engine engine(load_tiny(), small_config(256, 8));
+  const ModelConfig& mc = engine.model().config();
+  const int64_t vocab = mc.vocab_size;
+  std::vector<int32_t> eos;
+  for (int64_t id : mc.eos_token_ids) eos.push_back(static_cast<int32_t>(id));
+  struct Case {
+    std::string id;
+    std::vector<int32_t> prompt;
+    SamplingParams sp;
+  };
+  std::vector<Case> cases;
+  for (int i = 0; i < 5; ++i) {
+    Case c{"r" + std::to_string(i), random_prompt(5 + 3 * i, 700 + i, vocab), {}};
+    c.sp.temperature = 0.0f;
+    c.sp.max_tokens = 10;
+    if (i == 0) c.sp.repetition_penalty = 1.7f;
+    if (i == 1) {
+      c.sp.presence_penalty = 1.5f;
+      c.sp.frequency_penalty = 0.75f;
+    }
+    if (i == 2) {
+      c.sp.logit_bias = {{3, 4.0f}, {17, -2.5f}};
+      c.sp.repetition_penalty = 0.8f;
+    }
+    if (i == 3) {
+      c.sp.min_tokens = 6;
+      c.sp.stop_token_ids = {c.prompt[0]};
+      c.sp.frequency_penalty = -0.5f;
+    }
+    // i == 4: no processor at all (the neutral penalty row).
+    cases.push_back(c);
+  }
+  Collector col;
+  for (const Case& c : cases) {
+    Request r;
+    r.id = c.id;
+    r.prompt_token_ids = c.prompt;
+    r.sampling_params = c.sp;
+    engine.add_request(std::move(r), col.callback());
+  }
+  run_to_completion(engine);
+  for (const Case& c : cases) {
+    // Alone: the raw logits of each step, the formulas, then the greedy pick.
+    SequenceState st = engine.model().new_sequence();
+    std::vector<float> l;
+    engine.model().forward(c.prompt, st, l);
+    std::vector<int32_t> outputs;
+    const Collected& got = col.results[c.id];
+    for (size_t k = 0; k < got.tokens.size(); ++k) {
+      const std::vector<float> row = processed_row(l, c.sp, c.prompt, outputs, eos);
+      const int32_t want = argmax(row);
+      ASSERT_EQ(got.tokens[k].token, want) << c.id << " output " << k;
+      outputs.push_back(want);
+      engine.model().forward(std::span<const int32_t>(&outputs.back(), 1), st, l);
+    }
+    EXPECT_GE(got.tokens.size(), static_cast<size_t>(std::min<int64_t>(c.sp.min_tokens, 10)));
+  }
+}
 
-  SamplingParams pf;
-  pf.presence_penalty = 0.5f;
-  pf.frequency_penalty = 0.25f;
-  l = raw;
-  apply_logits_processors(l, {&pf, prompt, outputs, eos});
-  EXPECT_EQ(
-      l, (std::vector<float>{2.0f, -1.0f, 0.5f - 0.5f - 0.5f, -3.0f - 0.5f - 0.25f, 1.0f, 0.0f}));
-
-  SamplingParams bias;
-  bias.logit_bias = {{4, -1.5f}, {0, 3.0f}};
-  l = raw;
-  apply_logits_processors(l, {&bias, prompt, outputs, eos});
-  EXPECT_EQ(l, (std::vector<float>{5.0f, -1.0f, 0.5f, -3.0f, -0.5f, 0.0f}));
-
-  SamplingParams min_tokens;
-  min_tokens.min_tokens = 4;
-  min_tokens.stop_token_ids = {1};
-  l = raw;
-  apply_logits_processors(l, {&min_tokens, prompt, outputs, eos});
-  EXPECT_EQ(l[1], -INFINITY);
-  EXPECT_EQ(l[5], -INFINITY);
-  EXPECT_EQ(l[0], raw[0]);
-  min_tokens.ignore_eos = true;
-  l = raw;
-  apply_logits_processors(l, {&min_tokens, prompt, outputs, eos});
-  EXPECT_EQ(l[5], raw[5]);
-  min_tokens.min_tokens = 3;  // reached: nothing banned
-  EXPECT_FALSE(needs_logits_processing(min_tokens, 3));
-  EXPECT_TRUE(needs_logits_processing(min_tokens, 2));
+// The runner copies back the sampled ids and the logprobs asked for, nothing more: per decode
+// step of B requests asking n logprobs, B x (4 + 4 + 8n) bytes (id, logprob, n top entries).
+TEST(EngineTest, BytesCopiedToTheHostPerDecodeStep) {
+  for (const std::optional<int32_t> logprobs :
+       {std::optional<int32_t>{}, std::optional<int32_t>{0}, std::optional<int32_t>{3}}) {
+    Collector col;  // outlives the engine, whose destructor aborts what is unfinished
+    Engine engine(load_tiny(), small_config(256, 8));
+    const int64_t vocab = engine.model().config().vocab_size;
+    constexpr int64_t kB = 6;
+    for (int64_t i = 0; i < kB; ++i) {
+      Request r = make_request("b" + std::to_string(i), random_prompt(4, 50 + i, vocab), 8);
+      r.sampling_params.logprobs = logprobs;
+      engine.add_request(std::move(r), col.callback());
+    }
+    ASSERT_TRUE(engine.step());  // every prompt in one step, each sampling its first token
+    const int64_t per_row = logprobs ? 8 + 8 * *logprobs : 4;
+    int64_t before = engine.stats().device_to_host_bytes;
+    EXPECT_EQ(before, kB * per_row);
+    for (int step = 0; step < 4; ++step) {
+      ASSERT_TRUE(engine.step());
+      const int64_t now = engine.stats().device_to_host_bytes;
+      EXPECT_EQ(now - before, kB * per_row) << "logprobs " << logprobs.value_or(-1);
+      EXPECT_LE(now - before, kB * (1 + 2 * logprobs.value_or(0)) * 8);
+      before = now;
+    }
+  }
 }
 
 TEST(EngineTest, MinTokensDelaysEos) {

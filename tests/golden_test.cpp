@@ -18,10 +18,10 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/sampler.h"
 #include "golden_util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "util/logits.h"
 
 namespace hyserve {
 namespace {

@@ -257,49 +257,56 @@ TEST(OpenAIProtocolCompletion, Errors) {
                "Requested sample logprobs of 21, which is greater than max allowed: 20");
 }
 
-TEST(OpenAIProtocol, ValidateSamplingNamesTheField) {
+TEST(OpenAIProtocol, ValidatePromptNamesTheField) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const RequestLimits limits{100, 50};
   SamplingParams s;
-  EXPECT_NO_THROW(validate_sampling(s, 100, 50));
+  EXPECT_NO_THROW(validate_prompt(prompt, s, limits));
+  const auto param_of = [&](const std::vector<int32_t>& p, const SamplingParams& sp) {
+    try {
+      validate_prompt(p, sp, limits);
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status(), 400);
+      return e.param() + ": " + e.what();
+    }
+    return std::string("no error");
+  };
   s.top_p = 0.0f;
-  try {
-    validate_sampling(s, 100, 50);
-    ADD_FAILURE() << "no error";
-  } catch (const RequestError& e) {
-    EXPECT_EQ(e.status(), 400);
-    EXPECT_EQ(e.param(), "top_p");
-    EXPECT_EQ(std::string(e.what()), "top_p must be in (0, 1], got 0");
-  }
+  EXPECT_EQ(param_of(prompt, s), "top_p: top_p must be in (0, 1], got 0");
   s.top_p = 1.0f;
   s.stop_token_ids = {100};
-  try {
-    validate_sampling(s, 100, 50);
-    ADD_FAILURE() << "no error";
-  } catch (const RequestError& e) {
-    EXPECT_EQ(e.param(), "stop_token_ids");
-  }
+  EXPECT_EQ(param_of(prompt, s),
+            "stop_token_ids: stop_token_ids: token id 100 out of range [0, 100)");
   s.stop_token_ids = {};
+  s.logit_bias = {{-1, 1.0f}};
+  EXPECT_EQ(param_of(prompt, s), "logit_bias: logit_bias token id -1 out of range [0, 100)");
+  s.logit_bias = {};
   s.max_tokens = 51;
-  try {
-    validate_sampling(s, 100, 50);
-    ADD_FAILURE() << "no error";
-  } catch (const RequestError& e) {
-    EXPECT_EQ(e.param(), "max_tokens");
-  }
+  EXPECT_EQ(param_of(prompt, s).substr(0, 12), "max_tokens: ");
+  s.max_tokens.reset();
+  EXPECT_EQ(param_of({1, 100}, s), "prompt: Token id 100 is out of vocabulary [0, 100).");
+  EXPECT_EQ(param_of({}, s), "prompt: The prompt is empty.");
 }
 
 TEST(OpenAIProtocol, PromptLength) {
-  EXPECT_NO_THROW(check_prompt_length(10, 6, 16));
-  EXPECT_NO_THROW(check_prompt_length(16, std::nullopt, 16));
+  const RequestLimits limits{100, 16};
+  SamplingParams s;
+  s.max_tokens = 6;
+  EXPECT_NO_THROW(validate_prompt(std::vector<int32_t>(10, 1), s, limits));
+  s.max_tokens.reset();
+  EXPECT_NO_THROW(validate_prompt(std::vector<int32_t>(15, 1), s, limits));
+  // A prompt of max_model_len tokens leaves no room for an output.
   try {
-    check_prompt_length(17, std::nullopt, 16);
+    validate_prompt(std::vector<int32_t>(16, 1), s, limits);
     ADD_FAILURE() << "no error";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.status(), 400);
     EXPECT_EQ(std::string(e.what()).rfind("This model's maximum context length is 16 tokens.", 0),
               0u);
   }
+  s.max_tokens = 7;
   try {
-    check_prompt_length(10, 7, 16);
+    validate_prompt(std::vector<int32_t>(10, 1), s, limits);
     ADD_FAILURE() << "no error";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.param(), "max_tokens");

@@ -18,7 +18,8 @@
 #include "kernels/indexer/cpu.h"
 #include "kernels/mla/cpu.h"
 #include "kv/block_table.h"
-#include "model/kv_cache.h"
+#include "kv/kv_cache.h"
+#include "model/config.h"
 #include "paged_test_util.h"
 #include "util/error.h"
 
@@ -145,7 +146,8 @@ TEST(PagedCache, KvCacheAddressesEqualBlockTableArithmetic) {
         NamedConfig{"tests/fixtures/deepseek_v32_tiny", IndexCacheDtype::kFp8},
         NamedConfig{"tests/fixtures/deepseek_v32_tiny", IndexCacheDtype::kFp32}}) {
     const ModelConfig c = ModelConfig::load(fs::path(HYSERVE_SOURCE_DIR) / nc.dir);
-    const CachePlan plan = plan_cache(c, {.latent = LatentCacheDtype::kFp32, .index = nc.index});
+    const CachePlan plan =
+        plan_cache(c.cache_spec(), {.latent = LatentCacheDtype::kFp32, .index = nc.index});
     const std::string what = str_cat(nc.dir, nc.index == IndexCacheDtype::kFp8 ? " fp8" : " fp32");
     ASSERT_EQ(static_cast<int64_t>(plan.pages.size()), c.num_mla_layers()) << what;
     auto backend = make_cpu_backend();
@@ -229,8 +231,8 @@ TEST(PagedCache, KvCacheAddressesEqualBlockTableArithmetic) {
 // The pool has one scratch row after its blocks (padding rows of captured decode graphs).
 TEST(PagedCache, KvCacheRowOperationsTouchExactlyTheirRow) {
   const ModelConfig c = ModelConfig::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
-  const CachePlan plan =
-      plan_cache(c, {.latent = LatentCacheDtype::kFp32, .index = IndexCacheDtype::kFp8});
+  const CachePlan plan = plan_cache(
+      c.cache_spec(), {.latent = LatentCacheDtype::kFp32, .index = IndexCacheDtype::kFp8});
   auto backend = make_cpu_backend();
   KvCache cache(*backend, plan, 5);
   const auto row = static_cast<size_t>(plan.row_bytes);

@@ -86,6 +86,9 @@ TEST(SamplingMath, RankKeyOrdersByLogitThenId) {
     EXPECT_LT(sampling::rank_key(values[i], 0), sampling::rank_key(values[i + 1], 0)) << i;
   }
   EXPECT_GT(sampling::rank_key(1.0f, 3), sampling::rank_key(1.0f, 4));
+  // -0 and +0 tie (core/order_key.h), so the lower id ranks first whichever sign it has.
+  EXPECT_GT(sampling::rank_key(-0.0f, 2), sampling::rank_key(0.0f, 3));
+  EXPECT_GT(sampling::rank_key(0.0f, 2), sampling::rank_key(-0.0f, 3));
 }
 
 TEST(Sampling, GreedyTakesTheLowerIdOnTiesAndSkipsNaN) {

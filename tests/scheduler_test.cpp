@@ -316,7 +316,8 @@ TEST(SamplingParamsTest, ValidateNamesTheFieldOutOfRange) {
     try {
       p.validate(kVocab, 100);
       ADD_FAILURE() << c.field << ": accepted";
-    } catch (const InvalidArgument& e) {
+    } catch (const InvalidRequest& e) {
+      EXPECT_EQ(e.param(), c.field) << e.what();
       EXPECT_NE(std::string(e.what()).find(c.field), std::string::npos) << e.what();
     }
   }
@@ -532,12 +533,12 @@ TEST(SchedulerTest, RequestsThatCanNeverRunAreRejected) {
       EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     }
   };
-  rejects(make_request("p64", random_tokens(rng, 64), 1), "the prompt has 64 tokens");
-  rejects(make_request("over", random_tokens(rng, 40), 30), "= 70 exceeds max_model_len 64");
-  rejects(make_request("pool", random_tokens(rng, 20), 20), "needs 10 blocks");
-  rejects(make_request("unbounded", random_tokens(rng, 20), std::nullopt), "needs 16 blocks");
+  rejects(make_request("p64", random_tokens(rng, 64), 1), "your request has 64 input tokens");
+  rejects(make_request("over", random_tokens(rng, 40), 30), "is too large: 30");
+  rejects(make_request("pool", random_tokens(rng, 20), 20), "needs 10 KV blocks");
+  rejects(make_request("unbounded", random_tokens(rng, 20), std::nullopt), "needs 16 KV blocks");
   rejects(make_request("empty", {}, 5), "empty");
-  rejects(make_request("badtok", {1, kVocab}, 5), "out of range");
+  rejects(make_request("badtok", {1, kVocab}, 5), "out of vocabulary");
   Request hot = make_request("hot", random_tokens(rng, 5), 5);
   hot.sampling_params.temperature = -1.0f;
   rejects(hot, "temperature");

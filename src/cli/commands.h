@@ -4,11 +4,8 @@
 
 #include <filesystem>
 #include <functional>
-#include <string_view>
 
 #include <CLI/CLI.hpp>
-
-#include "kv/cache_format.h"
 
 namespace hyserve::cli {
 
@@ -20,9 +17,5 @@ std::function<int()> add_serve_command(CLI::App& app);
 // The bundled tiny kimi_k3 model: $HYSERVE_DEFAULT_MODEL, else models/tiny-kimi-k3
 // next to the binary's share folder, else in the source tree it was built from.
 std::filesystem::path default_model_dir();
-
-// The MLA latent format of `--kv-cache-dtype` for serve and generate: auto and fp32 are the
-// exact fp32 reference, fp8 the 576-byte e4m3 latent of the DSA kernels; others throw.
-LatentCacheDtype model_latent_cache_dtype(std::string_view flag);
 
 }  // namespace hyserve::cli

@@ -1,6 +1,7 @@
 // `hyserve generate [MODEL_DIR] --prompt-ids 1,2,3 --max-tokens N [--temperature T]
-// [--seed S] [--device cpu|cuda]`: prefill the prompt, decode N tokens one at a time,
-// print the ids and a hash of the last logits.
+// [--seed S] [--device cpu|cuda]`: one request through the engine (the same scheduler,
+// model runner and sampler as `serve`: the same request and seed give the same tokens),
+// printing the ids and a hash of the logits the last token was drawn from.
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -8,9 +9,11 @@
 #include <vector>
 
 #include "cli/commands.h"
-#include "engine/sampler.h"
+#include "engine/engine.h"
+#include "kv/cache_format.h"
 #include "model/model.h"
 #include "util/error.h"
+#include "util/logits.h"
 
 namespace hyserve::cli {
 namespace {
@@ -33,56 +36,61 @@ int run_generate(const GenerateArgs& a) {
   CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device,
         "'");
   CHECK(!a.prompt_ids.empty(), "--prompt-ids needs at least one token id");
-  CHECK(a.max_tokens >= 0, "--max-tokens must be >= 0");
+  CHECK(a.max_tokens >= 1, "--max-tokens must be >= 1, got ", a.max_tokens);
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions options;
   options.indexer_fp8 = a.indexer_fp8;
-  options.latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
+  options.latent_cache = parse_latent_cache_dtype(a.kv_cache_dtype);
   options.batch_invariant = a.batch_invariant;
-  const auto model =
+  auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
-  const ModelConfig& c = model->config();
-  if (a.device == "cuda" && !a.enforce_eager) {
-    model->enable_decode_graphs(1, static_cast<int64_t>(a.prompt_ids.size()) + a.max_tokens);
-  }
-
-  std::vector<int32_t> prompt;
+  const ModelConfig c = model->config();
   for (int64_t id : a.prompt_ids) {
     CHECK(id >= 0 && id < c.vocab_size, "--prompt-ids: token id ", id,
           " is outside the vocabulary [0, ", c.vocab_size, ")");
-    prompt.push_back(static_cast<int32_t>(id));
   }
+  const int64_t max_len = static_cast<int64_t>(a.prompt_ids.size()) + a.max_tokens;
+  if (a.device == "cuda" && !a.enforce_eager) model->enable_decode_graphs(1, max_len);
 
-  SamplingParams sampling;
-  sampling.temperature = a.temperature;
-  sampling.seed = a.seed;
-  Sampler sampler(sampling);
-  SequenceState state = model->new_sequence();
-  std::vector<float> logits;
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = 1;
+  ec.scheduler.max_model_len = max_len;
+  Engine engine(std::move(model), ec);
+  std::string last_hash;
+  engine.set_logits_observer(
+      [&](const std::string&, std::span<const float> row) { last_hash = hash_logits(row); });
+
+  Request request;
+  request.id = "generate";
+  for (int64_t id : a.prompt_ids) request.prompt_token_ids.push_back(static_cast<int32_t>(id));
+  request.sampling_params.temperature = a.temperature;
+  request.sampling_params.seed = a.seed;
+  request.sampling_params.max_tokens = a.max_tokens;
+  request.sampling_params.ignore_eos = a.ignore_eos;
+  const size_t num_prompt = request.prompt_token_ids.size();
   std::vector<int32_t> out;
+  std::optional<std::chrono::steady_clock::time_point> first_token;
+  std::string finish_reason;
   const auto t0 = std::chrono::steady_clock::now();
-  model->forward(prompt, state, logits);
-  const auto t1 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < a.max_tokens; ++i) {
-    const int32_t next = sampler.sample(logits);
-    out.push_back(next);
-    bool eos = false;
-    for (int64_t e : c.eos_token_ids) eos |= e == next;
-    if (eos && !a.ignore_eos) break;
-    if (i + 1 == a.max_tokens) break;
-    model->forward(std::span<const int32_t>(&next, 1), state, logits);
+  engine.add_request(std::move(request), [&](const RequestOutput& o) {
+    if (!first_token && !o.new_tokens.empty()) first_token = std::chrono::steady_clock::now();
+    for (const OutputToken& t : o.new_tokens) out.push_back(t.token);
+    if (o.finished) finish_reason = o.finish_reason;
+  });
+  while (engine.step()) {
   }
-  const auto t2 = std::chrono::steady_clock::now();
+  CHECK(engine.alive() && finish_reason != "abort", "generate: the engine failed (see the log)");
+  const auto t1 = first_token.value_or(t0), t2 = std::chrono::steady_clock::now();
   const double prefill_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
   const double decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
 
   std::printf("model: %s (%s)\n", dir.string().c_str(), c.model_type_name.c_str());
   std::printf("prompt: %zu tokens, prefill %.1f ms; generated %zu tokens, decode %.1f ms\n",
-              prompt.size(), prefill_ms, out.size(), decode_ms);
+              num_prompt, prefill_ms, out.size(), decode_ms);
   std::printf("ids:");
   for (int32_t id : out) std::printf(" %d", id);
-  std::printf("\nlast_logits_xxh64: %s\n", hash_logits(logits).c_str());
+  std::printf("\nlast_logits_xxh64: %s\n", last_hash.c_str());
   return 0;
 }
 

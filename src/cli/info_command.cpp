@@ -11,9 +11,12 @@
 #include "cli/commands.h"
 #include "kv/cache_format.h"
 #include "kv/cache_plan.h"
+#include "kv/memory_plan.h"
 #include "model/config.h"
 #include "model/param_count.h"
+#include "model/weight_bytes.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace hyserve::cli {
 namespace {
@@ -121,21 +124,14 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
 
 void print_plan(const ModelConfig& c, const PlanArgs& a) {
   CachePlanOptions o;
-  const auto latent =
-      parse_latent_cache_dtype(a.kv_cache_dtype == "auto" ? "fp8" : a.kv_cache_dtype);
-  CHECK(latent.has_value(),
-        "--kv-cache-dtype must be auto, bf16, fp8, fp8_ds_mla, nvfp4 or fp32, got '",
-        a.kv_cache_dtype, "'");
-  const auto index = parse_index_cache_dtype(a.index_cache_dtype);
-  CHECK(index.has_value(), "--index-cache-dtype must be fp8, mxfp4 or fp32, got '",
-        a.index_cache_dtype, "'");
-  o.latent = *latent;
-  o.index = *index;
+  o.latent = parse_latent_cache_dtype(a.kv_cache_dtype);
+  o.index = parse_index_cache_dtype(a.index_cache_dtype);
   o.tp = a.tp;
   o.dcp = a.dcp;
-  const CachePlan plan = plan_cache(c, o);
+  const CachePlan plan = plan_cache(c.cache_spec(), o);
   MemoryBudget b;
   b.gpu_memory_bytes = parse_bytes(a.gpu_memory, "--gpu-memory");
+  CHECK(b.gpu_memory_bytes > 0, "--gpu-memory must be > 0, got '", a.gpu_memory, "'");
   b.gpu_memory_utilization = a.gpu_memory_utilization;
   b.weight_bytes = estimate_weight_bytes_per_gpu(c, a.tp).total();
   b.reserve_bytes = parse_bytes(a.reserve, "--reserve");
@@ -147,7 +143,7 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
       path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
   const ModelConfig c = ModelConfig::load(path);
   if (const std::string w = c.unknown_fields_warning(); !w.empty())
-    std::fprintf(stderr, "hyserve: warning: %s\n", w.c_str());
+    log::warn("{}: {}", path.string(), w);
   const ParamCount p = count_params(c);
   std::vector<bool> kda(c.num_hidden_layers), mla(c.num_hidden_layers), dense(c.num_hidden_layers);
   int64_t num_dense = 0;
@@ -170,18 +166,19 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
     bool keys = true;  // index keys included (models with an indexer)
   };
   std::vector<CacheRow> rows;
+  const CacheSpec spec = c.cache_spec();
   if (c.num_mla_layers() > 0) {
     for (auto l : latents) {
       if (l == LatentCacheDtype::kFp8WithScales && c.kv_lora_rank % 128 != 0) continue;
       if (l == LatentCacheDtype::kNvfp4 && c.kv_lora_rank % 16 != 0) continue;
       // With an indexer also the latent alone (Kimi K3's cache, without index keys).
       if (c.has_indexer() && l == LatentCacheDtype::kFp8)
-        rows.push_back(
-            {l, IndexCacheDtype::kFp8, c.num_mla_layers() * latent_bytes_per_token(c, l), false});
-      for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(c, l, ix)});
+        rows.push_back({l, IndexCacheDtype::kFp8,
+                        c.num_mla_layers() * latent_bytes_per_token(spec, l), false});
+      for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(spec, l, ix)});
     }
   }
-  const int64_t kda_state = c.num_kda_layers() > 0 ? kda_state_bytes_per_request(c) : 0;
+  const int64_t kda_state = c.num_kda_layers() > 0 ? kda_state_bytes_per_request(spec) : 0;
 
   if (as_json) {
     nlohmann::json j;
@@ -307,9 +304,10 @@ std::function<int()> add_info_command(CLI::App& app) {
   cmd->add_option("--dcp,--decode-context-parallel-size", plan->dcp, "decode-context-parallel size")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", plan->kv_cache_dtype,
-                  "auto, bf16, fp8, fp8_ds_mla, nvfp4, fp32")
+                  latent_cache_dtype_choices() + " (auto = " +
+                      std::string(latent_cache_dtype_name(kAutoLatentCacheDtype)) + ")")
       ->capture_default_str();
-  cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, "fp8, mxfp4 or fp32")
+  cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, index_cache_dtype_choices())
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", plan->gpu_memory_utilization,
                   "fraction of GPU memory hyserve may use")

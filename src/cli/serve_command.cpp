@@ -10,11 +10,14 @@
 #include "cli/commands.h"
 #include "core/cuda/device_buffer.h"
 #include "engine/engine.h"
+#include "kv/cache_format.h"
+#include "kv/memory_plan.h"
 #include "model/model.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace hyserve::cli {
 namespace {
@@ -54,26 +57,24 @@ int device_count_or_zero() {
 #endif
 }
 
-// The CPU's default pool size when --kv-cache-memory-bytes is not given (vLLM's CPU
-// backend default).
-constexpr int64_t kCpuKvCacheBytes = int64_t{4} << 30;
-
-// Rows of the KV pool. --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's
-// method: a warm-up step of max_num_batched_tokens tokens sizes the activations, the
-// workspaces and the per-weight device tables, the model's workspace is then reserved with
-// the indexer's score chunk grown to a max_model_len context, the op scratch is grown to a
-// DSA decode step of max_num_seqs sequences (FP8 latent), and the pool gets what
-// --gpu-memory-utilization of the device leaves.
-// On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
-int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfig& ec,
-                       const std::string& device) {
+// The KV pool, by the memory planner (kv/memory_plan.h; `hyserve info` prints the same
+// plan). --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's method: a warm-up
+// step of max_num_batched_tokens tokens sizes the activations, the workspaces and the
+// per-weight device tables, the model's workspace is then reserved with the indexer's score
+// chunk grown to a max_model_len context, the op scratch is grown to a DSA decode step of
+// max_num_seqs sequences (FP8 latent), and the pool gets what --gpu-memory-utilization of
+// the device leaves. On the CPU: what max_num_seqs requests of max_model_len tokens need,
+// at most 4 GiB.
+MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, const EngineConfig& ec,
+                        const std::string& device) {
   const CachePlan plan = model.cache_plan(ec.min_block_size);
   const SchedulerConfig& sc = ec.scheduler;
-  const int64_t per_request = plan.blocks_for_tokens(sc.max_model_len) + plan.kda_state_rows;
-  int64_t bytes = a.kv_cache_memory_bytes;
-  if (bytes == 0 && device == "cpu") {
-    bytes = std::min(kCpuKvCacheBytes, sc.max_num_seqs * per_request * plan.row_bytes);
-  }
+  MemoryBudget budget;
+  budget.gpu_memory_utilization = a.gpu_memory_utilization;
+  budget.context_tokens = sc.max_model_len;
+  budget.snapshots = ec.snapshot_policy;
+  budget.kv_cache_memory_bytes = a.kv_cache_memory_bytes;
+  budget.max_num_seqs = sc.max_num_seqs;
   // Scratch of a step: what a step of max_num_batched_tokens tokens takes, plus the score
   // chunk's growth up to max_model_len keys, reserved at once so steps never grow it.
   {
@@ -88,23 +89,22 @@ int64_t plan_kv_blocks(const Model& model, const ServeArgs& a, const EngineConfi
   // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.
   model.reserve_decode_scratch(sc.max_num_seqs, sc.max_model_len);
 #ifdef HYSERVE_WITH_CUDA
-  if (bytes == 0) {
+  if (device == "cuda") {
     const cuda::MemoryInfo m = cuda::memory_info();
-    const auto usable =
-        static_cast<int64_t>(static_cast<double>(m.total_bytes) * a.gpu_memory_utilization);
-    const int64_t used = static_cast<int64_t>(m.total_bytes - m.free_bytes);
-    bytes = usable - used;
-    CHECK(bytes > 0, "--gpu-memory-utilization ", a.gpu_memory_utilization, ": ", usable >> 20,
-          " MiB usable, the weights and a step's buffers take ", used >> 20,
-          " MiB; nothing is left for the KV cache");
+    budget.gpu_memory_bytes = static_cast<int64_t>(m.total_bytes);
+    budget.reserve_bytes = static_cast<int64_t>(m.total_bytes - m.free_bytes);
   }
 #endif
-  const int64_t num_blocks = bytes / plan.row_bytes;
-  CHECK(num_blocks >= per_request, "the KV cache gets ", bytes >> 20, " MiB = ", num_blocks,
-        " blocks of ", plan.row_bytes, " bytes; one request of max_model_len ", sc.max_model_len,
-        " tokens needs ", per_request, ": lower --max-model-len or give the cache more memory");
-  CHECK(num_blocks <= std::numeric_limits<int32_t>::max(), num_blocks, " KV blocks");
-  return num_blocks;
+  const MemoryPlan mp = plan_memory(plan, budget);
+  CHECK(mp.fits && mp.cache_bytes > 0, "--gpu-memory-utilization ", a.gpu_memory_utilization, ": ",
+        mp.usable_bytes >> 20, " MiB usable, the weights and a step's buffers take ",
+        budget.reserve_bytes >> 20, " MiB; nothing is left for the KV cache");
+  CHECK(mp.num_blocks >= mp.blocks_per_request, "the KV cache gets ", mp.cache_bytes >> 20,
+        " MiB = ", mp.num_blocks, " blocks of ", plan.row_bytes,
+        " bytes; one request of max_model_len ", sc.max_model_len, " tokens needs ",
+        mp.blocks_per_request, ": lower --max-model-len or give the cache more memory");
+  CHECK(mp.num_blocks <= std::numeric_limits<int32_t>::max(), mp.num_blocks, " KV blocks");
+  return mp;
 }
 
 int run_serve(const ServeArgs& a) {
@@ -116,9 +116,10 @@ int run_serve(const ServeArgs& a) {
         "--speculative-config: speculative decoding is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
-  const LatentCacheDtype latent_cache = model_latent_cache_dtype(a.kv_cache_dtype);
-  CHECK(a.index_cache_dtype == "fp8" || a.index_cache_dtype == "fp32", "--index-cache-dtype ",
-        a.index_cache_dtype, ": fp8 or fp32 (mxfp4 is not built yet)");
+  const LatentCacheDtype latent_cache = parse_latent_cache_dtype(a.kv_cache_dtype);
+  const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
+  CHECK(index_cache != IndexCacheDtype::kMxfp4,
+        "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
   CHECK(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0,
         "--gpu-memory-utilization must be in (0, 1], got ", a.gpu_memory_utilization);
@@ -136,7 +137,7 @@ int run_serve(const ServeArgs& a) {
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions mo;
-  mo.indexer_fp8 = a.index_cache_dtype == "fp8";
+  mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
   mo.latent_cache = latent_cache;
   mo.batch_invariant = a.batch_invariant;
   auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
@@ -162,7 +163,8 @@ int run_serve(const ServeArgs& a) {
   }
   // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
   ec.enable_prefix_caching = !a.no_enable_prefix_caching;
-  ec.num_blocks = static_cast<int32_t>(plan_kv_blocks(*model, a, ec, device));
+  const MemoryPlan memory = plan_kv_pool(*model, a, ec, device);
+  ec.num_blocks = static_cast<int32_t>(memory.num_blocks);
   // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
   if (device == "cuda" && !a.enforce_eager) {
     model->enable_decode_graphs(std::min<int64_t>(ec.scheduler.max_num_seqs, 256),
@@ -171,21 +173,12 @@ int run_serve(const ServeArgs& a) {
   const int64_t num_blocks = ec.num_blocks;
   const CachePlan kv_plan = model->cache_plan(ec.min_block_size);
   const int64_t block_size = kv_plan.block_size;
-  {
-    // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit.
-    const int64_t per_request = kv_plan.blocks_for_tokens(max_model_len) + kv_plan.kda_state_rows;
-    const double gib = 1024.0 * 1024.0 * 1024.0;
-    std::printf(
-        "hyserve: KV cache %.2f GiB (%lld blocks x %lld bytes, %lld tokens), %.2fx concurrency "
-        "at max_model_len %lld; model workspace %.2f GiB reserved (score chunk sized for "
-        "max_model_len)\n",
-        static_cast<double>(num_blocks) * static_cast<double>(kv_plan.row_bytes) / gib,
-        static_cast<long long>(num_blocks), static_cast<long long>(kv_plan.row_bytes),
-        static_cast<long long>(num_blocks * block_size),
-        static_cast<double>(num_blocks) / static_cast<double>(per_request),
-        static_cast<long long>(max_model_len),
-        static_cast<double>(model->workspace().capacity_bytes()) / gib);
-  }
+  // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit.
+  std::printf(
+      "hyserve: %s (max_model_len); model workspace %.2f GiB reserved (score chunk sized for "
+      "max_model_len)\n",
+      format_memory_summary(kv_plan, memory).c_str(),
+      static_cast<double>(model->workspace().capacity_bytes()) / (1024.0 * 1024.0 * 1024.0));
   Engine engine(std::move(model), ec);
   engine.start();
 
@@ -208,17 +201,14 @@ int run_serve(const ServeArgs& a) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   server.start();
-  std::printf(
-      "hyserve: serving %s as '%s' on http://%s:%d (device %s, max_model_len %lld, KV cache "
-      "%lld blocks of %lld tokens, prefix caching %s)\n",
-      dir.string().c_str(), so.served_model_name.c_str(), a.host.c_str(), server.port(),
-      device.c_str(), static_cast<long long>(max_model_len), static_cast<long long>(num_blocks),
-      static_cast<long long>(block_size), ec.enable_prefix_caching ? "on" : "off");
-  std::fflush(stdout);
+  log::info(
+      "serving {} as '{}' on http://{}:{} (device {}, max_model_len {}, KV cache {} blocks of {} "
+      "tokens, prefix caching {})",
+      dir.string(), so.served_model_name, a.host, server.port(), device, max_model_len, num_blocks,
+      block_size, ec.enable_prefix_caching ? "on" : "off");
   int sig = 0;
   sigwait(&signals, &sig);
-  std::printf("hyserve: signal %d, draining\n", sig);
-  std::fflush(stdout);
+  log::info("signal {}, draining", sig);
   server.stop();
   engine.stop();
   return 0;

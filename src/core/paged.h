@@ -14,13 +14,16 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define HYSERVE_HOST_DEVICE __host__ __device__
-#else
-#define HYSERVE_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace hyserve {
+
+// The cache slot of row s of a paged sequence: block_table[s / block_size] * block_size +
+// s % block_size (the slot mapping kernels write to; the one formula of the codebase).
+HYSERVE_HOST_DEVICE inline int64_t slot_index(const int32_t* block_table, int64_t block_size,
+                                              int64_t s) {
+  return static_cast<int64_t>(block_table[s / block_size]) * block_size + s % block_size;
+}
 
 struct PagedRows {
   const int32_t* block_table = nullptr;  // [ceil(S / block_size)] block ids; null: contiguous

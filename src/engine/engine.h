@@ -1,13 +1,12 @@
-// Engine: the loop that owns the scheduler, the model and the sampler. One engine
-// thread runs steps (schedule -> batched forward -> logits processing -> sampling ->
-// scheduler update) while requests arrive and leave from other threads; each
-// request's outputs are delivered through its callback, from the engine thread.
+// Engine: the loop that owns the scheduler and the model runner. One engine thread runs
+// steps (schedule -> execute: the forward, logits processing and sampling on the device
+// (engine/model_runner.h) -> scheduler update -> deliver) while requests arrive and leave
+// from other threads; each request's outputs are delivered through its callback, from the
+// engine thread.
 //
 // Storage: one KvCache (the packed block pool's rows) whose blocks the scheduler's
 // KvCacheManager hands out; the model reads and writes each request's blocks and KDA
-// state row. Before a step the engine zeroes the state row of a request that starts from
-// its first token or restores it from a prefix hit's snapshot; after the forward it
-// copies the states the scheduler asked to keep as snapshots.
+// state row (the runner zeroes, restores and snapshots those rows as the scheduler says).
 #pragma once
 
 #include <atomic>
@@ -18,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
 #include "model/model.h"
@@ -34,18 +34,6 @@ struct EngineConfig {
   bool enable_prefix_caching = false;
   SnapshotPolicy snapshot_policy;              // KDA snapshots kept for prefix hits
   std::vector<std::string> prefix_extra_keys;  // e.g. the served model id
-};
-
-struct LogprobEntry {
-  int32_t token = 0;
-  float logprob = 0.0f;  // log_softmax of the raw model logits
-};
-
-struct OutputToken {
-  int32_t token = 0;
-  float logprob = 0.0f;
-  int64_t rank = 0;  // 1-based rank of token by logit (ties: lower id first); 0 if not computed
-  std::vector<LogprobEntry> top_logprobs;  // SamplingParams::logprobs entries, best first
 };
 
 struct RequestOutput {
@@ -72,6 +60,8 @@ struct EngineStats {
   int64_t generation_tokens = 0;
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
+  // Bytes the model runner copied device -> host (sampled ids and logprobs), total.
+  int64_t device_to_host_bytes = 0;
 };
 
 class Engine {
@@ -82,8 +72,8 @@ class Engine {
   const Model& model() const { return *model_; }
   const EngineConfig& config() const { return config_; }
 
-  // Validates (SamplingParams::validate, lengths) and queues the request; throws
-  // InvalidArgument with a message naming the field when it can never run.
+  // Validates (validate_request, Scheduler::check_fits) and queues the request; throws
+  // InvalidRequest naming the field when it can never run.
   void add_request(Request request, OutputCallback on_output);
   // Finishes the request with reason "abort" (or `reason`), freeing its blocks at once.
   void abort_request(const std::string& request_id, const std::string& reason = "abort");
@@ -94,6 +84,9 @@ class Engine {
   // when there was nothing to do.
   bool step();
   bool alive() const { return !dead_; }
+  // Debugging: receives the raw logits row each sampled token is drawn from (a download per
+  // row; `hyserve generate` hashes them). Set before the engine starts.
+  void set_logits_observer(LogitsObserver fn);
   EngineStats stats() const;
 
  private:

@@ -43,4 +43,32 @@ std::vector<int32_t> Request::tokens(int64_t begin, int64_t end) const {
   return out;
 }
 
+void validate_request(std::span<const int32_t> prompt, const SamplingParams& sampling,
+                      const RequestLimits& limits) {
+  sampling.validate(limits.vocab_size, limits.max_model_len);
+  const auto num_prompt = static_cast<int64_t>(prompt.size());
+  if (num_prompt == 0) throw InvalidRequest("prompt", "The prompt is empty.");
+  for (int32_t token : prompt) {
+    if (token < 0 || token >= limits.vocab_size) {
+      throw InvalidRequest("prompt", str_cat("Token id ", token, " is out of vocabulary [0, ",
+                                             limits.vocab_size, ")."));
+    }
+  }
+  const int64_t max_len = limits.max_model_len;
+  if (num_prompt >= max_len) {
+    throw InvalidRequest("messages",
+                         str_cat("This model's maximum context length is ", max_len,
+                                 " tokens. However, your request has ", num_prompt,
+                                 " input tokens. Please reduce the length of the input messages."));
+  }
+  const auto& max_tokens = sampling.max_tokens;
+  if (max_tokens && num_prompt + *max_tokens > max_len) {
+    throw InvalidRequest(
+        "max_tokens", str_cat("'max_tokens' or 'max_completion_tokens' is too large: ", *max_tokens,
+                              ". This model's maximum context length is ", max_len,
+                              " tokens and your request has ", num_prompt, " input tokens (",
+                              *max_tokens, " > ", max_len, " - ", num_prompt, ")."));
+  }
+}
+
 }  // namespace hyserve

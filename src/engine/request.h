@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -55,5 +56,17 @@ struct Request {
   std::vector<int32_t> tokens(int64_t begin, int64_t end) const;
   bool is_finished() const { return hyserve::is_finished(status); }
 };
+
+// What a request may ask of this engine.
+struct RequestLimits {
+  int64_t vocab_size = 0;
+  int64_t max_model_len = 0;  // prompt + outputs at most
+};
+
+// The one validation of a request's prompt and sampling parameters, for the server (a 400
+// naming the field) and the engine alike: throws InvalidRequest (util/error.h) naming the
+// field when the request can never run (vLLM's messages for the lengths).
+void validate_request(std::span<const int32_t> prompt, const SamplingParams& sampling,
+                      const RequestLimits& limits);
 
 }  // namespace hyserve

@@ -47,31 +47,25 @@ int64_t Scheduler::max_num_tokens(const Request& request) const {
                     : config_.max_model_len;
 }
 
+void Scheduler::check_fits(const Request& request) const {
+  // The last token is sampled, never computed: the cache holds max_num_tokens - 1 positions.
+  const int64_t num_blocks_needed = kv_.blocks_for_request(max_num_tokens(request) - 1);
+  if (num_blocks_needed <= kv_.pool().num_blocks()) return;
+  const auto& max_tokens = request.sampling_params.max_tokens;
+  throw InvalidRequest(
+      "max_tokens",
+      str_cat("The prompt (", request.num_prompt_tokens(), " tokens) + ",
+              max_tokens ? str_cat("max_tokens (", *max_tokens, ")")
+                         : str_cat("output up to max_model_len (", config_.max_model_len, ")"),
+              " needs ", num_blocks_needed, " KV blocks of ", kv_.config().tokens_per_block(),
+              " tokens; the whole cache has ", kv_.pool().num_blocks(), "."));
+}
+
 void Scheduler::add_request(Request request) {
   CHECK(!requests_.contains(request.id), "request id '", request.id, "' is already in use");
-  request.sampling_params.validate(config_.vocab_size, config_.max_model_len);
-  const int64_t num_prompt = request.num_prompt_tokens();
-  CHECK(num_prompt >= 1, "request ", request.id, ": the prompt is empty");
-  for (int32_t token : request.prompt_token_ids) {
-    CHECK(token >= 0 && token < config_.vocab_size, "request ", request.id, ": prompt token id ",
-          token, " out of range [0, ", config_.vocab_size, ")");
-  }
-  CHECK(num_prompt < config_.max_model_len, "request ", request.id, ": the prompt has ", num_prompt,
-        " tokens, max_model_len is ", config_.max_model_len, ": no room for an output token");
-  const auto& max_tokens = request.sampling_params.max_tokens;
-  CHECK(!max_tokens || num_prompt + *max_tokens <= config_.max_model_len, "request ", request.id,
-        ": prompt (", num_prompt, " tokens) + max_tokens (", max_tokens.value_or(0),
-        ") = ", num_prompt + max_tokens.value_or(0), " exceeds max_model_len ",
-        config_.max_model_len);
-  // The last token is sampled, never computed: the cache holds max_num_tokens - 1 positions.
-  const int64_t max_computed = max_num_tokens(request) - 1;
-  const int64_t num_blocks_needed = kv_.blocks_for_request(max_computed);
-  CHECK(num_blocks_needed <= kv_.pool().num_blocks(), "request ", request.id, ": prompt (",
-        num_prompt, " tokens) + ",
-        max_tokens ? str_cat("max_tokens (", *max_tokens, ")")
-                   : str_cat("output up to max_model_len (", config_.max_model_len, ")"),
-        " needs ", num_blocks_needed, " blocks of ", kv_.config().tokens_per_block(),
-        " tokens; the whole cache has ", kv_.pool().num_blocks());
+  validate_request(request.prompt_token_ids, request.sampling_params,
+                   {config_.vocab_size, config_.max_model_len});
+  check_fits(request);
 
   request.status = RequestStatus::kWaiting;
   request.output_token_ids.clear();

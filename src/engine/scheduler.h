@@ -101,10 +101,8 @@ class Scheduler {
  public:
   Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config);
 
-  // Queues a request (status waiting). Throws InvalidArgument, with the numbers, when its id
-  // is taken, its sampling params are invalid, or it can never run: an empty prompt, a prompt
-  // longer than max_model_len - 1, prompt + max_tokens beyond max_model_len, or prompt +
-  // max_tokens beyond what the whole pool can hold.
+  // Queues a request (status waiting). Throws InvalidArgument when its id is taken, and
+  // InvalidRequest when it can never run (validate_request, check_fits).
   void add_request(Request request);
   // Removes a waiting or running request and frees its blocks at once. false if unknown.
   bool abort_request(const std::string& request_id);
@@ -121,6 +119,9 @@ class Scheduler {
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   bool has_unfinished_requests() const { return !requests_.empty(); }
   // A waiting or running request; nullptr once finished or aborted.
+  // Throws InvalidRequest (param max_tokens) when the request could never fit the whole
+  // cache, however long it waited (reads only the configuration: any thread).
+  void check_fits(const Request& request) const;
   const Request* find_request(const std::string& request_id) const;
 
  private:

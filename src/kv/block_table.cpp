@@ -1,5 +1,7 @@
 #include "kv/block_table.h"
 
+#include "core/paged.h"
+
 #include "util/error.h"
 
 namespace hyserve {
@@ -23,8 +25,9 @@ Slot BlockTable::slot(int64_t token_pos) const {
 }
 
 int64_t BlockTable::slot_index(int64_t token_pos) const {
-  const Slot s = slot(token_pos);
-  return int64_t{s.block} * block_size_ + s.offset;
+  CHECK(token_pos >= 0 && token_pos < capacity_tokens(), "position ", token_pos,
+        " outside the table's ", capacity_tokens(), " positions");
+  return hyserve::slot_index(blocks_.data(), block_size_, token_pos / dcp_);
 }
 
 uint64_t row_address(uint64_t base, const CachePlan& plan, int32_t block) {

@@ -32,23 +32,48 @@ std::string_view index_cache_dtype_name(IndexCacheDtype t) {
   return "?";
 }
 
-std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view s) {
-  for (auto t : {LatentCacheDtype::kBf16, LatentCacheDtype::kFp8, LatentCacheDtype::kFp8WithScales,
-                 LatentCacheDtype::kNvfp4, LatentCacheDtype::kFp32}) {
-    if (latent_cache_dtype_name(t) == s) return t;
-  }
-  return std::nullopt;
+namespace {
+
+constexpr LatentCacheDtype kLatentCacheDtypes[] = {
+    LatentCacheDtype::kBf16, LatentCacheDtype::kFp8, LatentCacheDtype::kFp8WithScales,
+    LatentCacheDtype::kNvfp4, LatentCacheDtype::kFp32};
+constexpr IndexCacheDtype kIndexCacheDtypes[] = {IndexCacheDtype::kFp8, IndexCacheDtype::kMxfp4,
+                                                 IndexCacheDtype::kFp32};
+
+}  // namespace
+
+std::string latent_cache_dtype_choices() {
+  std::string s = "auto";
+  for (auto t : kLatentCacheDtypes) s += str_cat(", ", latent_cache_dtype_name(t));
+  return s;
 }
 
-std::optional<IndexCacheDtype> parse_index_cache_dtype(std::string_view s) {
-  for (auto t : {IndexCacheDtype::kFp8, IndexCacheDtype::kMxfp4, IndexCacheDtype::kFp32}) {
-    if (index_cache_dtype_name(t) == s) return t;
-  }
-  return std::nullopt;
+std::string index_cache_dtype_choices() {
+  std::string s;
+  for (auto t : kIndexCacheDtypes) s += str_cat(s.empty() ? "" : ", ", index_cache_dtype_name(t));
+  return s;
 }
 
-int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t) {
-  const int64_t kv = c.kv_lora_rank, dr = c.qk_rope_head_dim;
+LatentCacheDtype parse_latent_cache_dtype(std::string_view name) {
+  if (name == "auto") return kAutoLatentCacheDtype;
+  for (auto t : kLatentCacheDtypes) {
+    if (latent_cache_dtype_name(t) == name) return t;
+  }
+  HYSERVE_THROW(InvalidArgument, "--kv-cache-dtype '", name, "': not a cache dtype; choose ",
+                latent_cache_dtype_choices(),
+                " (auto = ", latent_cache_dtype_name(kAutoLatentCacheDtype), ")");
+}
+
+IndexCacheDtype parse_index_cache_dtype(std::string_view name) {
+  for (auto t : kIndexCacheDtypes) {
+    if (index_cache_dtype_name(t) == name) return t;
+  }
+  HYSERVE_THROW(InvalidArgument, "--index-cache-dtype '", name, "': not a cache dtype; choose ",
+                index_cache_dtype_choices());
+}
+
+int64_t latent_bytes_per_token(const CacheSpec& spec, LatentCacheDtype t) {
+  const int64_t kv = spec.kv_lora_rank, dr = spec.qk_rope_head_dim;
   switch (t) {
     case LatentCacheDtype::kBf16:
       return 2 * (kv + dr);
@@ -66,9 +91,9 @@ int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t) {
   return 0;
 }
 
-int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
-  if (!c.has_indexer()) return 0;
-  const int64_t d = c.index_head_dim;
+int64_t index_key_bytes_per_token(const CacheSpec& spec, IndexCacheDtype t) {
+  if (!spec.has_indexer()) return 0;
+  const int64_t d = spec.index_head_dim;
   switch (t) {
     case IndexCacheDtype::kFp8:
       return d + 4;
@@ -81,32 +106,32 @@ int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
   return 0;
 }
 
-int64_t index_key_scale_bytes_per_token(const ModelConfig& c, IndexCacheDtype t) {
-  if (!c.has_indexer()) return 0;
+int64_t index_key_scale_bytes_per_token(const CacheSpec& spec, IndexCacheDtype t) {
+  if (!spec.has_indexer()) return 0;
   switch (t) {
     case IndexCacheDtype::kFp8:
       return 4;
     case IndexCacheDtype::kMxfp4:
-      return c.index_head_dim / 32;
+      return spec.index_head_dim / 32;
     case IndexCacheDtype::kFp32:
       return 0;
   }
   return 0;
 }
 
-int64_t cache_bytes_per_token(const ModelConfig& c, LatentCacheDtype latent,
+int64_t cache_bytes_per_token(const CacheSpec& spec, LatentCacheDtype latent,
                               IndexCacheDtype index) {
-  return c.num_mla_layers() *
-         (latent_bytes_per_token(c, latent) + index_key_bytes_per_token(c, index));
+  return spec.num_full_attention_layers() *
+         (latent_bytes_per_token(spec, latent) + index_key_bytes_per_token(spec, index));
 }
 
-int64_t kda_state_bytes_per_request(const ModelConfig& c, int64_t tp) {
-  CHECK(tp >= 1 && c.linear_num_heads % tp == 0, "tp (", tp, ") must divide linear_num_heads (",
-        c.linear_num_heads, ")");
-  const int64_t heads = c.linear_num_heads / tp, k = c.linear_head_dim;
-  const int64_t conv = (c.linear_conv_kernel - 1) * 3 * heads * k * 4;
+int64_t kda_state_bytes_per_request(const CacheSpec& spec, int64_t tp) {
+  CHECK(tp >= 1 && spec.kda_num_heads % tp == 0, "tp (", tp, ") must divide linear_num_heads (",
+        spec.kda_num_heads, ")");
+  const int64_t heads = spec.kda_num_heads / tp, k = spec.kda_head_dim;
+  const int64_t conv = (spec.kda_conv_kernel - 1) * 3 * heads * k * 4;
   const int64_t recurrent = heads * k * k * 4;
-  return c.num_kda_layers() * (conv + recurrent);
+  return spec.num_kda_layers() * (conv + recurrent);
 }
 
 }  // namespace hyserve

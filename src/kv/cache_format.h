@@ -1,12 +1,14 @@
-// Per-token and per-request cache footprints for each cache dtype (MODEL.md §6).
-// The block-cache planner and `hyserve info` size everything from these.
+// The cache dtypes, their one parser (every command and benchmark reads `--kv-cache-dtype`
+// and `--index-cache-dtype` through it), and the per-token and per-request cache footprints
+// of each (MODEL.md §6). The block-cache planner and `hyserve info` size everything from
+// these.
 #pragma once
 
 #include <cstdint>
-#include <optional>
+#include <string>
 #include <string_view>
 
-#include "model/config.h"
+#include "kv/cache_spec.h"
 
 namespace hyserve {
 
@@ -26,24 +28,38 @@ enum class IndexCacheDtype {
   kFp32,   // fp32: the reference path (exact scores, golden tests)
 };
 
+// What `--kv-cache-dtype auto` means (docs/DECISIONS.md): as in vLLM, the unquantized
+// latent the model computes, never a lossy format the user did not ask for. The only
+// unquantized latent hyserve builds is fp32, on the CPU and CUDA backends alike.
+inline constexpr LatentCacheDtype kAutoLatentCacheDtype = LatentCacheDtype::kFp32;
+
 std::string_view latent_cache_dtype_name(LatentCacheDtype t);
 std::string_view index_cache_dtype_name(IndexCacheDtype t);
-std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view s);
-std::optional<IndexCacheDtype> parse_index_cache_dtype(std::string_view s);
+// The names the parsers accept, comma-separated: "auto, bf16, fp8, fp8_ds_mla, nvfp4, fp32"
+// and "fp8, mxfp4, fp32".
+std::string latent_cache_dtype_choices();
+std::string index_cache_dtype_choices();
+// `--kv-cache-dtype NAME`: "auto" (kAutoLatentCacheDtype) or a latent_cache_dtype_name.
+// `--index-cache-dtype NAME`: an index_cache_dtype_name. Anything else throws
+// InvalidArgument naming the flag, the value and the choices. Whether the model runs a
+// format is the model's to check (it refuses the ones it does not build).
+LatentCacheDtype parse_latent_cache_dtype(std::string_view name);
+IndexCacheDtype parse_index_cache_dtype(std::string_view name);
 
 // Bytes per token per full-attention layer.
-int64_t latent_bytes_per_token(const ModelConfig& c, LatentCacheDtype t);
-int64_t index_key_bytes_per_token(const ModelConfig& c, IndexCacheDtype t);  // 0 without indexer
+int64_t latent_bytes_per_token(const CacheSpec& spec, LatentCacheDtype t);
+int64_t index_key_bytes_per_token(const CacheSpec& spec, IndexCacheDtype t);  // 0: no indexer
 // Of those, the bytes of the key's scales (fp8 4, mxfp4 index_head_dim / 32, fp32 0). An
 // index-key page stores every token's codes first, then every token's scales.
-int64_t index_key_scale_bytes_per_token(const ModelConfig& c, IndexCacheDtype t);
+int64_t index_key_scale_bytes_per_token(const CacheSpec& spec, IndexCacheDtype t);
 
 // Bytes per token over all full-attention layers (one GPU holds every layer's latent
 // and keys under TP: MLA latents are replicated).
-int64_t cache_bytes_per_token(const ModelConfig& c, LatentCacheDtype latent, IndexCacheDtype index);
+int64_t cache_bytes_per_token(const CacheSpec& spec, LatentCacheDtype latent,
+                              IndexCacheDtype index);
 
 // Per-request KDA state over all KDA layers: conv states ((W-1) x 3 x H*K values, in
 // fp32) plus the recurrent matrices (H x K x K fp32), on one GPU with `tp` KDA head shards.
-int64_t kda_state_bytes_per_request(const ModelConfig& c, int64_t tp = 1);
+int64_t kda_state_bytes_per_request(const CacheSpec& spec, int64_t tp = 1);
 
 }  // namespace hyserve

@@ -1,5 +1,6 @@
 // CachePlan: the row layout of the packed hybrid block cache (DESIGN.md "The packed hybrid
-// block cache") and the memory plan that says how many rows fit on one GPU.
+// block cache"), planned from a model's CacheSpec. How many rows fit on one GPU is the
+// memory plan's (memory_plan.h).
 //
 // One pool of rows per GPU. A row ("block") serves one of two purposes:
 //
@@ -36,7 +37,7 @@
 #include <vector>
 
 #include "kv/cache_format.h"
-#include "model/config.h"
+#include "kv/cache_spec.h"
 
 namespace hyserve {
 
@@ -82,7 +83,7 @@ struct CachePlan {
   int64_t kda_state_rows = 0;           // rows one request's KDA state takes: 1 (or 0 without KDA)
   std::vector<KdaStatePage> kda_pages;  // one per KDA layer, in layer order
   int64_t kda_heads_per_gpu = 0;
-  std::vector<int32_t> layer_page;  // [num_hidden_layers]: index into pages or kda_pages
+  std::vector<int32_t> layer_page;  // [num_layers]: index into pages or kda_pages
 
   // Sequence positions one block id covers across the DCP group.
   int64_t tokens_per_block() const { return block_size * options.dcp; }
@@ -94,27 +95,7 @@ struct CachePlan {
   const KdaStatePage& kda_page(int64_t layer) const;
 };
 
-CachePlan plan_cache(const ModelConfig& c, const CachePlanOptions& options);
-
-// Weights held by one GPU under TP, at their storage sizes: bf16 2 B per value; FP8 e4m3
-// 1 B + one fp32 scale per 128x128 block; MXFP4 0.5 B + one e8m0 per 32 values.
-// Replicated on every TP rank (whole): what produces replicated state or is too small to
-// split: q_a_proj + q_a_layernorm and kv_a_proj_with_mqa + kv_a_layernorm (the latents),
-// the whole DSA indexer (index keys are replicated and the top-k needs the full score),
-// KDA f_a_proj / g_a_proj / o_norm (rank-128 bottlenecks), routers, and every norm.
-// Split by TP: embeddings and lm_head (vocab), q_b/q_proj, kv_b_proj, o_proj, g_proj (heads),
-// KDA projections, convs, A_log, dt_bias, f_b/g_b, b_proj, o_proj (heads), dense MLP, shared
-// and routed experts (intermediate dim). Small float tensors (A_log, dt_bias) are counted as
-// bf16 like everything unquantized. FP8 applies to the linear weights of attention, KDA and
-// MLPs when the config says fp8_block_weights; routed experts follow expert_format.
-struct WeightBytes {
-  int64_t replicated = 0;      // held whole by every rank
-  int64_t sharded = 0;         // this rank's 1/tp share, routed experts excluded
-  int64_t routed_experts = 0;  // this rank's share of every routed expert
-  int64_t total() const { return replicated + sharded + routed_experts; }
-};
-
-WeightBytes estimate_weight_bytes_per_gpu(const ModelConfig& c, int64_t tp);
+CachePlan plan_cache(const CacheSpec& spec, const CachePlanOptions& options);
 
 // When a request's KDA state is kept as a prefix-cache snapshot (one row each), counting
 // boundaries k = 1, 2, ... (the boundary after k full blocks of tokens_per_block positions).
@@ -126,34 +107,7 @@ struct SnapshotPolicy {
   int64_t num_snapshots(int64_t num_full_blocks) const;
 };
 
-struct MemoryBudget {
-  int64_t gpu_memory_bytes = 0;
-  double gpu_memory_utilization = 0.9;        // fraction of gpu_memory_bytes hyserve may use
-  int64_t weight_bytes = 0;                   // per GPU (estimate_weight_bytes_per_gpu)
-  int64_t reserve_bytes = 0;                  // activations, transients, workspaces, CUDA graphs
-  int64_t context_tokens = int64_t{1} << 20;  // the "full context" counted below
-  SnapshotPolicy snapshots;
-};
-
-struct MemoryPlan {
-  MemoryBudget budget;
-  int64_t usable_bytes = 0;             // round(gpu_memory_bytes * gpu_memory_utilization)
-  int64_t cache_bytes = 0;              // usable - weights - reserve (0 when negative)
-  bool fits = false;                    // weights + reserve fit in usable memory
-  int64_t num_blocks = 0;               // rows of the pool on each GPU
-  int64_t tokens_per_gpu = 0;           // num_blocks * block_size token slots
-  int64_t tokens_per_dcp_group = 0;     // num_blocks * tokens_per_block positions
-  int64_t context_token_blocks = 0;     // ceil(context_tokens / tokens_per_block)
-  int64_t context_snapshot_blocks = 0;  // policy's snapshots of one full context
-  int64_t blocks_per_context = 0;       // token blocks + 1 live KDA state + snapshots
-  int64_t num_full_contexts = 0;        // num_blocks / blocks_per_context
-};
-
-MemoryPlan plan_memory(const CachePlan& plan, const MemoryBudget& budget);
-
 // Human-readable layout (offset and width of every page) for `hyserve info`.
 std::string format_cache_plan(const CachePlan& plan);
-// The layout followed by the memory plan.
-std::string format_cache_plan(const CachePlan& plan, const MemoryPlan& memory);
 
 }  // namespace hyserve

@@ -659,6 +659,22 @@ int64_t ModelConfig::num_mla_layers() const {
   return static_cast<int64_t>(layer_kinds.size()) - num_kda_layers();
 }
 
+CacheSpec ModelConfig::cache_spec() const {
+  CHECK(num_hidden_layers == static_cast<int64_t>(layer_kinds.size()),
+        "layer_kinds must have num_hidden_layers entries");
+  CacheSpec spec;
+  for (LayerKind k : layer_kinds)
+    spec.layers.push_back(k == LayerKind::kKda ? CacheLayerKind::kKda
+                                               : CacheLayerKind::kFullAttention);
+  spec.kv_lora_rank = kv_lora_rank;
+  spec.qk_rope_head_dim = qk_rope_head_dim;
+  spec.index_head_dim = has_indexer() ? index_head_dim : 0;
+  spec.kda_num_heads = linear_num_heads;
+  spec.kda_head_dim = linear_head_dim;
+  spec.kda_conv_kernel = linear_conv_kernel;
+  return spec;
+}
+
 double ModelConfig::mla_softmax_scale() const {
   double scale = 1.0 / std::sqrt(static_cast<double>(qk_head_dim()));
   if (rope.enabled && rope.yarn && rope.mscale_all_dim > 0 && rope.factor > 1.0) {

@@ -15,6 +15,8 @@
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "kv/cache_spec.h"
+
 namespace hyserve {
 
 enum class ModelType { kKimiK3, kKimiLinear, kDeepseekV32 };
@@ -146,6 +148,8 @@ struct ModelConfig {
   int64_t num_kda_layers() const;
   int64_t num_mla_layers() const;
   int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
+  // What the KV cache's layout needs of this model (kv/ reads nothing else).
+  CacheSpec cache_spec() const;
   // Softmax scale of MLA: (dn+dr)^-0.5, times mscale^2 under YaRN.
   double mla_softmax_scale() const;
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "util/error.h"
+#include "util/log.h"
 
 namespace hyserve {
 namespace {
@@ -42,9 +43,10 @@ size_t weight_data_bytes(const Weight& w) {
   return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
 }
 
-// Cache slot of position p of a sequence (block * block_size + offset).
-int64_t slot_of(const SequenceInput& in, int64_t p, int64_t block_size) {
-  return static_cast<int64_t>(in.blocks[p / block_size]) * block_size + p % block_size;
+// Cache slot of new token j of a sequence: the caller's slot mapping, or from its blocks.
+int64_t slot_of(const SequenceInput& in, size_t j, int64_t block_size) {
+  if (!in.slots.empty()) return in.slots[j];
+  return slot_index(in.blocks.data(), block_size, in.num_computed + static_cast<int64_t>(j));
 }
 
 // A decode batch's block tables as `rows` rows of `width` blocks, its KDA state rows and
@@ -80,6 +82,19 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
       options_(options),
       backend_(std::move(backend)),
       workspace_(backend_.get()) {
+  // The cache formats first: a refused one costs no weight loading.
+  const LatentCacheDtype latent = options_.latent_cache;
+  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
+        latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
+  if (latent == LatentCacheDtype::kFp8) {
+    CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
+          "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",
+          config_.model_type_name, " model has none (use --kv-cache-dtype fp32)");
+    CHECK(config_.kv_lora_rank == kDsaLoraDim && config_.qk_rope_head_dim == kDsaRopeDim,
+          "--kv-cache-dtype fp8 needs kv_lora_rank ", kDsaLoraDim, " and qk_rope_head_dim ",
+          kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
+          config_.qk_rope_head_dim);
+  }
   host_weights_ = load_weights(config_, *source_);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
@@ -113,18 +128,6 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     activation_.beta = static_cast<float>(config_.situ_beta);
     activation_.linear_beta = static_cast<float>(config_.situ_linear_beta);
   }
-  const LatentCacheDtype latent = options_.latent_cache;
-  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
-        latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
-  if (latent == LatentCacheDtype::kFp8) {
-    CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
-          "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",
-          config_.model_type_name, " model has none (use --kv-cache-dtype fp32)");
-    CHECK(config_.kv_lora_rank == kDsaLoraDim && config_.qk_rope_head_dim == kDsaRopeDim,
-          "--kv-cache-dtype fp8 needs kv_lora_rank ", kDsaLoraDim, " and qk_rope_head_dim ",
-          kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
-          config_.qk_rope_head_dim);
-  }
   cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
   backend_->set_batch_invariant(options_.batch_invariant);
@@ -136,7 +139,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, ModelOption
                                    std::unique_ptr<Backend> backend) {
   ModelConfig config = ModelConfig::load(dir);
   if (const std::string w = config.unknown_fields_warning(); !w.empty())
-    std::fprintf(stderr, "hyserve: warning: %s: %s\n", dir.string().c_str(), w.c_str());
+    log::warn("{}: {}", dir.string(), w);
   auto checkpoint = std::make_unique<Checkpoint>(Checkpoint::open(dir));
   return create(std::move(config), std::move(checkpoint), options, std::move(backend));
 }
@@ -151,7 +154,7 @@ std::unique_ptr<Model> Model::create(ModelConfig config, std::unique_ptr<TensorS
 CachePlan Model::cache_plan(int64_t min_block_size) const {
   CachePlanOptions o = cache_options_;
   o.min_block_size = min_block_size;
-  return plan_cache(config_, o);
+  return plan_cache(config_.cache_spec(), o);
 }
 
 std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_size) const {
@@ -274,17 +277,38 @@ void Model::forward_split(std::span<const SequenceInput> batch, std::vector<floa
   }
 }
 
+int64_t Model::num_logit_rows(std::span<const SequenceInput> batch) {
+  int64_t rows = 0;
+  for (const SequenceInput& in : batch) rows += in.all_logits ? std::ssize(in.tokens) : 1;
+  return rows;
+}
+
+int64_t Model::prefill_chunk_alignment() const {
+  return config_.num_kda_layers() > 0 ? kKdaChunkSize : 1;
+}
+
+bool Model::mixes_prefill_and_decode(std::span<const SequenceInput> batch) const {
+  const auto is_prefill = [](const SequenceInput& in) { return in.prefill; };
+  return options_.batch_invariant && std::any_of(batch.begin(), batch.end(), is_prefill) &&
+         !std::all_of(batch.begin(), batch.end(), is_prefill);
+}
+
 void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+  if (mixes_prefill_and_decode(batch)) {
+    forward_split(batch, logits);
+    return;
+  }
+  const float* dev = forward_logits(batch);
+  logits.resize(static_cast<size_t>(num_logit_rows(batch) * config_.vocab_size));
+  backend_->download(logits.data(), dev, logits.size() * 4);
+}
+
+const float* Model::forward_logits(std::span<const SequenceInput> batch) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
-  if (options_.batch_invariant) {
-    const auto is_prefill = [](const SequenceInput& in) { return in.prefill; };
-    if (std::any_of(batch.begin(), batch.end(), is_prefill) &&
-        !std::all_of(batch.begin(), batch.end(), is_prefill)) {
-      forward_split(batch, logits);
-      return;
-    }
-  }
+  CHECK(!mixes_prefill_and_decode(batch),
+        "batch-invariant forward: a batch mixes prefill chunks and decode tokens; run them as "
+        "two forwards");
   CHECK(!batch.empty(), "forward needs at least one sequence");
 
   // Host-side layout of the batch: token offsets, ids, positions, cache slots, block
@@ -298,6 +322,8 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
     CHECK(in.cache != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+    CHECK(in.slots.empty() || in.slots.size() == in.tokens.size(), "sequence ", i, ": ",
+          in.slots.size(), " slots for ", in.tokens.size(), " tokens");
     const CachePlan& plan = in.cache->plan();
     CHECK(plan.options.latent == cache_options_.latent &&
               plan.options.index == cache_options_.index && plan.options.tp == 1 &&
@@ -322,7 +348,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
       const int64_t p = in.num_computed + static_cast<int64_t>(j);
       ids.push_back(in.tokens[j]);
       pos.push_back(p);
-      slots.push_back(slot_of(in, p, bs));
+      slots.push_back(slot_of(in, j, bs));
     }
     table_offset.push_back(static_cast<int64_t>(tables.size()));
     tables.insert(tables.end(), in.blocks.begin(), in.blocks.end());
@@ -334,7 +360,9 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
     return in.tokens.size() == 1 && in.cache == batch[0].cache &&
            !(options_.batch_invariant && in.prefill);
   });
-  if (batched_decode && forward_graph(batch, logits)) return;
+  if (batched_decode) {
+    if (const float* graph_logits = forward_graph(batch)) return graph_logits;
+  }
 
   workspace_.reset();
   int32_t* ids_dev = workspace_.ints(t);
@@ -396,8 +424,7 @@ void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& lo
   final_norm(last, num_rows, rows);
   float* logits_dev = linear(rows, num_rows, weights_.lm_head);
   dump("logits", logits_dev, num_rows, c.vocab_size);
-  logits.resize(static_cast<size_t>(num_rows * c.vocab_size));
-  backend_->download(logits.data(), logits_dev, logits.size() * 4);
+  return logits_dev;
 }
 
 void Model::attn_res_norm(const Hidden& hs, const Vec& query, const Vec& norm, int64_t t,
@@ -509,12 +536,12 @@ int64_t Model::num_decode_graphs() const {
   return n;
 }
 
-bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
-  if (graph_max_batch_ == 0 || !backend_->supports_graphs()) return false;
+const float* Model::forward_graph(std::span<const SequenceInput> batch) const {
+  if (graph_max_batch_ == 0 || !backend_->supports_graphs()) return nullptr;
   const auto num_seqs = static_cast<int64_t>(batch.size());
   int64_t max_keys = 0;
   for (const SequenceInput& in : batch) max_keys = std::max(max_keys, in.num_computed + 1);
-  if (num_seqs > graph_max_batch_ || max_keys > graph_max_context_) return false;
+  if (num_seqs > graph_max_batch_ || max_keys > graph_max_context_) return nullptr;
   int64_t rows = 1;
   while (rows < num_seqs) rows *= 2;
   rows = std::min(rows, graph_max_batch_);
@@ -554,7 +581,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
     const SequenceInput& in = batch[static_cast<size_t>(i)];
     ids[i] = in.tokens[0];
     pos[i] = in.num_computed;
-    slots[i] = slot_of(in, in.num_computed, bs);
+    slots[i] = slot_of(in, 0, bs);
   }
   backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
   backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
@@ -586,9 +613,7 @@ bool Model::forward_graph(std::span<const SequenceInput> batch, std::vector<floa
     g.captured = true;
   }
   decode_ = BatchedDecode{};
-  logits.resize(static_cast<size_t>(num_seqs * vocab));
-  backend_->download(logits.data(), g.logits.data(), logits.size() * 4);
-  return true;
+  return g.logits.as<float>();
 }
 
 void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<const Slice> seqs,

@@ -23,10 +23,10 @@
 #include <string_view>
 #include <vector>
 
-#include "model/backend.h"
+#include "backend/backend.h"
+#include "kv/kv_cache.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/kv_cache.h"
 #include "model/weights.h"
 #include "model/workspace.h"
 
@@ -66,6 +66,9 @@ struct SequenceInput {
   // The tokens are a prefill chunk (prompt, or a recompute after preemption). Read in
   // batch-invariant mode only, where prefill chunks never take the decode path.
   bool prefill = false;
+  // [tokens] the cache slot of each new token (the scheduler's slot mapping); empty: taken
+  // from blocks (core/paged.h slot_index).
+  std::span<const int64_t> slots = {};
 };
 
 // A sequence with its own cache: row 0 is its KDA state, token blocks follow.
@@ -122,9 +125,22 @@ class Model {
                         bool all_logits) const;
 
   // Runs each input's tokens after its past ones, writing their cache entries (and
-  // advancing KDA states in place). logits gets the rows of every input in order: all
-  // its positions or its last one, [rows, vocab].
+  // advancing KDA states in place). Returns the logits in backend memory, the rows of every
+  // input in order (all its positions or its last one), [rows, vocab]; they stay valid
+  // until the next forward. In batch-invariant mode a batch must not mix prefill chunks
+  // and decode tokens (the caller runs them as two forwards; forward() below does).
+  const float* forward_logits(std::span<const SequenceInput> batch) const;
+  // The same, with the logits copied to the host (in batch-invariant mode a mixed batch
+  // runs as two forwards).
   void forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
+  // Batch-invariant mode and a batch with both prefill chunks and decode tokens (which
+  // forward_logits refuses).
+  bool mixes_prefill_and_decode(std::span<const SequenceInput> batch) const;
+  // Logit rows forward_logits returns for this batch.
+  static int64_t num_logit_rows(std::span<const SequenceInput> batch);
+  // Prefill chunks KDA prefill computes in (prompt chunks align to it so that a prefix
+  // hit and a miss compute the same chunks); 1 without KDA layers.
+  int64_t prefill_chunk_alignment() const;
   // One standalone sequence; advances state.num_tokens.
   void forward(std::span<const int32_t> tokens, SequenceState& state, std::vector<float>& logits,
                bool all_positions = false) const;
@@ -140,6 +156,12 @@ class Model {
   void enable_decode_graphs(int64_t max_batch, int64_t max_context);
   // Graphs captured so far.
   int64_t num_decode_graphs() const;
+
+  // Which ops each layer runs on, for the log at start: lines "layers 0-2, 4: <ops>", layers
+  // with the same ops grouped. Every choice the forward makes from the config and options
+  // (cache dtypes, DSA decode or the generic indexer path and why) is named here, so none is
+  // a silent fallback.
+  std::vector<std::string> kernel_plan() const;
 
   // Scratch memory of the forward pass.
   Workspace& workspace() const { return workspace_; }
@@ -278,9 +300,9 @@ class Model {
     bool captured = false;
     BackendBuffer ids, pos, slots, tables, state_rows, seq_lens, logits;
   };
-  // Runs a decode batch through its graph; false when graphs are off or the batch does
-  // not fit one (the caller then runs it eagerly).
-  bool forward_graph(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
+  // Runs a decode batch through its graph and returns its logits; null when graphs are off
+  // or the batch does not fit one (the caller then runs it eagerly).
+  const float* forward_graph(std::span<const SequenceInput> batch) const;
   // Batch-invariant mode: a batch of prefill chunks and decode tokens as two forwards.
   void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
   int64_t graph_max_batch_ = 0;

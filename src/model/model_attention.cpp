@@ -257,6 +257,65 @@ int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, con
   return selected;
 }
 
+std::vector<std::string> Model::kernel_plan() const {
+  const ModelConfig& c = config_;
+  const char* experts = c.expert_format == ExpertFormat::kMxfp4      ? "MXFP4"
+                        : c.expert_format == ExpertFormat::kFp8Block ? "FP8 block"
+                                                                     : "bf16";
+  const std::string act = config_.situ ? "SiTU" : "SiLU";
+  const auto attention = [&](int64_t layer) -> std::string {
+    if (c.is_kda(layer)) {
+      return str_cat("KDA (", c.linear_num_heads, " heads; chunked prefill, recurrent decode, ",
+                     c.kda_gate_lower_bound > 0 ? "bounded" : "softplus", " gate)");
+    }
+    std::string s = str_cat("MLA (", c.num_attention_heads, " heads, ",
+                            latent_cache_dtype_name(options_.latent_cache), " latent");
+    if (!c.has_indexer()) return s + ", dense)";
+    s += str_cat("; DSA top-", c.index_topk, " over ", options_.indexer_fp8 ? "FP8" : "fp32",
+                 " index keys; ");
+    if (options_.latent_cache != LatentCacheDtype::kFp8) {
+      return s + "generic indexer + sparse fp32 MLA)";
+    }
+    if (use_dsa_decode()) return s + "decode: fused DSA decode step; prefill: DSA kernels)";
+    std::string why = !options_.dsa_decode_ops ? "turned off"
+                      : !options_.indexer_fp8
+                          ? "needs FP8 index keys"
+                          : str_cat("index heads ", c.index_n_heads, " x ", c.index_head_dim,
+                                    ", top-", c.index_topk, " outside its shapes");
+    return s + "decode: generic indexer path, the fused DSA decode step " + why + ")";
+  };
+  const auto mlp = [&](int64_t layer) -> std::string {
+    if (!c.is_moe(layer)) return "dense " + act + " MLP";
+    return str_cat("MoE ", c.num_experts, " experts top-", c.num_experts_per_tok, " (", experts,
+                   c.moe_latent_size > 0 ? str_cat(", latent ", c.moe_latent_size) : "", ", ", act,
+                   ")");
+  };
+  std::vector<std::pair<std::string, std::vector<int64_t>>> groups;
+  for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+    const std::string ops = attention(layer) + " + " + mlp(layer);
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == ops; });
+    if (it == groups.end()) {
+      groups.push_back({ops, {layer}});
+    } else {
+      it->second.push_back(layer);
+    }
+  }
+  std::vector<std::string> lines;
+  for (const auto& [ops, layers] : groups) {
+    std::string list;
+    for (size_t i = 0; i < layers.size();) {
+      size_t j = i;
+      while (j + 1 < layers.size() && layers[j + 1] == layers[j] + 1) ++j;
+      if (!list.empty()) list += ", ";
+      list += j == i ? std::to_string(layers[i]) : str_cat(layers[i], "-", layers[j]);
+      i = j + 1;
+    }
+    lines.push_back(str_cat(layers.size() == 1 ? "layer " : "layers ", list, ": ", ops));
+  }
+  return lines;
+}
+
 bool Model::use_dsa_decode() const {
   const ModelConfig& c = config_;
   return options_.dsa_decode_ops && options_.latent_cache == LatentCacheDtype::kFp8 &&

@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/backend.h"
+#include "backend/backend.h"
 
 namespace hyserve {
 

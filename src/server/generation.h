@@ -31,6 +31,7 @@ struct ChoiceOptions {
   std::vector<int32_t> stop_token_ids;  // reported as stop_reason; their text is left out
   bool include_stop_str_in_output = false;
   bool logprobs = false;
+  bool tokens_as_ids = false;  // logprob tokens as "token_id:N" (return_tokens_as_token_ids)
 };
 
 struct ChoiceDelta {

@@ -14,12 +14,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <optional>
 #include <system_error>
 #include <utility>
+
+#include "util/log.h"
 
 namespace hyserve {
 namespace {
@@ -516,8 +517,7 @@ void HttpServer::run_connection(Connection& connection) {
   try {
     serve_connection(connection);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hyserve: connection %s failed: %s\n", connection.remote_address.c_str(),
-                 e.what());
+    log::error("connection {} failed: {}", connection.remote_address, e.what());
   }
   {
     std::lock_guard lock(mutex_);
@@ -595,11 +595,10 @@ void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer
   } catch (const HttpError& e) {
     error = e;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "hyserve: %s %s failed: %s\n", request.method.c_str(),
-                 request.path.c_str(), e.what());
+    log::error("{} {} failed: {}", request.method, request.path, e.what());
     error = HttpError(500, str_cat("Internal server error: ", e.what()));
   } catch (...) {
-    std::fprintf(stderr, "hyserve: %s %s failed\n", request.method.c_str(), request.path.c_str());
+    log::error("{} {} failed", request.method, request.path);
     error = HttpError(500, "Internal server error");
   }
 

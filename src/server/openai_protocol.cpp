@@ -273,6 +273,9 @@ void read_common(BodyReader& body, GenerationRequest& request) {
     s.prompt_logprobs = get_int32(*v, "prompt_logprobs");
   }
   if (const auto* v = body.get("echo")) request.echo = get_bool(*v, "echo");
+  if (const auto* v = body.get("return_tokens_as_token_ids")) {
+    request.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
+  }
   if (const auto* v = body.get("presence_penalty")) {
     s.presence_penalty = static_cast<float>(get_number(*v, "presence_penalty"));
   }
@@ -571,31 +574,12 @@ std::string client_message(std::string_view what) {
   return message;
 }
 
-void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len) {
+void validate_prompt(std::span<const int32_t> prompt, const SamplingParams& params,
+                     const RequestLimits& limits) {
   try {
-    params.validate(vocab_size, max_model_len);
-  } catch (const InvalidArgument& e) {
-    // The field the message starts with is the param.
-    const std::string message = client_message(e.what());
-    std::string param = message.substr(0, message.find(' '));
-    if (!param.empty() && param.back() == ':') param.pop_back();
-    throw RequestError(param, message);
-  }
-}
-
-void check_prompt_length(int64_t num_prompt_tokens, std::optional<int64_t> max_tokens,
-                         int64_t max_model_len) {
-  if (num_prompt_tokens > max_model_len) {
-    fail("messages", str_cat("This model's maximum context length is ", max_model_len,
-                             " tokens. However, your request has ", num_prompt_tokens,
-                             " input tokens. Please reduce the length of the input messages."));
-  }
-  if (max_tokens && num_prompt_tokens + *max_tokens > max_model_len) {
-    fail("max_tokens",
-         str_cat("'max_tokens' or 'max_completion_tokens' is too large: ", *max_tokens,
-                 ". This model's maximum context length is ", max_model_len,
-                 " tokens and your request has ", num_prompt_tokens, " input tokens (", *max_tokens,
-                 " > ", max_model_len, " - ", num_prompt_tokens, ")."));
+    validate_request(prompt, params, limits);
+  } catch (const InvalidRequest& e) {
+    throw RequestError(e.param(), e.what());
   }
 }
 

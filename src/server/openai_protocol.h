@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -18,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/request.h"
 #include "engine/sampling_params.h"
 #include "server/http_message.h"
 #include "tokenizer/tool_call_parser.h"
@@ -74,11 +76,12 @@ struct GuidedDecoding {
 // Fields both endpoints share.
 struct GenerationRequest {
   std::string model;
-  SamplingParams sampling;  // filled from the body; check with validate_sampling()
+  SamplingParams sampling;  // filled from the body; check with validate_prompt()
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   bool echo = false;
+  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): logprob tokens "token_id:N"
   ResponseFormat response_format;
   GuidedDecoding guided;
   std::optional<std::string> user;
@@ -107,21 +110,18 @@ struct CompletionRequest : GenerationRequest {
 };
 
 // Parse a request body (JSON text). Throw RequestError (400) for bad JSON, wrong types and
-// the cross-field rules; ranges that depend on the model are left to validate_sampling().
+// the cross-field rules; ranges that depend on the model are left to validate_prompt().
 ChatCompletionRequest parse_chat_completion_request(std::string_view body);
 CompletionRequest parse_completion_request(std::string_view body);
 
-// SamplingParams::validate() with the model's limits, its InvalidArgument turned into a
-// RequestError whose param is the field it names.
-void validate_sampling(const SamplingParams& params, int64_t vocab_size, int64_t max_model_len);
 // The part of an exception's text a client should see: CHECK's condition and the
 // [file:line] suffix removed.
 std::string client_message(std::string_view what);
 
-// vLLM's context-length checks on a tokenized prompt: the prompt alone, then prompt plus
-// max_tokens, must fit max_model_len. Throws RequestError (400).
-void check_prompt_length(int64_t num_prompt_tokens, std::optional<int64_t> max_tokens,
-                         int64_t max_model_len);
+// validate_request (engine/request.h: the sampling params and vLLM's context-length checks
+// on a tokenized prompt) with its InvalidRequest as a RequestError (400) naming the field.
+void validate_prompt(std::span<const int32_t> prompt, const SamplingParams& params,
+                     const RequestLimits& limits);
 
 // ---- Responses ------------------------------------------------------------------------
 

@@ -395,6 +395,7 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
   g.choice.stop = r.sampling.stop;
   g.choice.stop_token_ids = r.sampling.stop_token_ids;
   g.choice.include_stop_str_in_output = r.sampling.include_stop_str_in_output;
+  g.choice.tokens_as_ids = r.tokens_as_ids;
 }
 
 }  // namespace
@@ -462,9 +463,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     g.chat = true;
     g.meta = make_response_meta("chatcmpl", options_.served_model_name);
     g.prompts.push_back(tokenizer_.encode(prompt, /*allow_special=*/true));
-    const int64_t max_len = engine_.config().scheduler.max_model_len;
-    check_prompt_length(static_cast<int64_t>(g.prompts[0].size()), r.sampling.max_tokens, max_len);
-    validate_sampling(r.sampling, engine_.model().config().vocab_size, max_len);
+    validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
     g.choice.parse_reasoning = options_.reasoning_parser == "kimi_k3";
     g.choice.thinking_enabled = r.thinking_enabled();
@@ -476,6 +475,8 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
+  } catch (const InvalidRequest& e) {
+    if (!w.responded()) send_json(w, 400, error_body(400, e.what(), e.param()));
   } catch (const InvalidArgument& e) {
     if (!w.responded()) send_json(w, 400, error_body(400, client_message(e.what())));
   }
@@ -489,7 +490,6 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     Generation g;
     g.chat = false;
     g.meta = make_response_meta("cmpl", options_.served_model_name);
-    const int64_t max_len = engine_.config().scheduler.max_model_len;
     for (const CompletionPrompt& p : r.prompts) {
       if (const auto* text = std::get_if<std::string>(&p)) {
         g.prompts.push_back(tokenizer_.encode(*text, /*allow_special=*/true));
@@ -499,16 +499,16 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
         g.prompts.push_back(ids);
         if (r.echo) g.echo.push_back(tokenizer_.decode(ids, r.sampling.skip_special_tokens));
       }
-      check_prompt_length(static_cast<int64_t>(g.prompts.back().size()), r.sampling.max_tokens,
-                          max_len);
+      validate_prompt(g.prompts.back(), r.sampling, limits());
     }
-    validate_sampling(r.sampling, engine_.model().config().vocab_size, max_len);
     fill_generation(r, g);
     g.choice.logprobs = r.sampling.logprobs.has_value();
     g.sampling.constraint = make_constraint(r.guided, /*after_reasoning=*/false);
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
+  } catch (const InvalidRequest& e) {
+    if (!w.responded()) send_json(w, 400, error_body(400, e.what(), e.param()));
   } catch (const InvalidArgument& e) {
     if (!w.responded()) send_json(w, 400, error_body(400, client_message(e.what())));
   }

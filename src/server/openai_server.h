@@ -43,6 +43,10 @@ class OpenAIServer {
   int port() const { return http_.port(); }
 
  private:
+  // The engine's limits on a request (validate_prompt).
+  RequestLimits limits() const {
+    return {engine_.model().config().vocab_size, engine_.config().scheduler.max_model_len};
+  }
   bool authorized(const HttpRequest& req, HttpResponseWriter& w) const;
   // The model name, engine health and unsupported options of a generation request;
   // answers and returns false (404, 503) or throws RequestError.

@@ -35,6 +35,18 @@ class InvalidArgument : public Error {
   using Error::Error;
 };
 
+// A request a client sent that can never run: `param` names the field (the OpenAI error's
+// "param"), the message is for the client (no source location).
+class InvalidRequest : public InvalidArgument {
+ public:
+  InvalidRequest(std::string param, const std::string& message)
+      : InvalidArgument(message), param_(std::move(param)) {}
+  const std::string& param() const { return param_; }
+
+ private:
+  std::string param_;
+};
+
 namespace detail {
 
 template <typename... Args>

@@ -194,7 +194,7 @@ TEST(DsaGpu, IndexerHistogramCountsItsOwnScores) {
           const int64_t row = b * num_q + i, visible = t.seq_lens[b] - num_q + i + 1;
           for (int64_t pos = 0; pos < visible; ++pos) {
             ++want[row * kDsaTopkBins +
-                   (dsa_order_key(got_scores[row * stride + pos]) >> kDsaTopkBinShift)];
+                   (float_order_key(got_scores[row * stride + pos]) >> kDsaTopkBinShift)];
           }
         }
       }

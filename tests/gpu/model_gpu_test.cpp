@@ -6,10 +6,10 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/sampler.h"
 #include "golden_util.h"
 #include "gpu/gpu_test_util.h"
 #include "model/model.h"
+#include "util/logits.h"
 
 namespace hyserve {
 namespace {

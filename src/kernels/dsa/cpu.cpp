@@ -96,7 +96,7 @@ void dsa_indexer_scores(const DsaIndexerParams& p) {
         }
         out[pos] = *dsa_index_scale(p.cache, slot) * acc;
         if (p.histogram != nullptr) {
-          ++p.histogram[row * kDsaTopkBins + (dsa_order_key(out[pos]) >> kDsaTopkBinShift)];
+          ++p.histogram[row * kDsaTopkBins + (float_order_key(out[pos]) >> kDsaTopkBinShift)];
         }
       }
     }

@@ -29,6 +29,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "core/order_key.h"
+
 #if defined(__CUDACC__)
 #define HYSERVE_DSA_HOST_DEVICE __host__ __device__
 #else
@@ -48,19 +50,10 @@ constexpr int kDsaIndexKeyBytes = kDsaIndexDim + 4;       // codes + fp32 scale
 // models with more keep the generic attention path.
 constexpr int64_t kDsaMaxTopk = 8192;
 
-// The top-k's order-preserving key of a score: uint32 order == float order, -0 == +0
-// (so they tie). Its top 11 bits are the bins of the top-k's first radix pass.
+// The top-k's order-preserving key of a score (core/order_key.h, the one tie rule). Its top
+// 11 bits are the bins of the top-k's first radix pass.
 constexpr int kDsaTopkBins = 2048;
 constexpr int kDsaTopkBinShift = 21;
-HYSERVE_DSA_HOST_DEVICE inline uint32_t dsa_order_key(float x) {
-#if defined(__CUDA_ARCH__)
-  const uint32_t raw = __float_as_uint(x);
-#else
-  const uint32_t raw = std::bit_cast<uint32_t>(x);
-#endif
-  const uint32_t bits = x == 0.0f ? 0u : raw;
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 // One full-attention layer's view of the packed pool.
 struct DsaCache {
@@ -128,7 +121,7 @@ struct DsaIndexerParams {
   float* scores = nullptr;         // [B, n_q, score_stride] out
   int64_t score_stride = 0;        // >= max_context
   // Optional [B, n_q, kDsaTopkBins], zeroed by the caller: the count of each row's visible
-  // scores (keys 0..position) by dsa_order_key >> kDsaTopkBinShift is added here, which is
+  // scores (keys 0..position) by float_order_key >> kDsaTopkBinShift is added here, which is
   // the top-k's first radix pass done while the scores are in registers (DsaTopkParams).
   int* histogram = nullptr;
 };

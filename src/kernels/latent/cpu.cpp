@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/paged.h"
 #include "kernels/latent/check.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -81,9 +82,7 @@ void dsa_query_slots(const DsaQuerySlotsParams& p) {
       CHECK(pos >= -1 && pos <= p.q_pos[t], "dsa_query_slots: query ", t, " (position ", p.q_pos[t],
             ") selects position ", pos);
       p.slots[t * p.topk + j] =
-          pos < 0
-              ? -1
-              : static_cast<int32_t>(table[pos / p.block_size] * p.block_size + pos % p.block_size);
+          pos < 0 ? -1 : static_cast<int32_t>(slot_index(table, p.block_size, pos));
     }
     p.seq_lens[t] = static_cast<int32_t>(p.q_pos[t] + 1);
   }

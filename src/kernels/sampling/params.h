@@ -10,7 +10,7 @@
 //              exp evaluated in fixed point (token_weight): W_max = 2^31; a token below
 //              ~4.7e-10 of the top probability gets weight 0 and is never drawn.
 //     rank     ids ordered by (logit desc, id asc), by the bits of the logit
-//              (order_key; +0 ranks before -0).
+//              (core/order_key.h: -0 and +0 tie, so the lower id ranks first).
 //     top-k    keep the first top_k ranks (0: off).
 //     top-p    of those, keep the shortest rank prefix whose weight sum reaches
 //              ceil(top_p * their total) (1: off).
@@ -24,6 +24,8 @@
 
 #include <bit>
 #include <cstdint>
+
+#include "core/order_key.h"
 
 namespace hyserve {
 
@@ -87,16 +89,10 @@ constexpr uint64_t ceil_mul(float f, uint64_t n) {
   return static_cast<double>(t) < d ? t + 1 : t;
 }
 
-// Orders floats as integers: a > b (non-NaN) iff key(a) > key(b), except -0 < +0.
-constexpr uint32_t order_key(float f) {
-  const uint32_t u = std::bit_cast<uint32_t>(f);
-  return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Unique per token; larger means earlier in the rank order (logit desc, id asc).
-constexpr uint64_t rank_key(float logit, int64_t id) {
-  return (static_cast<uint64_t>(order_key(logit)) << 32) |
-         (0xffffffffu - static_cast<uint32_t>(id));
+// Unique per token; larger means earlier in the rank order (logit desc, id asc; -0 and +0
+// tie: core/order_key.h).
+HYSERVE_HOST_DEVICE inline uint64_t rank_key(float logit, int64_t id) {
+  return float_rank_key(logit, id);
 }
 
 // exp(g / 2^30) * 2^30 for g in [0, ln2 * 2^30]: Horner over floor(2^30 / k!), k <= 12.

@@ -204,7 +204,7 @@ __global__ void __launch_bounds__(kThreads, 2)
         const float s = visible ? scale * sum : -INFINITY;
         dsa::store_f32(out + i * p.score_stride + key, s, keep);  // 64-bit: int64 stride
         if (hist_s != nullptr && visible) {
-          atomicAdd(&hist_s[i * kDsaTopkBins + (dsa_order_key(s) >> kDsaTopkBinShift)], 1);
+          atomicAdd(&hist_s[i * kDsaTopkBins + (float_order_key(s) >> kDsaTopkBinShift)], 1);
         }
       }
     }

@@ -2,7 +2,7 @@
 // (each after the first overlapped with the one before: dsa_common.cuh), no grid
 // barrier, no cooperative launch, no sort; topk <= 8192.
 //
-// Row r = (b, i) has n visible scores (positions 0..n-1). key(x) = dsa_order_key(x), the
+// Row r = (b, i) has n visible scores (positions 0..n-1). key(x) = float_order_key(x), the
 // order-preserving uint32 (-0 == +0); its bin is key >> 21 (11 bits, 2048 bins). For a row
 // with n > topk: T = the bin holding the topk-th largest key (counted from the top bin),
 // A = the keys in bins above T (A < topk), C = the keys in bin T. A row's list holds at
@@ -187,10 +187,10 @@ __device__ __forceinline__ void for_each_tile(const Row& r, int64_t slot_begin, 
       }
 #pragma unroll
       for (int u = 0; u < kVecs; ++u) {
-        keys[4 * u] = dsa_order_key(v[u].x);
-        keys[4 * u + 1] = dsa_order_key(v[u].y);
-        keys[4 * u + 2] = dsa_order_key(v[u].z);
-        keys[4 * u + 3] = dsa_order_key(v[u].w);
+        keys[4 * u] = float_order_key(v[u].x);
+        keys[4 * u + 1] = float_order_key(v[u].y);
+        keys[4 * u + 2] = float_order_key(v[u].z);
+        keys[4 * u + 3] = float_order_key(v[u].w);
       }
       valid = (1u << kKeys) - 1u;
     } else {
@@ -198,7 +198,7 @@ __device__ __forceinline__ void for_each_tile(const Row& r, int64_t slot_begin, 
       for (int k = 0; k < kKeys; ++k) {
         const int64_t s = first + int64_t{k / 4} * 4 * kBlock + k % 4;
         const bool ok = s >= 0 && s < r.n;
-        keys[k] = ok ? dsa_order_key(__ldg(r.scores + s)) : 0u;
+        keys[k] = ok ? float_order_key(__ldg(r.scores + s)) : 0u;
         valid |= static_cast<uint32_t>(ok) << k;
       }
     }
@@ -656,7 +656,7 @@ __device__ void select_full(const TopkArgs& a, const Row& r, SelectShared& sh, i
 #pragma unroll
     for (int j = 0; j < kOrderedItems; ++j) {
       const bool ok = first + j < r.n;
-      keys[j] = ok ? dsa_order_key(__ldg(r.scores + first + j)) : 0u;
+      keys[j] = ok ? float_order_key(__ldg(r.scores + first + j)) : 0u;
       gt += ok && keys[j] > threshold;
       eq += ok && keys[j] == threshold;
     }

@@ -27,6 +27,7 @@
 #include <climits>
 #include <limits>
 
+#include "core/order_key.h"
 #include "kernels/indexer/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -53,11 +54,6 @@ struct Shared {
   int num_candidates;
   int num_winners;
 };
-
-__device__ uint32_t order_key(float x) {
-  const uint32_t bits = x == 0.0f ? 0u : __float_as_uint(x);
-  return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
-}
 
 // f(s, row[s]) for every s < n, kUnroll loads in flight per thread.
 template <typename Fn>
@@ -197,7 +193,7 @@ __device__ void compact_row(Shared& sh, const float* row, int64_t num_visible, i
   for (int64_t base = 0; base < num_visible && num_taken < keep; base += kThreads) {
     const int64_t s = base + threadIdx.x;
     const bool valid = s < num_visible;
-    const uint32_t key = valid ? order_key(row[s]) : 0u;
+    const uint32_t key = valid ? float_order_key(row[s]) : 0u;
     const int is_equal = valid && key == threshold;
     int equal_before = 0, equal_total = 0;
     BlockScan(sh.scan).ExclusiveSum(is_equal, equal_before, equal_total);
@@ -236,7 +232,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // keep < num_visible < 2^31 from here on.
   const auto row_keys = [&](auto add) {
-    for_each_score(row, num_visible, [&](int64_t, float x) { add(order_key(x)); });
+    for_each_score(row, num_visible, [&](int64_t, float x) { add(float_order_key(x)); });
   };
   Select sel{.prefix = 0, .mask = 0, .need = static_cast<int>(keep), .count = 0};
   radix_pass(sh, hist, 32 - kTopBits, kTopBits, sel, row_keys);
@@ -254,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
       if (threadIdx.x == 0) sh.num_candidates = 0;
       __syncthreads();
       for_each_score(row, num_visible, [&](int64_t s, float x) {
-        const uint32_t key = order_key(x);
+        const uint32_t key = float_order_key(x);
         if (key >= bin_floor) {
           cand[atomicAdd(&sh.num_candidates, 1)] = make_uint2(key, static_cast<uint32_t>(s));
         }

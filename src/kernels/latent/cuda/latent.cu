@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/cuda/dtype.cuh"
+#include "core/paged.h"
 #include "kernels/latent/check.h"
 #include "kernels/latent/cuda.h"
 #include "kernels/linear/cuda/dequant.cuh"
@@ -93,10 +94,7 @@ __global__ void query_slots_kernel(DsaQuerySlotsParams p) {
     const int64_t t = i / p.topk;
     const int32_t pos = p.positions[i];
     const int32_t* table = p.block_table + t * p.table_stride;
-    p.slots[i] =
-        pos < 0
-            ? -1
-            : static_cast<int32_t>(table[pos / p.block_size] * p.block_size + pos % p.block_size);
+    p.slots[i] = pos < 0 ? -1 : static_cast<int32_t>(slot_index(table, p.block_size, pos));
     if (i % p.topk == 0) p.seq_lens[t] = static_cast<int32_t>(p.q_pos[t] + 1);
   }
 }

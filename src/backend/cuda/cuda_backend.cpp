@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 
+#include "backend/backend.h"
 #include "core/cuda/device_buffer.h"
 #include "kernels/cache/cuda.h"
 #include "kernels/dsa/cuda.h"
@@ -18,12 +19,13 @@
 #include "kernels/kda/cuda.h"
 #include "kernels/latent/cuda.h"
 #include "kernels/linear/cuda.h"
+#include "kernels/logits/cuda.h"
 #include "kernels/mla/cuda.h"
 #include "kernels/mlp/cuda.h"
 #include "kernels/moe/cuda.h"
 #include "kernels/norm/cuda.h"
 #include "kernels/rope/cuda.h"
-#include "model/backend.h"
+#include "kernels/sampling/cuda.h"
 #include "util/cuda_check.h"
 
 namespace hyserve {
@@ -202,6 +204,13 @@ class CudaBackend final : public Backend {
     return cuda::dsa_decode_workspace_bytes(p);
   }
   void reserve_scratch(size_t num_bytes) override { scratch(num_bytes); }
+
+  void apply_penalties(const PenaltyParams& p) override { cuda::apply_penalties(p, stream_); }
+  void count_tokens(const CountTokensParams& p) override { cuda::count_tokens(p, stream_); }
+  void adjust_logits(const LogitAdjustParams& p) override { cuda::adjust_logits(p, stream_); }
+  void apply_token_mask(const TokenMaskParams& p) override { cuda::apply_token_mask(p, stream_); }
+  void token_logprobs(const LogprobParams& p) override { cuda::token_logprobs(p, stream_); }
+  void sample_tokens(const SampleParams& p) override { cuda::sample_tokens(p, stream_); }
 
  private:
   cuda::LinearKernel linear_kernel() const {

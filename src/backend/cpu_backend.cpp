@@ -9,15 +9,17 @@
 
 #include <sys/mman.h>
 
+#include "backend/backend.h"
 #include "kernels/cache/cpu.h"
 #include "kernels/dsa/cpu.h"
 #include "kernels/elementwise/cpu.h"
 #include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
 #include "kernels/latent/cpu.h"
+#include "kernels/logits/cpu.h"
 #include "kernels/mla/cpu.h"
 #include "kernels/rope/cpu.h"
-#include "model/backend.h"
+#include "kernels/sampling/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -153,6 +155,12 @@ class CpuBackend final : public Backend {
   void dsa_query_slots(const DsaQuerySlotsParams& p) override { cpu::dsa_query_slots(p); }
   void dsa_mla_decode(const DsaMlaParams& p) override { cpu::dsa_mla_decode(p); }
   void dsa_decode(const DsaDecodeParams& p) override { cpu::dsa_decode(p); }
+  void apply_penalties(const PenaltyParams& p) override { cpu::apply_penalties(p); }
+  void count_tokens(const CountTokensParams& p) override { cpu::count_tokens(p); }
+  void adjust_logits(const LogitAdjustParams& p) override { cpu::adjust_logits(p); }
+  void apply_token_mask(const TokenMaskParams& p) override { cpu::apply_token_mask(p); }
+  void token_logprobs(const LogprobParams& p) override { cpu::token_logprobs(p); }
+  void sample_tokens(const SampleParams& p) override { cpu::sample_tokens(p); }
 
  private:
   static constexpr size_t kMapThresholdBytes = size_t{1} << 24;

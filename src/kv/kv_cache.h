@@ -14,9 +14,9 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "core/paged.h"
 #include "kv/cache_plan.h"
-#include "model/backend.h"
 
 namespace hyserve {
 

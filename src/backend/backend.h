@@ -1,7 +1,7 @@
 // Backend: what the forward pass needs from a device: memory, copies, and the ops of
 // MODEL.md behind their Params structs. The model code (model.cpp) is written once
 // against this interface; CpuBackend runs the fp32 reference ops, the CUDA backend
-// (src/engine/cuda/) launches the CUDA kernels on its stream.
+// (src/backend/cuda/) launches the CUDA kernels on its stream.
 //
 // Pointers in Params and in buffers are in the backend's memory (host memory for the
 // CPU, device memory for CUDA). Weights are the backend's copies (see ModelWeights).
@@ -19,11 +19,13 @@
 #include "kernels/kda/params.h"
 #include "kernels/latent/params.h"
 #include "kernels/linear/params.h"
+#include "kernels/logits/params.h"
 #include "kernels/mla/params.h"
 #include "kernels/mlp/params.h"
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"
 #include "kernels/rope/params.h"
+#include "kernels/sampling/params.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -147,11 +149,23 @@ class Backend {
   // Grows the op scratch memory to at least num_bytes now (before freeze(), so that a
   // later op of that size neither allocates nor fails).
   virtual void reserve_scratch(size_t /*num_bytes*/) {}
+
+  // Logits processing, log-probabilities and sampling over rows of logits in this
+  // backend's memory (kernels/logits/params.h, kernels/sampling/params.h): the model
+  // runner's logits processors; only sampled ids and asked-for logprobs leave the device.
+  virtual void apply_penalties(const PenaltyParams& p) = 0;
+  virtual void count_tokens(const CountTokensParams& p) = 0;
+  virtual void adjust_logits(const LogitAdjustParams& p) = 0;
+  virtual void apply_token_mask(const TokenMaskParams& p) = 0;
+  virtual void token_logprobs(const LogprobParams& p) = 0;
+  // Options must satisfy sampling::options_valid (checked by the caller on the host); a
+  // row whose logits are all NaN gets token -1 on every backend.
+  virtual void sample_tokens(const SampleParams& p) = 0;
 };
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).
 std::unique_ptr<Backend> make_cpu_backend();
-// The CUDA kernels on GPU `device` (src/engine/cuda/). Throws when the build has no
+// The CUDA kernels on GPU `device` (src/backend/cuda/). Throws when the build has no
 // CUDA backend or the device does not exist.
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 // Whether this build includes the CUDA backend.

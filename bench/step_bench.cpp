@@ -1,0 +1,263 @@
+// hyserve_step_bench: the engine's decode step as `serve` runs it (scheduler, model runner,
+// forward from a CUDA graph, logits processing, sampling, outputs), per batch size:
+//
+//   wall_us        median wall time of one decode step (Engine::step on this thread)
+//   gpu_us         median GPU busy time of a step: the union of the intervals of every
+//                  kernel, copy and memset CUPTI records while the step runs
+//   host_us        wall_us - gpu_us: the step's time the GPU is idle waiting for the host
+//                  (scheduling, input preparation, output processing)
+//   d2h_bytes      median bytes copied device -> host per step (CUPTI's memcpy records)
+//   tokens_per_s   batch / wall
+//
+// Only Engine's public API is used, so the same source builds against an older tree and
+// both run side by side in one session (`--label` names the tree in the JSON lines).
+//
+//   hyserve_step_bench [--model DIR | --config CONFIG.json] --batches 1,8,64,256
+//
+// --config builds the two-layer slice hyserve_layer_bench uses (one KDA layer with a dense
+// MLP, one DSA MLA layer with the MoE; random weights, FP8 latent and index keys).
+#include <cuda_runtime_api.h>
+#include <cupti.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#if __has_include("backend/backend.h")
+#include "backend/backend.h"
+#else
+#include "model/backend.h"
+#endif
+#include "engine/engine.h"
+#include "model/model.h"
+#include "model/random_weights.h"
+#include "peaks.h"
+
+namespace hyserve::bench {
+namespace {
+
+#define CUPTI_CHECK(call)                                                                 \
+  do {                                                                                    \
+    const CUptiResult r_ = (call);                                                        \
+    if (r_ != CUPTI_SUCCESS) {                                                            \
+      const char* msg_ = nullptr;                                                         \
+      cuptiGetResultString(r_, &msg_);                                                    \
+      HYSERVE_THROW(Error, #call, " failed: ", msg_ != nullptr ? msg_ : "unknown error"); \
+    }                                                                                     \
+  } while (0)
+
+// GPU activity intervals (ns, CUPTI's clock) and device-to-host bytes, collected from
+// CUPTI's activity buffers.
+struct Activity {
+  struct Interval {
+    uint64_t start = 0, end = 0;
+    uint64_t d2h_bytes = 0;
+  };
+  std::mutex mu;
+  std::vector<Interval> intervals;
+};
+Activity g_activity;
+
+void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
+  constexpr size_t kBytes = 8 << 20;
+  *buffer = static_cast<uint8_t*>(std::aligned_alloc(8, kBytes));
+  *size = kBytes;
+  *max_records = 0;
+}
+
+void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, size_t valid) {
+  CUpti_Activity* record = nullptr;
+  std::lock_guard lock(g_activity.mu);
+  while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    Activity::Interval iv;
+    if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
+      const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
+      iv = {k->start, k->end, 0};
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      iv = {m->start, m->end, m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? m->bytes : 0};
+    } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
+      iv = {m->start, m->end, 0};
+    } else {
+      continue;
+    }
+    g_activity.intervals.push_back(iv);
+  }
+  std::free(buffer);
+}
+
+uint64_t cupti_now() {
+  uint64_t t = 0;
+  CUPTI_CHECK(cuptiGetTimestamp(&t));
+  return t;
+}
+
+// Busy ns and d2h bytes of the recorded intervals that start inside [t0, t1).
+std::pair<double, double> busy_in(std::vector<Activity::Interval> iv, uint64_t t0, uint64_t t1) {
+  std::erase_if(iv, [&](const Activity::Interval& i) { return i.start < t0 || i.start >= t1; });
+  std::sort(iv.begin(), iv.end(), [](const Activity::Interval& a, const Activity::Interval& b) {
+    return a.start < b.start;
+  });
+  double busy = 0, bytes = 0;
+  uint64_t cur_start = 0, cur_end = 0;
+  for (const Activity::Interval& i : iv) {
+    bytes += static_cast<double>(i.d2h_bytes);
+    if (i.start > cur_end) {
+      busy += static_cast<double>(cur_end - cur_start);
+      cur_start = i.start;
+      cur_end = i.end;
+    } else {
+      cur_end = std::max(cur_end, i.end);
+    }
+  }
+  busy += static_cast<double>(cur_end - cur_start);
+  return {busy, bytes};
+}
+
+struct Args {
+  std::string model_dir;
+  std::string config;
+  std::string label = "this";
+  std::vector<int64_t> batches = {1, 8, 64, 256};
+  int64_t prompt = 128;
+  int64_t steps = 32;
+  int64_t warmup = 4;
+  bool enforce_eager = false;
+};
+
+std::unique_ptr<Model> make_model(const Args& a) {
+  if (!a.config.empty()) {
+    ModelConfig c = ModelConfig::load(a.config);
+    c.num_hidden_layers = 2;
+    c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
+    c.mlp_kinds = {MlpKind::kDense, MlpKind::kMoe};
+    ModelOptions options;
+    options.indexer_fp8 = true;
+    options.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 1), options, make_cuda_backend(0));
+  }
+  const std::string dir =
+      a.model_dir.empty() ? std::string(HYSERVE_SOURCE_DIR) + "/models/tiny-kimi-k3" : a.model_dir;
+  return Model::load(dir, {}, make_cuda_backend(0));
+}
+
+int run(int argc, char** argv) {
+  Args a;
+  CLI::App app("hyserve_step_bench: the engine's decode step, GPU time vs host time");
+  app.add_option("--model", a.model_dir, "checkpoint folder (default: the bundled tiny model)");
+  app.add_option("--config", a.config, "config.json: the two-layer random-weight slice");
+  app.add_option("--label", a.label, "names the tree in the JSON lines")->capture_default_str();
+  app.add_option("--batches", a.batches, "batch sizes")->delimiter(',');
+  app.add_option("--prompt", a.prompt, "prompt tokens per request")->capture_default_str();
+  app.add_option("--steps", a.steps, "timed decode steps")->capture_default_str();
+  app.add_option("--warmup", a.warmup, "decode steps before timing")->capture_default_str();
+  app.add_flag("--enforce-eager", a.enforce_eager, "no CUDA graphs");
+  CLI11_PARSE(app, argc, argv);
+
+  CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
+  CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL));
+  CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
+  CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
+
+  // One engine for every batch size (the model is built once): each batch size is a wave of
+  // requests that runs to completion before the next.
+  const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
+  const int64_t max_tokens = a.warmup + a.steps + 2;
+  const int64_t max_len = a.prompt + max_tokens;
+  auto model = make_model(a);
+  const ModelConfig c = model->config();
+  if (!a.enforce_eager) model->enable_decode_graphs(max_batch, max_len);
+  EngineConfig ec;
+  ec.scheduler.max_num_seqs = max_batch;
+  ec.scheduler.max_model_len = max_len;
+  ec.scheduler.max_num_batched_tokens = std::max<int64_t>(8192, max_batch);
+  Engine engine(std::move(model), ec);
+  std::mt19937_64 rng(7);
+  int64_t wave = 0;
+  for (int64_t b : a.batches) {
+    int64_t num_started = 0, num_finished = 0;
+    for (int64_t i = 0; i < b; ++i) {
+      Request r;
+      r.id = "w" + std::to_string(wave) + "r" + std::to_string(i);
+      for (int64_t j = 0; j < a.prompt; ++j) {
+        r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+      }
+      r.sampling_params.temperature = 0.8f;
+      r.sampling_params.top_p = 0.95f;
+      r.sampling_params.seed = static_cast<uint64_t>(i);
+      r.sampling_params.max_tokens = max_tokens;
+      r.sampling_params.ignore_eos = true;
+      bool started = false;
+      engine.add_request(std::move(r),
+                         [&num_started, &num_finished, started](const RequestOutput& o) mutable {
+                           if (!started && !o.new_tokens.empty()) {
+                             started = true;
+                             ++num_started;
+                           }
+                           if (o.finished) ++num_finished;
+                         });
+    }
+    ++wave;
+    // Prefill until every request has its first token; then every step decodes b tokens.
+    while (num_started < b) engine.step();
+    for (int64_t i = 0; i < a.warmup; ++i) engine.step();
+    cudaDeviceSynchronize();
+    std::vector<uint64_t> t0(static_cast<size_t>(a.steps)), t1(static_cast<size_t>(a.steps));
+    std::vector<float> wall_us;
+    for (int64_t i = 0; i < a.steps; ++i) {
+      t0[i] = cupti_now();
+      const auto w0 = std::chrono::steady_clock::now();
+      engine.step();
+      const auto w1 = std::chrono::steady_clock::now();
+      t1[i] = cupti_now();
+      wall_us.push_back(std::chrono::duration<float, std::micro>(w1 - w0).count());
+    }
+    while (num_finished < b) engine.step();
+    cudaDeviceSynchronize();
+    CUPTI_CHECK(cuptiActivityFlushAll(1));
+    std::vector<Activity::Interval> iv;
+    {
+      std::lock_guard lock(g_activity.mu);
+      iv.swap(g_activity.intervals);
+    }
+    std::vector<float> gpu_us, d2h;
+    for (int64_t i = 0; i < a.steps; ++i) {
+      const auto [busy_ns, bytes] = busy_in(iv, t0[i], t1[i]);
+      gpu_us.push_back(static_cast<float>(busy_ns / 1e3));
+      d2h.push_back(static_cast<float>(bytes));
+    }
+    const float wall = median(wall_us), gpu = median(gpu_us);
+    nlohmann::json j;
+    j["bench"] = "decode_step";
+    j["tree"] = a.label;
+    j["model"] = a.config.empty() ? "tiny" : "k3_slice";
+    j["batch"] = b;
+    j["context"] = a.prompt;
+    j["graphs"] = !a.enforce_eager;
+    j["wall_us"] = wall;
+    j["gpu_us"] = gpu;
+    j["host_us"] = wall - gpu;
+    j["host_over_gpu"] = (wall - gpu) / gpu;
+    j["d2h_bytes"] = median(d2h);
+    j["tokens_per_s"] = static_cast<double>(b) / (wall * 1e-6);
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hyserve::bench
+
+int main(int argc, char** argv) {
+  return hyserve::bench::guarded_main("hyserve_step_bench", hyserve::bench::run, argc, argv);
+}

@@ -1,0 +1,547 @@
+#include "engine/model_runner.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <map>
+#include <numeric>
+#include <set>
+
+#include "util/error.h"
+
+namespace hyserve {
+namespace {
+
+bool has_penalties(const SamplingParams& sp) {
+  return sp.repetition_penalty != 1.0f || sp.presence_penalty != 0.0f ||
+         sp.frequency_penalty != 0.0f;
+}
+
+// The ids guided decoding allows once the structure is complete: stop_token_ids and the EOS
+// ids (also under ignore_eos, where they then fill the output up to max_tokens).
+std::vector<int32_t> terminator_ids(const SamplingParams& sp, std::span<const int32_t> eos) {
+  std::vector<int32_t> ids(sp.stop_token_ids);
+  ids.insert(ids.end(), eos.begin(), eos.end());
+  return ids;
+}
+
+void set_bit(std::span<uint32_t> words, int32_t id) {
+  words[static_cast<size_t>(id / kTokenMaskWordBits)] |= uint32_t{1} << (id % kTokenMaskWordBits);
+}
+
+}  // namespace
+
+// One sampling row of a step: its request and where its logits come from.
+struct ModelRunner::Sampling {
+  const ScheduledRequest* scheduled = nullptr;
+  const Request* request = nullptr;
+  RequestState* state = nullptr;
+  int part = 0;           // which forward of the step (two in batch-invariant mixed steps)
+  int64_t logit_row = 0;  // row of that forward's logits
+  int32_t logprobs = -1;  // top logprobs asked for; -1: none
+};
+
+int64_t ModelRunner::device_bytes(int64_t vocab, int64_t max_num_seqs,
+                                  int64_t max_num_batched_tokens) {
+  const int64_t words = token_mask_words(vocab);
+  const int64_t lp_rows = std::max(max_num_seqs, max_num_batched_tokens);
+  return 2 * max_num_seqs * vocab * 4                                          // raw, work
+         + max_num_seqs * (static_cast<int64_t>(sizeof(SamplingOptions)) + 8)  // options, ids
+         + (max_num_seqs + 1) * (12 + vocab * 4 + words * 4)                   // penalty state
+         + max_num_seqs * words * 4                                            // masks
+         + max_num_seqs * 4                                                    // mask rows
+         + lp_rows * (4 + 4 + 4 + 8 + 8 * kMaxTopLogprobs);  // logprob targets and outputs
+}
+
+ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig config)
+    : model_(model),
+      backend_(model.backend()),
+      cache_(cache),
+      config_(std::move(config)),
+      vocab_(model.config().vocab_size) {
+  CHECK(config_.max_num_seqs >= 1 && config_.max_num_batched_tokens >= 1,
+        "model runner: max_num_seqs ", config_.max_num_seqs, ", max_num_batched_tokens ",
+        config_.max_num_batched_tokens);
+  CHECK(vocab_ >= 1 && vocab_ <= kMaxSamplingVocab, "model runner: vocab ", vocab_, " outside [1, ",
+        kMaxSamplingVocab, "]");
+  Backend* b = &backend_;
+  const auto seqs = static_cast<size_t>(config_.max_num_seqs);
+  const auto vocab = static_cast<size_t>(vocab_);
+  const auto words = static_cast<size_t>(token_mask_words(vocab_));
+  raw_ = BackendBuffer(b, seqs * vocab * 4);
+  work_ = BackendBuffer(b, seqs * vocab * 4);
+  options_ = BackendBuffer(b, seqs * sizeof(SamplingOptions));
+  tokens_ = BackendBuffer(b, seqs * 4);
+  rows_ = BackendBuffer(b, seqs * 4);
+  repetition_ = BackendBuffer(b, (seqs + 1) * 4);
+  presence_ = BackendBuffer(b, (seqs + 1) * 4);
+  frequency_ = BackendBuffer(b, (seqs + 1) * 4);
+  counts_ = BackendBuffer(b, (seqs + 1) * vocab * 4);
+  prompt_mask_ = BackendBuffer(b, (seqs + 1) * words * 4);
+  masks_ = BackendBuffer(b, seqs * words * 4);
+  max_logprob_rows_ = std::max(config_.max_num_seqs, config_.max_num_batched_tokens);
+  const auto lp_rows = static_cast<size_t>(max_logprob_rows_);
+  targets_ = BackendBuffer(b, lp_rows * 4);
+  zero_rows_ = BackendBuffer(b, lp_rows * 4);
+  mask_rows_ = BackendBuffer(b, seqs * 4);
+  logprob_ = BackendBuffer(b, lp_rows * 4);
+  rank_ = BackendBuffer(b, lp_rows * 8);
+  top_ids_ = BackendBuffer(b, lp_rows * kMaxTopLogprobs * 4);
+  top_logprobs_ = BackendBuffer(b, lp_rows * kMaxTopLogprobs * 4);
+  // Every row starts neutral (allocate() zeroes): repetition 1 in all of them.
+  const std::vector<float> ones(seqs + 1, 1.0f);
+  backend_.upload(repetition_.data(), ones.data(), ones.size() * 4);
+  for (int64_t row = config_.max_num_seqs - 1; row >= 0; --row) {
+    free_penalty_rows_.push_back(static_cast<int32_t>(row));
+  }
+  tokens_host_.resize(seqs);
+}
+
+ModelRunner::~ModelRunner() = default;
+
+void ModelRunner::add_request(const std::string& request_id, uint64_t seed,
+                              std::shared_ptr<const TokenConstraint> constraint) {
+  RequestState s;
+  s.seed = seed;
+  if (constraint) s.constraint = std::make_unique<ConstraintState>(std::move(constraint));
+  const bool added = requests_.emplace(request_id, std::move(s)).second;
+  CHECK(added, "model runner: request ", request_id, " added twice");
+}
+
+void ModelRunner::remove_request(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  if (it == requests_.end()) return;
+  release_penalty_row(it->second);
+  requests_.erase(it);
+}
+
+void ModelRunner::release_penalty_row(RequestState& state) {
+  if (state.penalty_row < 0) return;
+  free_penalty_rows_.push_back(state.penalty_row);
+  state.penalty_row = -1;
+}
+
+int32_t ModelRunner::take_penalty_row(RequestState& state, const Request& r) {
+  if (state.penalty_row >= 0) return state.penalty_row;
+  CHECK(!free_penalty_rows_.empty(), "model runner: more than ", config_.max_num_seqs,
+        " requests with penalties sample in one step");
+  const int32_t row = free_penalty_rows_.back();
+  free_penalty_rows_.pop_back();
+  state.penalty_row = row;
+  const SamplingParams& sp = r.sampling_params;
+  const auto at = [&](const BackendBuffer& buf) { return buf.as<float>() + row; };
+  backend_.upload(at(repetition_), &sp.repetition_penalty, 4);
+  backend_.upload(at(presence_), &sp.presence_penalty, 4);
+  backend_.upload(at(frequency_), &sp.frequency_penalty, 4);
+  // The prompt's ids as a mask; the outputs so far (a request resumed after preemption)
+  // counted on the device as new tokens are.
+  const int64_t words = token_mask_words(vocab_);
+  std::vector<uint32_t> mask(static_cast<size_t>(words), 0);
+  for (int32_t id : r.prompt_token_ids) set_bit(mask, id);
+  backend_.upload(prompt_mask_.as<uint32_t>() + row * words, mask.data(), mask.size() * 4);
+  int32_t* counts = counts_.as<int32_t>() + row * vocab_;
+  backend_.fill_zero(counts, static_cast<size_t>(vocab_) * 4);
+  const int64_t n = r.num_output_tokens();
+  for (int64_t first = 0; first < n; first += max_logprob_rows_) {
+    const int64_t count = std::min(max_logprob_rows_, n - first);
+    backend_.upload(targets_.data(), r.output_token_ids.data() + first,
+                    static_cast<size_t>(count) * 4);
+    CountTokensParams p;
+    p.counts = counts;  // this row's counts: every token names row 0 of it
+    p.rows = zero_rows_.as<int32_t>();
+    p.tokens = targets_.as<int32_t>();
+    p.num_tokens = count;
+    p.vocab = vocab_;
+    backend_.count_tokens(p);
+  }
+  return row;
+}
+
+void ModelRunner::prepare_state_rows(const SchedulerOutput& scheduled) {
+  // The KDA state row: restored from the prefix hit's snapshot, or zero for a request that
+  // starts (or restarts after preemption) from its first token.
+  for (const ScheduledRequest& s : scheduled.requests) {
+    if (!s.state_block) continue;
+    if (s.restore_state_from) {
+      cache_.copy_block(*s.state_block, *s.restore_state_from);
+    } else if (s.start_position == 0) {
+      cache_.zero_block(*s.state_block);
+    }
+  }
+}
+
+std::vector<OutputToken> ModelRunner::score(const float* logits, const int32_t* targets,
+                                            int64_t count, int32_t top_n, bool with_rank,
+                                            int64_t& bytes) {
+  LogprobParams p;
+  p.logits = logits;
+  p.targets = targets;
+  p.num_rows = count;
+  p.vocab = vocab_;
+  p.top_n = top_n;
+  p.logprob = logprob_.as<float>();
+  p.rank = rank_.as<int64_t>();
+  p.top_ids = top_ids_.as<int32_t>();
+  p.top_logprobs = top_logprobs_.as<float>();
+  backend_.token_logprobs(p);
+  const auto n = static_cast<size_t>(count), top = static_cast<size_t>(top_n);
+  std::vector<float> lp(n), top_lp(n * top);
+  std::vector<int64_t> rank(n);
+  std::vector<int32_t> top_ids(n * top);
+  backend_.download(lp.data(), p.logprob, n * 4);
+  if (with_rank) backend_.download(rank.data(), p.rank, n * 8);
+  if (top > 0) {
+    backend_.download(top_ids.data(), p.top_ids, n * top * 4);
+    backend_.download(top_lp.data(), p.top_logprobs, n * top * 4);
+  }
+  bytes += count * (4 + (with_rank ? 8 : 0) + 8 * int64_t{top_n});
+  std::vector<OutputToken> out(n);
+  for (size_t i = 0; i < n; ++i) {
+    out[i].logprob = lp[i];
+    out[i].rank = rank[i];
+    for (size_t j = 0; j < top; ++j)
+      out[i].top_logprobs.push_back({top_ids[i * top + j], top_lp[i * top + j]});
+  }
+  return out;
+}
+
+std::vector<OutputToken> ModelRunner::prompt_logprobs(const float* logits,
+                                                      std::span<const int32_t> targets,
+                                                      int32_t top_n, int64_t& bytes) {
+  std::vector<OutputToken> out;
+  const auto n = static_cast<int64_t>(targets.size());
+  for (int64_t first = 0; first < n; first += max_logprob_rows_) {
+    const int64_t count = std::min(max_logprob_rows_, n - first);
+    backend_.upload(targets_.data(), targets.data() + first, static_cast<size_t>(count) * 4);
+    std::vector<OutputToken> part =
+        score(logits + first * vocab_, targets_.as<int32_t>(), count, top_n, true, bytes);
+    for (int64_t i = 0; i < count; ++i) {
+      part[static_cast<size_t>(i)].token = targets[static_cast<size_t>(first + i)];
+      out.push_back(std::move(part[static_cast<size_t>(i)]));
+    }
+  }
+  return out;
+}
+
+void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float* work) {
+  const auto n = static_cast<int64_t>(rows.size());
+  // 1. Penalties, over every row at once when any asks: the others read the neutral row.
+  std::vector<int32_t> penalty_rows(rows.size(), static_cast<int32_t>(config_.max_num_seqs));
+  bool any_penalty = false;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    if (!has_penalties(rows[k].request->sampling_params)) continue;
+    penalty_rows[k] = take_penalty_row(*rows[k].state, *rows[k].request);
+    any_penalty = true;
+  }
+  if (any_penalty) {
+    backend_.upload(rows_.data(), penalty_rows.data(), penalty_rows.size() * 4);
+    PenaltyParams p;
+    p.logits = work;
+    p.rows = rows_.as<int32_t>();
+    p.repetition = repetition_.as<float>();
+    p.presence = presence_.as<float>();
+    p.frequency = frequency_.as<float>();
+    p.output_counts = counts_.as<int32_t>();
+    p.prompt_mask = prompt_mask_.as<uint32_t>();
+    p.num_rows = n;
+    p.vocab = vocab_;
+    backend_.apply_penalties(p);
+  }
+
+  // 2. logit_bias (summed per id), then the min_tokens bans.
+  std::vector<int32_t> add_row, add_id, ban_row, ban_id;
+  std::vector<float> add_value;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const Request& r = *rows[k].request;
+    const SamplingParams& sp = r.sampling_params;
+    std::map<int32_t, float> bias;
+    for (const auto& [id, b] : sp.logit_bias) bias[id] += b;
+    for (const auto& [id, b] : bias) {
+      add_row.push_back(static_cast<int32_t>(k));
+      add_id.push_back(id);
+      add_value.push_back(b);
+    }
+    if (r.num_output_tokens() < sp.min_tokens) {
+      std::set<int32_t> banned(sp.stop_token_ids.begin(), sp.stop_token_ids.end());
+      if (!sp.ignore_eos) banned.insert(config_.eos_token_ids.begin(), config_.eos_token_ids.end());
+      for (int32_t id : banned) {
+        ban_row.push_back(static_cast<int32_t>(k));
+        ban_id.push_back(id);
+      }
+    }
+  }
+  const auto total = static_cast<int64_t>(add_row.size() + ban_row.size());
+  if (total > 0) {
+    if (total > entries_capacity_) {
+      entries_capacity_ = std::max<int64_t>(total, 2 * entries_capacity_);
+      entries_ = BackendBuffer(&backend_, static_cast<size_t>(entries_capacity_) * 12);
+    }
+    // [rows | ids | values], adds first, then bans.
+    std::vector<int32_t> packed;
+    packed.reserve(static_cast<size_t>(3 * total));
+    packed.insert(packed.end(), add_row.begin(), add_row.end());
+    packed.insert(packed.end(), ban_row.begin(), ban_row.end());
+    packed.insert(packed.end(), add_id.begin(), add_id.end());
+    packed.insert(packed.end(), ban_id.begin(), ban_id.end());
+    for (float v : add_value) packed.push_back(std::bit_cast<int32_t>(v));
+    packed.resize(static_cast<size_t>(3 * total), 0);
+    backend_.upload(entries_.data(), packed.data(), packed.size() * 4);
+    const int32_t* e = entries_.as<int32_t>();
+    const auto num_adds = static_cast<int64_t>(add_row.size());
+    LogitAdjustParams p;
+    p.logits = work;
+    p.num_rows = n;
+    p.vocab = vocab_;
+    if (num_adds > 0) {
+      p.row = e;
+      p.id = e + total;
+      p.value = reinterpret_cast<const float*>(e + 2 * total);
+      p.num_entries = num_adds;
+      p.mode = LogitAdjustMode::kAdd;
+      backend_.adjust_logits(p);
+    }
+    if (total > num_adds) {
+      p.row = e + num_adds;
+      p.id = e + total + num_adds;
+      p.value = nullptr;
+      p.num_entries = total - num_adds;
+      p.mode = LogitAdjustMode::kBan;
+      backend_.adjust_logits(p);
+    }
+  }
+
+  // 3. Guided decoding: the constraint's allowed ids as a bitmask per constrained row.
+  const int64_t words = token_mask_words(vocab_);
+  std::vector<int32_t> masked_rows;
+  std::vector<uint32_t> masks;
+  std::vector<uint8_t> allowed;
+  for (size_t k = 0; k < rows.size(); ++k) {
+    ConstraintState* c = rows[k].state->constraint.get();
+    if (c == nullptr) continue;
+    const Request& r = *rows[k].request;
+    const std::vector<int32_t> stops = terminator_ids(r.sampling_params, config_.eos_token_ids);
+    c->sync(r.output_token_ids, stops);
+    c->compute_mask(stops, allowed);
+    masked_rows.push_back(static_cast<int32_t>(k));
+    masks.resize(masks.size() + static_cast<size_t>(words), 0);
+    const std::span<uint32_t> row(masks.data() + masks.size() - static_cast<size_t>(words),
+                                  static_cast<size_t>(words));
+    for (size_t id = 0; id < allowed.size() && static_cast<int64_t>(id) < vocab_; ++id) {
+      if (allowed[id] != 0) set_bit(row, static_cast<int32_t>(id));
+    }
+  }
+  if (!masked_rows.empty()) {
+    backend_.upload(masks_.data(), masks.data(), masks.size() * 4);
+    backend_.upload(mask_rows_.data(), masked_rows.data(), masked_rows.size() * 4);
+    TokenMaskParams p;
+    p.logits = work;
+    p.rows = mask_rows_.as<int32_t>();
+    p.mask = masks_.as<uint32_t>();
+    p.num_masked = static_cast<int64_t>(masked_rows.size());
+    p.num_rows = n;
+    p.vocab = vocab_;
+    backend_.apply_token_mask(p);
+  }
+  penalties_active_ = any_penalty;
+}
+
+void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
+  std::vector<SamplingOptions> options;
+  for (const Sampling& s : rows) {
+    const SamplingParams& sp = s.request->sampling_params;
+    const SamplingOptions o{sp.temperature, sp.top_k == -1 ? 0 : sp.top_k,
+                            sp.top_p,       sp.min_p,
+                            s.state->seed,  static_cast<uint64_t>(s.request->num_output_tokens())};
+    CHECK(sampling::options_valid(o), "request ", s.scheduled->request_id,
+          ": sampling options out of range");
+    options.push_back(o);
+  }
+  backend_.upload(options_.data(), options.data(), options.size() * sizeof(SamplingOptions));
+  SampleParams p;
+  p.logits = work;
+  p.options = options_.as<SamplingOptions>();
+  p.tokens = tokens_.as<int32_t>();
+  p.num_rows = static_cast<int64_t>(rows.size());
+  p.vocab = vocab_;
+  backend_.sample_tokens(p);
+  if (penalties_active_) {
+    // The new tokens join the outputs' counts (rows_ still holds each row's penalty row;
+    // rows without penalties count into the neutral row, which no penalty reads).
+    CountTokensParams c;
+    c.counts = counts_.as<int32_t>();
+    c.rows = rows_.as<int32_t>();
+    c.tokens = tokens_.as<int32_t>();
+    c.num_tokens = p.num_rows;
+    c.vocab = vocab_;
+    backend_.count_tokens(c);
+  }
+  backend_.download(tokens_host_.data(), tokens_.data(), rows.size() * 4);
+}
+
+std::vector<OutputToken> ModelRunner::logprobs_of_samples(std::span<const Sampling> rows,
+                                                          int64_t& bytes) {
+  // Rows are ordered by logprobs asked (descending): one call per run of equal counts, over
+  // the raw rows, scoring the sampled ids (already on the device).
+  std::vector<OutputToken> out(rows.size());
+  for (size_t first = 0; first < rows.size();) {
+    const int32_t top_n = rows[first].logprobs;
+    if (top_n < 0) break;
+    size_t end = first;
+    while (end < rows.size() && rows[end].logprobs == top_n) ++end;
+    std::vector<OutputToken> part = score(raw_.as<float>() + static_cast<int64_t>(first) * vocab_,
+                                          tokens_.as<int32_t>() + first,
+                                          static_cast<int64_t>(end - first), top_n, false, bytes);
+    std::move(part.begin(), part.end(), out.begin() + static_cast<std::ptrdiff_t>(first));
+    first = end;
+  }
+  return out;
+}
+
+RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
+                                      const Scheduler& scheduler) {
+  RunnerStepResult result;
+  for (const std::string& id : scheduled.finished_request_ids) remove_request(id);
+  for (const std::string& id : scheduled.preempted_request_ids) {
+    if (const auto it = requests_.find(id); it != requests_.end()) release_penalty_row(it->second);
+  }
+  prepare_state_rows(scheduled);
+
+  // The forward's inputs, one per scheduled request, at the scheduler's slots.
+  std::vector<SequenceInput> inputs;
+  std::vector<const Request*> requests;
+  for (const ScheduledRequest& s : scheduled.requests) {
+    const Request* r = scheduler.find_request(s.request_id);
+    CHECK(r != nullptr, "model runner: scheduled request ", s.request_id, " is unknown");
+    requests.push_back(r);
+    const int64_t num_prompt = r->num_prompt_tokens();
+    // Prompt logprobs: the row at position j scores prompt token j + 1 (computed once:
+    // not again when a preempted request recomputes its prompt).
+    const bool all_logits = r->sampling_params.prompt_logprobs && r->num_output_tokens() == 0 &&
+                            s.start_position + 1 < num_prompt;
+    // A prefill chunk: prompt tokens, or several tokens at once (a recompute).
+    const bool prefill = s.start_position < num_prompt || s.num_new_tokens() > 1;
+    SequenceInput in;
+    in.cache = &cache_;
+    in.blocks = s.block_ids;
+    in.state_block = s.state_block.value_or(-1);
+    in.num_computed = s.start_position;
+    in.tokens = s.token_ids;
+    in.slots = s.slot_mapping;
+    in.all_logits = all_logits;
+    in.prefill = prefill;
+    inputs.push_back(in);
+  }
+  // Batch-invariant mode runs prefill chunks and decode tokens as two forwards.
+  std::vector<int> part_of(inputs.size(), 0);
+  int num_parts = 1;
+  if (!inputs.empty() && model_.mixes_prefill_and_decode(inputs)) {
+    num_parts = 2;
+    for (size_t i = 0; i < inputs.size(); ++i) part_of[i] = inputs[i].prefill ? 0 : 1;
+  }
+
+  // The sampling rows, ordered by logprobs asked (descending, stable).
+  std::vector<Sampling> rows;
+  std::vector<int64_t> logit_row(inputs.size(), 0);
+  {
+    int64_t next[2] = {0, 0};
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const int p = part_of[i];
+      logit_row[i] = next[p];
+      const int64_t n = inputs[i].all_logits ? std::ssize(inputs[i].tokens) : 1;
+      next[p] += n;
+      const ScheduledRequest& s = scheduled.requests[i];
+      if (!s.samples) continue;
+      const auto it = requests_.find(s.request_id);
+      CHECK(it != requests_.end(), "model runner: request ", s.request_id, " was never added");
+      const auto& lp = requests[i]->sampling_params.logprobs;
+      rows.push_back({&s, requests[i], &it->second, p, logit_row[i] + n - 1, lp ? *lp : -1});
+    }
+  }
+  CHECK(std::ssize(rows) <= config_.max_num_seqs, "model runner: ", rows.size(),
+        " requests sample in one step, max_num_seqs is ", config_.max_num_seqs);
+  std::stable_sort(rows.begin(), rows.end(),
+                   [](const Sampling& a, const Sampling& b) { return a.logprobs > b.logprobs; });
+
+  for (int part = 0; part < num_parts; ++part) {
+    std::vector<SequenceInput> batch;
+    std::vector<size_t> index;  // into inputs
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (part_of[i] != part) continue;
+      batch.push_back(inputs[i]);
+      index.push_back(i);
+    }
+    if (batch.empty()) continue;
+    const float* logits = model_.forward_logits(batch);
+    // Prompt logprobs of the rows that asked, from this forward's logits.
+    for (size_t i : index) {
+      if (!inputs[i].all_logits) continue;
+      const ScheduledRequest& s = scheduled.requests[i];
+      const Request& r = *requests[i];
+      std::vector<int32_t> targets;
+      for (int64_t pos = s.start_position;
+           pos < s.start_position + s.num_new_tokens() && pos + 1 < r.num_prompt_tokens(); ++pos) {
+        targets.push_back(r.prompt_token_ids[static_cast<size_t>(pos + 1)]);
+      }
+      const std::vector<OutputToken> entries =
+          prompt_logprobs(logits + logit_row[i] * vocab_, targets,
+                          *r.sampling_params.prompt_logprobs, result.bytes_downloaded);
+      auto& dst = result.requests[s.request_id].prompt_logprobs;
+      for (size_t j = 0; j < entries.size(); ++j) {
+        dst.emplace_back(s.start_position + static_cast<int64_t>(j) + 1, entries[j]);
+      }
+    }
+    // The sampling rows of this forward into raw, runs of consecutive rows in one copy.
+    for (size_t k = 0; k < rows.size();) {
+      if (rows[k].part != part) {
+        ++k;
+        continue;
+      }
+      size_t end = k + 1;
+      while (end < rows.size() && rows[end].part == part &&
+             rows[end].logit_row == rows[end - 1].logit_row + 1) {
+        ++end;
+      }
+      backend_.copy(raw_.as<float>() + static_cast<int64_t>(k) * vocab_,
+                    logits + rows[k].logit_row * vocab_,
+                    static_cast<size_t>((static_cast<int64_t>(end - k)) * vocab_) * 4);
+      k = end;
+    }
+  }
+  // KDA snapshots at block boundaries, for later prefix hits (stream-ordered after the
+  // forward that computed the state).
+  for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
+    cache_.copy_block(copy.snapshot_block, copy.state_block);
+  }
+  if (rows.empty()) return result;
+
+  if (observer_) {
+    std::vector<float> row(static_cast<size_t>(vocab_));
+    for (size_t k = 0; k < rows.size(); ++k) {
+      backend_.download(row.data(), raw_.as<float>() + static_cast<int64_t>(k) * vocab_,
+                        row.size() * 4);
+      observer_(rows[k].scheduled->request_id, row);
+    }
+  }
+  // The processors change work; logprobs read raw, so work is a copy when any row asks.
+  float* work = raw_.as<float>();
+  if (rows.front().logprobs >= 0) {
+    work = work_.as<float>();
+    backend_.copy(work, raw_.data(), rows.size() * static_cast<size_t>(vocab_) * 4);
+  }
+  apply_logits_processors(rows, work);
+  sample(rows, work);
+  result.bytes_downloaded += std::ssize(rows) * 4;
+  const std::vector<OutputToken> logprobs = logprobs_of_samples(rows, result.bytes_downloaded);
+  for (size_t k = 0; k < rows.size(); ++k) {
+    const std::string& id = rows[k].scheduled->request_id;
+    const int32_t token = tokens_host_[k];
+    CHECK(token >= 0, "model runner: request ", id, ": every logit is NaN");
+    result.output.sampled_token_ids[id] = {token};
+    OutputToken t = logprobs[k];
+    t.token = token;
+    result.requests[id].sampled = std::move(t);
+  }
+  return result;
+}
+
+}  // namespace hyserve

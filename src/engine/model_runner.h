@@ -1,0 +1,152 @@
+// ModelRunner: one scheduled step from the scheduler's output to sampled tokens (the role
+// of vLLM v1's GPU model runner). It owns what lives on the device between steps:
+//
+//   raw     [max_num_seqs, vocab] fp32  the logits rows of the requests that sample
+//   work    [max_num_seqs, vocab] fp32  the rows the logits processors change (raw when
+//                                       no row of the step asks for logprobs)
+//   penalty state, per persistent row (one row per running request with penalties, plus a
+//   neutral row, max_num_seqs + 1 in all): repetition / presence / frequency, the output
+//   token counts [rows, vocab] int32 (advanced on the device by each sampled token) and the
+//   prompt's token mask [rows, ceil(vocab / 32)] (uploaded once when the row is taken)
+//   sampling options, sampled ids, logprob outputs, masks and sparse adjustments
+//
+// A step (execute): KDA state rows zeroed or restored from a prefix hit's snapshot; the
+// forward over the scheduled tokens at the scheduler's slot mapping (two forwards in
+// batch-invariant mode when prefill chunks and decode tokens mix); snapshots for later
+// prefix hits; prompt logprobs of the rows that asked; the sampling rows gathered; then on
+// the device: penalties, logit_bias, min_tokens bans, guided-decoding masks, sampling, the
+// counts of the new tokens, and the logprobs of the sampled tokens (of the raw logits).
+// Only the sampled ids and the asked-for logprobs are copied back: per step at most
+// rows x (1 + 2 x logprobs) x 8 bytes (id, logprob, top ids and logprobs) plus the prompt
+// logprobs asked for (with their ranks).
+//
+// Sampling is kernels/sampling/params.h's rule on every backend: the same request, seed and
+// logits give the same tokens in `generate`, `serve`, on the CPU and on the GPU.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "engine/scheduler.h"
+#include "guided/token_constraint.h"
+#include "model/model.h"
+
+namespace hyserve {
+
+struct LogprobEntry {
+  int32_t token = 0;
+  float logprob = 0.0f;  // log_softmax of the raw model logits
+};
+
+struct OutputToken {
+  int32_t token = 0;
+  float logprob = 0.0f;
+  // 1-based rank of token by logit (ties: lower id first); prompt logprobs only, else 0.
+  int64_t rank = 0;
+  std::vector<LogprobEntry> top_logprobs;  // SamplingParams::logprobs entries, best first
+};
+
+struct ModelRunnerConfig {
+  int64_t max_num_seqs = 256;             // rows that sample in one step at most
+  int64_t max_num_batched_tokens = 8192;  // tokens of one step at most
+  std::vector<int32_t> eos_token_ids;     // banned before min_tokens unless ignore_eos
+};
+
+// One request's results of a step.
+struct RunnerRequestResult {
+  std::optional<OutputToken> sampled;  // when the request sampled
+  // Prompt logprobs computed this step: (prompt position j, entry scoring prompt token j).
+  std::vector<std::pair<int64_t, OutputToken>> prompt_logprobs;
+};
+
+struct RunnerStepResult {
+  ModelRunnerOutput output;  // for Scheduler::update_from_output
+  std::unordered_map<std::string, RunnerRequestResult> requests;
+  int64_t bytes_downloaded = 0;  // device -> host bytes of this step (sampling and logprobs)
+};
+
+// Called with each sampling row's raw logits (host copy) when set: `hyserve generate`
+// prints their hash. Costs a download of the row; off by default.
+using LogitsObserver = std::function<void(const std::string& request_id, std::span<const float>)>;
+
+class ModelRunner {
+ public:
+  ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig config);
+  ~ModelRunner();
+  ModelRunner(const ModelRunner&) = delete;
+  ModelRunner& operator=(const ModelRunner&) = delete;
+
+  // Device bytes the runner's buffers take for these sizes (memory planning).
+  static int64_t device_bytes(int64_t vocab, int64_t max_num_seqs, int64_t max_num_batched_tokens);
+
+  // A request the engine accepted: its sampling seed and, with guided decoding, its
+  // constraint (advanced over the request's outputs only, so a recompute after preemption
+  // never feeds it twice).
+  void add_request(const std::string& request_id, uint64_t seed,
+                   std::shared_ptr<const TokenConstraint> constraint);
+  // Drops every state of a finished or aborted request.
+  void remove_request(const std::string& request_id);
+
+  // Runs the step; `scheduler` gives each scheduled request (prompt, outputs, params).
+  RunnerStepResult execute(const SchedulerOutput& scheduled, const Scheduler& scheduler);
+
+  void set_logits_observer(LogitsObserver fn) { observer_ = std::move(fn); }
+
+ private:
+  struct RequestState {
+    uint64_t seed = 0;
+    std::unique_ptr<ConstraintState> constraint;
+    int32_t penalty_row = -1;  // persistent penalty row, -1: none taken
+  };
+  struct Sampling;  // one sampling row of a step (model_runner.cpp)
+
+  void prepare_state_rows(const SchedulerOutput& scheduled);
+  // Takes and fills a penalty row for the request (its prompt mask, its outputs' counts).
+  int32_t take_penalty_row(RequestState& state, const Request& r);
+  void release_penalty_row(RequestState& state);
+  void apply_logits_processors(std::span<const Sampling> rows, float* work);
+  void sample(std::span<const Sampling> rows, const float* work);
+  // Logprobs of the sampled ids (of the raw logits).
+  std::vector<OutputToken> logprobs_of_samples(std::span<const Sampling> rows, int64_t& bytes);
+  // Logprobs of prompt tokens (host ids), rows of logits in order.
+  std::vector<OutputToken> prompt_logprobs(const float* logits, std::span<const int32_t> targets,
+                                           int32_t top_n, int64_t& bytes);
+  // token_logprobs over `count` rows scoring targets (device ids), downloaded (the ranks only
+  // with_rank: prompt logprobs report them, sampled tokens' logprobs do not); adds the bytes
+  // copied to `bytes`. The entries' token fields are left 0.
+  std::vector<OutputToken> score(const float* logits, const int32_t* targets, int64_t count,
+                                 int32_t top_n, bool with_rank, int64_t& bytes);
+
+  const Model& model_;
+  Backend& backend_;
+  KvCache& cache_;
+  ModelRunnerConfig config_;
+  int64_t vocab_ = 0;
+  std::unordered_map<std::string, RequestState> requests_;
+  LogitsObserver observer_;
+
+  BackendBuffer raw_, work_;                         // [max_num_seqs, vocab] fp32
+  BackendBuffer options_, tokens_, rows_;            // [max_num_seqs] SamplingOptions / int32
+  BackendBuffer repetition_, presence_, frequency_;  // [max_num_seqs + 1] fp32
+  BackendBuffer counts_;                             // [max_num_seqs + 1, vocab] int32
+  BackendBuffer prompt_mask_;                        // [max_num_seqs + 1, mask words] uint32
+  BackendBuffer masks_;                              // [max_num_seqs, mask words] uint32
+  BackendBuffer targets_, logprob_, rank_;           // [max logprob rows] int32 / fp32 / int64
+  BackendBuffer zero_rows_;                          // [max logprob rows] int32 zeros
+  BackendBuffer mask_rows_;                          // [max_num_seqs] int32
+  BackendBuffer top_ids_, top_logprobs_;             // [max logprob rows, kMaxTopLogprobs]
+  BackendBuffer entries_;                            // sparse adjustments: row, id, value (grown)
+  int64_t entries_capacity_ = 0;
+  int64_t max_logprob_rows_ = 0;
+  std::vector<int32_t> free_penalty_rows_;  // the neutral row max_num_seqs is never handed out
+  std::vector<int32_t> tokens_host_;        // [max_num_seqs] ids of the last sample()
+  bool penalties_active_ = false;           // the step's rows_ map rows to penalty rows
+};
+
+}  // namespace hyserve
