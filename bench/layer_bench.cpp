@@ -27,8 +27,10 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda/device_buffer.h"
+#include "engine/decode_step.h"
 #include "model/model.h"
 #include "model/random_weights.h"
+#include "model/workspace.h"
 #include "peaks.h"
 #include "timing_backend.h"
 #include "util/cuda_check.h"
@@ -222,6 +224,7 @@ int run(int argc, char** argv) {
   options.batch_invariant = batch_invariant;
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
+  Workspace ws(&model->backend());
   model->set_trace([&](std::string_view s) {
     const std::string name(s);
     if (name == "layers.0.attention") {
@@ -253,7 +256,7 @@ int run(int argc, char** argv) {
         states[i].num_tokens = context;  // same context every run
         batch.push_back(model->prepare(states[i], std::span<const int32_t>(&tokens[i], 1), false));
       }
-      model->forward(batch, logits);
+      model->forward(batch, logits, ws);
     });
   }
   // Decode as the engine runs it: every sequence in one shared pool, so attention runs once
@@ -277,8 +280,15 @@ int run(int argc, char** argv) {
                        std::span<const int32_t>(&tokens[i], 1), false});
     }
     std::vector<float> logits;
-    auto step = [&] { model->forward(batch, logits); };
-    model->enable_decode_graphs(0, 0);
+    // As the runner runs it: the decode step's persistent inputs, eager or from graphs.
+    DecodeStep eager_step(*model, *cache, ws, {b, context + 64, 0});
+    DecodeStep graph_step(*model, *cache, ws, {b, context + 64, 256});
+    DecodeStep* decode = &eager_step;
+    auto step = [&] {
+      const float* dev = decode->run(batch);
+      logits.resize(static_cast<size_t>(b * c.vocab_size));
+      model->backend().download(logits.data(), dev, logits.size() * 4);
+    };
     report("decode_batched", b, context, b, timing, peaks, iters, step);
     // Whole-step wall time, median of iters after 2 warm-ups (the first captures).
     auto wall_us = [&] {
@@ -292,16 +302,15 @@ int run(int argc, char** argv) {
       return median(us);
     };
     const float eager_us = wall_us();
-    model->enable_decode_graphs(256, context + 64);
+    decode = &graph_step;
     const float graph_us = wall_us();
-    model->enable_decode_graphs(0, 0);
     nlohmann::json j;
     j["bench"] = "decode_step";
     j["batch"] = b;
     j["context"] = context;
     j["eager_us"] = eager_us;
     j["graph_us"] = graph_us;
-    j["graphs_captured"] = model->num_decode_graphs();
+    j["graphs_captured"] = graph_step.num_graphs();
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   }

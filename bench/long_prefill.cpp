@@ -88,25 +88,24 @@ int run(int argc, char** argv) {
   const int64_t weights_bytes = device_bytes_in_use();
 
   // serve's sizing: a warm-up step of `chunk` tokens, then the context term, then freeze.
+  EngineConfig ec;
   {
     SequenceState warm = model->new_sequence();
     const std::vector<int32_t> tokens(static_cast<size_t>(std::min(chunk, max_model_len - 1)), 0);
     std::vector<float> logits;
     model->forward(tokens, warm, logits);
+    ec.workspace_bytes = warm.workspace->capacity_bytes() +
+                         static_cast<size_t>(model->context_transient_bytes(max_model_len));
   }
-  model->workspace().reserve(model->workspace().capacity_bytes() +
-                             static_cast<size_t>(model->context_transient_bytes(max_model_len)));
   model->reserve_decode_scratch(1, max_model_len);
 
-  EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = chunk;
   ec.scheduler.max_num_seqs = 1;
   ec.scheduler.max_model_len = max_model_len;
   const CachePlan plan = model->cache_plan(ec.min_block_size);
   ec.num_blocks = static_cast<int32_t>(plan.blocks_for_tokens(max_model_len) + plan.kda_state_rows);
   Engine engine(std::move(model), ec);  // allocates the KV pool
-  engine.model().workspace().freeze();
-  engine.model().backend().freeze();
+  engine.freeze_memory();
   const int64_t start_bytes = device_bytes_in_use();
   {
     nlohmann::json j;
@@ -121,7 +120,7 @@ int run(int argc, char** argv) {
     j["kv_blocks"] = ec.num_blocks;
     j["kv_row_bytes"] = plan.row_bytes;
     j["kv_pool_bytes"] = int64_t{ec.num_blocks} * plan.row_bytes;
-    j["model_workspace_bytes"] = engine.model().workspace().capacity_bytes();
+    j["model_workspace_bytes"] = engine.runner().workspace().capacity_bytes();
     j["context_transient_bytes"] = engine.model().context_transient_bytes(max_model_len);
     j["device_bytes_in_use"] = start_bytes;
     // What one [prompt, context] fp32 score matrix alone would take (the thing not built).

@@ -175,8 +175,8 @@ int run(int argc, char** argv) {
   const int64_t max_len = a.prompt + max_tokens;
   auto model = make_model(a);
   const ModelConfig c = model->config();
-  if (!a.enforce_eager) model->enable_decode_graphs(max_batch, max_len);
   EngineConfig ec;
+  if (!a.enforce_eager) ec.decode_graph_max_batch = max_batch;  // HYSERVE_STEP_BENCH_GRAPHS
   ec.scheduler.max_num_seqs = max_batch;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.max_num_batched_tokens = std::max<int64_t>(8192, max_batch);

@@ -49,6 +49,7 @@ class TimingBackend final : public Backend {
   bool supports_graphs() const override { return inner_->supports_graphs(); }
   void capture_graph(int64_t id, const std::function<void()>& fn) override;
   void replay_graph(int64_t id) override { inner_->replay_graph(id); }
+  void release_graph(int64_t id) override { inner_->release_graph(id); }
 
   void linear(const LinearParams& p) override;
   void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;

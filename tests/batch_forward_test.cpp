@@ -18,6 +18,7 @@ class BatchForward : public testing::TestWithParam<const char*> {};
 
 TEST_P(BatchForward, MixedBatchEqualsEachSequenceAlone) {
   const auto model = Model::load(fs::path(HYSERVE_SOURCE_DIR) / GetParam());
+  Workspace ws(&model->backend());
   const int64_t vocab = model->config().vocab_size;
   std::mt19937 rng(7);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
@@ -56,7 +57,7 @@ TEST_P(BatchForward, MixedBatchEqualsEachSequenceAlone) {
     }
     if (batch.empty()) continue;
     std::vector<float> logits;
-    model->forward(batch, logits);
+    model->forward(batch, logits, ws);
     for (int i : who) states[i].num_tokens += static_cast<int64_t>(chunks[i][next[i]].size());
     size_t row = 0;
     for (int i : who) {

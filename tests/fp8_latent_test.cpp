@@ -263,6 +263,7 @@ TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
 TEST_P(Fp8LatentModel, PrefixHitEqualsMissBitwise) {
   const ModelConfig c = dsa_config(GetParam());
   const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8);
+  Workspace ws(&m->backend());
   const CachePlan plan = m->cache_plan();
   const int64_t bs = plan.block_size;
   const bool kda = plan.kda_state_rows > 0;
@@ -276,7 +277,7 @@ TEST_P(Fp8LatentModel, PrefixHitEqualsMissBitwise) {
                  std::span<const int32_t> tokens) {
     std::vector<float> l;
     const SequenceInput in{cache.get(), blocks, kda ? state : -1, num_computed, tokens, true};
-    m->forward(std::span<const SequenceInput>(&in, 1), l);
+    m->forward(std::span<const SequenceInput>(&in, 1), l, ws);
     return l;
   };
   // Miss: the whole prompt of B in blocks 0-2 (state row 12).
@@ -308,6 +309,7 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
   for (int variant = 0; variant < 2; ++variant) {
     const auto m =
         test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, /*dsa_decode_ops=*/variant == 0);
+    Workspace ws(&m->backend());
     const CachePlan plan = m->cache_plan();
     const bool kda = plan.kda_state_rows > 0;
     auto cache = m->new_cache(12);
@@ -321,7 +323,7 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
       seqs[i] = random_prompt(6 + 5 * i, 20 + static_cast<uint32_t>(i), c.vocab_size);
       std::vector<float> l;
       const SequenceInput in{cache.get(), blocks[i], kda ? 9 + i : -1, 0, seqs[i], false};
-      m->forward(std::span<const SequenceInput>(&in, 1), l);
+      m->forward(std::span<const SequenceInput>(&in, 1), l, ws);
       done[i] = static_cast<int64_t>(seqs[i].size());
       next[i] = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
     }
@@ -332,7 +334,7 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
                          std::span<const int32_t>(&next[i], 1), false});
       }
       std::vector<float> l;
-      m->forward(batch, l);
+      m->forward(batch, l, ws);
       logits[variant].push_back(l);
       std::vector<int32_t> out;
       for (int i = 0; i < kSeqs; ++i) {

@@ -1,7 +1,7 @@
 // The CPU logits processors and log-probabilities (kernels/logits): each op exactly on
 // hand-computed rows (penalty signs, repeated counts, bias then ban, the mask fallback,
-// ranks with ties, NaN and -inf), its refusals, and equality with the CPU engine's
-// per-request processors (engine/logits_processor.h) and logprob definition on random rows.
+// ranks with ties, NaN and -inf), its refusals, and equality on random rows with a plain
+// per-row statement of each processor's definition (vLLM's) and of the logprob.
 #include "kernels/logits/cpu.h"
 
 #include <algorithm>
@@ -19,7 +19,6 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
-#include "engine/logits_processor.h"
 #include "engine/sampling_params.h"
 #include "kernels/sampling/cpu.h"
 #include "util/error.h"
@@ -399,8 +398,55 @@ std::vector<int32_t> random_ids(int64_t n, int64_t vocab, std::mt19937_64& rng) 
   return ids;
 }
 
+// One row processed as the definitions read, one request at a time: repetition over the
+// distinct prompt + output ids (l > 0 ? l / p : l * p), presence + frequency x count over the
+// outputs, logit_bias added, stop ids and (unless ignore_eos) EOS at -inf while fewer outputs
+// than min_tokens, then a guided mask (ids not allowed at -inf; if no allowed id keeps a
+// finite logit they all get 0; an empty allowed set leaves the row).
+void reference_row(std::span<float> row, const SamplingParams& sp, std::span<const int32_t> prompt,
+                   std::span<const int32_t> outputs, std::span<const int32_t> eos,
+                   const std::vector<uint8_t>& allowed) {
+  const size_t vocab = row.size();
+  if (sp.repetition_penalty != 1.0f) {
+    std::vector<bool> seen(vocab, false);
+    for (int32_t id : prompt) seen[id] = true;
+    for (int32_t id : outputs) seen[id] = true;
+    for (size_t i = 0; i < vocab; ++i) {
+      if (seen[i])
+        row[i] = row[i] > 0.0f ? row[i] / sp.repetition_penalty : row[i] * sp.repetition_penalty;
+    }
+  }
+  std::vector<int64_t> count(vocab, 0);
+  for (int32_t id : outputs) ++count[id];
+  for (size_t i = 0; i < vocab; ++i) {
+    if (count[i] > 0) {
+      row[i] -= sp.presence_penalty + sp.frequency_penalty * static_cast<float>(count[i]);
+    }
+  }
+  for (const auto& [id, bias] : sp.logit_bias) row[id] += bias;
+  if (static_cast<int64_t>(outputs.size()) < sp.min_tokens) {
+    for (int32_t id : sp.stop_token_ids) row[id] = -kInf;
+    if (!sp.ignore_eos) {
+      for (int32_t id : eos) row[id] = -kInf;
+    }
+  }
+  if (std::find(allowed.begin(), allowed.end(), uint8_t{1}) == allowed.end()) return;
+  bool finite = false;
+  for (size_t i = 0; i < vocab; ++i) {
+    if (allowed[i] == 0) {
+      row[i] = -kInf;
+    } else {
+      finite = finite || row[i] > -kInf;
+    }
+  }
+  if (finite) return;
+  for (size_t i = 0; i < vocab; ++i) {
+    if (allowed[i] != 0) row[i] = 0.0f;
+  }
+}
+
 // The runner's processor sequence (params.h: penalties, bias, bans, mask) on a batch equals
-// apply_logits_processors then apply_allowed_tokens applied to each row by the CPU engine.
+// reference_row applied to each row.
 TEST(LogitsEngine, ProcessorsEqualTheEngineOnRandomRows) {
   std::mt19937_64 rng(11);
   const std::vector<int32_t> eos = {0, 2};
@@ -446,8 +492,7 @@ TEST(LogitsEngine, ProcessorsEqualTheEngineOnRandomRows) {
         }
 
         const std::span<float> row(want.data() + i * vocab, vocab);
-        apply_logits_processors(row, {&sp, prompt, outputs, eos});
-        if (!allowed.empty()) apply_allowed_tokens(row, allowed);
+        reference_row(row, sp, prompt, outputs, eos, allowed);
 
         state.repetition[pr] = sp.repetition_penalty;
         state.presence[pr] = sp.presence_penalty;

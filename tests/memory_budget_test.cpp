@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "model/model.h"
+#include "model/workspace.h"
 
 namespace hyserve {
 namespace {
@@ -23,9 +24,14 @@ std::unique_ptr<Model> load_tiny() {
   return Model::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", options);
 }
 
-// Prefills kContext - 1 tokens in steps of kStepTokens, then decodes one token at kContext.
-void run_to_full_context(const Model& model) {
+// Prefills kContext - 1 tokens in steps of kStepTokens, then decodes one token at kContext,
+// in a workspace reserved to `reserve` bytes first; returns that workspace.
+std::unique_ptr<Workspace> run_to_full_context(const Model& model, size_t reserve,
+                                               size_t& reserved) {
   SequenceState s = model.new_sequence(kContext);
+  s.workspace = std::make_unique<Workspace>(&model.backend());
+  s.workspace->reserve(reserve);
+  reserved = s.workspace->capacity_bytes();
   std::vector<float> logits;
   for (int64_t done = 0; done < kContext - 1;) {
     const int64_t n = std::min(kStepTokens, kContext - 1 - done);
@@ -35,6 +41,7 @@ void run_to_full_context(const Model& model) {
   }
   const std::vector<int32_t> one = {9};
   model.forward(one, s, logits);
+  return std::move(s.workspace);
 }
 
 size_t warm_up(const Model& model) {
@@ -42,7 +49,7 @@ size_t warm_up(const Model& model) {
   const std::vector<int32_t> tokens(static_cast<size_t>(kStepTokens), 5);
   std::vector<float> logits;
   model.forward(tokens, warm, logits);
-  return model.workspace().capacity_bytes();
+  return warm.workspace->capacity_bytes();
 }
 
 TEST(MemoryBudget, ReservedScratchHoldsEveryStepUpToTheLongestContext) {
@@ -51,19 +58,19 @@ TEST(MemoryBudget, ReservedScratchHoldsEveryStepUpToTheLongestContext) {
   const size_t profiled = warm_up(*model);
   const auto transient = static_cast<size_t>(model->context_transient_bytes(kContext));
   EXPECT_GT(transient, 0u);
-  model->workspace().reserve(profiled + transient);
-  const size_t reserved = model->workspace().capacity_bytes();
-  run_to_full_context(*model);
-  EXPECT_EQ(model->workspace().capacity_bytes(), reserved);
-  EXPECT_EQ(model->workspace().num_blocks(), 1u);
+  size_t reserved = 0;
+  const auto ws = run_to_full_context(*model, profiled + transient, reserved);
+  EXPECT_GE(reserved, profiled + transient);
+  EXPECT_EQ(ws->capacity_bytes(), reserved);
+  EXPECT_EQ(ws->num_blocks(), 1u);
 }
 
 TEST(MemoryBudget, WithoutTheContextTermAFullContextStepGrowsTheScratch) {
   const auto model = load_tiny();
   const size_t profiled = warm_up(*model);
-  model->workspace().reserve(profiled);
-  run_to_full_context(*model);
-  EXPECT_GT(model->workspace().capacity_bytes(), profiled);
+  size_t reserved = 0;
+  const auto ws = run_to_full_context(*model, profiled, reserved);
+  EXPECT_GT(ws->capacity_bytes(), profiled);
 }
 
 }  // namespace

@@ -96,6 +96,8 @@ class Backend {
   virtual void replay_graph(int64_t id) {
     HYSERVE_THROW(InvalidArgument, "this backend has no graphs (graph ", id, ")");
   }
+  // Frees graph `id` (none captured: nothing to do).
+  virtual void release_graph(int64_t /*id*/) {}
 
   // Ops (MODEL.md); each forwards to the device's kernel for that Params struct.
   virtual void linear(const LinearParams& p) = 0;

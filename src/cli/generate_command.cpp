@@ -51,11 +51,11 @@ int run_generate(const GenerateArgs& a) {
           " is outside the vocabulary [0, ", c.vocab_size, ")");
   }
   const int64_t max_len = static_cast<int64_t>(a.prompt_ids.size()) + a.max_tokens;
-  if (a.device == "cuda" && !a.enforce_eager) model->enable_decode_graphs(1, max_len);
 
   EngineConfig ec;
   ec.scheduler.max_num_seqs = 1;
   ec.scheduler.max_model_len = max_len;
+  if (a.device == "cuda" && !a.enforce_eager) ec.decode_graph_max_batch = 1;
   Engine engine(std::move(model), ec);
   std::string last_hash;
   engine.set_logits_observer(

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "core/cuda/device_buffer.h"
 #include "engine/engine.h"
+#include "engine/model_runner.h"
 #include "kv/cache_format.h"
 #include "kv/memory_plan.h"
 #include "model/model.h"
@@ -60,12 +61,13 @@ int device_count_or_zero() {
 // The KV pool, by the memory planner (kv/memory_plan.h; `hyserve info` prints the same
 // plan). --kv-cache-memory-bytes when given. Otherwise, on the GPU, vLLM's method: a warm-up
 // step of max_num_batched_tokens tokens sizes the activations, the workspaces and the
-// per-weight device tables, the model's workspace is then reserved with the indexer's score
-// chunk grown to a max_model_len context, the op scratch is grown to a DSA decode step of
-// max_num_seqs sequences (FP8 latent), and the pool gets what --gpu-memory-utilization of
-// the device leaves. On the CPU: what max_num_seqs requests of max_model_len tokens need,
+// per-weight device tables; the runner's workspace will be reserved to that step's plus the
+// indexer's score chunk grown to a max_model_len context (ec.workspace_bytes), the op
+// scratch is grown to a DSA decode step of max_num_seqs sequences (FP8 latent), and the
+// pool gets what --gpu-memory-utilization of the device leaves after those and the runner's
+// buffers. On the CPU: what max_num_seqs requests of max_model_len tokens need,
 // at most 4 GiB.
-MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, const EngineConfig& ec,
+MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, EngineConfig& ec,
                         const std::string& device) {
   const CachePlan plan = model.cache_plan(ec.min_block_size);
   const SchedulerConfig& sc = ec.scheduler;
@@ -83,16 +85,23 @@ MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, const EngineConf
         static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
     std::vector<float> logits;
     model.forward(tokens, warm, logits);
+    // The engine's runner reserves its workspace to this, once, before its first step.
+    ec.workspace_bytes = warm.workspace->capacity_bytes() +
+                         static_cast<size_t>(model.context_transient_bytes(sc.max_model_len));
   }
-  model.workspace().reserve(model.workspace().capacity_bytes() +
-                            static_cast<size_t>(model.context_transient_bytes(sc.max_model_len)));
   // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.
   model.reserve_decode_scratch(sc.max_num_seqs, sc.max_model_len);
 #ifdef HYSERVE_WITH_CUDA
   if (device == "cuda") {
     const cuda::MemoryInfo m = cuda::memory_info();
     budget.gpu_memory_bytes = static_cast<int64_t>(m.total_bytes);
-    budget.reserve_bytes = static_cast<int64_t>(m.total_bytes - m.free_bytes);
+    // In use now (weights, op workspaces, the decode scratch), plus what the engine takes
+    // before its first step: the runner's workspace and buffers.
+    budget.reserve_bytes = static_cast<int64_t>(m.total_bytes - m.free_bytes) +
+                           static_cast<int64_t>(ec.workspace_bytes) +
+                           ModelRunner::device_bytes(model.config().vocab_size, sc.max_num_seqs,
+                                                     sc.max_num_batched_tokens,
+                                                     plan.blocks_for_tokens(sc.max_model_len));
   }
 #endif
   const MemoryPlan mp = plan_memory(plan, budget);
@@ -167,18 +176,19 @@ int run_serve(const ServeArgs& a) {
   ec.num_blocks = static_cast<int32_t>(memory.num_blocks);
   // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
   if (device == "cuda" && !a.enforce_eager) {
-    model->enable_decode_graphs(std::min<int64_t>(ec.scheduler.max_num_seqs, 256),
-                                ec.scheduler.max_model_len);
+    ec.decode_graph_max_batch = std::min<int64_t>(ec.scheduler.max_num_seqs, 256);
   }
   const int64_t num_blocks = ec.num_blocks;
   const CachePlan kv_plan = model->cache_plan(ec.min_block_size);
   const int64_t block_size = kv_plan.block_size;
-  // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit.
-  std::printf(
-      "hyserve: %s (max_model_len); model workspace %.2f GiB reserved (score chunk sized for "
-      "max_model_len)\n",
-      format_memory_summary(kv_plan, memory).c_str(),
-      static_cast<double>(model->workspace().capacity_bytes()) / (1024.0 * 1024.0 * 1024.0));
+  // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit;
+  // then which kernels each layer runs.
+  log::info(
+      "{} (max_model_len); workspace {:.2f} GiB reserved (score chunk sized for "
+      "max_model_len)",
+      format_memory_summary(kv_plan, memory),
+      static_cast<double>(ec.workspace_bytes) / (1024.0 * 1024.0 * 1024.0));
+  for (const std::string& line : model->kernel_plan()) log::info("kernel plan: {}", line);
   Engine engine(std::move(model), ec);
   engine.start();
 

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
-#include <cstdio>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -15,6 +14,7 @@
 #include <unordered_set>
 
 #include "util/error.h"
+#include "util/log.h"
 
 namespace hyserve {
 namespace {
@@ -41,6 +41,9 @@ struct Engine::Impl {
     std::chrono::steady_clock::time_point arrival;  // when add_request was called
     bool scheduled_once = false;
     double queue_time_s = 0.0;  // arrival to first scheduling
+    double ttft_s = -1.0;       // arrival to the first generated token (-1: none yet)
+    int64_t num_output_tokens = 0;
+    int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied
   };
   // An add or an abort from any thread, applied at the start of the next step.
   struct Command {
@@ -63,7 +66,8 @@ struct Engine::Impl {
         cache(m.new_cache(kv.num_blocks, c.min_block_size)),
         runner(m, *cache,
                {c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens,
-                c.scheduler.eos_token_ids}) {}
+                c.scheduler.eos_token_ids, c.scheduler.max_model_len, c.decode_graph_max_batch,
+                c.workspace_bytes}) {}
 
   void apply_incoming(std::vector<Delivery>& out);
   // schedule -> execute -> update -> deliver (the outputs go to `out`).
@@ -75,6 +79,8 @@ struct Engine::Impl {
                        const std::vector<RequestUpdate>& updates,
                        const std::unordered_map<std::string, int64_t>& num_cached,
                        std::vector<Delivery>& out);
+  // The log line of a finished request (vLLM's: id, tokens, queue time, TTFT, end to end).
+  static void log_finished(const std::string& id, const Live& l, const std::string& reason);
   // Finishes every queued and admitted request with `reason` (scheduler untouched when dead).
   void abort_all(std::vector<Delivery>& out, const std::string& reason, bool dead);
   void forget(const std::string& id);
@@ -128,7 +134,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       try {
         scheduler.add_request(std::move(c.request));
       } catch (const Error& e) {
-        std::fprintf(stderr, "engine: request %s refused at admission: %s\n", id.c_str(), e.what());
+        log::warn("engine: request {} refused at admission: {}", id, e.what());
         out.push_back({l.on_output, finished_output(id, l.num_prompt_tokens, "abort")});
         std::lock_guard lock(mu);
         ids.erase(id);
@@ -141,6 +147,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       if (it == live.end() || !scheduler.abort_request(c.request_id)) continue;
       out.push_back({it->second.on_output,
                      finished_output(c.request_id, it->second.num_prompt_tokens, c.reason)});
+      log_finished(c.request_id, it->second, c.reason);
       forget(c.request_id);
     }
   }
@@ -183,6 +190,17 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   return applied || !scheduled.requests.empty();
 }
 
+void Engine::Impl::log_finished(const std::string& id, const Live& l, const std::string& reason) {
+  const double e2e =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
+  log::info(
+      "finished request {}: reason {}, prompt tokens {} ({} cached), generated tokens {}, queue "
+      "{:.3f} s, TTFT {}, end to end {:.3f} s",
+      id, reason, l.num_prompt_tokens, l.num_cached_tokens, l.num_output_tokens,
+      l.scheduled_once ? l.queue_time_s : e2e,
+      l.ttft_s >= 0.0 ? fmt::format("{:.3f} s", l.ttft_s) : std::string("-"), e2e);
+}
+
 void Engine::Impl::note_scheduled(const SchedulerOutput& scheduled) {
   const auto now = std::chrono::steady_clock::now();
   for (const ScheduledRequest& s : scheduled.requests) {
@@ -214,6 +232,11 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
     const auto it = result.requests.find(u.request_id);
     const std::optional<OutputToken>* sampled =
         it != result.requests.end() ? &it->second.sampled : nullptr;
+    if (!u.new_token_ids.empty() && l.ttft_s < 0.0) {
+      l.ttft_s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
+    }
+    l.num_output_tokens += std::ssize(u.new_token_ids);
     for (int32_t token : u.new_token_ids) {
       o.new_tokens.push_back(sampled && *sampled && (*sampled)->token == token
                                  ? **sampled
@@ -227,6 +250,7 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
     o.num_prompt_tokens = l.num_prompt_tokens;
     if (const auto c = num_cached.find(u.request_id); c != num_cached.end()) {
       o.num_cached_tokens = c->second;
+      l.num_cached_tokens = c->second;
     }
     if (is_finished(u.status)) {
       o.finished = true;
@@ -239,7 +263,10 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
       }
     }
     out.push_back({l.on_output, std::move(o)});
-    if (is_finished(u.status)) forget(u.request_id);
+    if (is_finished(u.status)) {
+      log_finished(u.request_id, l, to_string(u.status));
+      forget(u.request_id);
+    }
   }
 }
 
@@ -257,6 +284,7 @@ void Engine::Impl::abort_all(std::vector<Delivery>& out, const std::string& reas
   for (auto& [id, l] : live) {
     if (!dead) scheduler.abort_request(id);
     out.push_back({l.on_output, finished_output(id, l.num_prompt_tokens, reason)});
+    log_finished(id, l, reason);
   }
   live.clear();
   has_work = false;
@@ -283,8 +311,7 @@ void Engine::Impl::deliver(std::vector<Delivery>& out) {
     try {
       d.on_output(d.output);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "engine: output callback of %s threw: %s\n", d.output.request_id.c_str(),
-                   e.what());
+      log::error("engine: output callback of {} threw: {}", d.output.request_id, e.what());
     }
   }
 }
@@ -384,7 +411,7 @@ bool Engine::step() {
     try {
       did = impl_->run_step(out);
     } catch (const std::exception& e) {
-      std::fprintf(stderr, "engine: step failed, aborting every request: %s\n", e.what());
+      log::error("engine: step failed, aborting every request: {}", e.what());
       dead_ = true;
       out.clear();
       impl_->abort_all(out, "abort", true);
@@ -427,6 +454,15 @@ void Engine::stop() {
 
 void Engine::set_logits_observer(LogitsObserver fn) {
   impl_->runner.set_logits_observer(std::move(fn));
+}
+
+const ModelRunner& Engine::runner() const {
+  return impl_->runner;
+}
+
+void Engine::freeze_memory() {
+  impl_->runner.freeze_workspace();
+  model_->backend().freeze();
 }
 
 EngineStats Engine::stats() const {

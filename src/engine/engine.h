@@ -34,6 +34,12 @@ struct EngineConfig {
   bool enable_prefix_caching = false;
   SnapshotPolicy snapshot_policy;              // KDA snapshots kept for prefix hits
   std::vector<std::string> prefix_extra_keys;  // e.g. the served model id
+  // Decode batches of up to this many sequences replay CUDA graphs (backends with graphs;
+  // 0: every step eager). serve: min(max_num_seqs, 256) unless --enforce-eager.
+  int64_t decode_graph_max_batch = 0;
+  // The forward's workspace is reserved to this at start (a profiled step plus the
+  // context's transient buffers), so that steps never grow it; 0: grown on demand.
+  size_t workspace_bytes = 0;
 };
 
 struct RequestOutput {
@@ -87,6 +93,12 @@ class Engine {
   // Debugging: receives the raw logits row each sampled token is drawn from (a download per
   // row; `hyserve generate` hashes them). Set before the engine starts.
   void set_logits_observer(LogitsObserver fn);
+  // The model runner (its workspace, its decode step's graphs and uploads). Engine thread
+  // only: before start() or between step() calls.
+  const ModelRunner& runner() const;
+  // From here on no step allocates device memory: the runner's workspace and the backend
+  // are frozen (a step that would grow them fails). Before start().
+  void freeze_memory();
   EngineStats stats() const;
 
  private:

@@ -42,7 +42,7 @@ struct ModelRunner::Sampling {
 };
 
 int64_t ModelRunner::device_bytes(int64_t vocab, int64_t max_num_seqs,
-                                  int64_t max_num_batched_tokens) {
+                                  int64_t max_num_batched_tokens, int64_t decode_table_width) {
   const int64_t words = token_mask_words(vocab);
   const int64_t lp_rows = std::max(max_num_seqs, max_num_batched_tokens);
   return 2 * max_num_seqs * vocab * 4                                          // raw, work
@@ -50,7 +50,8 @@ int64_t ModelRunner::device_bytes(int64_t vocab, int64_t max_num_seqs,
          + (max_num_seqs + 1) * (12 + vocab * 4 + words * 4)                   // penalty state
          + max_num_seqs * words * 4                                            // masks
          + max_num_seqs * 4                                                    // mask rows
-         + lp_rows * (4 + 4 + 4 + 8 + 8 * kMaxTopLogprobs);  // logprob targets and outputs
+         + lp_rows * (4 + 4 + 4 + 8 + 8 * kMaxTopLogprobs)  // logprob targets and outputs
+         + DecodeStep::device_bytes(vocab, max_num_seqs, decode_table_width);
 }
 
 ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig config)
@@ -58,7 +59,11 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
       backend_(model.backend()),
       cache_(cache),
       config_(std::move(config)),
+      ws_(&backend_),
+      decode_(model, cache, ws_,
+              {config_.max_num_seqs, config_.max_model_len, config_.graph_max_batch}),
       vocab_(model.config().vocab_size) {
+  if (config_.workspace_bytes > 0) ws_.reserve(config_.workspace_bytes);
   CHECK(config_.max_num_seqs >= 1 && config_.max_num_batched_tokens >= 1,
         "model runner: max_num_seqs ", config_.max_num_seqs, ", max_num_batched_tokens ",
         config_.max_num_batched_tokens);
@@ -471,7 +476,8 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
       index.push_back(i);
     }
     if (batch.empty()) continue;
-    const float* logits = model_.forward_logits(batch);
+    const float* logits =
+        decode_.accepts(batch) ? decode_.run(batch) : model_.forward_logits(batch, ws_);
     // Prompt logprobs of the rows that asked, from this forward's logits.
     for (size_t i : index) {
       if (!inputs[i].all_logits) continue;

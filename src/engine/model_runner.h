@@ -10,8 +10,13 @@
 //   prompt's token mask [rows, ceil(vocab / 32)] (uploaded once when the row is taken)
 //   sampling options, sampled ids, logprob outputs, masks and sparse adjustments
 //
+// The forward's workspace and the decode step (engine/decode_step.h: persistent block
+// tables copied only where they change, CUDA graphs per batch bucket) are the runner's too:
+// the model keeps no state between forwards.
+//
 // A step (execute): KDA state rows zeroed or restored from a prefix hit's snapshot; the
-// forward over the scheduled tokens at the scheduler's slot mapping (two forwards in
+// forward over the scheduled tokens at the scheduler's slot mapping (a decode batch on the
+// decode step, anything else through Model::forward_logits; two forwards in
 // batch-invariant mode when prefill chunks and decode tokens mix); snapshots for later
 // prefix hits; prompt logprobs of the rows that asked; the sampling rows gathered; then on
 // the device: penalties, logit_bias, min_tokens bans, guided-decoding masks, sampling, the
@@ -33,9 +38,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "engine/decode_step.h"
 #include "engine/scheduler.h"
 #include "guided/token_constraint.h"
 #include "model/model.h"
+#include "model/workspace.h"
 
 namespace hyserve {
 
@@ -56,6 +63,9 @@ struct ModelRunnerConfig {
   int64_t max_num_seqs = 256;             // rows that sample in one step at most
   int64_t max_num_batched_tokens = 8192;  // tokens of one step at most
   std::vector<int32_t> eos_token_ids;     // banned before min_tokens unless ignore_eos
+  int64_t max_model_len = 4096;           // tokens of one sequence at most
+  int64_t graph_max_batch = 0;            // CUDA graphs for decode batches up to this (0: none)
+  size_t workspace_bytes = 0;             // the forward's workspace reserved to this at start
 };
 
 // One request's results of a step.
@@ -82,8 +92,10 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  // Device bytes the runner's buffers take for these sizes (memory planning).
-  static int64_t device_bytes(int64_t vocab, int64_t max_num_seqs, int64_t max_num_batched_tokens);
+  // Device bytes the runner's buffers take for these sizes (memory planning), its workspace
+  // aside; decode_table_width: block-table entries of a max_model_len sequence.
+  static int64_t device_bytes(int64_t vocab, int64_t max_num_seqs, int64_t max_num_batched_tokens,
+                              int64_t decode_table_width);
 
   // A request the engine accepted: its sampling seed and, with guided decoding, its
   // constraint (advanced over the request's outputs only, so a recompute after preemption
@@ -97,6 +109,11 @@ class ModelRunner {
   RunnerStepResult execute(const SchedulerOutput& scheduled, const Scheduler& scheduler);
 
   void set_logits_observer(LogitsObserver fn) { observer_ = std::move(fn); }
+
+  // The forward's scratch (memory accounting) and the decode step (its graphs, its uploads).
+  const Workspace& workspace() const { return ws_; }
+  void freeze_workspace() { ws_.freeze(); }
+  const DecodeStep& decode_step() const { return decode_; }
 
  private:
   struct RequestState {
@@ -127,6 +144,8 @@ class ModelRunner {
   Backend& backend_;
   KvCache& cache_;
   ModelRunnerConfig config_;
+  Workspace ws_;       // every forward's scratch
+  DecodeStep decode_;  // batched decode steps: persistent inputs and graphs (reads ws_)
   int64_t vocab_ = 0;
   std::unordered_map<std::string, RequestState> requests_;
   LogitsObserver observer_;

@@ -33,7 +33,7 @@ struct MemoryBudget {
   // device holds after loading and the warm-up step (weights included, weight_bytes 0).
   int64_t reserve_bytes = 0;
   int64_t context_tokens = int64_t{1} << 20;  // one full context (serve: max_model_len)
-  SnapshotPolicy snapshots;
+  SnapshotPolicy snapshots = {};
   int64_t kv_cache_memory_bytes = 0;  // > 0: the pool's bytes outright (rule 1)
   int64_t max_num_seqs = 1;           // rule 3: the pool holds this many full requests
 };

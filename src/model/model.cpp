@@ -49,26 +49,6 @@ int64_t slot_of(const SequenceInput& in, size_t j, int64_t block_size) {
   return slot_index(in.blocks.data(), block_size, in.num_computed + static_cast<int64_t>(j));
 }
 
-// A decode batch's block tables as `rows` rows of `width` blocks, its KDA state rows and
-// its key counts (num_computed + 1); columns past a sequence's blocks, and rows past the
-// batch, hold pad_block (padding rows: one key, position 0).
-struct DecodeTables {
-  std::vector<int32_t> tables, state_rows, seq_lens;
-};
-DecodeTables decode_tables(std::span<const SequenceInput> batch, int64_t rows, int64_t width,
-                           int32_t pad_block) {
-  DecodeTables d;
-  d.tables.assign(static_cast<size_t>(rows * width), pad_block);
-  d.state_rows.assign(static_cast<size_t>(rows), pad_block);
-  d.seq_lens.assign(static_cast<size_t>(rows), 1);
-  for (size_t i = 0; i < batch.size(); ++i) {
-    std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), d.tables.begin() + i * width);
-    if (batch[i].state_block >= 0) d.state_rows[i] = batch[i].state_block;
-    d.seq_lens[i] = static_cast<int32_t>(batch[i].num_computed + 1);
-  }
-  return d;
-}
-
 }  // namespace
 
 std::string Model::layer_name(int64_t layer, const char* what) {
@@ -80,8 +60,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     : config_(std::move(config)),
       source_(std::move(source)),
       options_(options),
-      backend_(std::move(backend)),
-      workspace_(backend_.get()) {
+      backend_(std::move(backend)) {
   // The cache formats first: a refused one costs no weight loading.
   const LatentCacheDtype latent = options_.latent_cache;
   CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
@@ -234,8 +213,8 @@ void Model::linear_into(const float* x, int64_t num_tokens, const Weight& w, flo
   backend_->linear(p);
 }
 
-float* Model::linear(const float* x, int64_t num_tokens, const Weight& w) const {
-  float* y = workspace_.floats(num_tokens * w.rows);
+float* Model::linear(Pass& pass, const float* x, int64_t num_tokens, const Weight& w) const {
+  float* y = pass.ws.floats(num_tokens * w.rows);
   linear_into(x, num_tokens, w, y);
   return y;
 }
@@ -254,16 +233,18 @@ void Model::rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, do
 
 void Model::forward(std::span<const int32_t> tokens, SequenceState& state,
                     std::vector<float>& logits, bool all_positions) const {
+  if (!state.workspace) state.workspace = std::make_unique<Workspace>(backend_.get());
   const SequenceInput in = prepare(state, tokens, all_positions);
-  forward(std::span<const SequenceInput>(&in, 1), logits);
+  forward(std::span<const SequenceInput>(&in, 1), logits, *state.workspace);
   state.num_tokens += static_cast<int64_t>(tokens.size());
 }
 
-void Model::forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+void Model::forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits,
+                          Workspace& ws) const {
   std::vector<SequenceInput> part[2];  // 0: prefill chunks, 1: decode tokens
   for (const SequenceInput& in : batch) part[in.prefill ? 0 : 1].push_back(in);
   std::vector<float> part_logits[2];
-  for (int i = 0; i < 2; ++i) forward(part[i], part_logits[i]);
+  for (int i = 0; i < 2; ++i) forward(part[i], part_logits[i], ws);
   // Rows back in batch order.
   const auto vocab = static_cast<size_t>(config_.vocab_size);
   logits.clear();
@@ -293,124 +274,145 @@ bool Model::mixes_prefill_and_decode(std::span<const SequenceInput> batch) const
          !std::all_of(batch.begin(), batch.end(), is_prefill);
 }
 
-void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const {
+bool Model::is_batched_decode(std::span<const SequenceInput> batch) const {
+  return !batch.empty() && std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
+    return in.tokens.size() == 1 && in.cache == batch[0].cache &&
+           !(options_.batch_invariant && in.prefill);
+  });
+}
+
+void Model::forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
+                    Workspace& ws) const {
   if (mixes_prefill_and_decode(batch)) {
-    forward_split(batch, logits);
+    forward_split(batch, logits, ws);
     return;
   }
-  const float* dev = forward_logits(batch);
+  const float* dev = forward_logits(batch, ws);
   logits.resize(static_cast<size_t>(num_logit_rows(batch) * config_.vocab_size));
   backend_->download(logits.data(), dev, logits.size() * 4);
 }
 
-const float* Model::forward_logits(std::span<const SequenceInput> batch) const {
+void Model::check_input(const SequenceInput& in, size_t i) const {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size;
+  CHECK(in.cache != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
+  CHECK(in.slots.empty() || in.slots.size() == in.tokens.size(), "sequence ", i, ": ",
+        in.slots.size(), " slots for ", in.tokens.size(), " tokens");
+  const CachePlan& plan = in.cache->plan();
+  CHECK(plan.options.latent == cache_options_.latent &&
+            plan.options.index == cache_options_.index && plan.options.tp == 1 &&
+            plan.options.dcp == 1 &&
+            static_cast<int64_t>(plan.pages.size()) == c.num_mla_layers() &&
+            static_cast<int64_t>(plan.kda_pages.size()) == c.num_kda_layers(),
+        "sequence ", i, ": its KV cache was made for another model or cache format");
+  const int64_t bs = plan.block_size;
+  const int64_t end = in.num_computed + static_cast<int64_t>(in.tokens.size());
+  CHECK(in.num_computed >= 0 && static_cast<int64_t>(in.blocks.size()) * bs >= end, "sequence ", i,
+        ": ", in.blocks.size(), " blocks of ", bs, " tokens cannot hold ", end, " tokens");
+  CHECK(
+      plan.kda_state_rows == 0 || (in.state_block >= 0 && in.state_block < in.cache->num_blocks()),
+      "sequence ", i, ": KDA state block ", in.state_block, " outside the pool");
+  for (int32_t b : in.blocks) {
+    CHECK(b >= 0 && b < in.cache->num_blocks(), "sequence ", i, ": block ", b,
+          " outside the pool of ", in.cache->num_blocks());
+  }
+  for (size_t j = 0; j < in.tokens.size(); ++j) {
+    CHECK(in.tokens[j] >= 0 && in.tokens[j] < c.vocab_size, "token id ", in.tokens[j],
+          " at position ", j, " is outside the vocabulary [0, ", c.vocab_size, ")");
+  }
+}
+
+const float* Model::forward_logits(std::span<const SequenceInput> batch, Workspace& ws) const {
   CHECK(!mixes_prefill_and_decode(batch),
         "batch-invariant forward: a batch mixes prefill chunks and decode tokens; run them as "
         "two forwards");
   CHECK(!batch.empty(), "forward needs at least one sequence");
 
-  // Host-side layout of the batch: token offsets, ids, positions, cache slots, block
-  // tables, logit rows.
+  // Host-side layout of the batch: token offsets, ids, positions, cache slots, block tables.
   std::vector<int64_t> offset(batch.size() + 1, 0);
   std::vector<int32_t> ids;
   std::vector<int64_t> pos, slots;
   std::vector<int32_t> tables;
   std::vector<int64_t> table_offset;
-  int64_t num_rows = 0;
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
-    CHECK(in.cache != nullptr && !in.tokens.empty(), "sequence ", i, " of the batch has no tokens");
-    CHECK(in.slots.empty() || in.slots.size() == in.tokens.size(), "sequence ", i, ": ",
-          in.slots.size(), " slots for ", in.tokens.size(), " tokens");
-    const CachePlan& plan = in.cache->plan();
-    CHECK(plan.options.latent == cache_options_.latent &&
-              plan.options.index == cache_options_.index && plan.options.tp == 1 &&
-              plan.options.dcp == 1 &&
-              static_cast<int64_t>(plan.pages.size()) == c.num_mla_layers() &&
-              static_cast<int64_t>(plan.kda_pages.size()) == c.num_kda_layers(),
-          "sequence ", i, ": its KV cache was made for another model or cache format");
-    const int64_t bs = plan.block_size;
-    const int64_t end = in.num_computed + static_cast<int64_t>(in.tokens.size());
-    CHECK(in.num_computed >= 0 && static_cast<int64_t>(in.blocks.size()) * bs >= end, "sequence ",
-          i, ": ", in.blocks.size(), " blocks of ", bs, " tokens cannot hold ", end, " tokens");
-    CHECK(plan.kda_state_rows == 0 ||
-              (in.state_block >= 0 && in.state_block < in.cache->num_blocks()),
-          "sequence ", i, ": KDA state block ", in.state_block, " outside the pool");
-    for (int32_t b : in.blocks) {
-      CHECK(b >= 0 && b < in.cache->num_blocks(), "sequence ", i, ": block ", b,
-            " outside the pool of ", in.cache->num_blocks());
-    }
+    check_input(in, i);
+    const int64_t bs = in.cache->plan().block_size;
     for (size_t j = 0; j < in.tokens.size(); ++j) {
-      CHECK(in.tokens[j] >= 0 && in.tokens[j] < c.vocab_size, "token id ", in.tokens[j],
-            " at position ", j, " is outside the vocabulary [0, ", c.vocab_size, ")");
-      const int64_t p = in.num_computed + static_cast<int64_t>(j);
       ids.push_back(in.tokens[j]);
-      pos.push_back(p);
+      pos.push_back(in.num_computed + static_cast<int64_t>(j));
       slots.push_back(slot_of(in, j, bs));
     }
     table_offset.push_back(static_cast<int64_t>(tables.size()));
     tables.insert(tables.end(), in.blocks.begin(), in.blocks.end());
     offset[i + 1] = offset[i] + static_cast<int64_t>(in.tokens.size());
-    num_rows += in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
   }
   const int64_t t = offset.back();
-  const bool batched_decode = std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
-    return in.tokens.size() == 1 && in.cache == batch[0].cache &&
-           !(options_.batch_invariant && in.prefill);
-  });
-  if (batched_decode) {
-    if (const float* graph_logits = forward_graph(batch)) return graph_logits;
-  }
 
-  workspace_.reset();
-  int32_t* ids_dev = workspace_.ints(t);
-  int64_t* pos_dev = workspace_.longs(t);
-  int64_t* slots_dev = workspace_.longs(t);
-  int32_t* tables_dev = workspace_.ints(static_cast<int64_t>(tables.size()));
+  ws.reset();
+  int32_t* ids_dev = ws.ints(t);
+  int64_t* pos_dev = ws.longs(t);
+  int64_t* slots_dev = ws.longs(t);
+  int32_t* tables_dev = ws.ints(static_cast<int64_t>(tables.size()));
   backend_->upload(ids_dev, ids.data(), ids.size() * 4);
   backend_->upload(pos_dev, pos.data(), pos.size() * 8);
   backend_->upload(slots_dev, slots.data(), slots.size() * 8);
   backend_->upload(tables_dev, tables.data(), tables.size() * 4);
-  std::vector<Slice> slices;
+  std::vector<SequenceSlice> slices;
   for (size_t i = 0; i < batch.size(); ++i) {
     slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].num_computed, batch[i].cache,
-                      tables_dev + table_offset[i], batch[i].state_block});
+                      tables_dev + table_offset[i], batch[i].state_block, batch[i].all_logits});
   }
-  decode_ = BatchedDecode{};
-  if (batched_decode) {
-    // Block tables padded to one width, and the KDA state rows.
+  DeviceBatch db{ids_dev, pos_dev, slots_dev, t, slices, {}};
+  if (is_batched_decode(batch)) {
+    // Block tables padded to one width, the KDA state rows and the key counts.
     int64_t width = 0, max_keys = 0;
     for (const SequenceInput& in : batch) {
       width = std::max(width, static_cast<int64_t>(in.blocks.size()));
       max_keys = std::max(max_keys, in.num_computed + 1);
     }
     const auto num_seqs = static_cast<int64_t>(batch.size());
-    const DecodeTables dt = decode_tables(batch, num_seqs, width, batch[0].cache->scratch_block());
-    int32_t* padded_dev = workspace_.ints(num_seqs * width);
-    int32_t* rows_dev = workspace_.ints(num_seqs);
-    int32_t* seq_lens_dev = workspace_.ints(num_seqs);
-    backend_->upload(padded_dev, dt.tables.data(), dt.tables.size() * 4);
-    backend_->upload(rows_dev, dt.state_rows.data(), dt.state_rows.size() * 4);
-    backend_->upload(seq_lens_dev, dt.seq_lens.data(), dt.seq_lens.size() * 4);
-    decode_ = {batch[0].cache, padded_dev, width, rows_dev, seq_lens_dev, max_keys};
+    const int32_t pad = batch[0].cache->scratch_block();
+    std::vector<int32_t> padded(static_cast<size_t>(num_seqs * width), pad);
+    std::vector<int32_t> state_rows(static_cast<size_t>(num_seqs), pad);
+    std::vector<int32_t> seq_lens(static_cast<size_t>(num_seqs), 1);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      std::copy(batch[i].blocks.begin(), batch[i].blocks.end(), padded.begin() + i * width);
+      if (batch[i].state_block >= 0) state_rows[i] = batch[i].state_block;
+      seq_lens[i] = static_cast<int32_t>(batch[i].num_computed + 1);
+    }
+    int32_t* padded_dev = ws.ints(num_seqs * width);
+    int32_t* rows_dev = ws.ints(num_seqs);
+    int32_t* seq_lens_dev = ws.ints(num_seqs);
+    backend_->upload(padded_dev, padded.data(), padded.size() * 4);
+    backend_->upload(rows_dev, state_rows.data(), state_rows.size() * 4);
+    backend_->upload(seq_lens_dev, seq_lens.data(), seq_lens.size() * 4);
+    db.decode = {batch[0].cache, padded_dev, width, rows_dev, seq_lens_dev, max_keys};
   }
+  return forward_device(db, ws);
+}
 
-  const Hidden hidden = run_layers(ids_dev, pos_dev, slots_dev, slices, t);
+const float* Model::forward_device(const DeviceBatch& batch, Workspace& ws,
+                                   float* logits_out) const {
+  const int64_t d = config_.hidden_size;
+  const int64_t t = batch.num_tokens;
+  CHECK(!batch.seqs.empty() && t > 0, "forward needs at least one token");
+  Pass pass{ws, batch.decode};
+  const Hidden hidden = run_layers(pass, batch.ids, batch.pos, batch.slots, batch.seqs, t);
   // logits = lm_head(final_norm(h)) for the rows asked for.
   trace("lm_head");
+  int64_t num_rows = 0;
+  for (const SequenceSlice& s : batch.seqs) num_rows += s.all_logits ? s.n : 1;
   // The last norm of the rows asked for only: every token's (decode steps, all-logits
   // prefill) as they are, else those rows gathered, each AttnRes snapshot's rows with them
   // ([snapshots..., h], each [num_rows, D]; the norm is per token, so the bits are the same).
   Hidden last = hidden;
   if (num_rows != t) {
     const int64_t n = hidden.num_snapshots;
-    float* gathered = workspace_.floats((n + 1) * num_rows * d);
+    float* gathered = ws.floats((n + 1) * num_rows * d);
     int64_t r = 0;
-    for (size_t i = 0; i < batch.size(); ++i) {
-      const int64_t first = batch[i].all_logits ? offset[i] : offset[i + 1] - 1;
-      const int64_t count = batch[i].all_logits ? offset[i + 1] - offset[i] : 1;
+    for (const SequenceSlice& s : batch.seqs) {
+      const int64_t first = s.all_logits ? s.offset : s.offset + s.n - 1;
+      const int64_t count = s.all_logits ? s.n : 1;
       for (int64_t j = 0; j <= n; ++j) {
         const float* src = j < n ? hidden.snapshots + j * t * d : hidden.h;
         backend_->copy(gathered + (j * num_rows + r) * d, src + first * d,
@@ -420,11 +422,12 @@ const float* Model::forward_logits(std::span<const SequenceInput> batch) const {
     }
     last = {gathered + n * num_rows * d, gathered, n};
   }
-  float* rows = workspace_.floats(num_rows * d);
+  float* rows = ws.floats(num_rows * d);
   final_norm(last, num_rows, rows);
-  float* logits_dev = linear(rows, num_rows, weights_.lm_head);
-  dump("logits", logits_dev, num_rows, c.vocab_size);
-  return logits_dev;
+  float* logits = logits_out != nullptr ? logits_out : ws.floats(num_rows * config_.vocab_size);
+  linear_into(rows, num_rows, weights_.lm_head, logits);
+  dump("logits", logits, num_rows, config_.vocab_size);
+  return logits;
 }
 
 void Model::attn_res_norm(const Hidden& hs, const Vec& query, const Vec& norm, int64_t t,
@@ -453,19 +456,19 @@ void Model::final_norm(const Hidden& hs, int64_t t, float* y) const {
   }
 }
 
-Model::Hidden Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev,
-                                const int64_t* slots_dev, std::span<const Slice> slices,
+Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_t* pos_dev,
+                                const int64_t* slots_dev, std::span<const SequenceSlice> slices,
                                 int64_t t) const {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
   // h = embed_tokens(ids)
-  float* h = workspace_.floats(t * d);
-  float* x = workspace_.floats(t * d);
-  float* out = workspace_.floats(t * d);
+  float* h = pass.ws.floats(t * d);
+  float* x = pass.ws.floats(t * d);
+  float* out = pass.ws.floats(t * d);
   // Block AttnRes (K3.md §3.2): h is the running prefix sum P of the current block, the
   // bank holds the snapshots [num_snapshots, T, D].
   Hidden hs{h, nullptr, 0};
-  float* bank = c.has_attn_res() ? workspace_.floats(c.num_attn_res_snapshots() * t * d) : nullptr;
+  float* bank = c.has_attn_res() ? pass.ws.floats(c.num_attn_res_snapshots() * t * d) : nullptr;
   hs.snapshots = bank;
   trace("embed");
   backend_->embedding_lookup(weights_.embed, ids_dev, t, h);
@@ -492,13 +495,13 @@ Model::Hidden Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev,
       rms_norm(h, lw.input_norm, t, d, c.rms_norm_eps, x);
     }
     {
-      const Workspace::Mark mark = workspace_.mark();
+      const Workspace::Mark mark = pass.ws.mark();
       if (c.is_kda(layer)) {
-        kda_attention(layer, x, t, slices, out);
+        kda_attention(pass, layer, x, t, slices, out);
       } else {
-        mla_attention(layer, x, t, pos_dev, slots_dev, slices, out);
+        mla_attention(pass, layer, x, t, pos_dev, slots_dev, slices, out);
       }
-      workspace_.rewind(mark);
+      pass.ws.rewind(mark);
     }
     dump(layer_name(layer, "attn_out"), out, t, d);
     if (boundary) {
@@ -513,9 +516,9 @@ Model::Hidden Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev,
     } else {
       rms_norm(h, lw.post_norm, t, d, c.rms_norm_eps, x);
     }
-    const Workspace::Mark mark = workspace_.mark();
-    feed_forward(layer, x, t, out);
-    workspace_.rewind(mark);
+    const Workspace::Mark mark = pass.ws.mark();
+    feed_forward(pass, layer, x, t, out);
+    pass.ws.rewind(mark);
     dump(layer_name(layer, "mlp_out"), out, t, d);
     backend_->add(h, out, t * d);
     dump(layer_name(layer, "hidden"), h, t, d);
@@ -523,126 +526,33 @@ Model::Hidden Model::run_layers(const int32_t* ids_dev, const int64_t* pos_dev,
   return hs;
 }
 
-void Model::enable_decode_graphs(int64_t max_batch, int64_t max_context) {
-  CHECK(max_batch >= 0 && (max_batch == 0 || max_context >= 1), "decode graphs: max_batch ",
-        max_batch, ", max_context ", max_context);
-  graph_max_batch_ = max_batch;
-  graph_max_context_ = max_context;
-}
-
-int64_t Model::num_decode_graphs() const {
-  int64_t n = 0;
-  for (const auto& [shape, g] : graphs_) n += g.captured ? 1 : 0;
-  return n;
-}
-
-const float* Model::forward_graph(std::span<const SequenceInput> batch) const {
-  if (graph_max_batch_ == 0 || !backend_->supports_graphs()) return nullptr;
-  const auto num_seqs = static_cast<int64_t>(batch.size());
-  int64_t max_keys = 0;
-  for (const SequenceInput& in : batch) max_keys = std::max(max_keys, in.num_computed + 1);
-  if (num_seqs > graph_max_batch_ || max_keys > graph_max_context_) return nullptr;
-  int64_t rows = 1;
-  while (rows < num_seqs) rows *= 2;
-  rows = std::min(rows, graph_max_batch_);
-  int64_t context = 4096;
-  while (context < max_keys) context *= 2;
-  context = std::min(context, graph_max_context_);
-
-  KvCache& cache = *batch[0].cache;
-  const CachePlan& plan = cache.plan();
-  const int64_t width = plan.blocks_for_tokens(context);
-  const int64_t vocab = config_.vocab_size, d = config_.hidden_size;
-  DecodeGraph& g = graphs_[{rows, context}];
-  if (g.batch == 0) {
-    Backend* b = backend_.get();
-    g.id = static_cast<int64_t>(graphs_.size());
-    g.batch = rows;
-    g.context = context;
-    g.table_width = width;
-    g.ids = BackendBuffer(b, static_cast<size_t>(rows) * 4);
-    g.pos = BackendBuffer(b, static_cast<size_t>(rows) * 8);
-    g.slots = BackendBuffer(b, static_cast<size_t>(rows) * 8);
-    g.tables = BackendBuffer(b, static_cast<size_t>(rows * width) * 4);
-    g.state_rows = BackendBuffer(b, static_cast<size_t>(rows) * 4);
-    g.seq_lens = BackendBuffer(b, static_cast<size_t>(rows) * 4);
-    g.logits = BackendBuffer(b, static_cast<size_t>(rows * vocab) * 4);
-  }
-  // The graph holds the cache's addresses.
-  if (g.cache != &cache || g.pool != cache.base()) g.captured = false;
-
-  // This step's inputs; padding rows: token 0 at position 0 in the scratch row, no write.
-  const int32_t scratch = cache.scratch_block();
-  const int64_t bs = plan.block_size;
-  std::vector<int32_t> ids(static_cast<size_t>(rows), 0);
-  std::vector<int64_t> pos(static_cast<size_t>(rows), 0), slots(static_cast<size_t>(rows), -1);
-  const DecodeTables dt = decode_tables(batch, rows, width, scratch);
-  for (int64_t i = 0; i < num_seqs; ++i) {
-    const SequenceInput& in = batch[static_cast<size_t>(i)];
-    ids[i] = in.tokens[0];
-    pos[i] = in.num_computed;
-    slots[i] = slot_of(in, 0, bs);
-  }
-  backend_->upload(g.ids.data(), ids.data(), ids.size() * 4);
-  backend_->upload(g.pos.data(), pos.data(), pos.size() * 8);
-  backend_->upload(g.slots.data(), slots.data(), slots.size() * 8);
-  backend_->upload(g.tables.data(), dt.tables.data(), dt.tables.size() * 4);
-  backend_->upload(g.state_rows.data(), dt.state_rows.data(), dt.state_rows.size() * 4);
-  backend_->upload(g.seq_lens.data(), dt.seq_lens.data(), dt.seq_lens.size() * 4);
-
-  const Slice all{0, rows, 0, &cache, g.tables.as<int32_t>(), scratch};
-  auto step = [&] {
-    workspace_.reset();
-    decode_ = {
-        &cache, g.tables.as<int32_t>(), width, g.state_rows.as<int32_t>(), g.seq_lens.as<int32_t>(),
-        context};
-    const Hidden hidden = run_layers(g.ids.as<int32_t>(), g.pos.as<int64_t>(),
-                                     g.slots.as<int64_t>(), std::span<const Slice>(&all, 1), rows);
-    trace("lm_head");
-    float* x = workspace_.floats(rows * d);
-    final_norm(hidden, rows, x);
-    linear_into(x, rows, weights_.lm_head, g.logits.as<float>());
-  };
-  if (g.captured) {
-    backend_->replay_graph(g.id);
-  } else {
-    step();  // this step's result; then the same ops are recorded
-    backend_->capture_graph(g.id, step);
-    g.cache = &cache;
-    g.pool = cache.base();
-    g.captured = true;
-  }
-  decode_ = BatchedDecode{};
-  return g.logits.as<float>();
-}
-
-void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<const Slice> seqs,
-                          float* out) const {
+void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
+                          std::span<const SequenceSlice> seqs, float* out) const {
   const ModelConfig& c = config_;
   const KdaWeights& w = weights_.layers[layer].kda;
   const int64_t h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
 
   // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
   auto conv = [&](const Weight& proj, const Vec& weight, int which) {
-    const float* raw = linear(x, t, proj);
-    float* y = workspace_.floats(t * width);
-    if (decode_.cache != nullptr) {
+    const float* raw = linear(pass, x, t, proj);
+    float* y = pass.ws.floats(t * width);
+    if (pass.decode.cache != nullptr) {
       // One token of each sequence: t * width channels, each sequence's state in its row.
       ShortConvParams p;
       p.x = raw;
       p.weight = weight.data;
-      p.conv_state = decode_.cache->kda_conv_state(0, layer, which);
+      p.conv_state = pass.decode.cache->kda_conv_state(0, layer, which);
       p.y = y;
       p.num_tokens = 1;
       p.channels = t * width;
       p.kernel_size = c.linear_conv_kernel;
-      p.state_rows = decode_.state_rows;
-      p.state_row_bytes = decode_.cache->plan().row_bytes;
+      p.state_rows = pass.decode.state_rows;
+      p.state_row_bytes = pass.decode.cache->plan().row_bytes;
       p.channels_per_row = width;
       backend_->short_conv_silu(p);
       return y;
     }
-    for (const Slice& sq : seqs) {
+    for (const SequenceSlice& sq : seqs) {
       ShortConvParams p;
       p.x = raw + sq.offset * width;
       p.weight = weight.data;
@@ -661,7 +571,7 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), or the bounded gate
   //    lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias)) (K3.md §3.3)
-  float* g = linear(linear(x, t, w.f_a_proj), t, w.f_b_proj);
+  float* g = linear(pass, linear(pass, x, t, w.f_a_proj), t, w.f_b_proj);
   KdaGateParams gp;
   gp.f = g;
   gp.dt_bias = w.dt_bias.data;
@@ -674,7 +584,7 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   backend_->kda_gate(gp);
 
   // 3. beta = sigmoid(b_proj(x))
-  float* beta = linear(x, t, w.b_proj);
+  float* beta = linear(pass, x, t, w.b_proj);
   backend_->sigmoid(beta, t * h);
 
   // 4. q = l2norm(q) * K^-0.5, k = l2norm(k)
@@ -682,8 +592,8 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   backend_->l2norm_rows(kk, t * h, k, 1.0f);
 
   // 5./6. The delta-rule recurrence per sequence: chunked for prefill, recurrent for decode.
-  float* o = workspace_.floats(t * width);
-  if (decode_.cache != nullptr) {
+  float* o = pass.ws.floats(t * width);
+  if (pass.decode.cache != nullptr) {
     // One token of each sequence: t * h heads, each sequence's states in its row.
     KdaParams p;
     p.q = q;
@@ -691,17 +601,17 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
     p.v = v;
     p.g = g;
     p.beta = beta;
-    p.state = decode_.cache->kda_recurrent_state(0, layer);
+    p.state = pass.decode.cache->kda_recurrent_state(0, layer);
     p.o = o;
     p.num_tokens = 1;
     p.num_heads = t * h;
     p.head_dim = k;
-    p.state_rows = decode_.state_rows;
-    p.state_row_bytes = decode_.cache->plan().row_bytes;
+    p.state_rows = pass.decode.state_rows;
+    p.state_row_bytes = pass.decode.cache->plan().row_bytes;
     p.heads_per_row = h;
     backend_->kda_recurrent(p);
   } else {
-    for (const Slice& sq : seqs) {
+    for (const SequenceSlice& sq : seqs) {
       KdaParams p;
       p.q = q + sq.offset * width;
       p.k = kk + sq.offset * width;
@@ -725,8 +635,9 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
 
   // 7. o = rmsnorm(o) * o_norm * sigmoid(gate); gate = g_proj(x) (full rank) or
   //    g_b(g_a(x)); o_proj
-  const float* gate = c.kda_full_rank_gate ? linear(x, t, w.g_proj)
-                                           : linear(linear(x, t, w.g_a_proj), t, w.g_b_proj);
+  const float* gate = c.kda_full_rank_gate
+                          ? linear(pass, x, t, w.g_proj)
+                          : linear(pass, linear(pass, x, t, w.g_a_proj), t, w.g_b_proj);
   GatedRmsNormParams np;
   np.o = o;
   np.weight = w.o_norm.data;
@@ -740,7 +651,7 @@ void Model::kda_attention(int64_t layer, const float* x, int64_t t, std::span<co
   linear_into(o, t, w.o_proj, out);
 }
 
-void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) const {
+void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, float* out) const {
   const ModelConfig& c = config_;
   const LayerWeights& lw = weights_.layers[layer];
   if (!c.is_moe(layer)) {
@@ -754,8 +665,8 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
     return;
   }
   const int64_t k = c.num_experts_per_tok;
-  int32_t* ids = workspace_.ints(t * k);
-  float* weights = workspace_.floats(t * k);
+  int32_t* ids = pass.ws.ints(t * k);
+  float* weights = pass.ws.floats(t * k);
   RouterParams r;
   r.x = x;
   r.gate = &lw.moe.gate;
@@ -790,8 +701,8 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   // The latent MoE (K3.md §3.5): routed experts on zl = down(x) [T, De], combined in
   // fp32, RMSNorm, up to [T, D]; the shared MLP on the full-width x.
   const int64_t de = c.moe_latent_size;
-  const float* latent_in = linear(x, t, lw.moe.latent_down);
-  float* latent = workspace_.floats(t * de);
+  const float* latent_in = linear(pass, x, t, lw.moe.latent_down);
+  float* latent = pass.ws.floats(t * de);
   m.x = latent_in;
   m.hidden = de;
   m.shared = nullptr;
@@ -800,7 +711,7 @@ void Model::feed_forward(int64_t layer, const float* x, int64_t t, float* out) c
   if (c.moe_latent_norm) rms_norm(latent, lw.moe.latent_norm, t, de, c.rms_norm_eps, latent);
   linear_into(latent, t, lw.moe.latent_up, out);
   if (lw.moe.has_shared) {
-    float* shared = workspace_.floats(t * c.hidden_size);
+    float* shared = pass.ws.floats(t * c.hidden_size);
     MlpParams p;
     p.x = x;
     p.w = &lw.moe.shared;

@@ -16,7 +16,6 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
-#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -71,12 +70,49 @@ struct SequenceInput {
   std::span<const int64_t> slots = {};
 };
 
-// A sequence with its own cache: row 0 is its KDA state, token blocks follow.
+// A sequence with its own cache: row 0 is its KDA state, token blocks follow. Its forwards
+// run in its own workspace (made by the first one).
 struct SequenceState {
   std::unique_ptr<KvCache> cache;
   std::vector<int32_t> blocks;
   int32_t state_block = -1;
   int64_t num_tokens = 0;  // tokens already processed (the next position)
+  std::unique_ptr<Workspace> workspace;
+};
+
+// One sequence's tokens within a DeviceBatch: rows [offset, offset + n) of every [T, ...]
+// activation; positions start at num_computed; blocks: its block table in backend memory.
+struct SequenceSlice {
+  int64_t offset = 0;
+  int64_t n = 0;
+  int64_t num_computed = 0;
+  KvCache* cache = nullptr;
+  const int32_t* blocks = nullptr;
+  int32_t state_block = -1;
+  bool all_logits = false;  // logits of every token, else of the last
+};
+
+// A batch of single-token sequences that share one cache runs each attention op once for
+// the whole batch, every query reading its own block-table row and KDA state row (cache
+// null: attention per sequence).
+struct BatchedDecode {
+  KvCache* cache = nullptr;
+  const int32_t* tables = nullptr;  // [B, table_stride] block tables
+  int64_t table_stride = 0;
+  const int32_t* state_rows = nullptr;  // [B] KDA state rows
+  const int32_t* seq_lens = nullptr;    // [B] num_computed + 1 (padding rows: 1)
+  int64_t max_keys = 0;                 // the largest num_computed + 1 (or a bound of it)
+};
+
+// The inputs of one forward, in backend memory (Model::forward_device): the model runner
+// keeps them in persistent buffers, forward_logits builds them in the workspace.
+struct DeviceBatch {
+  const int32_t* ids = nullptr;    // [T] token ids
+  const int64_t* pos = nullptr;    // [T] positions
+  const int64_t* slots = nullptr;  // [T] cache slots (-1: not written)
+  int64_t num_tokens = 0;
+  std::span<const SequenceSlice> seqs;  // host
+  BatchedDecode decode;
 };
 
 // Receives named intermediates ("layers.3.attn_out", shape [rows, cols]) when set.
@@ -125,46 +161,45 @@ class Model {
                         bool all_logits) const;
 
   // Runs each input's tokens after its past ones, writing their cache entries (and
-  // advancing KDA states in place). Returns the logits in backend memory, the rows of every
-  // input in order (all its positions or its last one), [rows, vocab]; they stay valid
-  // until the next forward. In batch-invariant mode a batch must not mix prefill chunks
-  // and decode tokens (the caller runs them as two forwards; forward() below does).
-  const float* forward_logits(std::span<const SequenceInput> batch) const;
-  // The same, with the logits copied to the host (in batch-invariant mode a mixed batch
-  // runs as two forwards).
-  void forward(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
+  // advancing KDA states in place), in `ws` (reset first; the inputs are uploaded into it).
+  // Returns the logits in backend memory, the rows of every input in order (all its
+  // positions or its last one), [rows, vocab]; they stay valid until ws is reset. In
+  // batch-invariant mode a batch must not mix prefill chunks and decode tokens (the caller
+  // runs them as two forwards; forward() below does).
+  const float* forward_logits(std::span<const SequenceInput> batch, Workspace& ws) const;
+  // The forward over inputs already in backend memory, its scratch taken from `ws` (not
+  // reset: the caller's inputs may live there). The logits go to logits_out when given
+  // (fixed addresses for CUDA graphs), else to ws. The model keeps no state of its own: the
+  // same model may run any number of forwards over different workspaces and caches.
+  const float* forward_device(const DeviceBatch& batch, Workspace& ws,
+                              float* logits_out = nullptr) const;
+  // The same as forward_logits, with the logits copied to the host (in batch-invariant mode
+  // a mixed batch runs as two forwards).
+  void forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
+               Workspace& ws) const;
   // Batch-invariant mode and a batch with both prefill chunks and decode tokens (which
   // forward_logits refuses).
   bool mixes_prefill_and_decode(std::span<const SequenceInput> batch) const;
+  // Single-token sequences sharing one cache (and, in batch-invariant mode, no prefill
+  // chunk): the batch runs as a batched decode.
+  bool is_batched_decode(std::span<const SequenceInput> batch) const;
+  // Refuses an input the forward cannot run (tokens, blocks, state row, cache format),
+  // naming sequence i and the field.
+  void check_input(const SequenceInput& in, size_t i) const;
   // Logit rows forward_logits returns for this batch.
   static int64_t num_logit_rows(std::span<const SequenceInput> batch);
   // Prefill chunks KDA prefill computes in (prompt chunks align to it so that a prefix
   // hit and a miss compute the same chunks); 1 without KDA layers.
   int64_t prefill_chunk_alignment() const;
-  // One standalone sequence; advances state.num_tokens.
+  // One standalone sequence, in its own workspace; advances state.num_tokens.
   void forward(std::span<const int32_t> tokens, SequenceState& state, std::vector<float>& logits,
                bool all_positions = false) const;
-
-  // CUDA graphs for batched decode, on backends that have graphs. A decode batch (B
-  // single-token sequences sharing one cache, B <= max_batch, every sequence at most
-  // max_context tokens) runs as the graph of its shape: the smallest batch of 1, 2, 4, ...
-  // (or max_batch) >= B and the smallest context bound 4096 * 2^k (or max_context) >= its
-  // longest sequence. Padding rows read the cache's scratch row and write their KDA state
-  // there. The first step of a shape runs eagerly and captures its graph; later steps of
-  // that shape only upload their inputs, replay it and download the logits. Off by default;
-  // max_batch 0 turns them off again (captured graphs are kept).
-  void enable_decode_graphs(int64_t max_batch, int64_t max_context);
-  // Graphs captured so far.
-  int64_t num_decode_graphs() const;
 
   // Which ops each layer runs on, for the log at start: lines "layers 0-2, 4: <ops>", layers
   // with the same ops grouped. Every choice the forward makes from the config and options
   // (cache dtypes, DSA decode or the generic indexer path and why) is named here, so none is
   // a silent fallback.
   std::vector<std::string> kernel_plan() const;
-
-  // Scratch memory of the forward pass.
-  Workspace& workspace() const { return workspace_; }
 
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
   // Called with the name of each section as it starts ("embed", "layers.3.attention",
@@ -185,33 +220,17 @@ class Model {
   // "layers.<layer>.<what>": the names of dumped intermediates and trace sections.
   static std::string layer_name(int64_t layer, const char* what);
 
-  // One sequence's tokens within the batch: rows [offset, offset + n) of every
-  // [T, ...] activation; positions start at num_computed. blocks: its block table in
-  // backend memory.
-  struct Slice {
-    int64_t offset;
-    int64_t n;
-    int64_t num_computed;
-    KvCache* cache;
-    const int32_t* blocks;
-    int32_t state_block;
+  // A forward in progress: its scratch and its batched-decode view (the model's only
+  // per-forward state, passed along, never kept).
+  struct Pass {
+    Workspace& ws;
+    BatchedDecode decode;
   };
 
   // Attention of one layer over the whole batch: x = rms(h) [T, D] -> out [T, D].
   // Projections, norms and gates run over all T tokens at once; only what reads or
-  // writes a sequence's own state (conv, recurrence, cache writes, attention) runs
-  // per sequence. pos: [T] positions of the tokens.
-  // A batch of single-token sequences that share one cache runs each attention op once
-  // for the whole batch (batched decode), every query reading its own block-table row and
-  // KDA state row; any other batch runs attention per sequence.
-  struct BatchedDecode {
-    KvCache* cache = nullptr;         // null: per sequence
-    const int32_t* tables = nullptr;  // [B, table_stride] block tables
-    int64_t table_stride = 0;
-    const int32_t* state_rows = nullptr;  // [B] KDA state rows
-    const int32_t* seq_lens = nullptr;    // [B] num_computed + 1 (padding rows: 1)
-    int64_t max_keys = 0;                 // the largest num_computed + 1 (graphs: the bound)
-  };
+  // writes a sequence's own state (conv, recurrence, cache writes, attention) runs per
+  // sequence, or once for the whole batch in a batched decode. pos: [T] positions.
 
   // The residual stream after the last layer: h [T, D] and, for AttnRes models, the
   // snapshot bank [num_snapshots, T, D] (workspace).
@@ -222,8 +241,9 @@ class Model {
   };
   // Embedding and every decoder layer over the batch's T tokens (the cache written as
   // they go).
-  Hidden run_layers(const int32_t* ids_dev, const int64_t* pos_dev, const int64_t* slots_dev,
-                    std::span<const Slice> slices, int64_t t) const;
+  Hidden run_layers(Pass& pass, const int32_t* ids_dev, const int64_t* pos_dev,
+                    const int64_t* slots_dev, std::span<const SequenceSlice> slices,
+                    int64_t t) const;
   // y = rms(mix(snapshots, h)) with one AttnRes query and the norm after it (K3.md §3.2).
   void attn_res_norm(const Hidden& hs, const Vec& query, const Vec& norm, int64_t t,
                      float* y) const;
@@ -231,12 +251,14 @@ class Model {
   void final_norm(const Hidden& hs, int64_t t, float* y) const;
 
   // slots: [T] each token's cache slot (block * block_size + offset).
-  void mla_attention(int64_t layer, const float* x, int64_t num_tokens, const int64_t* pos,
-                     const int64_t* slots, std::span<const Slice> seqs, float* out) const;
-  void kda_attention(int64_t layer, const float* x, int64_t num_tokens, std::span<const Slice> seqs,
+  void mla_attention(Pass& pass, int64_t layer, const float* x, int64_t num_tokens,
+                     const int64_t* pos, const int64_t* slots, std::span<const SequenceSlice> seqs,
                      float* out) const;
+  void kda_attention(Pass& pass, int64_t layer, const float* x, int64_t num_tokens,
+                     std::span<const SequenceSlice> seqs, float* out) const;
   // Over all tokens of the batch.
-  void feed_forward(int64_t layer, const float* x, int64_t num_tokens, float* out) const;
+  void feed_forward(Pass& pass, int64_t layer, const float* x, int64_t num_tokens,
+                    float* out) const;
   // DSA indexer, part 1: the rotated index query qi [T, Hi, di] and head weights [T, Hi]
   // of every token; writes the tokens' index keys into the cache. q_in is the normalized
   // q latent [T, q_lora] (or x when q_lora_rank is 0).
@@ -244,21 +266,21 @@ class Model {
     float* q;
     float* head_weights;
   };
-  IndexQuery index_query(int64_t layer, const float* x, const float* q_in, int64_t num_tokens,
-                         const int64_t* pos, const int64_t* slots,
-                         std::span<const Slice> seqs) const;
+  IndexQuery index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                         int64_t num_tokens, const int64_t* pos, const int64_t* slots,
+                         std::span<const SequenceSlice> seqs) const;
   // Part 2, the generic path: the selected past positions [T, index_topk] (-1 padded).
-  int32_t* index_select(int64_t layer, const IndexQuery& iq, int64_t num_tokens, const int64_t* pos,
-                        std::span<const Slice> seqs) const;
+  int32_t* index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t num_tokens,
+                        const int64_t* pos, std::span<const SequenceSlice> seqs) const;
   // MLA over the fp32 latent (kernels/mla): dense, or over the indexer's top-k.
-  void fp32_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+  void fp32_attention(Pass& pass, int64_t layer, const float* x, const float* q_in, const float* q,
                       int64_t num_tokens, const int64_t* pos, const int64_t* slots,
-                      std::span<const Slice> seqs, float* o) const;
+                      std::span<const SequenceSlice> seqs, float* o) const;
   // MLA over the FP8 latent on the DSA kernels (sparse; absorbed form): q [T, H, dn+dr]
   // -> o [T, H, dv]. Decode batches with FP8 keys run the whole DSA decode step.
-  void dsa_attention(int64_t layer, const float* x, const float* q_in, const float* q,
+  void dsa_attention(Pass& pass, int64_t layer, const float* x, const float* q_in, const float* q,
                      int64_t num_tokens, const int64_t* pos, const int64_t* slots,
-                     std::span<const Slice> seqs, float* o) const;
+                     std::span<const SequenceSlice> seqs, float* o) const;
   // Whether decode batches run Backend::dsa_decode (see ModelOptions::dsa_decode_ops).
   bool use_dsa_decode() const;
   // One layer's view of a cache for the DSA kernels.
@@ -266,8 +288,8 @@ class Model {
   // Writes rows [T, row_bytes] of the batch into their slots of one kind of page.
   enum class CacheRows { kLatent, kIndexKeys, kIndexScales };
   void write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
-                   const int64_t* slots, std::span<const Slice> seqs) const;
-  float* linear(const float* x, int64_t num_tokens, const Weight& w) const;
+                   const int64_t* slots, std::span<const SequenceSlice> seqs) const;
+  float* linear(Pass& pass, const float* x, int64_t num_tokens, const Weight& w) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
                 float* y) const;
@@ -286,29 +308,10 @@ class Model {
   RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
   GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)
   CachePlanOptions cache_options_;
-  mutable BatchedDecode decode_;  // of the forward in progress
 
-  // A captured decode step: its shape, its input and logits buffers (fixed addresses the
-  // graph reads and writes) and the cache it was captured on.
-  struct DecodeGraph {
-    int64_t id = 0;
-    int64_t batch = 0;        // rows, padding included
-    int64_t context = 0;      // key bound
-    int64_t table_width = 0;  // blocks per block-table row
-    const KvCache* cache = nullptr;
-    const uint8_t* pool = nullptr;  // the cache's pool when captured (it moves when it grows)
-    bool captured = false;
-    BackendBuffer ids, pos, slots, tables, state_rows, seq_lens, logits;
-  };
-  // Runs a decode batch through its graph and returns its logits; null when graphs are off
-  // or the batch does not fit one (the caller then runs it eagerly).
-  const float* forward_graph(std::span<const SequenceInput> batch) const;
   // Batch-invariant mode: a batch of prefill chunks and decode tokens as two forwards.
-  void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits) const;
-  int64_t graph_max_batch_ = 0;
-  int64_t graph_max_context_ = 0;
-  mutable std::map<std::pair<int64_t, int64_t>, DecodeGraph> graphs_;
-  mutable Workspace workspace_;
+  void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits,
+                     Workspace& ws) const;
   DumpFn dump_;
   std::function<void(std::string_view)> trace_;
 };

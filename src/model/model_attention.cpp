@@ -10,7 +10,7 @@
 namespace hyserve {
 
 void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
-                        const int64_t* slots, std::span<const Slice> seqs) const {
+                        const int64_t* slots, std::span<const SequenceSlice> seqs) const {
   // One scatter per run of consecutive sequences that share a cache (the engine's
   // batches: one).
   for (size_t i = 0; i < seqs.size();) {
@@ -40,8 +40,9 @@ void Model::write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t
   }
 }
 
-void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_t* pos,
-                          const int64_t* slots, std::span<const Slice> seqs, float* out) const {
+void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, const int64_t* pos,
+                          const int64_t* slots, std::span<const SequenceSlice> seqs,
+                          float* out) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -51,18 +52,18 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
   const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
   float* q;
   if (c.q_lora_rank > 0) {
-    float* qa = linear(x, t, w.q_a_proj);
+    float* qa = linear(pass, x, t, w.q_a_proj);
     rms_norm(qa, w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, qa);
     q_lat = qa;
-    q = linear(qa, t, w.q_b_proj);
+    q = linear(pass, qa, t, w.q_b_proj);
   } else {
-    q = linear(x, t, w.q_proj);
+    q = linear(pass, x, t, w.q_proj);
   }
 
   // 2. [c | k_pe] = kv_a_proj_with_mqa(x): [T, kv + dr]; c = rms(c).
-  float* ckv = linear(x, t, w.kv_a_proj);
+  float* ckv = linear(pass, x, t, w.kv_a_proj);
   {
-    float* cn = workspace_.floats(t * kv);
+    float* cn = pass.ws.floats(t * kv);
     backend_->copy_2d(cn, kv, ckv, width, t, kv);
     rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
     backend_->copy_2d(ckv, width, cn, kv, t, kv);
@@ -80,27 +81,27 @@ void Model::mla_attention(int64_t layer, const float* x, int64_t t, const int64_
 
   // 5. Write the new latents [c | k_pe] into their cache slots: fp32, or e4m3 codes of
   //    value / latent_scale.
-  float* o = workspace_.floats(t * h * dv);
+  float* o = pass.ws.floats(t * h * dv);
   if (options_.latent_cache == LatentCacheDtype::kFp8) {
-    uint8_t* codes = workspace_.bytes(t * width);
+    uint8_t* codes = pass.ws.bytes(t * width);
     backend_->quantize_e4m3({ckv, t * width, 1.0f / kLatentScale, codes});
     write_cache(CacheRows::kLatent, layer, codes, width, slots, seqs);
     // 6. Attention over the FP8 latent on the DSA kernels.
-    dsa_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+    dsa_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   } else {
     write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
-    fp32_attention(layer, x, q_lat, q, t, pos, slots, seqs, o);
+    fp32_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   }
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(x, t, w.g_proj), t * h * dv);
+  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(pass, x, t, w.g_proj), t * h * dv);
   linear_into(o, t, w.o_proj, out);
 }
 
-void Model::fp32_attention(int64_t layer, const float* x, const float* q_in, const float* q,
-                           int64_t t, const int64_t* pos, const int64_t* slots,
-                           std::span<const Slice> seqs, float* o) const {
+void Model::fp32_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                           const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
+                           std::span<const SequenceSlice> seqs, float* o) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -109,8 +110,8 @@ void Model::fp32_attention(int64_t layer, const float* x, const float* q_in, con
   // DSA indexer: top-k past positions per token.
   const int32_t* topk = nullptr;
   if (c.has_indexer()) {
-    const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
-    topk = index_select(layer, iq, t, pos, seqs);
+    const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
+    topk = index_select(pass, layer, iq, t, pos, seqs);
   }
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
@@ -138,27 +139,28 @@ void Model::fp32_attention(int64_t layer, const float* x, const float* q_in, con
     p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
     backend_->mla_attention(p, absorbed);
   };
-  if (decode_.cache != nullptr) {
-    attend(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
-           decode_.table_stride, /*absorbed=*/true);
+  if (pass.decode.cache != nullptr) {
+    attend(0, t, pass.decode.max_keys, *pass.decode.cache,
+           pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride,
+           /*absorbed=*/true);
   } else {
-    for (const Slice& sq : seqs) {
+    for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0,
              /*absorbed=*/sq.n == 1);
     }
   }
 }
 
-Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float* q_in, int64_t t,
-                                     const int64_t* pos, const int64_t* slots,
-                                     std::span<const Slice> seqs) const {
+Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                                     int64_t t, const int64_t* pos, const int64_t* slots,
+                                     std::span<const SequenceSlice> seqs) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
 
   // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
-  float* qi = linear(q_in, t, w.idx_wq_b);
-  float* ki = linear(x, t, w.idx_wk);
+  float* qi = linear(pass, q_in, t, w.idx_wq_b);
+  float* ki = linear(pass, x, t, w.idx_wk);
   LayerNormParams ln;
   ln.x = ki;
   ln.weight = w.idx_k_norm_w.data;
@@ -176,7 +178,7 @@ Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float*
     backend_->rope(rope_, rk, /*neox=*/true);
   }
   // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
-  float* hw = linear(x, t, w.idx_weights_proj);
+  float* hw = linear(pass, x, t, w.idx_weights_proj);
   backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
   // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
   if (options_.indexer_fp8) {
@@ -188,8 +190,8 @@ Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float*
 
   // 4. Write the new index keys into their cache slots (quantized on the FP8 path).
   if (options_.indexer_fp8) {
-    uint8_t* codes = workspace_.bytes(t * di);
-    float* scales = workspace_.floats(t);
+    uint8_t* codes = pass.ws.bytes(t * di);
+    float* scales = pass.ws.floats(t);
     backend_->quantize_fp8_ue8m0(ki, t, di, codes, scales);
     write_cache(CacheRows::kIndexKeys, layer, codes, di, slots, seqs);
     write_cache(CacheRows::kIndexScales, layer, scales, 4, slots, seqs);
@@ -199,21 +201,21 @@ Model::IndexQuery Model::index_query(int64_t layer, const float* x, const float*
   return {qi, hw};
 }
 
-int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, const int64_t* pos,
-                             std::span<const Slice> seqs) const {
+int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t t,
+                             const int64_t* pos, std::span<const SequenceSlice> seqs) const {
   const ModelConfig& c = config_;
   const int64_t hi = c.index_n_heads, di = c.index_head_dim;
   const float* qi = iq.q;
   const float* hw = iq.head_weights;
   const int64_t k = c.index_topk;
-  int32_t* selected = workspace_.ints(t * k);
+  int32_t* selected = pass.ws.ints(t * k);
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
   // chunks (a bounded buffer), keeping the causal top-k.
   auto select = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride) {
-    const Workspace::Mark mark = workspace_.mark();
+    const Workspace::Mark mark = pass.ws.mark();
     const int64_t chunk = std::min(n, kIndexerQueryChunk);
-    float* scores = workspace_.floats(chunk * num_keys);
+    float* scores = pass.ws.floats(chunk * num_keys);
     for (int64_t b = offset; b < offset + n; b += chunk) {
       const int64_t m = std::min(chunk, offset + n - b);
       const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
@@ -244,13 +246,13 @@ int32_t* Model::index_select(int64_t layer, const IndexQuery& iq, int64_t t, con
       }
       backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
     }
-    workspace_.rewind(mark);
+    pass.ws.rewind(mark);
   };
-  if (decode_.cache != nullptr) {
-    select(0, t, decode_.max_keys, *decode_.cache, decode_.cache->pages(decode_.tables),
-           decode_.table_stride);
+  if (pass.decode.cache != nullptr) {
+    select(0, t, pass.decode.max_keys, *pass.decode.cache,
+           pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride);
   } else {
-    for (const Slice& sq : seqs) {
+    for (const SequenceSlice& sq : seqs) {
       select(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0);
     }
   }
@@ -337,9 +339,9 @@ DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {
   return d;
 }
 
-void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, const float* q,
-                          int64_t t, const int64_t* pos, const int64_t* slots,
-                          std::span<const Slice> seqs, float* o) const {
+void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                          const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
+                          std::span<const SequenceSlice> seqs, float* o) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -347,24 +349,25 @@ void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, cons
   const auto softmax_scale = static_cast<float>(c.mla_softmax_scale());
 
   // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, H, kv], q_pe [T, H, dr].
-  float* q_lat = workspace_.floats(t * h * kv);
-  float* q_pe = workspace_.floats(t * h * dr);
+  float* q_lat = pass.ws.floats(t * h * kv);
+  float* q_pe = pass.ws.floats(t * h * dr);
   backend_->mla_absorb_q({q, &w.kv_b_proj, q_lat, q_pe, t, h, dn, dr, dv, kv});
-  float* o_lat = workspace_.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
-  float* lse = workspace_.floats(t * h);
+  float* o_lat = pass.ws.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
+  float* lse = pass.ws.floats(t * h);
 
-  const IndexQuery iq = index_query(layer, x, q_in, t, pos, slots, seqs);
-  if (decode_.cache != nullptr && use_dsa_decode()) {
+  const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
+  if (pass.decode.cache != nullptr && use_dsa_decode()) {
     // A decode batch: indexer (FP8 query, MODEL.md §3.4-3.6) -> top-k -> sparse MLA as
     // one DSA step, each sequence a request with its own block-table row.
     const int64_t hi = c.index_n_heads;
-    uint8_t* q8 = workspace_.bytes(t * hi * kDsaIndexDim);
-    float* q_scales = workspace_.floats(t * hi);
+    uint8_t* q8 = pass.ws.bytes(t * hi * kDsaIndexDim);
+    float* q_scales = pass.ws.floats(t * hi);
     backend_->quantize_fp8_ue8m0(iq.q, t * hi, kDsaIndexDim, q8, q_scales);
     backend_->mul(iq.head_weights, q_scales, t * hi);  // weights * q scale
     DsaDecodeParams p;
-    p.cache = dsa_cache(*decode_.cache, layer);
-    p.batch = {decode_.tables, decode_.seq_lens, t, decode_.table_stride, 1, decode_.max_keys};
+    p.cache = dsa_cache(*pass.decode.cache, layer);
+    p.batch = {pass.decode.tables,  pass.decode.seq_lens, t, pass.decode.table_stride, 1,
+               pass.decode.max_keys};
     p.index_q8 = q8;
     p.index_weights = iq.head_weights;
     p.index_num_heads = hi;
@@ -380,9 +383,9 @@ void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, cons
     // The generic indexer's positions, turned into slots; every token a sparse-MLA
     // request of one query (seq_lens = position + 1). The sparse kernel reads the slots
     // and seq_lens only; block_tables is the sequence's own table, for the checks.
-    const int32_t* topk = index_select(layer, iq, t, pos, seqs);
-    int32_t* topk_slots = workspace_.ints(t * k);
-    int32_t* seq_lens = workspace_.ints(t);
+    const int32_t* topk = index_select(pass, layer, iq, t, pos, seqs);
+    int32_t* topk_slots = pass.ws.ints(t * k);
+    int32_t* seq_lens = pass.ws.ints(t);
     auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
                       int64_t table_stride, int64_t max_blocks, int64_t max_context) {
       DsaQuerySlotsParams s;
@@ -413,11 +416,11 @@ void Model::dsa_attention(int64_t layer, const float* x, const float* q_in, cons
         backend_->dsa_mla_decode(p);
       }
     };
-    if (decode_.cache != nullptr) {
-      attend(0, t, *decode_.cache, decode_.tables, decode_.table_stride, decode_.table_stride,
-             decode_.max_keys);
+    if (pass.decode.cache != nullptr) {
+      attend(0, t, *pass.decode.cache, pass.decode.tables, pass.decode.table_stride,
+             pass.decode.table_stride, pass.decode.max_keys);
     } else {
-      for (const Slice& sq : seqs) {
+      for (const SequenceSlice& sq : seqs) {
         const int64_t keys = sq.num_computed + sq.n;
         attend(sq.offset, sq.n, *sq.cache, sq.blocks, 0, sq.cache->plan().blocks_for_tokens(keys),
                keys);

@@ -1,4 +1,4 @@
-// CUDA graphs for batched decode (Model::enable_decode_graphs): a replayed graph computes
+// CUDA graphs for batched decode (engine/decode_step.h): a replayed graph computes
 // exactly what the eager step that captured it computed, padding rows of a batch leave every
 // real sequence's cache and state alone, and graph decode follows eager decode.
 #include <algorithm>
@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "engine/decode_step.h"
 #include "engine/engine.h"
 #include "gpu/gpu_test_util.h"
 #include "gpu/tiny_model_util.h"
@@ -31,26 +32,36 @@ int32_t argmax(const float* row, int64_t n) {
   return static_cast<int32_t>(std::max_element(row, row + n) - row);
 }
 
+// One decode step's logits on the host.
+std::vector<float> run(DecodeStep& step, const Model& m, std::span<const SequenceInput> batch) {
+  std::vector<float> l(batch.size() * static_cast<size_t>(m.config().vocab_size));
+  m.backend().download(l.data(), step.run(batch), l.size() * 4);
+  return l;
+}
+
 // Two identical sequences in different rows of one pool: the first decode step captures
 // the graph (and runs eagerly), the second replays it; their logits are bitwise equal.
 TEST(GpuDecodeGraph, ReplayEqualsTheCapturingStepBitwise) {
   REQUIRE_GPU();
   auto model = load_tiny_on_gpu();
-  model->enable_decode_graphs(8, 4096);
   const int64_t vocab = model->config().vocab_size;
   auto cache = model->new_cache(16);
+  Workspace ws(&model->backend());
+  DecodeStep graphs(*model, *cache, ws, {8, 4096, 8});
   const std::vector<int32_t> a_blocks = {0}, b_blocks = {2};
   const auto prompt = random_prompt(37, 1, vocab);
   std::vector<float> logits;
-  model->forward(std::vector<SequenceInput>{{cache.get(), a_blocks, 1, 0, prompt, false}}, logits);
+  model->forward(std::vector<SequenceInput>{{cache.get(), a_blocks, 1, 0, prompt, false}}, logits,
+                 ws);
   cache->copy_block(2, 0);
   cache->copy_block(3, 1);
   const std::vector<int32_t> next = {5};
-  std::vector<float> first, second;
-  model->forward(std::vector<SequenceInput>{{cache.get(), a_blocks, 1, 37, next, false}}, first);
-  EXPECT_EQ(model->num_decode_graphs(), 1);
-  model->forward(std::vector<SequenceInput>{{cache.get(), b_blocks, 3, 37, next, false}}, second);
-  EXPECT_EQ(model->num_decode_graphs(), 1);
+  const std::vector<float> first =
+      run(graphs, *model, std::vector<SequenceInput>{{cache.get(), a_blocks, 1, 37, next, false}});
+  EXPECT_EQ(graphs.num_graphs(), 1);
+  const std::vector<float> second =
+      run(graphs, *model, std::vector<SequenceInput>{{cache.get(), b_blocks, 3, 37, next, false}});
+  EXPECT_EQ(graphs.num_graphs(), 1);
   ASSERT_EQ(first.size(), static_cast<size_t>(vocab));
   ASSERT_EQ(second.size(), first.size());
   for (int64_t i = 0; i < vocab; ++i) {
@@ -60,16 +71,17 @@ TEST(GpuDecodeGraph, ReplayEqualsTheCapturingStepBitwise) {
 }
 
 // Three sequences decode 12 steps together (a batch of 3 runs in the graph of 4: one padding
-// row), on a model with graphs and on one without: the same greedy tokens, logits within a
+// row), from graphs and eagerly (Model::forward_logits): the same greedy tokens, logits within a
 // tolerance (the graph's key bound changes the split-KV plan, so the sums' order differs).
 // A fourth sequence in the same pool, never scheduled, keeps its cache rows bitwise.
 TEST(GpuDecodeGraph, GraphDecodeFollowsEagerDecodeAndPaddingTouchesNothing) {
   REQUIRE_GPU();
   auto graphs = load_tiny_on_gpu();
   auto eager = load_tiny_on_gpu();
-  graphs->enable_decode_graphs(8, 4096);
   const int64_t vocab = graphs->config().vocab_size;
   auto cache_g = graphs->new_cache(16), cache_e = eager->new_cache(16);
+  Workspace ws_g(&graphs->backend()), ws_e(&eager->backend());
+  DecodeStep step_g(*graphs, *cache_g, ws_g, {8, 4096, 8});
   // Sequence i: token block 2i, state row 2i + 1.
   std::vector<std::vector<int32_t>> blocks = {{0}, {2}, {4}, {6}};
   std::vector<std::vector<int32_t>> tokens;
@@ -80,7 +92,8 @@ TEST(GpuDecodeGraph, GraphDecodeFollowsEagerDecodeAndPaddingTouchesNothing) {
     std::vector<float> l;
     for (auto* m : {graphs.get(), eager.get()}) {
       KvCache* cache = m == graphs.get() ? cache_g.get() : cache_e.get();
-      m->forward(std::vector<SequenceInput>{{cache, blocks[i], 2 * i + 1, 0, tokens[i], false}}, l);
+      m->forward(std::vector<SequenceInput>{{cache, blocks[i], 2 * i + 1, 0, tokens[i], false}}, l,
+                 m == graphs.get() ? ws_g : ws_e);
     }
   }
   const size_t row = static_cast<size_t>(cache_g->plan().row_bytes);
@@ -90,15 +103,15 @@ TEST(GpuDecodeGraph, GraphDecodeFollowsEagerDecodeAndPaddingTouchesNothing) {
   std::vector<int32_t> next = {7, 8, 9};
   float worst = 0.0f;
   for (int step = 0; step < 12; ++step) {
-    std::vector<float> lg, le;
+    std::vector<float> le;
     std::vector<SequenceInput> bg, be;
     for (int i = 0; i < 3; ++i) {
       const std::span<const int32_t> tok(&next[static_cast<size_t>(i)], 1);
       bg.push_back({cache_g.get(), blocks[i], 2 * i + 1, length[i], tok, false});
       be.push_back({cache_e.get(), blocks[i], 2 * i + 1, length[i], tok, false});
     }
-    graphs->forward(bg, lg);
-    eager->forward(be, le);
+    const std::vector<float> lg = run(step_g, *graphs, bg);
+    eager->forward(be, le, ws_e);
     ASSERT_EQ(lg.size(), le.size());
     for (int i = 0; i < 3; ++i) {
       const float* g = &lg[static_cast<size_t>(i * vocab)];
@@ -116,7 +129,7 @@ TEST(GpuDecodeGraph, GraphDecodeFollowsEagerDecodeAndPaddingTouchesNothing) {
       ++length[static_cast<size_t>(i)];
     }
   }
-  EXPECT_EQ(graphs->num_decode_graphs(), 1);
+  EXPECT_EQ(step_g.num_graphs(), 1);
   std::vector<uint8_t> idle_after(2 * row);
   graphs->backend().download(idle_after.data(), cache_g->base() + 6 * row, idle_after.size());
   EXPECT_TRUE(idle_before == idle_after) << "the idle sequence's rows changed";
@@ -132,9 +145,8 @@ TEST(GpuDecodeGraph, EngineWithGraphsGivesTheEagerEngineTokens) {
   for (int use_graphs = 0; use_graphs < 2; ++use_graphs) {
     auto model = load_tiny_on_gpu();
     const int64_t vocab = model->config().vocab_size;
-    if (use_graphs) model->enable_decode_graphs(8, 1024);
-    const Model* raw = model.get();
     EngineConfig config;
+    config.decode_graph_max_batch = use_graphs ? 8 : 0;
     config.scheduler.max_model_len = 1024;
     config.scheduler.max_num_seqs = 8;
     Engine engine(std::move(model), config);
@@ -153,7 +165,7 @@ TEST(GpuDecodeGraph, EngineWithGraphsGivesTheEagerEngineTokens) {
     for (int i = 0; i < 10000 && engine.step(); ++i) {
     }
     if (use_graphs) {
-      EXPECT_GE(raw->num_decode_graphs(), 3) << "batches of 6, 4 (5), 2 (3), 1";
+      EXPECT_GE(engine.runner().decode_step().num_graphs(), 3) << "batches of 6, 4 (5), 2 (3), 1";
     }
   }
   for (int i = 0; i < 6; ++i) {

@@ -73,6 +73,12 @@ class CudaBackend final : public Backend {
     CHECK(it != graphs_.end(), "no CUDA graph ", id, " was captured");
     CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
   }
+  void release_graph(int64_t id) override {
+    const auto it = graphs_.find(id);
+    if (it == graphs_.end()) return;
+    cudaGraphExecDestroy(it->second);
+    graphs_.erase(it);
+  }
   void freeze() override { frozen_ = true; }
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 

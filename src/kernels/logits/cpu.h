@@ -1,6 +1,5 @@
 // CPU reference of the logits processors and log-probabilities (params.h), one plain loop
-// nest per op in fp32 (the log-sum-exp in double), as the CPU engine computed them
-// (engine/logits_processor.cpp, make_logprobs in engine/engine.cpp). Every op refuses bad
+// nest per op in fp32 (the log-sum-exp in double). Every op refuses bad
 // shapes, null pointers and out-of-range rows / ids with InvalidArgument naming the field.
 //
 // Beyond params.h:

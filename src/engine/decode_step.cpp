@@ -1,0 +1,191 @@
+#include "engine/decode_step.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+
+#include "core/paged.h"
+#include "util/error.h"
+
+namespace hyserve {
+namespace {
+
+// Graph ids are unique in the process: several runners may share one backend.
+int64_t next_graph_id() {
+  static std::atomic<int64_t> next{1};
+  return next.fetch_add(1);
+}
+
+// The per-token inputs of a step of `rows` rows, at offsets that depend on rows only (a
+// graph of that many rows reads them there): pos, slots (int64), ids, seq_lens, state rows
+// (int32).
+struct InputLayout {
+  int64_t pos, slots, ids, seq_lens, state_rows, bytes;
+};
+InputLayout input_layout(int64_t rows) {
+  return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows};
+}
+
+}  // namespace
+
+DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, DecodeStepConfig config)
+    : model_(model), backend_(model.backend()), cache_(cache), ws_(ws), config_(config) {
+  CHECK(config_.max_batch >= 1 && config_.max_context >= 1 && config_.graph_max_batch >= 0,
+        "decode step: max_batch ", config_.max_batch, ", max_context ", config_.max_context,
+        ", graph_max_batch ", config_.graph_max_batch);
+  config_.graph_max_batch = std::min(config_.graph_max_batch, config_.max_batch);
+  width_ = cache_.plan().blocks_for_tokens(config_.max_context);
+  pad_ = cache_.scratch_block();
+  const auto rows = static_cast<size_t>(config_.max_batch);
+  tables_ = BackendBuffer(&backend_, rows * static_cast<size_t>(width_) * 4);
+  inputs_ = BackendBuffer(&backend_, static_cast<size_t>(input_layout(config_.max_batch).bytes));
+  logits_ = BackendBuffer(&backend_, rows * static_cast<size_t>(model_.config().vocab_size) * 4);
+  table_host_.assign(rows * static_cast<size_t>(width_), pad_);
+  backend_.upload(tables_.data(), table_host_.data(), table_host_.size() * 4);
+  row_used_.assign(rows, 0);
+  staging_.resize(inputs_.size());
+}
+
+DecodeStep::~DecodeStep() {
+  for (const auto& [shape, g] : graphs_) backend_.release_graph(g.id);
+}
+
+int64_t DecodeStep::device_bytes(int64_t vocab, int64_t max_batch, int64_t table_width) {
+  return max_batch * (table_width * 4 + input_layout(1).bytes + vocab * 4);
+}
+
+int64_t DecodeStep::num_graphs() const {
+  int64_t n = 0;
+  for (const auto& [shape, g] : graphs_) n += g.captured ? 1 : 0;
+  return n;
+}
+
+bool DecodeStep::accepts(std::span<const SequenceInput> batch) const {
+  if (batch.empty() || std::ssize(batch) > config_.max_batch || batch[0].cache != &cache_ ||
+      !model_.is_batched_decode(batch)) {
+    return false;
+  }
+  return std::all_of(batch.begin(), batch.end(), [&](const SequenceInput& in) {
+    return in.num_computed + 1 <= config_.max_context && std::ssize(in.blocks) <= width_;
+  });
+}
+
+void DecodeStep::set_table_row(int64_t row, std::span<const int32_t> blocks) {
+  int32_t* host = table_host_.data() + row * width_;
+  const int64_t n = std::ssize(blocks);
+  const int64_t used = row_used_[static_cast<size_t>(row)];
+  // The entries that differ: from the first mismatch to the end of what either holds.
+  int64_t first = 0;
+  const int64_t common = std::min(n, used);
+  if (common > 0 && std::memcmp(host, blocks.data(), static_cast<size_t>(common) * 4) != 0) {
+    while (host[first] == blocks[static_cast<size_t>(first)]) ++first;
+  } else {
+    first = common;
+  }
+  const int64_t end = std::max(n, used);
+  if (first == end) return;
+  for (int64_t j = first; j < end; ++j) {
+    const int32_t b = j < n ? blocks[static_cast<size_t>(j)] : pad_;
+    CHECK(j >= n || (b >= 0 && b < pad_), "decode step: block ", b, " outside the pool of ", pad_);
+    host[j] = b;
+  }
+  backend_.upload(tables_.as<int32_t>() + row * width_ + first, host + first,
+                  static_cast<size_t>(end - first) * 4);
+  row_used_[static_cast<size_t>(row)] = n;
+  table_entries_uploaded_ += end - first;
+  bytes_uploaded_ += (end - first) * 4;
+}
+
+const float* DecodeStep::run(std::span<const SequenceInput> batch) {
+  CHECK(accepts(batch), "decode step: the batch is not a batched decode of this cache within ",
+        config_.max_batch, " sequences of ", config_.max_context, " tokens");
+  bytes_uploaded_ = 0;
+  table_entries_uploaded_ = 0;
+  const auto num_seqs = std::ssize(batch);
+  const int64_t vocab = model_.config().vocab_size;
+  int64_t max_keys = 0;
+  for (const SequenceInput& in : batch) max_keys = std::max(max_keys, in.num_computed + 1);
+
+  // The shape: the graph bucket, or the batch itself when it runs eagerly.
+  const bool graph = config_.graph_max_batch > 0 && backend_.supports_graphs() &&
+                     num_seqs <= config_.graph_max_batch;
+  int64_t rows = num_seqs, context = max_keys;
+  if (graph) {
+    rows = 1;
+    while (rows < num_seqs) rows *= 2;
+    rows = std::min(rows, config_.graph_max_batch);
+    context = 4096;
+    while (context < max_keys) context *= 2;
+    context = std::min(context, config_.max_context);
+  }
+
+  // The inputs: table rows where they changed, the per-token arrays in one copy. Padding
+  // rows: token 0 at position 0, no cache write, one key in the scratch block.
+  const InputLayout l = input_layout(rows);
+  auto* pos = reinterpret_cast<int64_t*>(staging_.data() + l.pos);
+  auto* slots = reinterpret_cast<int64_t*>(staging_.data() + l.slots);
+  auto* ids = reinterpret_cast<int32_t*>(staging_.data() + l.ids);
+  auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
+  auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
+  const int64_t bs = cache_.plan().block_size;
+  const bool has_state = cache_.plan().kda_state_rows > 0;
+  for (int64_t i = 0; i < rows; ++i) {
+    if (i >= num_seqs) {
+      set_table_row(i, {});
+      pos[i] = 0;
+      slots[i] = -1;
+      ids[i] = 0;
+      seq_lens[i] = 1;
+      state_rows[i] = pad_;
+      continue;
+    }
+    const SequenceInput& in = batch[static_cast<size_t>(i)];
+    CHECK(in.tokens[0] >= 0 && in.tokens[0] < vocab, "decode step: token id ", in.tokens[0],
+          " of sequence ", i, " is outside the vocabulary [0, ", vocab, ")");
+    CHECK(in.num_computed >= 0 && std::ssize(in.blocks) * bs > in.num_computed,
+          "decode step: ", in.blocks.size(), " blocks cannot hold position ", in.num_computed,
+          " of sequence ", i);
+    CHECK(!has_state || (in.state_block >= 0 && in.state_block < pad_), "decode step: KDA state ",
+          "block ", in.state_block, " of sequence ", i, " outside the pool");
+    set_table_row(i, in.blocks);
+    pos[i] = in.num_computed;
+    slots[i] = in.slots.empty() ? slot_index(in.blocks.data(), bs, in.num_computed) : in.slots[0];
+    ids[i] = in.tokens[0];
+    seq_lens[i] = static_cast<int32_t>(in.num_computed + 1);
+    state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;
+  }
+  backend_.upload(inputs_.data(), staging_.data(), static_cast<size_t>(l.bytes));
+  bytes_uploaded_ += l.bytes;
+
+  uint8_t* base = inputs_.as<uint8_t>();
+  const SequenceSlice all{0, rows, 0, &cache_, tables_.as<int32_t>(), pad_, true};
+  const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
+                       reinterpret_cast<const int64_t*>(base + l.pos),
+                       reinterpret_cast<const int64_t*>(base + l.slots),
+                       rows,
+                       std::span<const SequenceSlice>(&all, 1),
+                       {&cache_, tables_.as<int32_t>(), width_,
+                        reinterpret_cast<const int32_t*>(base + l.state_rows),
+                        reinterpret_cast<const int32_t*>(base + l.seq_lens), context}};
+  auto step = [&] {
+    ws_.reset();
+    model_.forward_device(db, ws_, logits_.as<float>());
+  };
+  if (!graph) {
+    step();
+    return logits_.as<float>();
+  }
+  Graph& g = graphs_[{rows, context}];
+  if (g.id == 0) g.id = next_graph_id();
+  if (g.captured && g.pool == cache_.base()) {
+    backend_.replay_graph(g.id);
+  } else {
+    step();  // this step's result; then the same ops are recorded
+    backend_.capture_graph(g.id, step);
+    g.pool = cache_.base();
+    g.captured = true;
+  }
+  return logits_.as<float>();
+}
+
+}  // namespace hyserve

@@ -1,0 +1,93 @@
+// DecodeStep: the batched decode steps of one cache (every sequence one new token), run from
+// persistent device input buffers and, on backends with graphs, CUDA graphs per batch-size
+// bucket. Owned by the model runner; the model itself keeps nothing between forwards.
+//
+// Persistent inputs, rows [max_batch] (row i: the i-th sequence of the step's batch):
+//
+//   tables     [max_batch, W] int32  block tables, W = blocks of max_context tokens; entries
+//                                    past a sequence's blocks (and padding rows) hold the
+//                                    cache's scratch block
+//   per token  ids int32, pos int64, slots int64, seq_lens int32, state_rows int32: new
+//              every step, uploaded in one copy of rows x 28 bytes
+//   logits     [max_batch, vocab] fp32 (a graph writes its output at fixed addresses)
+//
+// A host mirror of the tables keeps what the device holds: a row is copied only where it
+// changed, and a sequence that grew by a block copies that one entry. In steady decode a
+// step uploads the per-token inputs and one entry per sequence that crossed a block
+// boundary; rows shift (and are copied again) only when the batch's order changes.
+//
+// Graphs: a batch of B sequences runs as the graph of (rows, context): rows the smallest of
+// 1, 2, 4, ... (or graph_max_batch) >= B, context the smallest 4096 * 2^k (or max_context)
+// >= its longest sequence. Padding rows read the scratch block and write their KDA state
+// there (slot -1: no cache write). A shape's first step runs eagerly and captures the graph;
+// later steps upload their inputs and replay it. A cache whose pool moved (grew) is
+// recaptured.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "model/model.h"
+#include "model/workspace.h"
+
+namespace hyserve {
+
+struct DecodeStepConfig {
+  int64_t max_batch = 256;      // sequences of one step at most
+  int64_t max_context = 4096;   // tokens of one sequence at most (the table width)
+  int64_t graph_max_batch = 0;  // graphs for batches up to this (0: eager only)
+};
+
+class DecodeStep {
+ public:
+  // The workspace holds the forward's scratch (it must outlive this; graphs keep its
+  // addresses, so it must not shrink or move: Workspace never moves a block it handed out).
+  DecodeStep(const Model& model, KvCache& cache, Workspace& ws, DecodeStepConfig config);
+  ~DecodeStep();
+  DecodeStep(const DecodeStep&) = delete;
+  DecodeStep& operator=(const DecodeStep&) = delete;
+
+  // Device bytes of the persistent buffers.
+  static int64_t device_bytes(int64_t vocab, int64_t max_batch, int64_t table_width);
+
+  // Whether the batch runs here: Model::is_batched_decode on this cache, within max_batch
+  // and max_context.
+  bool accepts(std::span<const SequenceInput> batch) const;
+  // Runs it; the logits [B, vocab] in backend memory, valid until the next run.
+  const float* run(std::span<const SequenceInput> batch);
+
+  int64_t num_graphs() const;
+  // Host -> device bytes of the last run's inputs, and how many of them were block-table
+  // entries (tests: unchanged rows are not copied).
+  int64_t bytes_uploaded() const { return bytes_uploaded_; }
+  int64_t table_entries_uploaded() const { return table_entries_uploaded_; }
+
+ private:
+  struct Graph {
+    int64_t id = 0;
+    bool captured = false;
+    const uint8_t* pool = nullptr;  // the cache's pool when captured
+  };
+  // Brings table row `row` to `blocks` (pad past them), copying only what differs.
+  void set_table_row(int64_t row, std::span<const int32_t> blocks);
+
+  const Model& model_;
+  Backend& backend_;
+  KvCache& cache_;
+  Workspace& ws_;
+  DecodeStepConfig config_;
+  int64_t width_ = 0;  // table entries per row
+  int32_t pad_ = 0;    // the cache's scratch block
+  BackendBuffer tables_, inputs_, logits_;
+  std::vector<int32_t> table_host_;  // [max_batch, width] what tables_ holds
+  std::vector<int64_t> row_used_;    // [max_batch] leading entries that are not pad
+  std::vector<uint8_t> staging_;     // the per-token inputs, laid out as inputs_
+  std::map<std::pair<int64_t, int64_t>, Graph> graphs_;
+  int64_t bytes_uploaded_ = 0;
+  int64_t table_entries_uploaded_ = 0;
+};
+
+}  // namespace hyserve

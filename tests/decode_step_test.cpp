@@ -1,0 +1,147 @@
+// The decode step (engine/decode_step.h) on the CPU backend: its eager step computes what
+// Model::forward_logits computes for the same batch, bitwise, and it copies a block-table
+// row only where it changed: nothing in a step where no sequence crossed a block boundary,
+// one entry per sequence that did, whole rows when the batch's order changes.
+#include "engine/decode_step.h"
+
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "model/model.h"
+#include "model/workspace.h"
+
+namespace hyserve {
+namespace {
+
+std::vector<int32_t> random_prompt(size_t n, uint32_t seed, int64_t vocab) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % static_cast<uint32_t>(vocab));
+  return ids;
+}
+
+bool same_bits(const std::vector<float>& a, const float* b, size_t n) {
+  return a.size() == n && std::memcmp(a.data(), b, n * 4) == 0;
+}
+
+struct Seq {
+  std::vector<int32_t> blocks;
+  int32_t state = -1;
+  int64_t length = 0;
+  int32_t next = 0;
+};
+
+TEST(DecodeStep, EagerStepEqualsTheForwardAndCopiesOnlyChangedTableEntries) {
+  const auto model =
+      Model::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {});
+  const int64_t vocab = model->config().vocab_size;
+  const CachePlan plan = model->cache_plan();
+  const int64_t bs = plan.block_size;
+  const bool kda = plan.kda_state_rows > 0;
+  // Two identical pools: the decode step runs on one, Model::forward_logits on the other.
+  auto cache_s = model->new_cache(40), cache_f = model->new_cache(40);
+  Workspace ws_s(&model->backend()), ws_f(&model->backend());
+  DecodeStep step(*model, *cache_s, ws_s, {4, 8 * bs, 0});
+  EXPECT_EQ(step.num_graphs(), 0);
+
+  // Sequence i: state row 30 + i; token blocks handed out from 0 as it grows. Prompts end
+  // a few tokens before a block boundary so that decode crosses one.
+  std::vector<Seq> seqs(3);
+  int32_t next_block = 0;
+  for (int i = 0; i < 3; ++i) {
+    Seq& s = seqs[static_cast<size_t>(i)];
+    s.state = kda ? 30 + i : -1;
+    const auto prompt = random_prompt(static_cast<size_t>(bs - 2 - 3 * i + bs * (i == 2)),
+                                      5 + static_cast<uint32_t>(i), vocab);
+    while (std::ssize(s.blocks) * bs < std::ssize(prompt) + 1) s.blocks.push_back(next_block++);
+    if (kda) {
+      cache_s->zero_block(s.state);
+      cache_f->zero_block(s.state);
+    }
+    std::vector<float> l;
+    for (KvCache* cache : {cache_s.get(), cache_f.get()}) {
+      const SequenceInput in{cache, s.blocks, s.state, 0, prompt, false};
+      model->forward(std::span<const SequenceInput>(&in, 1), l,
+                     cache == cache_s.get() ? ws_s : ws_f);
+    }
+    s.length = std::ssize(prompt);
+    s.next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+
+  std::vector<int> order = {0, 1, 2};
+  for (int t = 0; t < 12; ++t) {
+    if (t == 8) std::swap(order[0], order[1]);  // the batch's order changes
+    // Blocks each sequence needs for its new token.
+    std::vector<bool> added(seqs.size(), false);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& s = seqs[i];
+      if (std::ssize(s.blocks) * bs < s.length + 1) {
+        s.blocks.push_back(next_block++);
+        added[i] = true;
+      }
+    }
+    std::vector<SequenceInput> batch_s, batch_f;
+    for (int i : order) {
+      Seq& s = seqs[static_cast<size_t>(i)];
+      const std::span<const int32_t> tok(&s.next, 1);
+      batch_s.push_back({cache_s.get(), s.blocks, s.state, s.length, tok, false});
+      batch_f.push_back({cache_f.get(), s.blocks, s.state, s.length, tok, false});
+    }
+    ASSERT_TRUE(step.accepts(batch_s));
+    const float* got = step.run(batch_s);
+    std::vector<float> want;
+    model->forward(batch_f, want, ws_f);
+    ASSERT_TRUE(same_bits(want, got, want.size())) << "step " << t;
+
+    // Entries copied: every sequence's table at the first step; then one per sequence that
+    // took a block; when rows 0 and 1 swap sequences, each row up to the longer table.
+    int64_t expected = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (t == 0) {
+        expected += std::ssize(seqs[i].blocks);
+      } else if (t == 8 && i < 2) {
+        expected += std::max(std::ssize(seqs[0].blocks), std::ssize(seqs[1].blocks));
+      } else {
+        expected += added[i] ? 1 : 0;
+      }
+    }
+    EXPECT_EQ(step.table_entries_uploaded(), expected) << "step " << t;
+    for (size_t k = 0; k < order.size(); ++k) {
+      Seq& s = seqs[static_cast<size_t>(order[k])];
+      const float* row = got + static_cast<int64_t>(k) * vocab;
+      s.next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      ++s.length;
+    }
+  }
+}
+
+TEST(DecodeStep, RefusesWhatIsNotABatchedDecodeOfItsCache) {
+  const auto model =
+      Model::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {});
+  const int64_t bs = model->cache_plan().block_size;
+  auto cache = model->new_cache(8), other = model->new_cache(8);
+  Workspace ws(&model->backend());
+  DecodeStep step(*model, *cache, ws, {2, 2 * bs, 0});
+  const std::vector<int32_t> blocks = {0}, two = {1, 2}, one = {1}, bad = {7 + 100};
+  const std::vector<SequenceInput> prefill = {{cache.get(), blocks, 6, 0, two, false}};
+  EXPECT_FALSE(step.accepts(prefill));
+  EXPECT_ANY_THROW(step.run(prefill));
+  const std::vector<SequenceInput> foreign = {{other.get(), blocks, 6, 0, one, false}};
+  EXPECT_FALSE(step.accepts(foreign));
+  const std::vector<SequenceInput> too_many = {{cache.get(), blocks, 5, 0, one, false},
+                                               {cache.get(), blocks, 6, 0, one, false},
+                                               {cache.get(), blocks, 7, 0, one, false}};
+  EXPECT_FALSE(step.accepts(too_many));
+  const std::vector<SequenceInput> too_long = {{cache.get(), blocks, 6, 2 * bs, one, false}};
+  EXPECT_FALSE(step.accepts(too_long));
+  const std::vector<SequenceInput> outside = {{cache.get(), bad, 6, 0, one, false}};
+  EXPECT_ANY_THROW(step.run(outside));
+}
+
+}  // namespace
+}  // namespace hyserve
