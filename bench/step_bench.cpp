@@ -18,18 +18,21 @@
 // MLP, one DSA MLA layer with the MoE; random weights, FP8 latent and index keys).
 #include <cuda_runtime_api.h>
 #include <cupti.h>
+#include <cxxabi.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <map>
 #include <memory>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #if __has_include("backend/backend.h")
 #include "backend/backend.h"
@@ -60,11 +63,29 @@ struct Activity {
   struct Interval {
     uint64_t start = 0, end = 0;
     uint64_t d2h_bytes = 0;
+    std::string name;  // kernel (demangled, up to 96 characters), "memcpy" or "memset"
   };
   std::mutex mu;
   std::vector<Interval> intervals;
 };
 Activity g_activity;
+
+// A kernel's name without its template arguments and parameters, for the breakdown.
+std::string kernel_name(const char* mangled) {
+  if (mangled == nullptr) return "?";
+  int status = 0;
+  char* d = abi::__cxa_demangle(mangled, nullptr, nullptr, &status);
+  std::string name = status == 0 && d != nullptr ? d : mangled;
+  std::free(d);
+  for (const std::string drop : {"void ", "(anonymous namespace)::"}) {
+    for (size_t at = name.find(drop); at != std::string::npos; at = name.find(drop)) {
+      name.erase(at, drop.size());
+    }
+  }
+  if (const size_t cut = name.find_first_of("<("); cut != std::string::npos) name.resize(cut);
+  if (name.size() > 96) name.resize(96);
+  return name;
+}
 
 void CUPTIAPI buffer_requested(uint8_t** buffer, size_t* size, size_t* max_records) {
   constexpr size_t kBytes = 8 << 20;
@@ -80,13 +101,14 @@ void CUPTIAPI buffer_completed(CUcontext, uint32_t, uint8_t* buffer, size_t, siz
     Activity::Interval iv;
     if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
-      iv = {k->start, k->end, 0};
+      iv = {k->start, k->end, 0, kernel_name(k->name)};
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
-      iv = {m->start, m->end, m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? m->bytes : 0};
+      iv = {m->start, m->end, m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? m->bytes : 0,
+            m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "memcpy DtoH" : "memcpy"};
     } else if (record->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
-      iv = {m->start, m->end, 0};
+      iv = {m->start, m->end, 0, "memset"};
     } else {
       continue;
     }
@@ -132,6 +154,7 @@ struct Args {
   int64_t steps = 32;
   int64_t warmup = 4;
   bool enforce_eager = false;
+  bool kernels = false;  // a breakdown line per batch: GPU time and count per step by kernel
 };
 
 std::unique_ptr<Model> make_model(const Args& a) {
@@ -161,6 +184,7 @@ int run(int argc, char** argv) {
   app.add_option("--steps", a.steps, "timed decode steps")->capture_default_str();
   app.add_option("--warmup", a.warmup, "decode steps before timing")->capture_default_str();
   app.add_flag("--enforce-eager", a.enforce_eager, "no CUDA graphs");
+  app.add_flag("--kernels", a.kernels, "print the GPU time per step by kernel too");
   CLI11_PARSE(app, argc, argv);
 
   CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
@@ -250,6 +274,40 @@ int run(int argc, char** argv) {
     j["d2h_bytes"] = median(d2h);
     j["tokens_per_s"] = static_cast<double>(b) / (wall * 1e-6);
     std::printf("%s\n", j.dump().c_str());
+    if (a.kernels) {
+      // GPU time and launches per timed step, by kernel, largest first.
+      std::map<std::string, std::pair<double, int64_t>> by_name;
+      int64_t launches = 0;
+      for (const Activity::Interval& i : iv) {
+        for (int64_t k = 0; k < a.steps; ++k) {
+          if (i.start < t0[k] || i.start >= t1[k]) continue;
+          auto& e = by_name[i.name];
+          e.first += static_cast<double>(i.end - i.start);
+          ++e.second;
+          ++launches;
+          break;
+        }
+      }
+      std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(by_name.begin(),
+                                                                           by_name.end());
+      std::sort(rows.begin(), rows.end(),
+                [](const auto& x, const auto& y) { return x.second.first > y.second.first; });
+      nlohmann::json k;
+      k["bench"] = "decode_step_kernels";
+      k["tree"] = a.label;
+      k["model"] = j["model"];
+      k["batch"] = b;
+      k["ops_per_step"] = static_cast<double>(launches) / static_cast<double>(a.steps);
+      nlohmann::json list = nlohmann::json::array();
+      for (size_t r = 0; r < rows.size() && r < 16; ++r) {
+        list.push_back({{"name", rows[r].first},
+                        {"us_per_step", rows[r].second.first / 1e3 / static_cast<double>(a.steps)},
+                        {"per_step", static_cast<double>(rows[r].second.second) /
+                                         static_cast<double>(a.steps)}});
+      }
+      k["top"] = list;
+      std::printf("%s\n", k.dump().c_str());
+    }
     std::fflush(stdout);
   }
   return 0;

@@ -45,7 +45,7 @@ int64_t ModelRunner::device_bytes(int64_t vocab, int64_t max_num_seqs,
                                   int64_t max_num_batched_tokens, int64_t decode_table_width) {
   const int64_t words = token_mask_words(vocab);
   const int64_t lp_rows = std::max(max_num_seqs, max_num_batched_tokens);
-  return 2 * max_num_seqs * vocab * 4                                          // raw, work
+  return 3 * max_num_seqs * vocab * 4  // raw, work, sampling weights
          + max_num_seqs * (static_cast<int64_t>(sizeof(SamplingOptions)) + 8)  // options, ids
          + (max_num_seqs + 1) * (12 + vocab * 4 + words * 4)                   // penalty state
          + max_num_seqs * words * 4                                            // masks
@@ -75,6 +75,7 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   const auto words = static_cast<size_t>(token_mask_words(vocab_));
   raw_ = BackendBuffer(b, seqs * vocab * 4);
   work_ = BackendBuffer(b, seqs * vocab * 4);
+  weights_ = BackendBuffer(b, seqs * vocab * 4);
   options_ = BackendBuffer(b, seqs * sizeof(SamplingOptions));
   tokens_ = BackendBuffer(b, seqs * 4);
   rows_ = BackendBuffer(b, seqs * 4);
@@ -368,6 +369,7 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
   p.tokens = tokens_.as<int32_t>();
   p.num_rows = static_cast<int64_t>(rows.size());
   p.vocab = vocab_;
+  p.weights = weights_.as<uint32_t>();
   backend_.sample_tokens(p);
   if (penalties_active_) {
     // The new tokens join the outputs' counts (rows_ still holds each row's penalty row;

@@ -4,6 +4,7 @@
 //   raw     [max_num_seqs, vocab] fp32  the logits rows of the requests that sample
 //   work    [max_num_seqs, vocab] fp32  the rows the logits processors change (raw when
 //                                       no row of the step asks for logprobs)
+//   weights [max_num_seqs, vocab] u32   the sampler's fixed-point token weights
 //   penalty state, per persistent row (one row per running request with penalties, plus a
 //   neutral row, max_num_seqs + 1 in all): repetition / presence / frequency, the output
 //   token counts [rows, vocab] int32 (advanced on the device by each sampled token) and the
@@ -151,6 +152,7 @@ class ModelRunner {
   LogitsObserver observer_;
 
   BackendBuffer raw_, work_;                         // [max_num_seqs, vocab] fp32
+  BackendBuffer weights_;                            // [max_num_seqs, vocab] uint32 (sampling)
   BackendBuffer options_, tokens_, rows_;            // [max_num_seqs] SamplingOptions / int32
   BackendBuffer repetition_, presence_, frequency_;  // [max_num_seqs + 1] fp32
   BackendBuffer counts_;                             // [max_num_seqs + 1, vocab] int32

@@ -450,7 +450,8 @@ TEST(GpuLogits, BackendsAgreeOnTheWholeSequence) {
                               LogitAdjustMode::kBan});
       backend->apply_token_mask(
           {logits, b.put(masked), b.put(masks), static_cast<int64_t>(masked.size()), rows, vocab});
-      backend->sample_tokens({logits, b.put(options), tokens, rows, vocab});
+      backend->sample_tokens({logits, b.put(options), tokens, rows, vocab,
+                              b.put(std::vector<uint32_t>(static_cast<size_t>(rows * vocab)))});
       backend->synchronize();
       return Out{b.get(logits, raw.size()),         b.get(logprob, rows),
                  b.get(top_logprobs, rows * top_n), b.get(rank, rows),
@@ -470,7 +471,8 @@ TEST(GpuLogits, BackendsAgreeOnTheWholeSequence) {
     const auto sample_raw = [&](Backend* backend) {
       BackendBatch b{backend, {}};
       int32_t* tokens = b.put(std::vector<int32_t>(rows));
-      backend->sample_tokens({b.put(raw), b.put(options), tokens, rows, vocab});
+      backend->sample_tokens({b.put(raw), b.put(options), tokens, rows, vocab,
+                              b.put(std::vector<uint32_t>(static_cast<size_t>(rows * vocab)))});
       return b.get(tokens, rows);
     };
     EXPECT_EQ(sample_raw(cuda_backend.get()), sample_raw(cpu_backend.get()));

@@ -21,11 +21,13 @@ std::vector<int32_t> run_gpu(const std::vector<float>& logits,
   const cuda::DeviceBuffer dl = cuda::to_device(logits);
   const cuda::DeviceBuffer d_opts = cuda::to_device(opts);
   cuda::DeviceBuffer tokens(opts.size() * sizeof(int32_t) + 4);
+  cuda::DeviceBuffer weights(static_cast<size_t>(rows * vocab) * 4 + 4);
   cuda::sample_tokens({.logits = dl.as<float>(),
                        .options = d_opts.as<SamplingOptions>(),
                        .tokens = tokens.as<int32_t>(),
                        .num_rows = rows,
-                       .vocab = vocab},
+                       .vocab = vocab,
+                       .weights = weights.as<uint32_t>()},
                       nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   return cuda::to_host<int32_t>(tokens, opts.size());

@@ -44,6 +44,9 @@ struct SampleParams {
   int32_t* tokens = nullptr;                 // [num_rows] out
   int64_t num_rows = 0;
   int64_t vocab = 0;  // in [1, kMaxSamplingVocab]
+  // [num_rows, vocab] scratch for the rows' fixed-point weights (W <= 2^31): the CUDA
+  // sampler computes them once and re-reads them in its passes; the CPU sampler ignores it.
+  uint32_t* weights = nullptr;
 };
 
 // The kept weights of a row sum to < 2^53, so u * total fits scale_draw.

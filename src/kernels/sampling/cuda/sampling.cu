@@ -1,10 +1,15 @@
-// CUDA token sampling, one block per row, no workspace: every pass re-reads the row's
-// logits and recomputes the fixed-point weights (params.h).
+// CUDA token sampling, one block per row. The fixed-point weights (params.h) are computed
+// once per row into the caller's scratch (SampleParams::weights); later passes re-read
+// them with the row's logits (for the rank keys).
 //   1. argmax (NaN skipped, ties to the lower id) and the count of non-NaN ids
-//   2. top-k: the top_k-th largest rank key, by radix selection (8 passes of 8 bits)
-//   3. top-p: the rank key where the weight sum of keys >= it first reaches the target
+//   2. the weights W_i (0 for NaN)
+//   3. top-k: the top_k-th largest rank key, by radix selection (8 passes of 8 bits;
+//      each thread adds a run of equal digits to the shared histogram at once)
+//   4. top-p: the rank key where the weight sum of keys >= it first reaches the target
 //      (same radix selection, histograms of weights)
-//   4. the kept total, r, and a block-wide running sum in id order to find the token
+//   5. the kept total and r; each thread sums the kept weights of a contiguous range of
+//      ids, one exclusive scan over the threads finds the range holding r, and its thread
+//      walks it in id order to the token
 // All sums are integer (shared-memory atomics and cub reductions on uint64), so the
 // result does not depend on thread scheduling.
 #include <cub/block/block_reduce.cuh>
@@ -59,23 +64,35 @@ __device__ u64 block_sum(u64 v, Shared& s) {
 // lower <= key(i) and key(i) >= c reaches target (which that sum over all keys >= lower
 // must reach). value(i) is 1 (counting) or the token weight.
 template <bool kWeighted>
-__device__ uint64_t select_key(const float* logits, int64_t vocab, float max_logit,
-                               double inv_temperature, uint64_t lower, uint64_t target, Shared& s) {
+__device__ uint64_t select_key(const float* logits, const uint32_t* weights, int64_t vocab,
+                               uint64_t lower, uint64_t target, Shared& s) {
   uint64_t prefix = 0;
   uint64_t above = 0;  // value of the keys above the current prefix range
   for (int shift = 56; shift >= 0; shift -= 8) {
     const uint64_t high_mask = shift == 56 ? 0 : ~uint64_t{0} << (shift + 8);
     for (int d = threadIdx.x; d < kDigits; d += kThreads) s.histogram[d] = 0;
     __syncthreads();
+    // Runs of one digit are summed in a register and added once: the keys of a row share
+    // their high bytes (logits of one sign and exponent), so one atomic per element would
+    // serialize the whole block on a bin or two.
+    int run_digit = -1;
+    uint64_t run = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float l = logits[i];
       if (isnan(l)) continue;
       const uint64_t key = sampling::rank_key(l, i);
       if (key < lower || (key & high_mask) != prefix) continue;
-      const uint64_t v =
-          kWeighted ? sampling::token_weight(l, max_logit, inv_temperature) : uint64_t{1};
-      if (v != 0) atomicAdd(&s.histogram[(key >> shift) & 0xff], static_cast<u64>(v));
+      const uint64_t v = kWeighted ? uint64_t{weights[i]} : uint64_t{1};
+      if (v == 0) continue;
+      const int digit = static_cast<int>((key >> shift) & 0xff);
+      if (digit != run_digit) {
+        if (run != 0) atomicAdd(&s.histogram[run_digit], static_cast<u64>(run));
+        run_digit = digit;
+        run = 0;
+      }
+      run += v;
     }
+    if (run != 0) atomicAdd(&s.histogram[run_digit], static_cast<u64>(run));
     __syncthreads();
     if (threadIdx.x == 0) {
       int d = kDigits - 1;
@@ -94,10 +111,11 @@ __device__ uint64_t select_key(const float* logits, int64_t vocab, float max_log
 
 __global__ void __launch_bounds__(kThreads)
     sample_kernel(const float* __restrict__ all_logits, const SamplingOptions* __restrict__ options,
-                  int32_t* __restrict__ tokens, int64_t vocab) {
+                  int32_t* __restrict__ tokens, uint32_t* __restrict__ all_weights, int64_t vocab) {
   __shared__ Shared s;
   const int64_t row = blockIdx.x;
   const float* logits = all_logits + row * vocab;
+  uint32_t* weights = all_weights + row * vocab;
   const SamplingOptions o = options[row];
   if (!sampling::options_valid(o)) {
     if (threadIdx.x == 0) tokens[row] = -1;
@@ -123,52 +141,55 @@ __global__ void __launch_bounds__(kThreads)
   }
   const float max_logit = top.value;
   const double inv_temperature = sampling::inverse_temperature(o.temperature);
+  // The weights, once (W <= 2^31 fits 32 bits); NaN ids weigh 0 and are never kept.
+  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
+    const float l = logits[i];
+    weights[i] = isnan(l)
+                     ? 0u
+                     : static_cast<uint32_t>(sampling::token_weight(l, max_logit, inv_temperature));
+  }
+  __syncthreads();  // the last pass reads other threads' weights
 
   uint64_t lower = 0;
   if (o.top_k > 0 && static_cast<uint64_t>(o.top_k) < num_valid) {
-    lower = select_key<false>(logits, vocab, max_logit, inv_temperature, 0,
-                              static_cast<uint64_t>(o.top_k), s);
+    lower = select_key<false>(logits, weights, vocab, 0, static_cast<uint64_t>(o.top_k), s);
   }
   if (o.top_p < 1.0f) {
     uint64_t part = 0;
     for (int64_t i = threadIdx.x; i < vocab; i += kThreads) {
       const float l = logits[i];
-      if (!isnan(l) && sampling::rank_key(l, i) >= lower) {
-        part += sampling::token_weight(l, max_logit, inv_temperature);
-      }
+      if (!isnan(l) && sampling::rank_key(l, i) >= lower) part += weights[i];
     }
     const uint64_t total = block_sum(part, s);
     const uint64_t at_least = sampling::ceil_mul(o.top_p, total);
     const uint64_t target = at_least > 0 ? at_least : 1;
-    lower = select_key<true>(logits, vocab, max_logit, inv_temperature, lower, target, s);
+    lower = select_key<true>(logits, weights, vocab, lower, target, s);
   }
 
   const uint64_t min_weight = sampling::ceil_mul(o.min_p, kMaxWeight);
   const auto kept_weight = [&](int64_t i) -> uint64_t {
-    if (i >= vocab) return 0;
-    const float l = logits[i];
-    if (isnan(l) || sampling::rank_key(l, i) < lower) return 0;
-    const uint64_t w = sampling::token_weight(l, max_logit, inv_temperature);
-    return w >= min_weight ? w : 0;
+    const uint64_t w = weights[i];
+    if (w < min_weight || w == 0 || sampling::rank_key(logits[i], i) < lower) return 0;
+    return w;
   };
+  // Thread t's ids: [t * span, (t + 1) * span) within the row.
+  const int64_t span = (vocab + kThreads - 1) / kThreads;
+  const int64_t first = threadIdx.x * span;
+  const int64_t last = first + span < vocab ? first + span : vocab;
   uint64_t part = 0;
-  for (int64_t i = threadIdx.x; i < vocab; i += kThreads) part += kept_weight(i);
-  const uint64_t total = block_sum(part, s);
+  for (int64_t i = first; i < last; ++i) part += kept_weight(i);
+  u64 before = 0, total = 0;
+  cub::BlockScan<u64, kThreads>(s.tmp.scan).ExclusiveSum(static_cast<u64>(part), before, total);
+  // The kept total is > 0: the top-ranked id has W = 2^31 and survives every filter.
   const uint64_t r = sampling::scale_draw(sampling::draw_bits(o.seed, o.step), total);
-
-  uint64_t running = 0;  // kept weight of the ids before this chunk
-  for (int64_t base = 0; base < vocab; base += kThreads) {
-    const int64_t i = base + threadIdx.x;
-    const uint64_t w = kept_weight(i);
-    u64 inclusive, chunk_total;
-    cub::BlockScan<u64, kThreads>(s.tmp.scan)
-        .InclusiveSum(static_cast<u64>(w), inclusive, chunk_total);
-    if (w != 0 && running + inclusive > r && running + inclusive - w <= r) {
+  if (part == 0 || r < before || r >= before + part) return;
+  uint64_t running = before;
+  for (int64_t i = first; i < last; ++i) {
+    running += kept_weight(i);
+    if (running > r) {
       tokens[row] = static_cast<int32_t>(i);
+      return;
     }
-    running += chunk_total;
-    __syncthreads();
-    if (running > r) return;
   }
 }
 
@@ -179,11 +200,11 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   CHECK(p.vocab > 0 && p.vocab <= kMaxSamplingVocab, "sample_tokens: vocab ", p.vocab,
         " not in [1, ", kMaxSamplingVocab, "]");
   if (p.num_rows == 0) return;
-  CHECK(p.logits != nullptr && p.options != nullptr && p.tokens != nullptr,
-        "sample_tokens: null pointer");
+  CHECK(p.logits != nullptr && p.options != nullptr && p.tokens != nullptr && p.weights != nullptr,
+        "sample_tokens: null pointer (the CUDA sampler needs SampleParams::weights)");
   CHECK(p.num_rows <= INT32_MAX, "sample_tokens: num_rows over 2^31");
-  sample_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(p.logits, p.options,
-                                                                            p.tokens, p.vocab);
+  sample_kernel<<<static_cast<unsigned>(p.num_rows), kThreads, 0, stream>>>(
+      p.logits, p.options, p.tokens, p.weights, p.vocab);
   CUDA_CHECK_LAUNCH();
 }
 
