@@ -135,6 +135,25 @@ TEST(Cli, GenerateGreedyOnBundledModelIsReproducible) {
   EXPECT_EQ(a.output.substr(a.output.find("ids:")), b.output.substr(b.output.find("ids:")));
 }
 
+// generate's index keys default to serve's (fp8); fp32 is asked for by name. A 48-token
+// prompt: past index_topk (8) keys, so the two key formats select differently.
+TEST(Cli, GenerateIndexKeysDefaultToServes) {
+  const auto tail = [](const RunResult& r) { return r.output.substr(r.output.find("ids:")); };
+  const std::string request =
+      "generate --max-tokens 16 --prompt-ids 243,606,557,133,378,937,618,485,640,594,67,620,13,"
+      "930,857,480,265,564,239,196,734,481,553,856,562,487,406,654,881,154,237,650,155,888,948,"
+      "535,399,759,15,687,795,65,163,776,980,605,43,308";
+  const RunResult def = run(request);
+  const RunResult fp8 = run(request + " --index-cache-dtype fp8");
+  const RunResult old = run(request + " --indexer-fp8");
+  const RunResult fp32 = run(request + " --index-cache-dtype fp32");
+  ASSERT_EQ(def.exit_code, 0) << def.output;
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_EQ(tail(def), tail(fp8));
+  EXPECT_EQ(tail(def), tail(old));
+  EXPECT_NE(tail(def), tail(fp32));
+}
+
 TEST(Cli, GenerateSeedReproducesSampledTokens) {
   const RunResult a =
       run("generate --prompt-ids 7,8,9 --max-tokens 12 --temperature 1.0 --seed 42");
@@ -158,6 +177,12 @@ TEST(Cli, GenerateRefusesBadInputClearly) {
   r = run("generate --prompt-ids 1 --device tpu");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--device"), std::string::npos) << r.output;
+  r = run("generate --prompt-ids 1 --index-cache-dtype mxfp4");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--index-cache-dtype mxfp4"), std::string::npos) << r.output;
+  r = run("generate --prompt-ids 1 --indexer-fp8 --index-cache-dtype fp32");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("--indexer-fp8"), std::string::npos) << r.output;
 }
 
 }  // namespace

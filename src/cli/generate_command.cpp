@@ -26,8 +26,9 @@ struct GenerateArgs {
   uint64_t seed = 0;
   std::string device = "cpu";
   bool ignore_eos = false;
-  bool indexer_fp8 = false;
   std::string kv_cache_dtype = "auto";
+  std::string index_cache_dtype = "fp8";  // serve's default: the same request, the same tokens
+  bool indexer_fp8 = false;               // the old spelling of --index-cache-dtype fp8
   bool enforce_eager = false;
   bool batch_invariant = false;
 };
@@ -40,7 +41,12 @@ int run_generate(const GenerateArgs& a) {
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
   ModelOptions options;
-  options.indexer_fp8 = a.indexer_fp8;
+  const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
+  CHECK(index_cache != IndexCacheDtype::kMxfp4,
+        "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
+  CHECK(!a.indexer_fp8 || index_cache == IndexCacheDtype::kFp8,
+        "--indexer-fp8 contradicts --index-cache-dtype ", a.index_cache_dtype);
+  options.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
   options.latent_cache = parse_latent_cache_dtype(a.kv_cache_dtype);
   options.batch_invariant = a.batch_invariant;
   auto model =
@@ -111,8 +117,11 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   cmd->add_flag("--batch-invariant", a->batch_invariant,
                 "logits bitwise independent of the batch, the chunking and prefix hits");
-  cmd->add_flag("--indexer-fp8", a->indexer_fp8,
-                "score the DSA indexer on FP8 index keys with the Hadamard rotation");
+  cmd->add_option("--index-cache-dtype", a->index_cache_dtype,
+                  "DSA index keys: fp8 (the FP8 indexer with the Hadamard rotation, as serve) or "
+                  "fp32 (exact scores, as the golden references)")
+      ->capture_default_str();
+  cmd->add_flag("--indexer-fp8", a->indexer_fp8, "the same as --index-cache-dtype fp8");
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
                   "MLA latent cache: auto (= fp32), fp32 or fp8 (DSA models)")
       ->capture_default_str();

@@ -17,8 +17,7 @@ def generate_ids(max_tokens, temperature, seed):
     out = subprocess.run(
         [str(binary_path()), "generate", str(MODEL_DIR), "--prompt-ids",
          ",".join(map(str, PROMPT)), "--max-tokens", str(max_tokens), "--temperature",
-         str(temperature), "--seed", str(seed), "--ignore-eos",
-         "--indexer-fp8"],  # serve's default index-key cache (--index-cache-dtype fp8)
+         str(temperature), "--seed", str(seed), "--ignore-eos"],  # both at their defaults
         capture_output=True, text=True, timeout=120, check=True).stdout
     match = re.search(r"^ids:(.*)$", out, re.MULTILINE)
     assert match, out
