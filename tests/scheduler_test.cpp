@@ -479,6 +479,38 @@ TEST(SchedulerTest, AbortFreesBlocksAtOnce) {
   EXPECT_TRUE(h.scheduler.schedule().requests.empty());
 }
 
+// 20,000 queued requests (a prompt batch), 4 running at a time; every other one aborted
+// in a shuffled order, waiting and running alike (the queues are ordered sets: one abort
+// costs O(log n), not a shift of the whole queue). The rest still run in add order and
+// give their alone outputs.
+TEST(SchedulerTest, ManyAbortsInAnyOrderKeepTheQueueOrder) {
+  constexpr int kNum = 20000;
+  Harness h(make_config(64, 4, 64), make_kv(64, 4));
+  std::mt19937 rng(12);
+  for (int i = 0; i < kNum; ++i) {
+    h.add(make_request(str_cat("r", i), random_tokens(rng, 3), 2));
+  }
+  h.step();
+  ASSERT_EQ(h.scheduler.num_running(), 4);
+  std::vector<int> victims;
+  for (int i = 0; i < kNum; i += 2) victims.push_back(i);
+  std::shuffle(victims.begin(), victims.end(), rng);
+  std::set<std::string> aborted;
+  for (int i : victims) {
+    EXPECT_TRUE(h.scheduler.abort_request(str_cat("r", i)));
+    aborted.insert(str_cat("r", i));
+  }
+  EXPECT_EQ(h.scheduler.num_running() + h.scheduler.num_waiting(), kNum / 2);
+  h.finish_order.clear();
+  h.run_to_completion();
+  ASSERT_EQ(h.finish_order.size(), static_cast<size_t>(kNum / 2));
+  for (size_t k = 0; k < h.finish_order.size(); ++k) {
+    ASSERT_EQ(h.finish_order[k], str_cat("r", 2 * k + 1));
+  }
+  h.check_outputs(aborted);
+  EXPECT_DOUBLE_EQ(h.scheduler.kv_cache().usage(), 0.0);
+}
+
 // a runs first; b shares 90 of its 100 prompt tokens, c all of them. With KDA layers a hit
 // lands only where a left a snapshot (every 2 blocks of 16 and at its last full prompt block:
 // 32, 64, 96); without, at any block boundary.

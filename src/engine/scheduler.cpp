@@ -8,7 +8,10 @@
 namespace hyserve {
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config)
-    : config_(config), kv_(kv_config) {
+    : config_(config),
+      kv_(kv_config),
+      waiting_(MoreUrgent{config.policy}),
+      running_(MoreUrgent{config.policy}) {
   CHECK(config.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
         config.max_num_batched_tokens);
   CHECK(config.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", config.max_num_seqs);
@@ -22,8 +25,8 @@ Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_conf
         config.long_prefill_token_threshold.value_or(0));
 }
 
-bool Scheduler::more_urgent(const Entry* a, const Entry* b) const {
-  if (config_.policy == SchedulingPolicy::kPriority) {
+bool Scheduler::MoreUrgent::operator()(const Entry* a, const Entry* b) const {
+  if (policy == SchedulingPolicy::kPriority) {
     if (a->request.priority != b->request.priority) {
       return a->request.priority < b->request.priority;
     }
@@ -32,13 +35,6 @@ bool Scheduler::more_urgent(const Entry* a, const Entry* b) const {
     }
   }
   return a->seq < b->seq;
-}
-
-void Scheduler::insert_sorted(std::vector<Entry*>& queue, Entry* entry) const {
-  const auto pos =
-      std::upper_bound(queue.begin(), queue.end(), entry,
-                       [this](const Entry* a, const Entry* b) { return more_urgent(a, b); });
-  queue.insert(pos, entry);
 }
 
 int64_t Scheduler::max_num_tokens(const Request& request) const {
@@ -75,12 +71,12 @@ void Scheduler::add_request(Request request) {
   request.stop_token_id.reset();
   const std::string id = request.id;
   Entry& entry = requests_.emplace(id, Entry{std::move(request), next_seq_++}).first->second;
-  insert_sorted(waiting_, &entry);
+  waiting_.insert(&entry);
 }
 
 void Scheduler::finish(Entry* entry, RequestStatus status) {
-  std::erase(running_, entry);
-  std::erase(waiting_, entry);
+  running_.erase(entry);
+  waiting_.erase(entry);
   kv_.free(entry->request);
   entry->request.status = status;
   finished_since_schedule_.push_back(entry->request.id);
@@ -100,12 +96,12 @@ const Request* Scheduler::find_request(const std::string& request_id) const {
 }
 
 void Scheduler::preempt(Entry* victim, SchedulerOutput& out) {
-  std::erase(running_, victim);
+  running_.erase(victim);
   kv_.free(victim->request);
   victim->request.status = RequestStatus::kPreempted;
   victim->request.num_computed_tokens = 0;
   ++victim->request.num_preemptions;
-  insert_sorted(waiting_, victim);
+  waiting_.insert(victim);
   out.preempted_request_ids.push_back(victim->request.id);
 }
 
@@ -157,14 +153,15 @@ SchedulerOutput Scheduler::schedule() {
     return n;
   };
 
-  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
-    Entry* entry = running_[i];
+  // Preemption takes the least urgent running request (the last), never one before `it`.
+  for (auto it = running_.begin(); it != running_.end() && budget > 0; ++it) {
+    Entry* entry = *it;
     Request& r = entry->request;
     const int64_t n = step_tokens(r, r.num_computed_tokens);
     if (n == 0) continue;
     bool fits = kv_.allocate_slots(r, n, 0);
-    while (!fits && running_.back() != entry) {
-      preempt(running_.back(), out);
+    while (!fits && *running_.rbegin() != entry) {
+      preempt(*running_.rbegin(), out);
       fits = kv_.allocate_slots(r, n, 0);
     }
     if (!fits) {
@@ -177,7 +174,7 @@ SchedulerOutput Scheduler::schedule() {
 
   while (out.preempted_request_ids.empty() && !waiting_.empty() && budget > 0 &&
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
-    Entry* entry = waiting_.front();
+    Entry* entry = *waiting_.begin();
     Request& r = entry->request;
     int64_t num_cached = kv_.get_computed_blocks(r);
     if (!config_.enable_chunked_prefill && r.num_tokens() - num_cached > budget) break;
@@ -195,7 +192,7 @@ SchedulerOutput Scheduler::schedule() {
     if (r.status == RequestStatus::kWaiting) r.num_cached_prompt_tokens = num_cached;
     r.status = RequestStatus::kRunning;
     r.num_computed_tokens = num_cached;
-    insert_sorted(running_, entry);
+    running_.insert(entry);
     scheduled.emplace_back(entry, n);
     budget -= n;
   }

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -130,8 +131,14 @@ class Scheduler {
     uint64_t seq = 0;  // add order
   };
 
-  bool more_urgent(const Entry* a, const Entry* b) const;
-  void insert_sorted(std::vector<Entry*>& queue, Entry* entry) const;
+  // The queues' order (a total order: seq breaks ties); a request's key never changes
+  // while it is queued.
+  struct MoreUrgent {
+    SchedulingPolicy policy = SchedulingPolicy::kFcfs;
+    bool operator()(const Entry* a, const Entry* b) const;
+  };
+  // Ordered sets, so that finishing or aborting any one request costs O(log n).
+  using Queue = std::set<Entry*, MoreUrgent>;
   void preempt(Entry* victim, SchedulerOutput& out);
   void finish(Entry* entry, RequestStatus status);
   // Length at which the request stops for length: min(prompt + max_tokens, max_model_len).
@@ -142,8 +149,8 @@ class Scheduler {
   SchedulerConfig config_;
   KvCacheManager kv_;
   std::unordered_map<std::string, Entry> requests_;  // waiting and running
-  std::vector<Entry*> waiting_;                      // most urgent first
-  std::vector<Entry*> running_;                      // most urgent first
+  Queue waiting_;                                    // most urgent first
+  Queue running_;                                    // most urgent first
   std::vector<std::string> finished_since_schedule_;
   uint64_t next_seq_ = 0;
 };
