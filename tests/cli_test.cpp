@@ -15,8 +15,8 @@ struct RunResult {
   std::string output;  // stdout + stderr
 };
 
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(HYSERVE_BINARY) + " " + args + " 2>&1";
+// Runs a shell command line; its exit code and its stdout + stderr.
+RunResult run_command(const std::string& cmd) {
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) return {-1, "popen failed"};
   std::string out;
@@ -25,6 +25,17 @@ RunResult run(const std::string& args) {
   while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
   const int status = pclose(pipe);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+RunResult run(const std::string& args) {
+  return run_command(std::string(HYSERVE_BINARY) + " " + args + " 2>&1");
+}
+
+// `serve` with flags it must refuse: a server that starts instead is killed after 60 s
+// (exit code 124), which fails the test rather than hanging it.
+RunResult serve_refusing(const std::string& flags) {
+  return run_command("timeout 60 " + std::string(HYSERVE_BINARY) + " serve --port 0 " + flags +
+                     " 2>&1");
 }
 
 std::string shared_configs() {
@@ -183,6 +194,37 @@ TEST(Cli, GenerateRefusesBadInputClearly) {
   r = run("generate --prompt-ids 1 --indexer-fp8 --index-cache-dtype fp32");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--indexer-fp8"), std::string::npos) << r.output;
+}
+
+// vLLM's flag rules, checked before any weight loads (no "kernel plan" line, which
+// follows the load): each refusal names the flag and exits non-zero.
+TEST(Cli, ServeRefusesBadFlagsBeforeLoading) {
+  const struct {
+    std::string flags;
+    std::string expected;  // in the output
+  } cases[] = {
+      {"--max-num-seqs 0", "--max-num-seqs must be at least 1, got 0"},
+      {"--max-num-seqs -3", "--max-num-seqs must be at least 1, got -3"},
+      {"--max-num-batched-tokens 0", "--max-num-batched-tokens must be at least 1, got 0"},
+      {"--max-model-len 0",
+       "--max-model-len must be at least 2 (a prompt token and an output), got 0"},
+      {"--max-model-len 1", "--max-model-len must be at least 2"},
+      {"--max-model-len 100000",
+       "--max-model-len 100000 is greater than the model's "
+       "max_position_embeddings (4096"},
+      {"--max-num-seqs 4 --max-num-seqs 8", "--max-num-seqs"},
+      {"--enable-prefix-caching --enable-prefix-caching", "--enable-prefix-caching"},
+      {"--served-model-name a --served-model-name b", "--served-model-name given more than once"},
+      {"--allowed-origins https://x.example", "--allowed-origins must be a JSON list of strings"},
+      {"--allowed-headers '[1]'", "--allowed-headers must be a JSON list of strings"},
+  };
+  for (const auto& c : cases) {
+    const RunResult r = serve_refusing(c.flags);
+    EXPECT_NE(r.exit_code, 0) << c.flags << "\n" << r.output;
+    EXPECT_NE(r.exit_code, 124) << c.flags << " started a server\n" << r.output;
+    EXPECT_NE(r.output.find(c.expected), std::string::npos) << c.flags << "\n" << r.output;
+    EXPECT_EQ(r.output.find("kernel plan"), std::string::npos) << c.flags << "\n" << r.output;
+  }
 }
 
 }  // namespace

@@ -135,6 +135,15 @@ EngineConfig small_config(int64_t max_num_batched_tokens = 256, int64_t max_num_
   return c;
 }
 
+// small_config(4096, 4) with prefix caching and a context of 4 blocks; the block size.
+std::pair<EngineConfig, int64_t> prefix_caching_config(const Model& model) {
+  EngineConfig config = small_config(4096, 4);
+  const int64_t bs = model.cache_plan(config.min_block_size).block_size;
+  config.scheduler.max_model_len = 4 * bs;
+  config.enable_prefix_caching = true;
+  return {config, bs};
+}
+
 void run_to_completion(Engine& engine) {
   for (int i = 0; i < 10000 && engine.step(); ++i) {
   }
@@ -689,14 +698,86 @@ TEST(EngineTest, PrefixHitEqualsMissBitwise) {
   EXPECT_EQ(plain.stats().prefix_cache_hits, 0);
 }
 
+// The observer's figures: every request once with its finish reason, its whole prompt (a
+// prefix hit included), its tokens and max_tokens; the times ordered (queue + prefill =
+// TTFT, prefill + decode = inference <= end to end); one first_token per request with
+// tokens, one inter_token per later step; step() sums the scheduled tokens. stats()
+// counts the whole prompt of every request that got a token, once.
+TEST(EngineTest, ObserverReportsEachRequestsFigures) {
+  struct Recorder : EngineObserver {
+    std::map<std::string, FinishedRequest> finished;
+    int num_first = 0, num_inter = 0;
+    int64_t scheduled_tokens = 0;
+    void request_finished(const FinishedRequest& r) override {
+      EXPECT_TRUE(finished.emplace(r.request_id, r).second) << r.request_id << " twice";
+    }
+    void first_token(double ttft_s) override {
+      EXPECT_GE(ttft_s, 0.0);
+      ++num_first;
+    }
+    void inter_token(double seconds) override {
+      EXPECT_GE(seconds, 0.0);
+      ++num_inter;
+    }
+    void step(int64_t n) override { scheduled_tokens += n; }
+  };
+  Recorder rec;  // outlives the engine
+  auto model = load_tiny();
+  const auto [config, bs] = prefix_caching_config(*model);
+  Engine engine(std::move(model), config);
+  engine.set_observer(&rec);
+  const int64_t vocab = engine.model().config().vocab_size;
+  const std::vector<int32_t> prompt = random_prompt(2 * bs + 3, 600, vocab);
+  Collector col;
+  engine.add_request(make_request("a", prompt, 5), col.callback());
+  run_to_completion(engine);
+  engine.add_request(make_request("b", prompt, 1), col.callback());  // a prefix hit
+  run_to_completion(engine);
+  engine.add_request(make_request("c", random_prompt(9, 601, vocab), 50), col.callback());
+  engine.step();
+  engine.abort_request("c");
+  run_to_completion(engine);
+
+  ASSERT_EQ(rec.finished.size(), 3u);
+  const FinishedRequest& a = rec.finished.at("a");
+  const FinishedRequest& b = rec.finished.at("b");
+  const FinishedRequest& c = rec.finished.at("c");
+  EXPECT_EQ(a.finish_reason, "length");
+  EXPECT_EQ(b.finish_reason, "length");
+  EXPECT_EQ(c.finish_reason, "abort");
+  EXPECT_EQ(a.num_prompt_tokens, 2 * bs + 3);
+  EXPECT_EQ(b.num_prompt_tokens, 2 * bs + 3);
+  EXPECT_EQ(a.num_cached_tokens, 0);
+  EXPECT_EQ(b.num_cached_tokens, 2 * bs);
+  EXPECT_EQ(a.num_generation_tokens, 5);
+  EXPECT_EQ(b.num_generation_tokens, 1);
+  EXPECT_EQ(c.num_generation_tokens, 1);  // its prefill step gave it one token
+  EXPECT_EQ(a.max_tokens, 5);
+  EXPECT_EQ(c.max_tokens, 50);
+  for (const FinishedRequest* r : {&a, &b, &c}) {
+    ASSERT_TRUE(r->queue_s && r->prefill_s && r->decode_s && r->inference_s && r->ttft_s)
+        << r->request_id;
+    EXPECT_NEAR(*r->queue_s + *r->prefill_s, *r->ttft_s, 1e-9) << r->request_id;
+    EXPECT_NEAR(*r->prefill_s + *r->decode_s, *r->inference_s, 1e-9) << r->request_id;
+    EXPECT_LE(*r->queue_s + *r->inference_s, r->e2e_s + 1e-9) << r->request_id;
+  }
+  ASSERT_TRUE(a.time_per_output_token_s);
+  EXPECT_NEAR(*a.time_per_output_token_s, *a.decode_s / 4, 1e-12);
+  EXPECT_FALSE(b.time_per_output_token_s);  // one token: no time between tokens
+  EXPECT_EQ(*b.decode_s, 0.0);
+  EXPECT_EQ(rec.num_first, 3);
+  EXPECT_EQ(rec.num_inter, 4);  // a's tokens 2..5
+  // a's prompt, b's uncached suffix, c's prompt, and the decode steps' tokens (a: 4).
+  EXPECT_EQ(rec.scheduled_tokens, (2 * bs + 3) + 3 + 9 + 4);
+  EXPECT_EQ(engine.stats().prompt_tokens, 2 * (2 * bs + 3) + 9);
+  EXPECT_EQ(engine.stats().generation_tokens, 5 + 1 + 1);
+}
+
 // A different cache_salt never reads another request's blocks; prompt logprobs need every
 // position computed, so such a request reads nothing either.
 TEST(EngineTest, PrefixCacheIsIsolatedBySaltAndSkippedForPromptLogprobs) {
-  EngineConfig config = small_config(4096, 4);
   auto model = load_tiny();
-  const int64_t bs = model->cache_plan(config.min_block_size).block_size;
-  config.scheduler.max_model_len = 4 * bs;
-  config.enable_prefix_caching = true;
+  const auto [config, bs] = prefix_caching_config(*model);
   Engine engine(std::move(model), config);
   const auto prompt = random_prompt(bs + 9, 520, engine.model().config().vocab_size);
   Collector col;

@@ -257,6 +257,131 @@ TEST(OpenAIProtocolCompletion, Errors) {
                "Requested sample logprobs of 21, which is greater than max allowed: 20");
 }
 
+// Issue 25: what vLLM does with these fields.
+TEST(OpenAIProtocol, NumbersBeyondADoubleAreNamedByTheirPath) {
+  const std::string big(5000, '9');
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"prompt": "a", "foo": 1e999})", "foo"},
+      {R"({"prompt": "a", "foo": -1e999})", "foo"},
+      {R"({"prompt": "a", "x": {"y": [1, 2, )" + big + "]}}", "x.y[2]"},
+      {R"({"prompt": [1, )" + big + "]}", "prompt[1]"},
+      {"[" + big + "]", "[0]"},
+  };
+  for (const auto& [body, param] : cases) {
+    const RequestError e = completion_error(body);
+    EXPECT_EQ(e.status(), 400);
+    EXPECT_EQ(e.param(), param) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("999"), std::string::npos) << e.what();
+  }
+  // Keys quoted in the path are cut short; syntax errors keep nlohmann's position.
+  const RequestError long_key = completion_error(R"({")" + std::string(1000, 'k') + R"(": 1e999})");
+  EXPECT_LT(std::string(long_key.what()).size(), 200u) << long_key.what();
+  const RequestError syntax = completion_error(R"({"prompt": "a", "n": 1x})");
+  EXPECT_EQ(std::string(syntax.what()).rfind("Invalid JSON body: parse error at line 1", 0), 0u)
+      << syntax.what();
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "a", "tiny": 1e-999})").prompts.size(), 1u);
+}
+
+TEST(OpenAIProtocolCompletion, VllmFields) {
+  // max_tokens: 16 when absent, none (the context's end) when null.
+  EXPECT_EQ(*parse_completion_request(R"({"prompt": "a"})").sampling.max_tokens,
+            kDefaultCompletionMaxTokens);
+  EXPECT_EQ(kDefaultCompletionMaxTokens, 16);
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "a", "max_tokens": null})")
+                   .sampling.max_tokens.has_value());
+  EXPECT_EQ(*parse_completion_request(R"({"prompt": "a", "max_tokens": 3})").sampling.max_tokens,
+            3);
+  // Chat has no default.
+  EXPECT_FALSE(parse_chat_completion_request("{" + kUser + "}").sampling.max_tokens.has_value());
+
+  EXPECT_EQ(parse_completion_request(R"({"prompt": "a", "n": 2, "best_of": 2})").n, 2);
+  for (const char* body :
+       {R"({"prompt": "a", "best_of": 2})", R"({"prompt": "a", "n": 3, "best_of": 2})",
+        R"({"prompt": "a", "best_of": 0})"}) {
+    EXPECT_EQ(completion_error(body).param(), "best_of") << body;
+  }
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "suffix": ""})").param(), "suffix");
+  EXPECT_STREQ(completion_error(R"({"prompt": "a", "suffix": "b"})").what(),
+               "suffix is not currently supported");
+  for (const char* body : {R"({"prompt": ""})", R"({"prompt": []})", R"({"prompt": [[]]})",
+                           R"({"prompt": [""]})", R"({"prompt": ["a", ""]})"}) {
+    const RequestError e = completion_error(body);
+    EXPECT_EQ(e.param(), "prompt") << body;
+    EXPECT_STREQ(e.what(), "The prompt is empty.") << body;
+  }
+  const auto r = parse_completion_request(
+      R"({"prompt": "a", "stream": true, "request_id": "r1", "return_token_ids": true,
+          "stream_options": {"include_usage": true, "continuous_usage_stats": true}})");
+  EXPECT_TRUE(r.continuous_usage);
+  EXPECT_TRUE(r.return_token_ids);
+  EXPECT_EQ(*r.request_id, "r1");
+  // continuous_usage_stats only with include_usage, as in vLLM.
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "a", "stream": true,
+                   "stream_options": {"continuous_usage_stats": true}})")
+                   .continuous_usage);
+}
+
+TEST(OpenAIProtocolChat, DeveloperRoleAndContinuation) {
+  const auto r = parse_chat_completion_request(
+      R"({"messages": [{"role": "developer", "content": "rules"},
+                       {"role": "assistant", "content": "Once"}],
+          "continue_final_message": true, "echo": true})");
+  EXPECT_EQ(r.messages[0].role, "system");
+  EXPECT_EQ(r.messages_json[0]["role"], "system");
+  EXPECT_EQ(r.messages_json[0]["content"], "rules");
+  EXPECT_TRUE(r.continue_final_message);
+  EXPECT_FALSE(r.add_generation_prompt);
+  EXPECT_TRUE(r.echo);
+  EXPECT_TRUE(parse_chat_completion_request("{" + kUser + "}").add_generation_prompt);
+  EXPECT_EQ(chat_error("{" + kUser +
+                       R"(, "continue_final_message": true, "add_generation_prompt": true})")
+                .param(),
+            "continue_final_message");
+  const auto t = parse_tokenize_request(
+      R"({"messages": [{"role": "developer", "content": "x"}], "add_generation_prompt": false})");
+  EXPECT_EQ(t.messages_json[0]["role"], "system");
+  EXPECT_FALSE(t.add_generation_prompt);
+  EXPECT_EQ(*parse_tokenize_request(R"({"prompt": "hi"})").prompt, "hi");
+  EXPECT_EQ(expect_error(parse_tokenize_request, R"({"messages": [{"role": "user",
+                 "content": "x"}], "add_generation_prompt": "yes"})")
+                .param(),
+            "add_generation_prompt");
+  EXPECT_EQ(parse_detokenize_request(R"({"tokens": [1, 2]})"), (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(expect_error(parse_detokenize_request, R"({"tokens": [1, 2.5]})").param(), "tokens[1]");
+}
+
+TEST(OpenAIProtocolChat, CutAfterFinalMessage) {
+  const ordered_json messages = ordered_json::parse(
+      R"([{"role": "user", "content": "Once"}, {"role": "assistant", "content": "Once upon "}])");
+  // The prompt ends right after the last occurrence of the content; its trailing space is
+  // kept when the template kept it, dropped when the template trimmed it.
+  EXPECT_EQ(cut_after_final_message("<u>Once</u><a>Once upon </a>", messages),
+            "<u>Once</u><a>Once upon ");
+  EXPECT_EQ(cut_after_final_message("<u>Once</u><a>Once upon</a>", messages),
+            "<u>Once</u><a>Once upon");
+  const ordered_json parts = ordered_json::parse(
+      R"([{"role": "assistant", "content": [{"type": "text", "text": "a"},
+                                           {"type": "text", "text": "bc"}]}])");
+  EXPECT_EQ(cut_after_final_message("<a>a\nbc</a>", parts), "<a>a\nbc");
+  EXPECT_EQ(expect_error([&](const std::string& r) { return cut_after_final_message(r, messages); },
+                         "<a>dropped</a>")
+                .param(),
+            "continue_final_message");
+}
+
+TEST(OpenAIProtocolResponse, RequestIdsAndRoles) {
+  EXPECT_EQ(make_response_meta("chatcmpl", "m", "trace-1").id, "chatcmpl-trace-1");
+  EXPECT_EQ(make_response_meta("cmpl", "m").id.size(), 5u + 32u);
+  EXPECT_EQ(random_hex(8).size(), 8u);
+  const ResponseMeta meta{"chatcmpl-abc", 1700000000, "kimi"};
+  EXPECT_EQ(chat_role_chunk_json(meta, 0, "user")["choices"][0]["delta"]["role"], "user");
+  ChatChoice choice;
+  choice.role = "user";
+  choice.content = "x";
+  choice.finish_reason = "stop";
+  EXPECT_EQ(chat_completion_json(meta, {choice}, {})["choices"][0]["message"]["role"], "user");
+}
+
 TEST(OpenAIProtocol, ValidatePromptNamesTheField) {
   const std::vector<int32_t> prompt = {1, 2, 3};
   const RequestLimits limits{100, 50};

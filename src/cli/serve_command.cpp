@@ -1,11 +1,18 @@
 // `hyserve serve [MODEL_DIR] [flags]`: the OpenAI-compatible server, with vLLM's flag
-// names (SERVING.md). Runs until SIGINT / SIGTERM, then drains in-flight requests.
+// names (SERVING.md). The flags are checked before any weight loads (a flag given twice is
+// refused, where argparse would take the last); runs until SIGINT / SIGTERM, then drains
+// in-flight requests.
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
 #include "core/cuda/device_buffer.h"
@@ -13,7 +20,9 @@
 #include "engine/model_runner.h"
 #include "kv/cache_format.h"
 #include "kv/memory_plan.h"
+#include "model/config.h"
 #include "model/model.h"
+#include "server/no_tokenizer.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/tokenizer.h"
@@ -27,11 +36,13 @@ struct ServeArgs {
   std::string model_dir;
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string served_model_name;
+  // One group per --served-model-name given (several names each); more than one is refused.
+  std::vector<std::vector<std::string>> served_model_names;
   int64_t tensor_parallel_size = 1;
   int64_t decode_context_parallel_size = 1;
-  int64_t max_model_len = 0;
+  std::optional<int64_t> max_model_len;  // none: the config's max_position_embeddings
   int64_t max_num_seqs = 256;
+  int64_t max_sequences_per_request = 1024;  // prompts x n of one request
   int64_t max_num_batched_tokens = 8192;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
@@ -43,11 +54,60 @@ struct ServeArgs {
   std::string tool_call_parser;
   std::string reasoning_parser;
   std::string speculative_config;
-  std::string api_key;
+  std::string api_key;  // or $VLLM_API_KEY
+  // CORS, as vLLM takes them: JSON lists.
+  std::string allowed_origins = R"(["*"])";
+  std::string allowed_methods = R"(["*"])";
+  std::string allowed_headers = R"(["*"])";
+  bool allow_credentials = false;
+  bool skip_tokenizer_init = false;
   std::string device = "auto";
   bool batch_invariant = false;
   bool enforce_eager = false;
 };
+
+// A refused flag: the message alone (it names the flag), no check text or source line.
+template <typename... Args>
+void require(bool ok, Args&&... message) {
+  if (!ok) throw Error(str_cat(std::forward<Args>(message)...));
+}
+
+// A CORS flag's JSON list of strings (vLLM parses them with json.loads).
+std::vector<std::string> parse_json_list(const std::string& flag, const std::string& text) {
+  const nlohmann::json list = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const bool ok = list.is_array() && std::all_of(list.begin(), list.end(),
+                                                 [](const auto& item) { return item.is_string(); });
+  require(ok, flag, " must be a JSON list of strings, e.g. '[\"https://example.com\"]' (default ",
+          "'[\"*\"]'), got '", text, "'");
+  return list.get<std::vector<std::string>>();
+}
+
+// The context length: --max-model-len, at most the config's max_position_embeddings unless
+// VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (vLLM's override); the config's when not given.
+int64_t resolve_max_model_len(const ServeArgs& a, const ModelConfig& config) {
+  const int64_t derived = config.max_position_embeddings;
+  if (!a.max_model_len) {
+    require(derived > 0, "--max-model-len is needed: the config has no max_position_embeddings");
+    return derived;
+  }
+  const int64_t len = *a.max_model_len;
+  // A request needs a prompt token and room for one more.
+  require(len >= 2, "--max-model-len must be at least 2 (a prompt token and an output), got ", len,
+          " (leave it out for the config's max_position_embeddings",
+          derived > 0 ? str_cat(", ", derived) : "", ")");
+  if (derived > 0 && len > derived) {
+    const char* env = std::getenv("VLLM_ALLOW_LONG_MAX_MODEL_LEN");
+    const std::string allow = env ? env : "";
+    require(allow == "1" || allow == "true" || allow == "True", "--max-model-len ", len,
+            " is greater than the model's max_position_embeddings (", derived,
+            " in config.json); positions beyond it were never trained. To allow it anyway, ",
+            "set VLLM_ALLOW_LONG_MAX_MODEL_LEN=1");
+    log::warn(
+        "--max-model-len {} exceeds max_position_embeddings {} (VLLM_ALLOW_LONG_MAX_MODEL_LEN)",
+        len, derived);
+  }
+  return len;
+}
 
 int device_count_or_zero() {
   if (!cuda_backend_built()) return 0;
@@ -117,6 +177,19 @@ MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, EngineConfig& ec
 }
 
 int run_serve(const ServeArgs& a) {
+  require(a.served_model_names.size() <= 1,
+          "--served-model-name given more than once; give every name after one flag: ",
+          "--served-model-name NAME [NAME ...]");
+  require(a.max_num_seqs >= 1, "--max-num-seqs must be at least 1, got ", a.max_num_seqs);
+  require(a.max_sequences_per_request >= 1, "--max-sequences-per-request must be at least 1, got ",
+          a.max_sequences_per_request);
+  require(a.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be at least 1, got ",
+          a.max_num_batched_tokens);
+  CorsOptions cors;
+  cors.allowed_origins = parse_json_list("--allowed-origins", a.allowed_origins);
+  cors.allowed_methods = parse_json_list("--allowed-methods", a.allowed_methods);
+  cors.allowed_headers = parse_json_list("--allowed-headers", a.allowed_headers);
+  cors.allow_credentials = a.allow_credentials;
   CHECK(a.tensor_parallel_size == 1, "--tensor-parallel-size ", a.tensor_parallel_size,
         ": this hyserve runs on one device (tensor parallelism is not built yet)");
   CHECK(a.decode_context_parallel_size == 1, "--decode-context-parallel-size ",
@@ -145,23 +218,34 @@ int run_serve(const ServeArgs& a) {
 
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  // The config and the tokenizer before the weights: a bad flag or a missing tokenizer
+  // fails in a moment.
+  const ModelConfig config = ModelConfig::load(dir);
+  const int64_t max_model_len = resolve_max_model_len(a, config);
+  std::unique_ptr<Tokenizer> tokenizer;
+  ChatTemplates templates;
+  SpecialTokens special;
+  if (a.skip_tokenizer_init) {
+    tokenizer = std::make_unique<NoTokenizer>(config.vocab_size);
+  } else {
+    try {
+      tokenizer = Tokenizer::load(dir);
+    } catch (const TokenizerError& e) {
+      throw Error(str_cat(e.what(), "; --skip-tokenizer-init serves token-id prompts without one"));
+    }
+    templates = load_chat_templates(dir);
+    special = load_special_tokens(dir);
+  }
   ModelOptions mo;
   mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
   mo.latent_cache = latent_cache;
   mo.batch_invariant = a.batch_invariant;
   auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
-  const auto tokenizer = Tokenizer::load(dir);
-  ChatTemplates templates = load_chat_templates(dir);
-  SpecialTokens special = load_special_tokens(dir);
 
   EngineConfig ec;
   ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
   ec.scheduler.max_num_seqs = a.max_num_seqs;
-  ec.scheduler.max_model_len =
-      a.max_model_len > 0 ? a.max_model_len : model->config().max_position_embeddings;
-  CHECK(ec.scheduler.max_model_len > 0,
-        "--max-model-len is needed: the config has no max_position_embeddings");
-  const int64_t max_model_len = ec.scheduler.max_model_len;
+  ec.scheduler.max_model_len = max_model_len;
   // Generation stops at the config's EOS ids and at the tokenizer's eos_token (for Kimi
   // chat, <|im_end|>), as vLLM does.
   for (int64_t id : model->config().eos_token_ids)
@@ -195,13 +279,17 @@ int run_serve(const ServeArgs& a) {
   OpenAIServerOptions so;
   so.host = a.host;
   so.port = a.port;
-  so.served_model_name =
-      a.served_model_name.empty() ? dir.filename().string() : a.served_model_name;
+  so.served_model_names = a.served_model_names.empty()
+                              ? std::vector<std::string>{dir.filename().string()}
+                              : a.served_model_names[0];
   so.model_root = dir.string();
   so.api_key = a.api_key;
   so.enable_auto_tool_choice = a.enable_auto_tool_choice;
   so.tool_call_parser = a.tool_call_parser;
   so.reasoning_parser = a.reasoning_parser;
+  so.cors = cors;
+  so.skip_tokenizer_init = a.skip_tokenizer_init;
+  so.max_sequences_per_request = a.max_sequences_per_request;
   OpenAIServer server(so, engine, *tokenizer, std::move(templates), std::move(special));
 
   // SIGINT / SIGTERM end the server; they are handled on this thread only.
@@ -214,8 +302,8 @@ int run_serve(const ServeArgs& a) {
   log::info(
       "serving {} as '{}' on http://{}:{} (device {}, max_model_len {}, KV cache {} blocks of {} "
       "tokens, prefix caching {})",
-      dir.string(), so.served_model_name, a.host, server.port(), device, max_model_len, num_blocks,
-      block_size, ec.enable_prefix_caching ? "on" : "off");
+      dir.string(), so.served_model_names[0], a.host, server.port(), device, max_model_len,
+      num_blocks, block_size, ec.enable_prefix_caching ? "on" : "off");
   int sig = 0;
   sigwait(&signals, &sig);
   log::info("signal {}, draining", sig);
@@ -233,12 +321,18 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("model", a->model_dir, "checkpoint folder (default: the bundled tiny kimi_k3)");
   cmd->add_option("--host", a->host)->capture_default_str();
   cmd->add_option("--port", a->port)->capture_default_str();
-  cmd->add_option("--served-model-name", a->served_model_name, "model name clients use");
+  cmd->add_option("--served-model-name", a->served_model_names,
+                  "names clients may pass as model (the first is the one reported)")
+      ->expected(1, -1)
+      ->inject_separator();
   cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size)->capture_default_str();
   cmd->add_option("--decode-context-parallel-size", a->decode_context_parallel_size)
       ->capture_default_str();
   cmd->add_option("--max-model-len", a->max_model_len, "context length (default: the config's)");
   cmd->add_option("--max-num-seqs", a->max_num_seqs)->capture_default_str();
+  cmd->add_option("--max-sequences-per-request", a->max_sequences_per_request,
+                  "most sequences (prompts x n) one request may ask for; more is a 400")
+      ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", a->max_num_batched_tokens)->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization)->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
@@ -253,11 +347,25 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--tool-call-parser", a->tool_call_parser, "kimi_k3");
   cmd->add_option("--reasoning-parser", a->reasoning_parser, "kimi_k3");
   cmd->add_option("--speculative-config", a->speculative_config, "JSON");
-  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY'");
+  cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*")
+      ->envname("VLLM_API_KEY");
+  cmd->add_option("--allowed-origins", a->allowed_origins, "CORS origins, a JSON list")
+      ->capture_default_str();
+  cmd->add_option("--allowed-methods", a->allowed_methods, "CORS methods, a JSON list")
+      ->capture_default_str();
+  cmd->add_option("--allowed-headers", a->allowed_headers, "CORS headers, a JSON list")
+      ->capture_default_str();
+  cmd->add_flag("--allow-credentials", a->allow_credentials, "CORS: allow credentials");
+  cmd->add_flag("--skip-tokenizer-init", a->skip_tokenizer_init,
+                "serve without a tokenizer: token-id prompts only, outputs as token ids");
   cmd->add_option("--device", a->device, "cpu, cuda or auto")->capture_default_str();
   cmd->add_flag("--batch-invariant", a->batch_invariant,
                 "logits bitwise independent of the batch, the chunking and prefix hits");
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
+  // Options refuse a second value already; flags too.
+  for (CLI::Option* option : cmd->get_options()) {
+    if (option->get_expected_max() == 0) option->multi_option_policy(CLI::MultiOptionPolicy::Throw);
+  }
   return [a] { return run_serve(*a); };
 }
 

@@ -17,6 +17,7 @@
 #include "util/log.h"
 
 namespace hyserve {
+
 namespace {
 
 RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
@@ -38,12 +39,13 @@ struct Engine::Impl {
     int64_t num_prompt_tokens = 0;
     std::vector<std::optional<OutputToken>> prompt_logprob_values;  // [prompt_len] when asked
     bool sent_first_output = false;
-    std::chrono::steady_clock::time_point arrival;  // when add_request was called
-    bool scheduled_once = false;
+    using Clock = std::chrono::steady_clock;
+    Clock::time_point arrival;  // when add_request was called
+    std::optional<Clock::time_point> scheduled, first_token, last_token;
     double queue_time_s = 0.0;  // arrival to first scheduling
-    double ttft_s = -1.0;       // arrival to the first generated token (-1: none yet)
     int64_t num_output_tokens = 0;
     int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied
+    std::optional<int64_t> max_tokens;
   };
   // An add or an abort from any thread, applied at the start of the next step.
   struct Command {
@@ -75,12 +77,12 @@ struct Engine::Impl {
   // Queue times of requests scheduled for the first time.
   void note_scheduled(const SchedulerOutput& scheduled);
   // The outputs of a step's updates, with the runner's logprobs.
-  void collect_outputs(const SchedulerOutput& scheduled, RunnerStepResult& result,
-                       const std::vector<RequestUpdate>& updates,
-                       const std::unordered_map<std::string, int64_t>& num_cached,
-                       std::vector<Delivery>& out);
-  // The log line of a finished request (vLLM's: id, tokens, queue time, TTFT, end to end).
-  static void log_finished(const std::string& id, const Live& l, const std::string& reason);
+  // Returns the prompt tokens of the requests that got their first token.
+  int64_t collect_outputs(const SchedulerOutput& scheduled, RunnerStepResult& result,
+                          const std::vector<RequestUpdate>& updates, std::vector<Delivery>& out);
+  // A finished request's figures: its log line (vLLM's: id, tokens, queue time, TTFT, end
+  // to end) and the observer's record.
+  void report_finished(const std::string& id, const Live& l, const std::string& reason);
   // Finishes every queued and admitted request with `reason` (scheduler untouched when dead).
   void abort_all(std::vector<Delivery>& out, const std::string& reason, bool dead);
   void forget(const std::string& id);
@@ -96,6 +98,15 @@ struct Engine::Impl {
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
   bool has_work = false;                             // engine thread
+  // Calls to the observer hold observer_mu, so that once set_observer returns the old one
+  // gets no more calls.
+  EngineObserver* observer = nullptr;  // guarded by observer_mu
+  std::mutex observer_mu;
+  template <class F>
+  void notify(F&& f) {
+    std::lock_guard lock(observer_mu);
+    if (observer != nullptr) f(*observer);
+  }
 
   std::mutex mu;
   std::condition_variable cv;
@@ -127,6 +138,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       l.arrival = c.arrival;
       l.num_prompt_tokens = c.request.num_prompt_tokens();
       const SamplingParams& sp = c.request.sampling_params;
+      l.max_tokens = sp.max_tokens;
       const uint64_t seed = sp.seed ? *sp.seed : seed_rng();
       const std::shared_ptr<const TokenConstraint> constraint = sp.constraint;
       if (sp.prompt_logprobs)
@@ -136,6 +148,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       } catch (const Error& e) {
         log::warn("engine: request {} refused at admission: {}", id, e.what());
         out.push_back({l.on_output, finished_output(id, l.num_prompt_tokens, "abort")});
+        report_finished(id, l, "abort");
         std::lock_guard lock(mu);
         ids.erase(id);
         continue;
@@ -147,7 +160,7 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
       if (it == live.end() || !scheduler.abort_request(c.request_id)) continue;
       out.push_back({it->second.on_output,
                      finished_output(c.request_id, it->second.num_prompt_tokens, c.reason)});
-      log_finished(c.request_id, it->second, c.reason);
+      report_finished(c.request_id, it->second, c.reason);
       forget(c.request_id);
     }
   }
@@ -163,20 +176,9 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   }
   const SchedulerOutput scheduled = scheduler.schedule();
   note_scheduled(scheduled);
-  // What the outputs report and the stats count, read before the update may drop requests.
-  std::unordered_map<std::string, int64_t> num_cached;
-  int64_t num_prompt_tokens = 0;
-  for (const ScheduledRequest& s : scheduled.requests) {
-    const Request* r = scheduler.find_request(s.request_id);
-    CHECK(r != nullptr, "engine: scheduled request ", s.request_id, " is unknown");
-    num_cached[s.request_id] = r->num_cached_prompt_tokens;
-    num_prompt_tokens += std::max<int64_t>(
-        0,
-        std::min(s.start_position + s.num_new_tokens(), r->num_prompt_tokens()) - s.start_position);
-  }
   RunnerStepResult result = runner.execute(scheduled, scheduler);
   const std::vector<RequestUpdate> updates = scheduler.update_from_output(scheduled, result.output);
-  collect_outputs(scheduled, result, updates, num_cached, out);
+  const int64_t num_prompt_tokens = collect_outputs(scheduled, result, updates, out);
 
   has_work = scheduler.has_unfinished_requests();
   {
@@ -190,31 +192,59 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   return applied || !scheduled.requests.empty();
 }
 
-void Engine::Impl::log_finished(const std::string& id, const Live& l, const std::string& reason) {
-  const double e2e =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
+void Engine::Impl::report_finished(const std::string& id, const Live& l,
+                                   const std::string& reason) {
+  const auto now = Live::Clock::now();
+  const auto seconds = [](auto from, auto to) {
+    return std::chrono::duration<double>(to - from).count();
+  };
+  FinishedRequest r;
+  r.request_id = id;
+  r.finish_reason = reason;
+  r.num_prompt_tokens = l.num_prompt_tokens;
+  r.num_cached_tokens = l.num_cached_tokens;
+  r.num_generation_tokens = l.num_output_tokens;
+  r.max_tokens = l.max_tokens;
+  r.e2e_s = seconds(l.arrival, now);
+  if (l.scheduled) {
+    r.queue_s = seconds(l.arrival, *l.scheduled);
+    r.inference_s = seconds(*l.scheduled, l.last_token.value_or(now));
+  }
+  if (l.first_token) {
+    r.ttft_s = seconds(l.arrival, *l.first_token);
+    if (l.scheduled) r.prefill_s = seconds(*l.scheduled, *l.first_token);
+    r.decode_s = seconds(*l.first_token, *l.last_token);
+    if (l.num_output_tokens > 1) {
+      r.time_per_output_token_s = *r.decode_s / static_cast<double>(l.num_output_tokens - 1);
+    }
+  }
   log::info(
       "finished request {}: reason {}, prompt tokens {} ({} cached), generated tokens {}, queue "
       "{:.3f} s, TTFT {}, end to end {:.3f} s",
       id, reason, l.num_prompt_tokens, l.num_cached_tokens, l.num_output_tokens,
-      l.scheduled_once ? l.queue_time_s : e2e,
-      l.ttft_s >= 0.0 ? fmt::format("{:.3f} s", l.ttft_s) : std::string("-"), e2e);
+      r.queue_s.value_or(r.e2e_s), r.ttft_s ? fmt::format("{:.3f} s", *r.ttft_s) : std::string("-"),
+      r.e2e_s);
+  notify([&](EngineObserver& o) { o.request_finished(r); });
 }
 
 void Engine::Impl::note_scheduled(const SchedulerOutput& scheduled) {
-  const auto now = std::chrono::steady_clock::now();
+  const auto now = Live::Clock::now();
   for (const ScheduledRequest& s : scheduled.requests) {
     Live& l = live.at(s.request_id);
-    if (l.scheduled_once) continue;
-    l.scheduled_once = true;
+    if (l.scheduled) continue;
+    l.scheduled = now;
+    const Request* r = scheduler.find_request(s.request_id);
+    CHECK(r != nullptr, "engine: scheduled request ", s.request_id, " is unknown");
+    l.num_cached_tokens = r->num_cached_prompt_tokens;
     l.queue_time_s = std::chrono::duration<double>(now - l.arrival).count();
   }
+  notify([&](EngineObserver& o) { o.step(scheduled.num_scheduled_tokens); });
 }
 
-void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepResult& result,
-                                   const std::vector<RequestUpdate>& updates,
-                                   const std::unordered_map<std::string, int64_t>& num_cached,
-                                   std::vector<Delivery>& out) {
+int64_t Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepResult& result,
+                                      const std::vector<RequestUpdate>& updates,
+                                      std::vector<Delivery>& out) {
+  int64_t new_prompt_tokens = 0;
   for (const ScheduledRequest& s : scheduled.requests) {
     const auto it = result.requests.find(s.request_id);
     if (it == result.requests.end()) continue;
@@ -232,9 +262,18 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
     const auto it = result.requests.find(u.request_id);
     const std::optional<OutputToken>* sampled =
         it != result.requests.end() ? &it->second.sampled : nullptr;
-    if (!u.new_token_ids.empty() && l.ttft_s < 0.0) {
-      l.ttft_s =
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - l.arrival).count();
+    if (!u.new_token_ids.empty()) {
+      const auto now = Live::Clock::now();
+      if (!l.first_token) {
+        l.first_token = now;
+        new_prompt_tokens += l.num_prompt_tokens;
+        const double ttft = std::chrono::duration<double>(now - l.arrival).count();
+        notify([&](EngineObserver& obs) { obs.first_token(ttft); });
+      } else {
+        const double gap = std::chrono::duration<double>(now - *l.last_token).count();
+        notify([&](EngineObserver& obs) { obs.inter_token(gap); });
+      }
+      l.last_token = now;
     }
     l.num_output_tokens += std::ssize(u.new_token_ids);
     for (int32_t token : u.new_token_ids) {
@@ -248,10 +287,7 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
       l.sent_first_output = true;
     }
     o.num_prompt_tokens = l.num_prompt_tokens;
-    if (const auto c = num_cached.find(u.request_id); c != num_cached.end()) {
-      o.num_cached_tokens = c->second;
-      l.num_cached_tokens = c->second;
-    }
+    o.num_cached_tokens = l.num_cached_tokens;
     if (is_finished(u.status)) {
       o.finished = true;
       o.finish_reason = to_string(u.status);
@@ -264,10 +300,11 @@ void Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerStepR
     }
     out.push_back({l.on_output, std::move(o)});
     if (is_finished(u.status)) {
-      log_finished(u.request_id, l, to_string(u.status));
+      report_finished(u.request_id, l, to_string(u.status));
       forget(u.request_id);
     }
   }
+  return new_prompt_tokens;
 }
 
 void Engine::Impl::abort_all(std::vector<Delivery>& out, const std::string& reason, bool dead) {
@@ -284,7 +321,7 @@ void Engine::Impl::abort_all(std::vector<Delivery>& out, const std::string& reas
   for (auto& [id, l] : live) {
     if (!dead) scheduler.abort_request(id);
     out.push_back({l.on_output, finished_output(id, l.num_prompt_tokens, reason)});
-    log_finished(id, l, reason);
+    report_finished(id, l, reason);
   }
   live.clear();
   has_work = false;
@@ -450,6 +487,11 @@ void Engine::stop() {
   std::vector<Impl::Delivery> out;
   impl_->abort_all(out, "abort", dead_);
   Impl::deliver(out);
+}
+
+void Engine::set_observer(EngineObserver* observer) {
+  std::lock_guard lock(impl_->observer_mu);
+  impl_->observer = observer;
 }
 
 void Engine::set_logits_observer(LogitsObserver fn) {

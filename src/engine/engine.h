@@ -57,12 +57,45 @@ struct RequestOutput {
 
 using OutputCallback = std::function<void(const RequestOutput&)>;
 
+// A finished request's figures (vLLM's per-request metrics). Times are seconds from the
+// engine's clock: arrival (add_request), first scheduling, first token, last token.
+struct FinishedRequest {
+  std::string request_id;
+  std::string finish_reason;  // "stop", "length" or "abort"
+  int64_t num_prompt_tokens = 0;
+  int64_t num_cached_tokens = 0;
+  int64_t num_generation_tokens = 0;
+  std::optional<int64_t> max_tokens;  // the request's max_tokens, when it set one
+  double e2e_s = 0.0;                 // arrival to finish
+  // Absent when the request was never scheduled (queue, inference) or never produced a
+  // token (prefill: scheduling to first token; decode: first to last token; TTFT).
+  std::optional<double> queue_s, prefill_s, decode_s, inference_s, ttft_s;
+  // decode_s / (generated tokens - 1), with at least two generated tokens.
+  std::optional<double> time_per_output_token_s;
+};
+
+// Receives the engine's events on the engine thread (keep it quick; it must stay alive
+// until it is replaced or the engine is gone). The server's Prometheus metrics are one.
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  virtual void request_finished(const FinishedRequest& r) = 0;
+  virtual void first_token(double ttft_s) = 0;
+  // Once per step that gave a running request new tokens after its first: the time since
+  // the step that gave it its previous ones.
+  virtual void inter_token(double seconds) = 0;
+  // Once per step: the tokens it computed (prefill chunks and decode tokens).
+  virtual void step(int64_t num_scheduled_tokens) = 0;
+};
+
 struct EngineStats {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
   double kv_cache_usage = 0.0;  // fraction of blocks in use
   int64_t num_preemptions = 0;  // total
-  int64_t prompt_tokens = 0;    // total computed
+  // Prompt tokens of the requests whose prefill finished (their first token came), cached
+  // ones included, each request once (vLLM's prompt_tokens_total).
+  int64_t prompt_tokens = 0;
   int64_t generation_tokens = 0;
   int64_t prefix_cache_queries = 0;  // tokens
   int64_t prefix_cache_hits = 0;     // tokens
@@ -93,6 +126,8 @@ class Engine {
   // Debugging: receives the raw logits row each sampled token is drawn from (a download per
   // row; `hyserve generate` hashes them). Set before the engine starts.
   void set_logits_observer(LogitsObserver fn);
+  // Any thread; null: none. Once it returns, the previous observer gets no more calls.
+  void set_observer(EngineObserver* observer);
   // The model runner (its workspace, its decode step's graphs and uploads). Engine thread
   // only: before start() or between step() calls.
   const ModelRunner& runner() const;

@@ -55,6 +55,7 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   for (size_t i = 0; i < out.new_tokens.size(); ++i) {
     const OutputToken& t = out.new_tokens[i];
     ++num_tokens_;
+    d.token_ids.push_back(t.token);
     const bool last = i + 1 == out.new_tokens.size();
     if (!(last && stop_terminated && !options_.include_stop_str_in_output))
       text_ += detok_.push(t.token);

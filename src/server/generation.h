@@ -39,6 +39,7 @@ struct ChoiceDelta {
   std::string reasoning;
   std::vector<ToolCallDelta> tool_calls;
   std::vector<TokenLogprob> logprobs;
+  std::vector<int32_t> token_ids;  // the output's new tokens (return_token_ids)
   bool finished = false;
   std::string finish_reason;
   nlohmann::ordered_json stop_reason;  // the stop string or stop token id, else null

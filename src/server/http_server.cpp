@@ -299,7 +299,13 @@ HttpHeaders HttpResponseWriter::base_headers(std::string_view content_type) cons
   } else if (minor_version_ == 0) {
     headers.add("Connection", "keep-alive");
   }
+  for (const auto& [name, value] : added_headers_.fields()) headers.add(name, value);
   return headers;
+}
+
+void HttpResponseWriter::add_header(std::string name, std::string value) {
+  CHECK(state_ == State::kIdle, "add_header after the response started: ", name);
+  added_headers_.add(std::move(name), std::move(value));
 }
 
 bool HttpResponseWriter::write_all(std::string_view data) {
@@ -405,6 +411,12 @@ void HttpServer::route(std::string method, std::string path, Handler handler) {
   auto& methods = routes_[std::move(path)];
   CHECK(methods.find(method) == methods.end(), "route registered twice: ", method);
   methods.emplace(std::move(method), std::move(handler));
+}
+
+void HttpServer::use(HttpMiddleware middleware) {
+  std::lock_guard lock(mutex_);
+  CHECK(!started_, "use() after start()");
+  middleware_ = std::move(middleware);
 }
 
 void HttpServer::start() {
@@ -572,7 +584,7 @@ void HttpServer::serve_connection(Connection& connection) {
   }
 }
 
-void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer) {
+void HttpServer::route_request(const HttpRequest& request, HttpResponseWriter& writer) {
   const auto path = routes_.find(request.path);
   if (path == routes_.end()) {
     writer.send_error(404, str_cat("Not Found: ", request.method, " ", request.path));
@@ -588,10 +600,14 @@ void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer
                 {{"Allow", allow}});
     return;
   }
+  handler->second(request, writer);
+}
 
+void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer) {
   std::optional<HttpError> error;
   try {
-    handler->second(request, writer);
+    if (middleware_) middleware_(request, writer);
+    if (!writer.responded()) route_request(request, writer);
   } catch (const HttpError& e) {
     error = e;
   } catch (const std::exception& e) {

@@ -61,6 +61,10 @@ class HttpResponseWriter {
   // consuming anything, so pipelined requests stay queued.
   bool client_disconnected() const;
 
+  // A header every response of this writer carries, whole or streamed, error responses
+  // included (CORS, X-Request-Id). Before the response starts.
+  void add_header(std::string name, std::string value);
+
   // Whether send() or start_stream() was called.
   bool responded() const { return state_ != State::kIdle; }
   bool streaming() const { return state_ == State::kStreaming; }
@@ -79,6 +83,7 @@ class HttpResponseWriter {
   int fd_;
   int minor_version_;
   bool keep_alive_;
+  HttpHeaders added_headers_;
   State state_ = State::kIdle;
   std::atomic<bool> failed_{false};  // a write failed: the peer is gone or stuck
 };
@@ -89,6 +94,11 @@ class HttpResponseWriter {
 // short. A streaming handler must return soon after write_chunk() fails or
 // client_disconnected() turns true: stop() joins its thread.
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponseWriter&)>;
+
+// Runs on every request before routing, unknown paths included: it may add headers to the
+// writer, or answer the request itself (then no route runs). Thrown errors are handled as a
+// handler's.
+using HttpMiddleware = HttpHandler;
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";  // a numeric address or a name: "0.0.0.0", "::", "localhost"
@@ -115,6 +125,8 @@ class HttpServer {
 
   // Registers `handler` for exact `method` and `path` (no query). Before start() only.
   void route(std::string method, std::string path, Handler handler);
+  // Sets the middleware (one; a later call replaces it). Before start() only.
+  void use(HttpMiddleware middleware);
 
   // Binds, listens and starts accepting. Throws hyserve::Error naming host:port when the
   // address cannot be used (in use, not local, no permission).
@@ -138,11 +150,14 @@ class HttpServer {
   void run_connection(Connection& connection);
   void serve_connection(Connection& connection);
   void dispatch(const HttpRequest& request, HttpResponseWriter& writer);
+  // The route's handler, or the 404 / 405 answer.
+  void route_request(const HttpRequest& request, HttpResponseWriter& writer);
   void reap_finished_connections(bool all);
 
   Options options_;
   // path -> method -> handler
   std::map<std::string, std::map<std::string, Handler, std::less<>>, std::less<>> routes_;
+  HttpMiddleware middleware_;
   int listen_fd_ = -1;
   int stop_event_fd_ = -1;  // readable once stop() begins; wakes every poll
   int bound_port_ = 0;

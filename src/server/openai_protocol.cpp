@@ -1,17 +1,21 @@
 // OpenAI request parsing and response building; see openai_protocol.h.
 #include "server/openai_protocol.h"
 
+#include "server/json_body.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
-#include <set>
 
 namespace hyserve {
 namespace {
 
 using nlohmann::ordered_json;
+
+// The engine's text (validate_request) for an empty prompt, whatever form it came in.
+constexpr const char* kEmptyPrompt = "The prompt is empty.";
 
 [[noreturn]] void fail(const std::string& param, const std::string& message) {
   throw RequestError(param, message);
@@ -85,39 +89,6 @@ std::vector<int32_t> get_token_ids(const ordered_json& value, const std::string&
   }
   return ids;
 }
-
-// Visits the body's top-level keys; each field read is marked known, the rest are listed.
-class BodyReader {
- public:
-  explicit BodyReader(std::string_view body) {
-    try {
-      body_ = ordered_json::parse(body);
-    } catch (const ordered_json::parse_error& e) {
-      fail("", str_cat("Invalid JSON body: ", e.what()));
-    }
-    if (!body_.is_object()) fail("", "Request body must be a JSON object");
-  }
-
-  // The field's value, or nullptr when absent or null.
-  const ordered_json* get(std::string_view key) {
-    known_.emplace(key);
-    const auto it = body_.find(key);
-    if (it == body_.end() || it->is_null()) return nullptr;
-    return &*it;
-  }
-
-  std::vector<std::string> unknown_fields() const {
-    std::vector<std::string> unknown;
-    for (const auto& [key, value] : body_.items()) {
-      if (!known_.count(key)) unknown.push_back(key);
-    }
-    return unknown;
-  }
-
- private:
-  ordered_json body_;
-  std::set<std::string, std::less<>> known_;
-};
 
 std::vector<std::string> get_stop(const ordered_json& value) {
   if (value.is_string()) return {value.get<std::string>()};
@@ -268,6 +239,12 @@ void read_common(BodyReader& body, GenerationRequest& request) {
     if (present(*v, "include_usage")) {
       request.include_usage = get_bool((*v)["include_usage"], "stream_options.include_usage");
     }
+    // vLLM: usage on every chunk, only when the closing usage chunk is asked for too.
+    if (present(*v, "continuous_usage_stats")) {
+      request.continuous_usage =
+          request.include_usage &&
+          get_bool((*v)["continuous_usage_stats"], "stream_options.continuous_usage_stats");
+    }
   }
   if (const auto* v = body.get("prompt_logprobs")) {
     s.prompt_logprobs = get_int32(*v, "prompt_logprobs");
@@ -276,6 +253,10 @@ void read_common(BodyReader& body, GenerationRequest& request) {
   if (const auto* v = body.get("return_tokens_as_token_ids")) {
     request.tokens_as_ids = get_bool(*v, "return_tokens_as_token_ids");
   }
+  if (const auto* v = body.get("return_token_ids")) {
+    request.return_token_ids = get_bool(*v, "return_token_ids");
+  }
+  if (const auto* v = body.get("request_id")) request.request_id = get_string(*v, "request_id");
   if (const auto* v = body.get("presence_penalty")) {
     s.presence_penalty = static_cast<float>(get_number(*v, "presence_penalty"));
   }
@@ -381,8 +362,10 @@ ChatMessage get_message(const ordered_json& value, const std::string& param) {
   if (message.role != "system" && message.role != "user" && message.role != "assistant" &&
       message.role != "tool" && message.role != "developer") {
     fail(param + ".role", str_cat("Unsupported message role '", message.role,
-                                  "': expected system, user, assistant or tool"));
+                                  "': expected system, developer, user, assistant or tool"));
   }
+  // OpenAI's newer name for the system turn; chat templates know only "system" (vLLM maps it).
+  if (message.role == "developer") message.role = "system";
   if (value.contains("content")) {
     message.content = get_message_content(value["content"], param + ".content");
   }
@@ -453,6 +436,38 @@ ToolChoice get_tool_choice(const ordered_json& value) {
   return choice;
 }
 
+// The messages checked into `parsed`; returns them as sent, with developer turns as system
+// turns, for the chat template.
+ordered_json get_messages(const ordered_json& value, std::vector<ChatMessage>& parsed) {
+  if (!value.is_array()) fail_type("messages", "list", value);
+  if (value.empty()) {
+    fail("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
+  }
+  ordered_json messages = value;
+  for (size_t i = 0; i < value.size(); ++i) {
+    parsed.push_back(get_message(value[i], str_cat("messages[", i, "]")));
+    messages[i]["role"] = parsed.back().role;
+  }
+  return messages;
+}
+
+// add_generation_prompt and continue_final_message (vLLM's chat fields). Sending only
+// continue_final_message turns the generation prompt off; both true is refused, as in vLLM.
+void read_template_options(BodyReader& body, bool& add_generation_prompt,
+                           bool& continue_final_message) {
+  const auto* add = body.get("add_generation_prompt");
+  if (add) add_generation_prompt = get_bool(*add, "add_generation_prompt");
+  if (const auto* v = body.get("continue_final_message")) {
+    continue_final_message = get_bool(*v, "continue_final_message");
+  }
+  if (!continue_final_message) return;
+  if (add && add_generation_prompt) {
+    fail("continue_final_message",
+         "Cannot set both `continue_final_message` and `add_generation_prompt` to True.");
+  }
+  add_generation_prompt = false;
+}
+
 }  // namespace
 
 bool ChatCompletionRequest::thinking_enabled() const {
@@ -468,14 +483,8 @@ ChatCompletionRequest parse_chat_completion_request(std::string_view body_text) 
 
   const auto* messages = body.get("messages");
   if (!messages) fail("messages", "'messages': Field required");
-  if (!messages->is_array()) fail_type("messages", "list", *messages);
-  if (messages->empty()) {
-    fail("messages", "Invalid 'messages': empty array. Expected an array with minimum length 1.");
-  }
-  for (size_t i = 0; i < messages->size(); ++i) {
-    request.messages.push_back(get_message((*messages)[i], str_cat("messages[", i, "]")));
-  }
-  request.messages_json = *messages;
+  request.messages_json = get_messages(*messages, request.messages);
+  read_template_options(body, request.add_generation_prompt, request.continue_final_message);
 
   if (const auto* v = body.get("logprobs")) request.logprobs = get_bool(*v, "logprobs");
   if (const auto* v = body.get("top_logprobs")) {
@@ -536,14 +545,33 @@ CompletionRequest parse_completion_request(std::string_view body_text) {
     }
   } else if (prompt->is_array() && !prompt->empty()) {
     request.prompts.emplace_back(get_token_ids(*prompt, "prompt"));
-  } else if (prompt->is_array()) {
-    fail("prompt", "Prompt cannot be empty");
-  } else {
+  } else if (!prompt->is_array()) {
     fail_type("prompt", "string, list of strings, or token ids", *prompt);
   }
-  for (size_t i = 0; i < request.prompts.size(); ++i) {
-    const auto* ids = std::get_if<std::vector<int32_t>>(&request.prompts[i]);
-    if (ids && ids->empty()) fail("prompt", "Prompt cannot be empty");
+  // "", [], [[]] and [""] alike: the engine's text for an empty prompt.
+  const auto is_empty = [](const CompletionPrompt& p) {
+    return std::visit([](const auto& v) { return v.empty(); }, p);
+  };
+  if (request.prompts.empty() ||
+      std::any_of(request.prompts.begin(), request.prompts.end(), is_empty)) {
+    fail("prompt", kEmptyPrompt);
+  }
+  if (body.get("suffix")) fail("suffix", "suffix is not currently supported");
+  if (const auto* v = body.get("best_of")) {
+    const int32_t best_of = get_int32(*v, "best_of");
+    if (best_of < request.n) {
+      fail("best_of", str_cat("best_of must be greater than or equal to n, got n=", request.n,
+                              " and best_of=", best_of, "."));
+    }
+    // vLLM V1 has no best_of beyond n (it would sample best_of and return the n best).
+    if (best_of > request.n) {
+      fail("best_of", str_cat("best_of > n is not supported (got best_of=", best_of,
+                              ", n=", request.n, "); omit best_of or set it to n."));
+    }
+  }
+  // Absent: 16 (OpenAI's and vLLM's default); an explicit null: up to the context's end.
+  if (!body.sent("max_tokens") && !body.sent("max_completion_tokens")) {
+    request.sampling.max_tokens = kDefaultCompletionMaxTokens;
   }
 
   if (const auto* v = body.get("logprobs")) {
@@ -558,6 +586,69 @@ CompletionRequest parse_completion_request(std::string_view body_text) {
   }
   request.unknown_fields = body.unknown_fields();
   return request;
+}
+
+TokenizeRequest parse_tokenize_request(std::string_view body_text) {
+  BodyReader body(body_text);
+  TokenizeRequest request;
+  if (const auto* messages = body.get("messages")) {
+    std::vector<ChatMessage> parsed;
+    request.messages_json = get_messages(*messages, parsed);
+    read_template_options(body, request.add_generation_prompt, request.continue_final_message);
+    if (const auto* v = body.get("tools")) {
+      get_tool_names(*v);
+      request.tools = *v;
+    }
+    if (const auto* v = body.get("chat_template_kwargs")) {
+      if (!v->is_object()) fail_type("chat_template_kwargs", "object", *v);
+      request.chat_template_kwargs = *v;
+    }
+  } else if (const auto* v = body.get("prompt")) {
+    request.prompt = get_string(*v, "prompt");
+  } else {
+    fail("prompt", "give 'prompt' (a string) or 'messages'");
+  }
+  return request;
+}
+
+std::vector<int32_t> parse_detokenize_request(std::string_view body_text) {
+  BodyReader body(body_text);
+  const auto* tokens = body.get("tokens");
+  if (!tokens) fail("tokens", "'tokens': Field required");
+  return get_token_ids(*tokens, "tokens");
+}
+
+std::string cut_after_final_message(const std::string& rendered, const ordered_json& messages) {
+  // transformers' rule: continue the last message's content (its last text part), found as
+  // the last occurrence of its stripped text; keep its trailing whitespace when the
+  // template kept it.
+  std::string content;
+  const ordered_json& last = messages.back();
+  if (present(last, "content") && last["content"].is_string()) {
+    content = last["content"].get<std::string>();
+  } else if (present(last, "content") && last["content"].is_array()) {
+    for (const auto& part : last["content"]) {
+      if (part.is_object() && present(part, "text") && part["text"].is_string()) {
+        content = part["text"].get<std::string>();
+      }
+    }
+  }
+  const auto is_space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  size_t begin = 0, end = content.size();
+  while (begin < end && is_space(content[begin])) ++begin;
+  while (end > begin && is_space(content[end - 1])) --end;
+  const std::string stripped = content.substr(begin, end - begin);
+  const size_t at = stripped.empty() ? std::string::npos : rendered.rfind(stripped);
+  if (at == std::string::npos) {
+    fail("continue_final_message",
+         "continue_final_message is set but the final message's content does not appear in the "
+         "prompt the chat template renders");
+  }
+  const std::string_view with_trailing = std::string_view(content).substr(begin);
+  if (std::string_view(rendered).substr(at, with_trailing.size()) == with_trailing) {
+    return rendered.substr(0, at + with_trailing.size());
+  }
+  return rendered.substr(0, at + stripped.size());
 }
 
 std::string client_message(std::string_view what) {
@@ -676,12 +767,18 @@ ordered_json response_head(const ResponseMeta& meta, std::string_view object) {
 
 }  // namespace
 
-ResponseMeta make_response_meta(std::string_view prefix, std::string model) {
+std::string random_hex(int num_digits) {
   thread_local std::mt19937_64 rng(std::random_device{}());
   static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (int i = 0; i < num_digits; ++i) out += kHex[rng() & 15];
+  return out;
+}
+
+ResponseMeta make_response_meta(std::string_view prefix, std::string model,
+                                std::string_view request_id) {
   ResponseMeta meta;
-  meta.id = str_cat(prefix, "-");
-  for (int i = 0; i < 32; ++i) meta.id += kHex[rng() & 15];
+  meta.id = str_cat(prefix, "-", request_id.empty() ? random_hex(32) : std::string(request_id));
   meta.created = std::chrono::duration_cast<std::chrono::seconds>(
                      std::chrono::system_clock::now().time_since_epoch())
                      .count();
@@ -701,7 +798,7 @@ ordered_json chat_completion_json(const ResponseMeta& meta, const std::vector<Ch
   ordered_json out = response_head(meta, "chat.completion");
   ordered_json list = ordered_json::array();
   for (const auto& choice : choices) {
-    ordered_json message = {{"role", "assistant"},
+    ordered_json message = {{"role", choice.role},
                             {"content", optional_string(choice.content)},
                             {"reasoning", optional_string(choice.reasoning)}};
     if (!choice.tool_calls.empty()) {
@@ -742,7 +839,7 @@ ordered_json chat_chunk_json(const ResponseMeta& meta,
   ordered_json list = ordered_json::array();
   for (const auto& choice : choices) {
     ordered_json delta = ordered_json::object();
-    if (choice.delta.role) delta["role"] = "assistant";
+    if (choice.delta.role) delta["role"] = *choice.delta.role;
     if (choice.delta.content) delta["content"] = *choice.delta.content;
     if (choice.delta.reasoning) delta["reasoning"] = *choice.delta.reasoning;
     if (!choice.delta.tool_calls.empty()) {
@@ -761,10 +858,10 @@ ordered_json chat_chunk_json(const ResponseMeta& meta,
   return out;
 }
 
-ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index) {
+ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index, std::string_view role) {
   ChatChunkChoice choice;
   choice.index = index;
-  choice.delta.role = true;
+  choice.delta.role = std::string(role);
   choice.delta.content = "";
   return chat_chunk_json(meta, {choice});
 }

@@ -41,7 +41,7 @@ class RequestError : public HttpError {
 // ---- Requests -------------------------------------------------------------------------
 
 struct ChatMessage {
-  std::string role;                    // system | user | assistant | tool
+  std::string role;                    // system (developer too) | user | assistant | tool
   std::optional<std::string> content;  // a string, or the text parts joined with "\n"
   std::optional<std::string> name;
   std::vector<ToolCall> tool_calls;         // assistant turns: {id, function.name, arguments}
@@ -79,9 +79,12 @@ struct GenerationRequest {
   SamplingParams sampling;  // filled from the body; check with validate_prompt()
   int32_t n = 1;
   bool stream = false;
-  bool include_usage = false;  // stream_options.include_usage
+  bool include_usage = false;     // stream_options.include_usage
+  bool continuous_usage = false;  // stream_options.continuous_usage_stats (with include_usage)
   bool echo = false;
-  bool tokens_as_ids = false;  // return_tokens_as_token_ids (vLLM): logprob tokens "token_id:N"
+  bool tokens_as_ids = false;     // return_tokens_as_token_ids (vLLM): logprob tokens "token_id:N"
+  bool return_token_ids = false;  // vLLM's return_token_ids: prompt and output ids in the response
+  std::optional<std::string> request_id;  // vLLM's request_id field (X-Request-Id wins)
   ResponseFormat response_format;
   GuidedDecoding guided;
   std::optional<std::string> user;
@@ -92,12 +95,16 @@ struct GenerationRequest {
 
 struct ChatCompletionRequest : GenerationRequest {
   std::vector<ChatMessage> messages;
-  nlohmann::ordered_json messages_json;         // as sent, for the chat template
+  nlohmann::ordered_json messages_json;         // as sent (developer -> system), for the template
   nlohmann::ordered_json tools;                 // array as sent, or null
   ToolChoice tool_choice;                       // default: auto with tools, none without
   nlohmann::ordered_json chat_template_kwargs;  // object as sent, or null
   bool logprobs = false;
   std::optional<int32_t> top_logprobs;
+  // The template's generation prompt; off when continue_final_message, which instead ends
+  // the prompt inside the last message so the model continues it (transformers' rule).
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
 
   // False only when chat_template_kwargs.thinking is false.
   bool thinking_enabled() const;
@@ -105,14 +112,38 @@ struct ChatCompletionRequest : GenerationRequest {
 
 using CompletionPrompt = std::variant<std::string, std::vector<int32_t>>;
 
+// OpenAI's default max_tokens for /v1/completions (vLLM's too); chat has none.
+inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
+
 struct CompletionRequest : GenerationRequest {
   std::vector<CompletionPrompt> prompts;  // one per prompt; a choice set of n for each
 };
 
-// Parse a request body (JSON text). Throw RequestError (400) for bad JSON, wrong types and
-// the cross-field rules; ranges that depend on the model are left to validate_prompt().
+// POST /tokenize: a prompt string, or messages rendered as a chat request would be.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;
+  nlohmann::ordered_json messages_json;  // null unless messages were sent (developer -> system)
+  nlohmann::ordered_json tools;          // array or null
+  nlohmann::ordered_json chat_template_kwargs;
+  bool add_generation_prompt = true;
+  bool continue_final_message = false;
+};
+
+// Parse a request body (JSON text). Throw RequestError (400) for bad JSON (a number out of
+// a double's range included, named by its path), wrong types and the cross-field rules;
+// ranges that depend on the model are left to validate_prompt().
 ChatCompletionRequest parse_chat_completion_request(std::string_view body);
 CompletionRequest parse_completion_request(std::string_view body);
+TokenizeRequest parse_tokenize_request(std::string_view body);
+// POST /detokenize: {"tokens": [ids]}.
+std::vector<int32_t> parse_detokenize_request(std::string_view body);
+
+// The text the chat template renders for `messages` ending inside the last message, for
+// continue_final_message: `rendered` (rendered without a generation prompt) cut right after
+// the last message's content (its last text part). Throws RequestError when the template
+// dropped that content.
+std::string cut_after_final_message(const std::string& rendered,
+                                    const nlohmann::ordered_json& messages);
 
 // The part of an exception's text a client should see: CHECK's condition and the
 // [file:line] suffix removed.
@@ -132,8 +163,13 @@ struct ResponseMeta {
   std::string model;
 };
 
-// A fresh id ("<prefix>-" + 32 random hex digits) and the current time.
-ResponseMeta make_response_meta(std::string_view prefix, std::string model);
+// The id "<prefix>-<request_id>" (a client's X-Request-Id, as vLLM names it) or, when
+// request_id is empty, "<prefix>-" + 32 random hex digits; and the current time.
+ResponseMeta make_response_meta(std::string_view prefix, std::string model,
+                                std::string_view request_id = {});
+
+// `num_digits` random hex digits.
+std::string random_hex(int num_digits);
 
 struct Usage {
   int64_t prompt_tokens = 0;
@@ -156,6 +192,7 @@ struct TokenLogprob {
 
 struct ChatChoice {
   int32_t index = 0;
+  std::string role = "assistant";
   std::optional<std::string> content;                 // null when absent
   std::optional<std::string> reasoning;               // null when absent
   std::vector<ToolCall> tool_calls;                   // key omitted when empty
@@ -183,7 +220,7 @@ nlohmann::ordered_json completion_json(const ResponseMeta& meta,
 
 // Streaming. A delta's keys appear only when set.
 struct ChatDelta {
-  bool role = false;  // "role": "assistant"
+  std::optional<std::string> role;  // "assistant", on a choice's first chunk
   std::optional<std::string> content;
   std::optional<std::string> reasoning;
   std::vector<ToolCallDelta> tool_calls;
@@ -208,8 +245,9 @@ struct CompletionChunkChoice {
 
 nlohmann::ordered_json chat_chunk_json(const ResponseMeta& meta,
                                        const std::vector<ChatChunkChoice>& choices);
-// The first chunk of a choice: delta {"role": "assistant", "content": ""}.
-nlohmann::ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index);
+// The first chunk of a choice: delta {"role": role, "content": ""}.
+nlohmann::ordered_json chat_role_chunk_json(const ResponseMeta& meta, int32_t index,
+                                            std::string_view role = "assistant");
 nlohmann::ordered_json completion_chunk_json(const ResponseMeta& meta,
                                              const std::vector<CompletionChunkChoice>& choices);
 // The closing usage chunk (stream_options.include_usage): "choices": [].

@@ -20,7 +20,6 @@ namespace hyserve {
 namespace {
 
 using nlohmann::ordered_json;
-using Clock = std::chrono::steady_clock;
 
 constexpr auto kPoll = std::chrono::milliseconds(50);
 
@@ -32,24 +31,39 @@ void send_request_error(HttpResponseWriter& w, const RequestError& e) {
   send_json(w, e.status(), error_body(e));
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // What one HTTP generation request asks for, whichever route it came from.
 struct Generation {
   bool chat = true;
   ResponseMeta meta;
+  // The engine request ids are "<engine_id>-<choice>": meta.id, plus a random suffix when
+  // the client chose the id (X-Request-Id), so that two requests sharing one never collide.
+  std::string engine_id;
+  std::string role = "assistant";             // chat: the response message's role
   std::vector<std::vector<int32_t>> prompts;  // one per prompt
-  std::vector<std::string> echo;              // completions with echo: the prompt text
+  // With echo: completions, each prompt's text; chat, the last message's content (when its
+  // role is the response's), which the response content starts with.
+  std::vector<std::string> echo;
   int32_t n = 1;
   SamplingParams sampling;
   int32_t priority = 0;
   std::optional<std::string> cache_salt;
   bool stream = false;
   bool include_usage = false;
+  bool continuous_usage = false;  // usage on every streamed chunk
+  bool return_token_ids = false;
+  bool detokenize = true;  // false under --skip-tokenizer-init
   ChoiceOptions choice;
 };
+
+// The response id and the engine ids: the client's X-Request-Id (vLLM's name for it), else
+// the body's request_id, else random.
+void set_ids(Generation& g, std::string_view prefix, const std::string& model,
+             const HttpRequest& req, const GenerationRequest& r) {
+  std::string client_id(req.headers.get("X-Request-Id").value_or(""));
+  if (client_id.empty()) client_id = r.request_id.value_or("");
+  g.meta = make_response_meta(prefix, model, client_id);
+  g.engine_id = client_id.empty() ? g.meta.id : g.meta.id + "-" + random_hex(8);
+}
 
 }  // namespace
 
@@ -60,9 +74,13 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
       tokenizer_(tokenizer),
       templates_(std::move(templates)),
       special_tokens_(std::move(special_tokens)),
-      vocab_(std::make_shared<const VocabTrie>(
-          VocabTrie::from_tokenizer(tokenizer, engine.model().config().vocab_size))),
-      metrics_(options_.served_model_name),
+      vocab_(options_.skip_tokenizer_init
+                 ? nullptr
+                 : std::make_shared<const VocabTrie>(
+                       VocabTrie::from_tokenizer(tokenizer, engine.model().config().vocab_size))),
+      cors_(options_.cors),
+      metrics_(options_.served_model_names.at(0), engine.config().scheduler.max_model_len,
+               engine.config().scheduler.max_num_batched_tokens),
       http_([&] {
         HttpServerOptions o;
         o.host = options_.host;
@@ -70,6 +88,15 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
         return o;
       }()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
+  engine_.set_observer(&metrics_);
+  const EngineConfig& ec = engine_.config();
+  metrics_.set_cache_config(
+      {{"block_size", std::to_string(engine_.model().cache_plan(ec.min_block_size).block_size)},
+       {"cache_dtype",
+        std::string(latent_cache_dtype_name(engine_.model().options().latent_cache))},
+       {"enable_prefix_caching", ec.enable_prefix_caching ? "True" : "False"},
+       {"num_gpu_blocks", std::to_string(ec.num_blocks)}});
+  http_.use([this](const HttpRequest& r, HttpResponseWriter& w) { middleware(r, w); });
   http_.route("POST", "/v1/chat/completions",
               [this](const HttpRequest& r, HttpResponseWriter& w) { chat_completions(r, w); });
   http_.route("POST", "/v1/completions",
@@ -94,6 +121,7 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
 
 OpenAIServer::~OpenAIServer() {
   stop();
+  engine_.set_observer(nullptr);  // no event reaches metrics_ after this
 }
 
 void OpenAIServer::start() {
@@ -106,22 +134,53 @@ void OpenAIServer::wait() {
   http_.wait();
 }
 
-bool OpenAIServer::authorized(const HttpRequest& req, HttpResponseWriter& w) const {
-  if (options_.api_key.empty()) return true;
-  const std::string auth = req.headers.get_or("Authorization", "");
-  if (auth == "Bearer " + options_.api_key) return true;
+void OpenAIServer::middleware(const HttpRequest& req, HttpResponseWriter& w) const {
+  if (const auto id = req.headers.get("X-Request-Id"))
+    w.add_header("X-Request-Id", std::string(*id));
+  if (CorsPolicy::is_preflight(req)) {
+    const CorsPreflight p = cors_.preflight(req);
+    w.send(p.status, "text/plain; charset=utf-8", p.body, p.headers);
+    return;
+  }
+  const HttpHeaders cors = cors_.response_headers(req);
+  for (const auto& [name, value] : cors.fields()) w.add_header(name, value);
+  // vLLM's rule: the key guards /v1/* only; preflights never carry it.
+  if (options_.api_key.empty() || !req.path.starts_with("/v1")) return;
+  if (req.headers.get_or("Authorization", "") == "Bearer " + options_.api_key) return;
   send_json(w, 401, error_body(401, "Unauthorized: a valid API key is required"));
-  return false;
 }
 
-void OpenAIServer::models(const HttpRequest& req, HttpResponseWriter& w) {
-  if (!authorized(req, w)) return;
-  ModelCard card;
-  card.id = options_.served_model_name;
-  card.root = options_.model_root;
-  card.max_model_len = engine_.config().scheduler.max_model_len;
-  card.created = created_;
-  send_json(w, 200, models_json({card}).dump());
+void OpenAIServer::models(const HttpRequest&, HttpResponseWriter& w) {
+  std::vector<ModelCard> cards;
+  for (const std::string& name : options_.served_model_names) {
+    ModelCard card;
+    card.id = name;
+    card.root = options_.model_root;
+    card.max_model_len = engine_.config().scheduler.max_model_len;
+    card.created = created_;
+    cards.push_back(std::move(card));
+  }
+  send_json(w, 200, models_json(cards).dump());
+}
+
+std::string OpenAIServer::render_chat(const ordered_json& messages, const ordered_json& tools,
+                                      bool add_generation_prompt, bool continue_final_message,
+                                      const ordered_json& chat_template_kwargs) const {
+  if (templates_.empty()) {
+    throw RequestError("messages", "this model has no chat template; use /v1/completions");
+  }
+  const bool has_tools = tools.is_array() && !tools.empty();
+  std::string prompt;
+  try {
+    const ChatTemplate tmpl(templates_.select(has_tools));
+    prompt =
+        tmpl.render(messages, tools, add_generation_prompt, chat_template_kwargs, special_tokens_);
+  } catch (const jinja::TemplateError& e) {
+    throw RequestError("messages", std::string("chat template: ") + e.message());
+  } catch (const InvalidArgument& e) {
+    throw RequestError("messages", "chat template: " + client_message(e.what()));
+  }
+  return continue_final_message ? cut_after_final_message(prompt, messages) : prompt;
 }
 
 namespace {
@@ -139,16 +198,16 @@ class GenerationRun {
   void run(HttpResponseWriter& w) {
     const int32_t num_choices = static_cast<int32_t>(g_.prompts.size()) * g_.n;
     for (int32_t c = 0; c < num_choices; ++c) processors_.emplace_back(tokenizer_, g_.choice);
-    first_token_.assign(num_choices, Clock::time_point{});
-    last_token_.assign(num_choices, Clock::time_point{});
+    num_tokens_.assign(num_choices, 0);
     role_sent_.assign(num_choices, false);
     logprobs_.resize(num_choices);
+    token_ids_.resize(num_choices);
     prompt_logprobs_.assign(num_choices, nullptr);
     finish_.resize(num_choices);
     stop_reason_.resize(num_choices);
     for (int32_t c = 0; c < num_choices; ++c) {
       Request r;
-      r.id = g_.meta.id + "-" + std::to_string(c);
+      r.id = g_.engine_id + "-" + std::to_string(c);
       r.prompt_token_ids = g_.prompts[c / g_.n];
       r.sampling_params = g_.sampling;
       if (r.sampling_params.seed && c % g_.n > 0) *r.sampling_params.seed += c % g_.n;
@@ -169,30 +228,22 @@ class GenerationRun {
     const int32_t c = e.choice;
     ChoiceProcessor& p = processors_[c];
     if (p.finished()) return {};
-    const auto now = Clock::now();
-    if (!e.output.new_tokens.empty()) {
-      if (first_token_[c] == Clock::time_point{}) {
-        first_token_[c] = now;
-        metrics_.queue_time(e.output.queue_time_s);
-        metrics_.first_token(std::chrono::duration<double>(now - start_).count());
-      } else {
-        metrics_.inter_token(std::chrono::duration<double>(now - last_token_[c]).count() /
-                             static_cast<double>(e.output.new_tokens.size()));
-      }
-      last_token_[c] = now;
-    }
+    num_tokens_[c] += std::ssize(e.output.new_tokens);
     if (!e.output.prompt_logprobs.empty() && prompt_logprobs_[c].is_null()) {
       prompt_logprobs_[c] = prompt_logprobs_json(e.output.prompt_logprobs);
     }
     ChoiceDelta d = p.feed(e.output);
     if (d.stop_string_hit) session_.abort(c, "stop");
     for (auto& lp : d.logprobs) logprobs_[c].push_back(lp);
+    token_ids_[c].insert(token_ids_[c].end(), d.token_ids.begin(), d.token_ids.end());
     if (d.finished) {
       finish_[c] = d.finish_reason;
       stop_reason_[c] = d.stop_reason;
       ++num_finished_;
-      metrics_.request_finished(d.finish_reason == "tool_calls" ? "stop" : d.finish_reason,
-                                seconds_since(start_));
+      if (num_finished_ == processors_.size()) {
+        metrics_.generation_request(g_.n,
+                                    *std::max_element(num_tokens_.begin(), num_tokens_.end()));
+      }
     }
     return d;
   }
@@ -209,9 +260,12 @@ class GenerationRun {
         const std::string key = std::to_string(token);
         if (pos.contains(key)) return;
         const int32_t ids[1] = {token};
-        pos[key] = {{"logprob", logprob},
-                    {"rank", rank},
-                    {"decoded_token", replace_invalid_utf8(tokenizer_.decode(ids, false))}};
+        pos[key] = {
+            {"logprob", logprob},
+            {"rank", rank},
+            {"decoded_token",
+             g_.detokenize ? ordered_json(replace_invalid_utf8(tokenizer_.decode(ids, false)))
+                           : ordered_json(nullptr)}};
       };
       int64_t rank = 1;
       for (const LogprobEntry& t : e->top_logprobs) add(t.token, t.logprob, rank++);
@@ -226,6 +280,26 @@ class GenerationRun {
     if (!g_.sampling.prompt_logprobs) return;
     for (size_t c = 0; c < prompt_logprobs_.size() && c < body["choices"].size(); ++c)
       body["choices"][c]["prompt_logprobs"] = prompt_logprobs_[c];
+  }
+
+  // vLLM's return_token_ids: each choice's prompt and output ids; chat puts the prompt's
+  // at the top level.
+  void add_token_ids(ordered_json& body) const {
+    if (!g_.return_token_ids) return;
+    if (g_.chat) body["prompt_token_ids"] = g_.prompts[0];
+    for (size_t c = 0; c < token_ids_.size() && c < body["choices"].size(); ++c) {
+      if (!g_.chat) body["choices"][c]["prompt_token_ids"] = g_.prompts[c / g_.n];
+      body["choices"][c]["token_ids"] = token_ids_[c];
+    }
+  }
+
+  // One choice's usage so far (stream_options.continuous_usage_stats).
+  Usage choice_usage(size_t c) const {
+    Usage u;
+    u.prompt_tokens = static_cast<int64_t>(g_.prompts[c / g_.n].size());
+    u.completion_tokens = processors_[c].num_tokens();
+    u.cached_tokens = processors_[c].num_cached_tokens();
+    return u;
   }
 
   Usage usage() const {
@@ -243,13 +317,21 @@ class GenerationRun {
   }
 
   // Waits for the next output; false when the client went away (requests aborted).
+  // The next engine output, or nullopt once the client is gone (then every choice is
+  // aborted). The connection is checked while outputs keep coming too, at most every
+  // kPoll, so a client that leaves a busy non-streaming request stops it at once.
   std::optional<GenerationSession::Event> next(HttpResponseWriter& w) {
     for (;;) {
-      if (auto e = session_.next(kPoll)) return e;
-      if (w.client_disconnected()) {
-        session_.abort_all();
-        return std::nullopt;
+      auto e = session_.next(kPoll);
+      const auto now = std::chrono::steady_clock::now();
+      if (!e || now - last_disconnect_check_ >= kPoll) {
+        last_disconnect_check_ = now;
+        if (w.client_disconnected()) {
+          session_.abort_all();
+          return std::nullopt;
+        }
       }
+      if (e) return e;
     }
   }
 
@@ -266,7 +348,8 @@ class GenerationRun {
         const ChoiceProcessor& p = processors_[c];
         ChatChoice ch;
         ch.index = static_cast<int32_t>(c);
-        ch.content = p.all_content();
+        ch.role = g_.role;
+        ch.content = (g_.echo.empty() ? std::string() : g_.echo[0]) + p.all_content();
         if (g_.choice.parse_reasoning && !p.all_reasoning().empty())
           ch.reasoning = p.all_reasoning();
         ch.tool_calls = p.all_tool_calls();
@@ -278,6 +361,7 @@ class GenerationRun {
       }
       ordered_json body = chat_completion_json(g_.meta, choices, usage());
       add_prompt_logprobs(body);
+      add_token_ids(body);
       send_json(w, 200, body.dump());
     } else {
       std::vector<CompletionChoice> choices;
@@ -294,6 +378,7 @@ class GenerationRun {
       }
       ordered_json body = completion_json(g_.meta, choices, usage());
       add_prompt_logprobs(body);
+      add_token_ids(body);
       send_json(w, 200, body.dump());
     }
   }
@@ -313,12 +398,23 @@ class GenerationRun {
       }
       return true;
     };
+    // A chunk of one choice, with that choice's usage so far when asked (vLLM's
+    // continuous_usage_stats); the role and echo chunks count no output yet.
+    auto write_choice = [&](ordered_json j, size_t c, bool before_output) {
+      if (g_.continuous_usage) {
+        Usage u = choice_usage(c);
+        if (before_output) u.completion_tokens = 0;
+        j["usage"] = usage_json(u);
+      }
+      return write(j);
+    };
+    std::vector<bool> prompt_ids_sent(num_choices, false);
     if (!g_.chat && !g_.echo.empty()) {
       for (size_t c = 0; c < num_choices; ++c) {
         CompletionChunkChoice ch;
         ch.index = static_cast<int32_t>(c);
         ch.text = g_.echo[c / g_.n];
-        if (!write(completion_chunk_json(g_.meta, {ch}))) return;
+        if (!write_choice(completion_chunk_json(g_.meta, {ch}), c, true)) return;
       }
     }
     while (num_finished_ < num_choices) {
@@ -327,13 +423,22 @@ class GenerationRun {
       const int32_t c = e->choice;
       if (processors_[c].finished()) continue;
       ChoiceDelta d = process(*e);
+      const bool send_ids = g_.return_token_ids && !d.token_ids.empty();
       if (g_.chat) {
         if (!role_sent_[c]) {
           role_sent_[c] = true;
-          if (!write(chat_role_chunk_json(g_.meta, c))) return;
+          ordered_json role = chat_role_chunk_json(g_.meta, c, g_.role);
+          if (g_.return_token_ids) role["prompt_token_ids"] = g_.prompts[0];
+          if (!write_choice(std::move(role), c, true)) return;
+          if (!g_.echo.empty() && !g_.echo[0].empty()) {
+            ChatChunkChoice ch;
+            ch.index = c;
+            ch.delta.content = g_.echo[0];
+            if (!write_choice(chat_chunk_json(g_.meta, {ch}), c, true)) return;
+          }
         }
         const bool has_delta = !d.content.empty() || !d.reasoning.empty() ||
-                               !d.tool_calls.empty() || !d.logprobs.empty();
+                               !d.tool_calls.empty() || !d.logprobs.empty() || send_ids;
         if (has_delta || d.finished) {
           ChatChunkChoice ch;
           ch.index = c;
@@ -345,9 +450,11 @@ class GenerationRun {
             ch.finish_reason = d.finish_reason;
             ch.stop_reason = d.stop_reason;
           }
-          if (!write(chat_chunk_json(g_.meta, {ch}))) return;
+          ordered_json chunk = chat_chunk_json(g_.meta, {ch});
+          if (g_.return_token_ids) chunk["choices"][0]["token_ids"] = d.token_ids;
+          if (!write_choice(std::move(chunk), c, false)) return;
         }
-      } else if (!d.content.empty() || !d.logprobs.empty() || d.finished) {
+      } else if (!d.content.empty() || !d.logprobs.empty() || d.finished || send_ids) {
         CompletionChunkChoice ch;
         ch.index = c;
         ch.text = d.content;
@@ -356,7 +463,13 @@ class GenerationRun {
           ch.finish_reason = d.finish_reason;
           ch.stop_reason = d.stop_reason;
         }
-        if (!write(completion_chunk_json(g_.meta, {ch}))) return;
+        ordered_json chunk = completion_chunk_json(g_.meta, {ch});
+        if (g_.return_token_ids) {
+          if (!prompt_ids_sent[c]) chunk["choices"][0]["prompt_token_ids"] = g_.prompts[c / g_.n];
+          prompt_ids_sent[c] = true;
+          chunk["choices"][0]["token_ids"] = d.token_ids;
+        }
+        if (!write_choice(std::move(chunk), c, false)) return;
       }
     }
     if (g_.include_usage) {
@@ -372,12 +485,13 @@ class GenerationRun {
   ServerMetrics& metrics_;
   Generation g_;
   GenerationSession session_;
-  Clock::time_point start_ = Clock::now();
   std::vector<ChoiceProcessor> processors_;
-  std::vector<Clock::time_point> first_token_, last_token_;
+  std::vector<int64_t> num_tokens_;  // per choice, tokens the engine produced
+  std::chrono::steady_clock::time_point last_disconnect_check_ = std::chrono::steady_clock::now();
   std::vector<bool> role_sent_;
   std::vector<std::vector<TokenLogprob>> logprobs_;
-  std::vector<ordered_json> prompt_logprobs_;  // per choice, when asked
+  std::vector<std::vector<int32_t>> token_ids_;  // per choice, every output token
+  std::vector<ordered_json> prompt_logprobs_;    // per choice, when asked
   std::vector<std::string> finish_;
   std::vector<ordered_json> stop_reason_;
   size_t num_finished_ = 0;
@@ -391,6 +505,8 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
   g.cache_salt = r.cache_salt;
   g.stream = r.stream;
   g.include_usage = r.include_usage;
+  g.continuous_usage = r.continuous_usage;
+  g.return_token_ids = r.return_token_ids;
   g.choice.skip_special_tokens = r.sampling.skip_special_tokens;
   g.choice.stop = r.sampling.stop;
   g.choice.stop_token_ids = r.sampling.stop_token_ids;
@@ -401,7 +517,8 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
 }  // namespace
 
 bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) const {
-  if (!r.model.empty() && r.model != options_.served_model_name) {
+  const auto& names = options_.served_model_names;
+  if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end()) {
     send_json(w, 404, error_body(404, "The model `" + r.model + "` does not exist.", "model"));
     return false;
   }
@@ -414,6 +531,11 @@ bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) cons
 
 std::shared_ptr<const TokenConstraint> OpenAIServer::make_constraint(const GuidedDecoding& guided,
                                                                      bool after_reasoning) const {
+  if (guided.kind != GuidedDecoding::Kind::kNone && !vocab_) {
+    throw RequestError(guided.param, "'" + guided.param +
+                                         "': guided decoding needs the tokenizer, and this "
+                                         "server runs with --skip-tokenizer-init");
+  }
   Grammar grammar;
   switch (guided.kind) {
     case GuidedDecoding::Kind::kNone:
@@ -443,25 +565,34 @@ std::shared_ptr<const TokenConstraint> OpenAIServer::make_constraint(const Guide
 }
 
 void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& w) {
-  if (!authorized(req, w)) return;
   try {
     const ChatCompletionRequest r = parse_chat_completion_request(req.body);
     if (!admit(r, w)) return;
-    if (templates_.empty()) {
-      throw RequestError("messages", "this model has no chat template; use /v1/completions");
+    if (options_.skip_tokenizer_init) {
+      throw RequestError("messages",
+                         "chat completions need the tokenizer, and this server runs with "
+                         "--skip-tokenizer-init: send token ids to /v1/completions");
     }
     const bool has_tools = r.tools.is_array() && !r.tools.empty();
-    std::string prompt;
-    try {
-      const ChatTemplate tmpl(templates_.select(has_tools));
-      prompt = tmpl.render(r.messages_json, r.tools, /*add_generation_prompt=*/true,
-                           r.chat_template_kwargs, special_tokens_);
-    } catch (const jinja::TemplateError& e) {
-      throw RequestError("messages", std::string("chat template: ") + e.message());
+    // vLLM's rule: tools with tool_choice "auto" (the default when tools are given) need
+    // the server's tool-call parser; without it the tools would be silently ignored.
+    if (has_tools && r.tool_choice.mode == ToolChoiceMode::kAuto &&
+        !options_.enable_auto_tool_choice) {
+      throw RequestError("tool_choice",
+                         "\"auto\" tool choice requires --enable-auto-tool-choice and "
+                         "--tool-call-parser to be set");
     }
+    const std::string prompt = render_chat(r.messages_json, r.tools, r.add_generation_prompt,
+                                           r.continue_final_message, r.chat_template_kwargs);
+    check_num_sequences(1, r.n);
     Generation g;
     g.chat = true;
-    g.meta = make_response_meta("chatcmpl", options_.served_model_name);
+    set_ids(g, "chatcmpl", model_name(), req, r);
+    // vLLM: the response speaks as the assistant, or, without a generation prompt, as the
+    // last message's author; echo starts the content with that message when they match.
+    const ChatMessage& last = r.messages.back();
+    g.role = r.add_generation_prompt ? "assistant" : last.role;
+    if (r.echo && last.role == g.role && last.content) g.echo.push_back(*last.content);
     g.prompts.push_back(tokenizer_.encode(prompt, /*allow_special=*/true));
     validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
@@ -483,13 +614,34 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
 }
 
 void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
-  if (!authorized(req, w)) return;
   try {
     const CompletionRequest r = parse_completion_request(req.body);
     if (!admit(r, w)) return;
+    if (options_.skip_tokenizer_init) {
+      // Without a tokenizer only token ids go in and out (vLLM's rules for text prompts
+      // and stop strings; echo would need the prompt's text).
+      for (const CompletionPrompt& p : r.prompts) {
+        if (std::holds_alternative<std::string>(p)) {
+          throw RequestError("prompt",
+                             "You cannot pass text prompts when --skip-tokenizer-init is set "
+                             "(the server has no tokenizer): send token ids");
+        }
+      }
+      if (!r.sampling.stop.empty()) {
+        throw RequestError("stop",
+                           "stop strings need the tokenizer, and this server runs with "
+                           "--skip-tokenizer-init: use stop_token_ids");
+      }
+      if (r.echo) {
+        throw RequestError("echo",
+                           "echo needs the tokenizer, and this server runs with "
+                           "--skip-tokenizer-init");
+      }
+    }
+    check_num_sequences(std::ssize(r.prompts), r.n);
     Generation g;
     g.chat = false;
-    g.meta = make_response_meta("cmpl", options_.served_model_name);
+    set_ids(g, "cmpl", model_name(), req, r);
     for (const CompletionPrompt& p : r.prompts) {
       if (const auto* text = std::get_if<std::string>(&p)) {
         g.prompts.push_back(tokenizer_.encode(*text, /*allow_special=*/true));
@@ -502,6 +654,8 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
       validate_prompt(g.prompts.back(), r.sampling, limits());
     }
     fill_generation(r, g);
+    g.detokenize = !options_.skip_tokenizer_init;
+    g.choice.tokens_as_ids = r.tokens_as_ids || options_.skip_tokenizer_init;
     g.choice.logprobs = r.sampling.logprobs.has_value();
     g.sampling.constraint = make_constraint(r.guided, /*after_reasoning=*/false);
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
@@ -514,66 +668,57 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
   }
 }
 
+void OpenAIServer::check_num_sequences(int64_t num_prompts, int64_t n) const {
+  const int64_t cap = options_.max_sequences_per_request;
+  if (num_prompts * n <= cap) return;
+  throw RequestError(num_prompts > 1 ? "prompt" : "n",
+                     str_cat("The request asks for ", num_prompts, " prompt(s) x n = ", n, ", ",
+                             num_prompts * n, " sequences; this server takes at most ", cap,
+                             " per request (--max-sequences-per-request)."));
+}
+
+// /tokenize and /detokenize are open without the API key, as in vLLM (the middleware
+// guards /v1/* only).
 void OpenAIServer::tokenize(const HttpRequest& req, HttpResponseWriter& w) {
-  if (!authorized(req, w)) return;
-  ordered_json body;
   try {
-    body = ordered_json::parse(req.body);
-  } catch (const std::exception&) {
-    send_json(w, 400, error_body(400, "invalid JSON body"));
-    return;
-  }
-  std::string text;
-  if (body.contains("messages")) {
-    try {
-      // `tools` as in a chat request (vLLM's tokenize takes them too): the prompt's count
-      // then equals the chat request's usage.prompt_tokens.
-      const ordered_json tools = body.value("tools", ordered_json());
-      if (!tools.is_null() && !tools.is_array()) {
-        send_json(w, 400, error_body(400, "'tools' must be a list", "tools"));
-        return;
-      }
-      const ChatTemplate tmpl(templates_.select(!tools.empty()));
-      text =
-          tmpl.render(body["messages"], tools, body.value("add_generation_prompt", true),
-                      body.value("chat_template_kwargs", ordered_json::object()), special_tokens_);
-    } catch (const Error& e) {
-      send_json(w, 400, error_body(400, client_message(e.what()), "messages"));
-      return;
+    const TokenizeRequest r = parse_tokenize_request(req.body);
+    if (options_.skip_tokenizer_init) {
+      throw RequestError("",
+                         "/tokenize needs the tokenizer, and this server runs with "
+                         "--skip-tokenizer-init");
     }
-  } else if (body.contains("prompt") && body["prompt"].is_string()) {
-    text = body["prompt"].get<std::string>();
-  } else {
-    send_json(w, 400, error_body(400, "give 'prompt' (a string) or 'messages'", "prompt"));
-    return;
+    // `tools` as in a chat request (vLLM's tokenize takes them too): the prompt's count
+    // then equals the chat request's usage.prompt_tokens.
+    const std::string text = r.prompt
+                                 ? *r.prompt
+                                 : render_chat(r.messages_json, r.tools, r.add_generation_prompt,
+                                               r.continue_final_message, r.chat_template_kwargs);
+    const std::vector<int32_t> ids = tokenizer_.encode(text, true);
+    ordered_json out;
+    out["count"] = ids.size();
+    out["max_model_len"] = engine_.config().scheduler.max_model_len;
+    out["tokens"] = ids;
+    send_json(w, 200, out.dump());
+  } catch (const RequestError& e) {
+    send_request_error(w, e);
+  } catch (const InvalidArgument& e) {
+    send_json(w, 400, error_body(400, client_message(e.what()), "prompt"));
   }
-  const std::vector<int32_t> ids = tokenizer_.encode(text, true);
-  ordered_json out;
-  out["count"] = ids.size();
-  out["max_model_len"] = engine_.config().scheduler.max_model_len;
-  out["tokens"] = ids;
-  send_json(w, 200, out.dump());
 }
 
 void OpenAIServer::detokenize(const HttpRequest& req, HttpResponseWriter& w) {
-  if (!authorized(req, w)) return;
   try {
-    const ordered_json body = ordered_json::parse(req.body);
-    if (!body.contains("tokens") || !body["tokens"].is_array())
-      throw RequestError("tokens", "'tokens' must be a list of token ids");
-    std::vector<int32_t> ids;
-    for (const auto& t : body["tokens"]) {
-      if (!t.is_number_integer())
-        throw RequestError("tokens", "'tokens' must be a list of token ids");
-      ids.push_back(t.get<int32_t>());
+    const std::vector<int32_t> ids = parse_detokenize_request(req.body);
+    if (options_.skip_tokenizer_init) {
+      throw RequestError("",
+                         "/detokenize needs the tokenizer, and this server runs with "
+                         "--skip-tokenizer-init");
     }
     ordered_json out;
     out["prompt"] = replace_invalid_utf8(tokenizer_.decode(ids, false));
     send_json(w, 200, out.dump());
   } catch (const RequestError& e) {
     send_request_error(w, e);
-  } catch (const nlohmann::json::exception&) {
-    send_json(w, 400, error_body(400, "invalid JSON body"));
   } catch (const InvalidArgument& e) {
     send_json(w, 400, error_body(400, client_message(e.what()), "tokens"));
   }

@@ -2,16 +2,21 @@
 // /v1/chat/completions, /v1/completions (streaming or not), /v1/models, /health,
 // /metrics, /tokenize, /detokenize. Handlers parse and validate, render the chat
 // template, tokenize, submit to the engine, and stream or collect the outputs; a client
-// that disconnects has its engine requests aborted.
+// that disconnects has its engine requests aborted. A middleware in front of every route
+// does what vLLM's middlewares do: CORS (preflights answered on any path), the API key
+// for /v1/* only (/health, /metrics, /tokenize, /detokenize stay open), and X-Request-Id
+// echoed on the response (a generation also takes it as its id: "chatcmpl-<X-Request-Id>").
 #pragma once
 
 #include <chrono>
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "engine/engine.h"
 #include "guided/vocab_trie.h"
+#include "server/cors.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/openai_protocol.h"
@@ -23,12 +28,21 @@ namespace hyserve {
 struct OpenAIServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
-  std::string served_model_name;  // what clients pass as "model"
-  std::string model_root;         // the model folder, for /v1/models' "root"
-  std::string api_key;            // empty: no authentication
+  // What clients may pass as "model" (each is listed by /v1/models); the first is the one
+  // responses and metrics report, as in vLLM. At least one.
+  std::vector<std::string> served_model_names;
+  std::string model_root;  // the model folder, for /v1/models' "root"
+  std::string api_key;     // empty: no authentication
   bool enable_auto_tool_choice = false;
   std::string tool_call_parser;  // "kimi_k3" or empty
   std::string reasoning_parser;  // "kimi_k3" or empty
+  CorsOptions cors;
+  // --skip-tokenizer-init: the tokenizer is a NoTokenizer; token-id prompts only, outputs
+  // carry no text (logprob tokens as "token_id:N", ids by return_token_ids).
+  bool skip_tokenizer_init = false;
+  // The most sequences (prompts x n) one request may ask for: a larger batch is a 400
+  // before any prompt is tokenized.
+  int64_t max_sequences_per_request = 1024;
 };
 
 class OpenAIServer {
@@ -47,7 +61,16 @@ class OpenAIServer {
   RequestLimits limits() const {
     return {engine_.model().config().vocab_size, engine_.config().scheduler.max_model_len};
   }
-  bool authorized(const HttpRequest& req, HttpResponseWriter& w) const;
+  const std::string& model_name() const { return options_.served_model_names.front(); }
+  // Throws RequestError when prompts x n is over max_sequences_per_request.
+  void check_num_sequences(int64_t num_prompts, int64_t n) const;
+  // CORS, X-Request-Id and the API key, before routing (HttpMiddleware).
+  void middleware(const HttpRequest& req, HttpResponseWriter& w) const;
+  // The prompt the chat template renders; throws RequestError.
+  std::string render_chat(const nlohmann::ordered_json& messages,
+                          const nlohmann::ordered_json& tools, bool add_generation_prompt,
+                          bool continue_final_message,
+                          const nlohmann::ordered_json& chat_template_kwargs) const;
   // The model name, engine health and unsupported options of a generation request;
   // answers and returns false (404, 503) or throws RequestError.
   bool admit(const GenerationRequest& r, HttpResponseWriter& w) const;
@@ -67,7 +90,9 @@ class OpenAIServer {
   const Tokenizer& tokenizer_;
   ChatTemplates templates_;
   SpecialTokens special_tokens_;
-  std::shared_ptr<const VocabTrie> vocab_;  // the tokenizer's vocabulary, for guided decoding
+  // The tokenizer's vocabulary, for guided decoding; null under --skip-tokenizer-init.
+  std::shared_ptr<const VocabTrie> vocab_;
+  CorsPolicy cors_;
   ServerMetrics metrics_;
   HttpServer http_;
   int64_t created_;

@@ -67,6 +67,13 @@ class Server:
                 self.proc.wait(timeout=15)
 
 
+def server_environment():
+    """This process's environment without the vLLM variables hyserve serve reads
+    (VLLM_API_KEY, VLLM_ALLOW_LONG_MAX_MODEL_LEN), so a test sets them only on purpose."""
+    return {k: v for k, v in os.environ.items()
+            if k not in ("VLLM_API_KEY", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
+
+
 def check_binary():
     binary = binary_path()
     if not binary.exists():
@@ -87,7 +94,8 @@ def check_binary():
     return binary
 
 
-def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR):
+def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR, env=None):
+    """`env`: variables added to the server's environment."""
     binary = check_binary()
     port = free_port()
     log_path = Path(log_dir) / f"hyserve-{port}.log"
@@ -95,7 +103,8 @@ def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR):
            *extra_args]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL)
+                                stdin=subprocess.DEVNULL,
+                                env={**server_environment(), **(env or {})})
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     healthy = False

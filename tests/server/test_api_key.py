@@ -43,3 +43,21 @@ def test_sdk_with_and_without_key(keyed_server):
     assert r.choices[0].message.role == "assistant"
     with pytest.raises(openai.AuthenticationError):
         keyed_server.client(api_key="nope").models.list()
+
+
+def test_tokenize_and_detokenize_are_open(keyed_server):
+    # vLLM's key guards /v1/* only.
+    r = requests.post(keyed_server.url("/tokenize"), json={"prompt": "hello"}, timeout=10)
+    assert r.status_code == 200, r.text[:300]
+    tokens = r.json()["tokens"]
+    r = requests.post(keyed_server.url("/detokenize"), json={"tokens": tokens}, timeout=10)
+    assert r.status_code == 200 and r.json()["prompt"] == "hello"
+    for route in ("/health", "/metrics"):
+        assert requests.get(keyed_server.url(route), timeout=10).status_code == 200
+    # A CORS preflight carries no key and is answered; the request itself needs it.
+    r = requests.options(keyed_server.url("/v1/completions"),
+                         headers={"Origin": "https://app.example",
+                                  "Access-Control-Request-Method": "POST"}, timeout=10)
+    assert r.status_code == 200
+    assert requests.post(keyed_server.url("/v1/chat/completions"), json={},
+                         timeout=10).status_code == 401
