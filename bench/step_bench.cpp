@@ -299,7 +299,7 @@ int run(int argc, char** argv) {
       k["batch"] = b;
       k["ops_per_step"] = static_cast<double>(launches) / static_cast<double>(a.steps);
       nlohmann::json list = nlohmann::json::array();
-      for (size_t r = 0; r < rows.size() && r < 16; ++r) {
+      for (size_t r = 0; r < rows.size() && r < 32; ++r) {
         list.push_back({{"name", rows[r].first},
                         {"us_per_step", rows[r].second.first / 1e3 / static_cast<double>(a.steps)},
                         {"per_step", static_cast<double>(rows[r].second.second) /

@@ -14,11 +14,19 @@ inline constexpr int kGemvMaxTokens = 16;
 inline constexpr int kGemvRows = 2;   // weight rows per warp
 inline constexpr int kGemvDepth = 2;  // 16-byte chunks per row a lane loads before using them
 
-// True when rows of w can be read in 16-byte chunks and x rows of w.cols floats
-// starting at the 16-byte aligned x_base can be read in float4s.
+// The 16-byte path gives each lane whole chunks of a row: it pays only when a row has a
+// chunk for every lane. A narrower row (e.g. 32 MXFP4 columns: one chunk) would leave
+// all lanes but a few idle, so it goes element by element, 32 lanes across k.
+inline bool gemv_row_fills_warp(WFmt f, int64_t cols) {
+  return row_bytes(f, cols) / 16 >= 32;
+}
+
+// True when rows of w can be read in 16-byte chunks, every lane gets one, and x rows of
+// w.cols floats starting at the 16-byte aligned x_base can be read in float4s.
 inline bool gemv_vectorizable(const WRef& w, WFmt f, const void* x_base) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return aligned(w.data) && row_bytes(f, w.cols) % 16 == 0 && w.cols % 4 == 0 && aligned(x_base);
+  return aligned(w.data) && row_bytes(f, w.cols) % 16 == 0 && gemv_row_fills_warp(f, w.cols) &&
+         w.cols % 4 == 0 && aligned(x_base);
 }
 
 // acc[q][j] += this lane's share of dot(row r0 + q of w, xs[j]) for q < num_rows and

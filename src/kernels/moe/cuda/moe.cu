@@ -444,11 +444,20 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
     return dim3(max_active, static_cast<unsigned>((rows + per_block - 1) / per_block));
   };
   const bool x_aligned = reinterpret_cast<uintptr_t>(p.x) % 16 == 0;
+  // The GEMV kernels' 16-byte path (gemv.cuh); the tiles load 16-byte chunks whenever aligned.
+  const bool gate_up_gemv_vec = experts.gate_up_aligned() && x_aligned &&
+                                gemv_row_fills_warp(weight_wfmt(l.gate), l.gate.cols);
+  const bool down_gemv_vec =
+      experts.down_aligned() && gemv_row_fills_warp(weight_wfmt(l.down), l.down.cols);
 
-  // (When every expert runs the tiles, the GEMV kernels are not launched.)
+  // No expert has more than num_slots tokens: a path no expert can take is not launched
+  // (when every expert runs the tiles, the GEMV kernels are not launched either).
+  const bool small_tile_may_run =
+      g.mma_min_tokens <= tile::SmallTile::kTokens && num_slots >= g.mma_min_tokens;
+  const bool big_tile_may_run = num_slots > tile::SmallTile::kTokens;
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
     if (g.mma_min_tokens > 1) {
-      if (experts.gate_up_aligned() && x_aligned) {
+      if (gate_up_gemv_vec) {
         gate_up_small_kernel<F, true>
             <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
                                                                                         p.x, h);
@@ -469,12 +478,12 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
       CUDA_CHECK_LAUNCH();
     };
-    gate_up_tiles.template operator()<tile::SmallTile>();
-    gate_up_tiles.template operator()<tile::BigTile>();
+    if (small_tile_may_run) gate_up_tiles.template operator()<tile::SmallTile>();
+    if (big_tile_may_run) gate_up_tiles.template operator()<tile::BigTile>();
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
     if (g.mma_min_tokens > 1) {
-      if (experts.down_aligned()) {
+      if (down_gemv_vec) {
         down_small_kernel<F, true>
             <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
                 g, table, b, h, slot_out);
@@ -495,8 +504,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
       CUDA_CHECK_LAUNCH();
     };
-    down_tiles.template operator()<tile::SmallTile>();
-    down_tiles.template operator()<tile::BigTile>();
+    if (small_tile_may_run) down_tiles.template operator()<tile::SmallTile>();
+    if (big_tile_may_run) down_tiles.template operator()<tile::BigTile>();
   });
 
   if (p.shared != nullptr) {
