@@ -219,6 +219,11 @@ void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, in
 void TimingBackend::mul(float* y, const float* x, int64_t n) {
   timed("mul", 12.0 * n, n, [&] { inner_->mul(y, x, n); });
 }
+
+void TimingBackend::round_bf16(const RoundBf16Params& p) {
+  timed("round_bf16", 6.0 * p.n, 1.0 * p.n, [&] { inner_->round_bf16(p); });
+}
+
 void TimingBackend::quantize_e4m3(const QuantizeE4m3Params& p) {
   timed("quantize_e4m3", 5.0 * p.n, 2.0 * p.n, [&] { inner_->quantize_e4m3(p); });
 }

@@ -83,6 +83,7 @@ class TimingBackend final : public Backend {
                int64_t width) override;
   void mul(float* y, const float* x, int64_t n) override;
   void quantize_e4m3(const QuantizeE4m3Params& p) override;
+  void round_bf16(const RoundBf16Params& p) override;
   void mla_absorb_q(const MlaAbsorbParams& p) override;
   void mla_project_uv(const MlaProjectParams& p) override;
   void dsa_query_slots(const DsaQuerySlotsParams& p) override;

@@ -14,9 +14,29 @@
 namespace hyserve {
 namespace {
 
+// auto: fp8 for the DSA models whose 576-wide latent the DSA kernels read (K3.1 Pro,
+// DeepSeek-V3.2), bf16 (the checkpoint dtype) for the rest; a dtype given is kept.
+TEST(CacheFormat, AutoIsFp8ForDsaLatentsAndBf16Otherwise) {
+  CacheSpec dsa;  // K3.1 Pro's and DeepSeek-V3.2's full-attention layers
+  dsa.kv_lora_rank = 512;
+  dsa.qk_rope_head_dim = 64;
+  dsa.index_head_dim = 128;
+  EXPECT_EQ(auto_latent_cache_dtype(dsa), LatentCacheDtype::kFp8);
+  CacheSpec dense = dsa;  // Kimi Linear, DeepSeek-V3: the same latent, no indexer
+  dense.index_head_dim = 0;
+  EXPECT_EQ(auto_latent_cache_dtype(dense), LatentCacheDtype::kBf16);
+  // The tiny DSA fixture's latent is narrower than the DSA kernels'.
+  const CacheSpec tiny =
+      ModelConfig::load(std::string(HYSERVE_SOURCE_DIR) + "/tests/fixtures/deepseek_v32_tiny")
+          .cache_spec();
+  ASSERT_GT(tiny.index_head_dim, 0);
+  EXPECT_EQ(auto_latent_cache_dtype(tiny), LatentCacheDtype::kBf16);
+  EXPECT_EQ(resolve_latent_cache_dtype(std::nullopt, dsa), LatentCacheDtype::kFp8);
+  EXPECT_EQ(resolve_latent_cache_dtype(LatentCacheDtype::kFp32, dsa), LatentCacheDtype::kFp32);
+}
+
 TEST(CacheFormat, ParsesEveryLatentName) {
-  EXPECT_EQ(parse_latent_cache_dtype("auto"), LatentCacheDtype::kFp32);
-  EXPECT_EQ(parse_latent_cache_dtype("auto"), kAutoLatentCacheDtype);
+  EXPECT_EQ(parse_latent_cache_dtype("auto"), std::nullopt);
   EXPECT_EQ(parse_latent_cache_dtype("bf16"), LatentCacheDtype::kBf16);
   EXPECT_EQ(parse_latent_cache_dtype("fp8"), LatentCacheDtype::kFp8);
   EXPECT_EQ(parse_latent_cache_dtype("fp8_ds_mla"), LatentCacheDtype::kFp8WithScales);
@@ -49,7 +69,7 @@ TEST(CacheFormat, RefusesOtherNamesListingTheChoices) {
   const std::string latent = error_of([] { parse_latent_cache_dtype("fp16"); });
   EXPECT_NE(latent.find("--kv-cache-dtype 'fp16'"), std::string::npos) << latent;
   EXPECT_NE(latent.find("auto, bf16, fp8, fp8_ds_mla, nvfp4, fp32"), std::string::npos) << latent;
-  EXPECT_NE(latent.find("auto = fp32"), std::string::npos) << latent;
+  EXPECT_NE(latent.find("auto: fp8 for DSA models"), std::string::npos) << latent;
   const std::string index = error_of([] { parse_index_cache_dtype("auto"); });
   EXPECT_NE(index.find("--index-cache-dtype 'auto'"), std::string::npos) << index;
   EXPECT_NE(index.find("fp8, mxfp4, fp32"), std::string::npos) << index;

@@ -165,6 +165,21 @@ TEST(Cli, GenerateIndexKeysDefaultToServes) {
   EXPECT_NE(tail(def), tail(fp32));
 }
 
+// --kv-cache-dtype auto on the bundled model (a latent narrower than the DSA kernels'):
+// bf16, the checkpoint dtype, as vLLM's auto; fp32 (the exact reference) caches other bits.
+TEST(Cli, KvCacheDtypeAutoIsBf16ForTheBundledModel) {
+  const auto tail = [](const RunResult& r) { return r.output.substr(r.output.find("ids:")); };
+  const std::string request = "generate --max-tokens 12 --prompt-ids 5,17,256,31,999,2,64,128";
+  const RunResult def = run(request);
+  const RunResult bf16 = run(request + " --kv-cache-dtype bf16");
+  const RunResult fp32 = run(request + " --kv-cache-dtype fp32");
+  ASSERT_EQ(def.exit_code, 0) << def.output;
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.output;
+  ASSERT_EQ(fp32.exit_code, 0) << fp32.output;
+  EXPECT_EQ(tail(def), tail(bf16));
+  EXPECT_NE(tail(def), tail(fp32));  // the logits' hash differs
+}
+
 TEST(Cli, GenerateSeedReproducesSampledTokens) {
   const RunResult a =
       run("generate --prompt-ids 7,8,9 --max-tokens 12 --temperature 1.0 --seed 42");

@@ -189,15 +189,25 @@ std::vector<float> prompt_logits(const Model& m, const std::vector<int32_t>& pro
 // RMS difference by 2^-4, and it must not be 0 (the FP8 path ran). Later layers are not
 // compared: a random tiny model's discrete choices (MoE experts, the indexer's top-k)
 // flip under any perturbation and amplify it.
+void first_attention_close_to_fp32(const char* model, LatentCacheDtype latent, double bound);
+
+// The bf16 latent the same way: 8 significant bits, so within 2^-8 (relative RMS), not 0.
 TEST_P(Fp8LatentModel, FirstAttentionCloseToTheFp32Latent) {
-  const ModelConfig c = dsa_config(GetParam());
+  for (const LatentCacheDtype latent : {LatentCacheDtype::kFp8, LatentCacheDtype::kBf16}) {
+    first_attention_close_to_fp32(GetParam(), latent,
+                                  latent == LatentCacheDtype::kFp8 ? 0x1p-4 : 0x1p-8);
+  }
+}
+
+void first_attention_close_to_fp32(const char* model, LatentCacheDtype latent, double bound) {
+  SCOPED_TRACE(latent_cache_dtype_name(latent));
+  const ModelConfig c = dsa_config(model);
   int64_t first = 0;
   while (c.is_kda(first)) ++first;
   const std::string name = "layers." + std::to_string(first) + ".attn";
   std::vector<float> attn[2], logits[2];
   for (int v = 0; v < 2; ++v) {
-    const auto m =
-        test::make_dsa_model(c, v == 0 ? LatentCacheDtype::kFp8 : LatentCacheDtype::kFp32);
+    const auto m = test::make_dsa_model(c, v == 0 ? latent : LatentCacheDtype::kFp32);
     m->set_dump([&](std::string_view n, const float* data, int64_t rows, int64_t cols) {
       if (n == name) attn[v].assign(data, data + rows * cols);
     });
@@ -218,8 +228,8 @@ TEST_P(Fp8LatentModel, FirstAttentionCloseToTheFp32Latent) {
   }
   const double rel_rms = std::sqrt(diff2 / ref2);
   EXPECT_GT(rel_rms, 0.0);
-  EXPECT_LT(rel_rms, 0x1p-4) << name << ": worst element " << worst_at << ": " << attn[0][worst_at]
-                             << " vs " << attn[1][worst_at];
+  EXPECT_LT(rel_rms, bound) << name << ": worst element " << worst_at << ": " << attn[0][worst_at]
+                            << " vs " << attn[1][worst_at];
   for (const float v : logits[0]) ASSERT_TRUE(std::isfinite(v));
 }
 
@@ -256,13 +266,22 @@ TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
   }
 }
 
-// Two sequences in one cache share the first two blocks of a prompt: the second reads
-// their FP8 latents and index keys (and the KDA state snapshot at their end) and runs only
-// its suffix. Its logits equal those of the whole prompt run without the shared blocks,
-// bitwise (block boundaries are KDA chunk boundaries).
+void prefix_hit_equals_miss(const char* model, LatentCacheDtype latent);
+
+// Two sequences in one cache share the first two blocks of a prompt (FP8 and bf16
+// latents): the second reads their latents and index keys (and the KDA state snapshot at their end)
+// and runs only its suffix. Its logits equal those of the whole prompt run without the shared
+// blocks, bitwise (block boundaries are KDA chunk boundaries).
 TEST_P(Fp8LatentModel, PrefixHitEqualsMissBitwise) {
-  const ModelConfig c = dsa_config(GetParam());
-  const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8);
+  for (const LatentCacheDtype latent : {LatentCacheDtype::kFp8, LatentCacheDtype::kBf16}) {
+    prefix_hit_equals_miss(GetParam(), latent);
+  }
+}
+
+void prefix_hit_equals_miss(const char* model, LatentCacheDtype latent) {
+  SCOPED_TRACE(latent_cache_dtype_name(latent));
+  const ModelConfig c = dsa_config(model);
+  const auto m = test::make_dsa_model(c, latent);
   Workspace ws(&m->backend());
   const CachePlan plan = m->cache_plan();
   const int64_t bs = plan.block_size;

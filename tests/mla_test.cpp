@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/dtype.h"
 #include "kernels/indexer/cpu.h"
 #include "util/error.h"
 
@@ -272,6 +273,39 @@ TEST(Mla, DsaWithShortContextEqualsDenseBitwise) {
           << (absorbed ? "absorbed" : "expanded") << " n=" << n;
     }
   }
+}
+
+// The bf16 latent (--kv-cache-dtype bf16): reading bf16 bits gives bitwise what the fp32
+// path gives over the same values rounded to bf16, in both forms, dense and top-k; setting
+// both latents (or neither) is refused.
+TEST(Mla, Bf16LatentEqualsFp32OfTheRoundedValues) {
+  Problem pr(
+      {.num_tokens = 5, .num_keys = 9, .num_heads = 3, .dn = 16, .dr = 8, .dv = 12, .kv_lora = 32},
+      4, 21);
+  pr.topk_width = 4;
+  pr.topk = {0, 3, 4, -1, 1, 2, 5, 4, 6, 0, 3, -1, 2, 4, 6, 7, 0, 1, 5, 8};  // q_pos 4..8
+  std::vector<uint16_t> bits(pr.latent.size());
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16(pr.latent[i]);
+  for (size_t i = 0; i < bits.size(); ++i) pr.latent[i] = bf16_to_f32(bits[i]);
+  for (const bool use_topk : {false, true}) {
+    for (const auto run : {cpu::mla_attention_expanded, cpu::mla_attention_absorbed}) {
+      std::vector<float> want, want_lse, got, got_lse;
+      run(pr.params(want, &want_lse, use_topk));
+      MlaAttentionParams p = pr.params(got, &got_lse, use_topk);
+      p.latent = nullptr;
+      p.latent_bf16 = bits.data();
+      run(p);
+      EXPECT_EQ(0, std::memcmp(want.data(), got.data(), want.size() * 4)) << use_topk;
+      EXPECT_EQ(0, std::memcmp(want_lse.data(), got_lse.data(), want_lse.size() * 4)) << use_topk;
+    }
+  }
+  std::vector<float> out;
+  MlaAttentionParams both = pr.params(out, nullptr, false);
+  both.latent_bf16 = bits.data();
+  EXPECT_THROW(cpu::mla_attention_absorbed(both), Error);
+  both.latent = nullptr;
+  both.latent_bf16 = nullptr;
+  EXPECT_THROW(cpu::mla_attention_absorbed(both), Error);
 }
 
 TEST(Mla, NoVisibleKeyGivesZerosAndMinusInfLse) {

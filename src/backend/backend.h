@@ -139,6 +139,7 @@ class Backend {
   // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h).
   virtual void mul(float* y, const float* x, int64_t n) = 0;  // y *= x
   virtual void quantize_e4m3(const QuantizeE4m3Params& p) = 0;
+  virtual void round_bf16(const RoundBf16Params& p) = 0;
   virtual void mla_absorb_q(const MlaAbsorbParams& p) = 0;
   virtual void mla_project_uv(const MlaProjectParams& p) = 0;
   virtual void dsa_query_slots(const DsaQuerySlotsParams& p) = 0;

@@ -150,6 +150,7 @@ class CpuBackend final : public Backend {
       std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * 4);
   }
   void quantize_e4m3(const QuantizeE4m3Params& p) override { cpu::quantize_e4m3(p); }
+  void round_bf16(const RoundBf16Params& p) override { cpu::round_bf16(p); }
   void mla_absorb_q(const MlaAbsorbParams& p) override { cpu::mla_absorb_q(p); }
   void mla_project_uv(const MlaProjectParams& p) override { cpu::mla_project_uv(p); }
   void dsa_query_slots(const DsaQuerySlotsParams& p) override { cpu::dsa_query_slots(p); }

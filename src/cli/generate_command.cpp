@@ -47,7 +47,8 @@ int run_generate(const GenerateArgs& a) {
   CHECK(!a.indexer_fp8 || index_cache == IndexCacheDtype::kFp8,
         "--indexer-fp8 contradicts --index-cache-dtype ", a.index_cache_dtype);
   options.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
-  options.latent_cache = parse_latent_cache_dtype(a.kv_cache_dtype);
+  options.latent_cache = resolve_latent_cache_dtype(parse_latent_cache_dtype(a.kv_cache_dtype),
+                                                    ModelConfig::load(dir).cache_spec());
   options.batch_invariant = a.batch_invariant;
   auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
@@ -123,7 +124,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--indexer-fp8", a->indexer_fp8, "the same as --index-cache-dtype fp8");
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
-                  "MLA latent cache: auto (= fp32), fp32 or fp8 (DSA models)")
+                  "MLA latent cache: auto (fp8 for DSA models with a 576-wide latent, else bf16), "
+                  "bf16, fp32 or fp8 (DSA models)")
       ->capture_default_str();
   return [a] { return run_generate(*a); };
 }

@@ -71,7 +71,7 @@ struct PlanArgs {
   std::string gpu_memory;  // e.g. "141GB"; empty: no plan
   int64_t tp = 1;
   int64_t dcp = 1;
-  std::string kv_cache_dtype = "fp8";
+  std::string kv_cache_dtype = "auto";  // as serve
   std::string index_cache_dtype = "fp8";
   double gpu_memory_utilization = 0.9;
   std::string reserve = "8GiB";
@@ -115,7 +115,7 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
 
 void print_plan(const ModelConfig& c, const PlanArgs& a) {
   CachePlanOptions o;
-  o.latent = parse_latent_cache_dtype(a.kv_cache_dtype);
+  o.latent = resolve_latent_cache_dtype(parse_latent_cache_dtype(a.kv_cache_dtype), c.cache_spec());
   o.index = parse_index_cache_dtype(a.index_cache_dtype);
   o.tp = a.tp;
   o.dcp = a.dcp;
@@ -295,8 +295,8 @@ std::function<int()> add_info_command(CLI::App& app) {
   cmd->add_option("--dcp,--decode-context-parallel-size", plan->dcp, "decode-context-parallel size")
       ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", plan->kv_cache_dtype,
-                  latent_cache_dtype_choices() + " (auto = " +
-                      std::string(latent_cache_dtype_name(kAutoLatentCacheDtype)) + ")")
+                  latent_cache_dtype_choices() +
+                      " (auto: fp8 for DSA models with a 576-wide latent, bf16 otherwise)")
       ->capture_default_str();
   cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, index_cache_dtype_choices())
       ->capture_default_str();

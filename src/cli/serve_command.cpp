@@ -198,7 +198,7 @@ int run_serve(const ServeArgs& a) {
         "--speculative-config: speculative decoding is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
-  const LatentCacheDtype latent_cache = parse_latent_cache_dtype(a.kv_cache_dtype);
+  const std::optional<LatentCacheDtype> latent_flag = parse_latent_cache_dtype(a.kv_cache_dtype);
   const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
   CHECK(index_cache != IndexCacheDtype::kMxfp4,
         "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
@@ -238,7 +238,7 @@ int run_serve(const ServeArgs& a) {
   }
   ModelOptions mo;
   mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
-  mo.latent_cache = latent_cache;
+  mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
   mo.batch_invariant = a.batch_invariant;
   auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
 
@@ -336,7 +336,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--max-num-batched-tokens", a->max_num_batched_tokens)->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization)->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
-                  "MLA latent cache: auto (= fp32), fp32 or fp8 (DSA models)")
+                  "MLA latent cache: auto (fp8 for DSA models with a 576-wide latent, else bf16), "
+                  "bf16, fp32 or fp8 (DSA models)")
       ->capture_default_str();
   cmd->add_option("--index-cache-dtype", a->index_cache_dtype)->capture_default_str();
   cmd->add_option("--kv-cache-memory-bytes", a->kv_cache_memory_bytes,

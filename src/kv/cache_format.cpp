@@ -54,14 +54,25 @@ std::string index_cache_dtype_choices() {
   return s;
 }
 
-LatentCacheDtype parse_latent_cache_dtype(std::string_view name) {
-  if (name == "auto") return kAutoLatentCacheDtype;
+std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view name) {
+  if (name == "auto") return std::nullopt;
   for (auto t : kLatentCacheDtypes) {
     if (latent_cache_dtype_name(t) == name) return t;
   }
   HYSERVE_THROW(InvalidArgument, "--kv-cache-dtype '", name, "': not a cache dtype; choose ",
                 latent_cache_dtype_choices(),
-                " (auto = ", latent_cache_dtype_name(kAutoLatentCacheDtype), ")");
+                " (auto: fp8 for DSA models with a 576-wide latent, bf16 otherwise)");
+}
+
+LatentCacheDtype auto_latent_cache_dtype(const CacheSpec& spec) {
+  const bool dsa_latent =
+      spec.index_head_dim > 0 && spec.kv_lora_rank == 512 && spec.qk_rope_head_dim == 64;
+  return dsa_latent ? LatentCacheDtype::kFp8 : LatentCacheDtype::kBf16;
+}
+
+LatentCacheDtype resolve_latent_cache_dtype(std::optional<LatentCacheDtype> parsed,
+                                            const CacheSpec& spec) {
+  return parsed ? *parsed : auto_latent_cache_dtype(spec);
 }
 
 IndexCacheDtype parse_index_cache_dtype(std::string_view name) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,10 +29,12 @@ enum class IndexCacheDtype {
   kFp32,   // fp32: the reference path (exact scores, golden tests)
 };
 
-// What `--kv-cache-dtype auto` means (docs/DECISIONS.md): as in vLLM, the unquantized
-// latent the model computes, never a lossy format the user did not ask for. The only
-// unquantized latent hyserve builds is fp32, on the CPU and CUDA backends alike.
-inline constexpr LatentCacheDtype kAutoLatentCacheDtype = LatentCacheDtype::kFp32;
+// What `--kv-cache-dtype auto` means for a model (docs/DECISIONS.md), on every device: a
+// DSA model with the DSA kernels' 576-wide latent (kv_lora_rank 512 + rope 64, an indexer)
+// caches fp8, the format DeepSeek-V3.2's and Kimi K3.1 Pro's own inference uses and the one
+// the fused DSA decode step reads; every other model the checkpoint's dtype, bf16, as
+// vLLM's auto.
+LatentCacheDtype auto_latent_cache_dtype(const CacheSpec& spec);
 
 std::string_view latent_cache_dtype_name(LatentCacheDtype t);
 std::string_view index_cache_dtype_name(IndexCacheDtype t);
@@ -39,11 +42,14 @@ std::string_view index_cache_dtype_name(IndexCacheDtype t);
 // and "fp8, mxfp4, fp32".
 std::string latent_cache_dtype_choices();
 std::string index_cache_dtype_choices();
-// `--kv-cache-dtype NAME`: "auto" (kAutoLatentCacheDtype) or a latent_cache_dtype_name.
-// `--index-cache-dtype NAME`: an index_cache_dtype_name. Anything else throws
-// InvalidArgument naming the flag, the value and the choices. Whether the model runs a
-// format is the model's to check (it refuses the ones it does not build).
-LatentCacheDtype parse_latent_cache_dtype(std::string_view name);
+// `--kv-cache-dtype NAME`: "auto" (nullopt: auto_latent_cache_dtype of the model) or a
+// latent_cache_dtype_name. `--index-cache-dtype NAME`: an index_cache_dtype_name. Anything
+// else throws InvalidArgument naming the flag, the value and the choices. Whether the model
+// runs a format is the model's to check (it refuses the ones it does not build).
+std::optional<LatentCacheDtype> parse_latent_cache_dtype(std::string_view name);
+// The parsed flag for this model: the dtype given, or auto's.
+LatentCacheDtype resolve_latent_cache_dtype(std::optional<LatentCacheDtype> parsed,
+                                            const CacheSpec& spec);
 IndexCacheDtype parse_index_cache_dtype(std::string_view name);
 
 // Bytes per token per full-attention layer.

@@ -63,8 +63,10 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
       backend_(std::move(backend)) {
   // The cache formats first: a refused one costs no weight loading.
   const LatentCacheDtype latent = options_.latent_cache;
-  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kFp8, "--kv-cache-dtype ",
-        latent_cache_dtype_name(latent), ": the model caches MLA latents as fp32 or fp8 only");
+  CHECK(latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kBf16 ||
+            latent == LatentCacheDtype::kFp8,
+        "--kv-cache-dtype ", latent_cache_dtype_name(latent),
+        ": the model caches MLA latents as fp32, bf16 or fp8 only");
   if (latent == LatentCacheDtype::kFp8) {
     CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
           "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",

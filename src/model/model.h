@@ -272,10 +272,10 @@ class Model {
   // Part 2, the generic path: the selected past positions [T, index_topk] (-1 padded).
   int32_t* index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t num_tokens,
                         const int64_t* pos, std::span<const SequenceSlice> seqs) const;
-  // MLA over the fp32 latent (kernels/mla): dense, or over the indexer's top-k.
-  void fp32_attention(Pass& pass, int64_t layer, const float* x, const float* q_in, const float* q,
-                      int64_t num_tokens, const int64_t* pos, const int64_t* slots,
-                      std::span<const SequenceSlice> seqs, float* o) const;
+  // MLA over the fp32 or bf16 latent (kernels/mla): dense, or over the indexer's top-k.
+  void latent_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                        const float* q, int64_t num_tokens, const int64_t* pos,
+                        const int64_t* slots, std::span<const SequenceSlice> seqs, float* o) const;
   // MLA over the FP8 latent on the DSA kernels (sparse; absorbed form): q [T, H, dn+dr]
   // -> o [T, H, dv]. Decode batches with FP8 keys run the whole DSA decode step.
   void dsa_attention(Pass& pass, int64_t layer, const float* x, const float* q_in, const float* q,

@@ -79,8 +79,8 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   dump(layer_name(layer, "q"), q, t, h * dqk);
   dump(layer_name(layer, "latent"), ckv, t, width);
 
-  // 5. Write the new latents [c | k_pe] into their cache slots: fp32, or e4m3 codes of
-  //    value / latent_scale.
+  // 5. Write the new latents [c | k_pe] into their cache slots: fp32, bf16, or e4m3 codes
+  //    of value / latent_scale.
   float* o = pass.ws.floats(t * h * dv);
   if (options_.latent_cache == LatentCacheDtype::kFp8) {
     uint8_t* codes = pass.ws.bytes(t * width);
@@ -88,9 +88,14 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
     write_cache(CacheRows::kLatent, layer, codes, width, slots, seqs);
     // 6. Attention over the FP8 latent on the DSA kernels.
     dsa_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
+  } else if (options_.latent_cache == LatentCacheDtype::kBf16) {
+    auto* bits = reinterpret_cast<uint16_t*>(pass.ws.bytes(t * width * 2));
+    backend_->round_bf16({ckv, t * width, bits});
+    write_cache(CacheRows::kLatent, layer, bits, width * 2, slots, seqs);
+    latent_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   } else {
     write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
-    fp32_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
+    latent_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   }
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
@@ -99,9 +104,9 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   linear_into(o, t, w.o_proj, out);
 }
 
-void Model::fp32_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
-                           const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
-                           std::span<const SequenceSlice> seqs, float* o) const {
+void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                             const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
+                             std::span<const SequenceSlice> seqs, float* o) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -121,7 +126,11 @@ void Model::fp32_attention(Pass& pass, int64_t layer, const float* x, const floa
                     PagedRows pages, int64_t table_stride, bool absorbed) {
     MlaAttentionParams p;
     p.q = q + offset * h * dqk;
-    p.latent = cache.latent_page(layer);
+    if (options_.latent_cache == LatentCacheDtype::kBf16) {
+      p.latent_bf16 = reinterpret_cast<const uint16_t*>(cache.latent_page(layer));
+    } else {
+      p.latent = cache.latent_page(layer);
+    }
     p.latent_pages = pages;
     p.table_stride = table_stride;
     p.kv_b = &w.kv_b_proj;
@@ -276,7 +285,8 @@ std::vector<std::string> Model::kernel_plan() const {
     s += str_cat("; DSA top-", c.index_topk, " over ", options_.indexer_fp8 ? "FP8" : "fp32",
                  " index keys; ");
     if (options_.latent_cache != LatentCacheDtype::kFp8) {
-      return s + "generic indexer + sparse fp32 MLA)";
+      return str_cat(s, "generic indexer + sparse ", latent_cache_dtype_name(options_.latent_cache),
+                     " MLA)");
     }
     if (use_dsa_decode()) return s + "decode: fused DSA decode step; prefill: DSA kernels)";
     std::string why = !options_.dsa_decode_ops ? "turned off"

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -14,6 +15,8 @@
 
 #include "core/dtype.h"
 #include "gpu/gpu_test_util.h"
+#include "kernels/latent/cpu.h"
+#include "kernels/latent/cuda.h"
 #include "kernels/mla/cpu.h"
 
 namespace hyserve {
@@ -295,6 +298,48 @@ TEST(GpuMla, EveryWeightFormatMatchesCpu) {
     check(pr, f, false, true, name + " dense");
     pr.make_topk(64, 71);
     check(pr, f, true, true, name + " topk");
+  }
+}
+
+// The bf16 latent: the GPU reads bf16 rows and widens them exactly, so it gives bitwise
+// what its fp32 path gives over the rounded values (dense and top-k, prefill and decode);
+// the CPU's bf16 path agrees within check()'s tolerance. round_bf16 equals the CPU's bits
+// (NaN and halfway cases included).
+TEST(GpuMla, Bf16LatentEqualsFp32OfTheRoundedValues) {
+  REQUIRE_GPU();
+  for (const int64_t T : {1, 5}) {
+    const Sizes z{T, 300, 3, 128, 64, 128, 512};
+    Problem pr(z, 300 - T, 90 + static_cast<uint32_t>(T));
+    std::vector<float> x = pr.latent;
+    x.insert(x.end(), {std::nanf(""), 1.0f + 0x1p-8f, 1.0f + 0x1p-7f + 0x1p-8f, -0.0f,
+                       std::numeric_limits<float>::infinity(), 3.4e38f});
+    const DeviceBuffer d_x = to_device(x);
+    DeviceBuffer d_bits(x.size() * 2);
+    cuda::round_bf16({d_x.as<float>(), static_cast<int64_t>(x.size()), d_bits.as<uint16_t>()},
+                     nullptr);
+    std::vector<uint16_t> want_bits(x.size());
+    cpu::round_bf16({x.data(), static_cast<int64_t>(x.size()), want_bits.data()});
+    CUDA_CHECK(cudaDeviceSynchronize());
+    ASSERT_EQ(to_host<uint16_t>(d_bits, x.size()), want_bits);
+    for (size_t i = 0; i < pr.latent.size(); ++i) pr.latent[i] = bf16_to_f32(want_bits[i]);
+    pr.make_topk(64, 91);
+    const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, Format::kF32);
+    for (const bool use_topk : {false, true}) {
+      std::vector<float> fp32_out;
+      check(pr, Format::kF32, use_topk, true, use_topk ? "topk" : "dense", false, &fp32_out);
+      MlaAttentionParams p = pr.params(&w.host, use_topk);
+      const DeviceInputs in(pr);
+      in.bind(p, &w.device, use_topk);
+      p.latent = nullptr;
+      p.latent_bf16 = d_bits.as<uint16_t>();
+      DeviceBuffer d_out(sizeof(float) * fp32_out.size());
+      p.out = d_out.as<float>();
+      const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p);
+      DeviceBuffer ws(ws_bytes);
+      cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr);
+      CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(to_host<float>(d_out, fp32_out.size()), fp32_out) << "T=" << T << " " << use_topk;
+    }
   }
 }
 

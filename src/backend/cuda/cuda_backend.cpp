@@ -195,6 +195,7 @@ class CudaBackend final : public Backend {
                                  cudaMemcpyDeviceToDevice, stream_));
   }
   void quantize_e4m3(const QuantizeE4m3Params& p) override { cuda::quantize_e4m3(p, stream_); }
+  void round_bf16(const RoundBf16Params& p) override { cuda::round_bf16(p, stream_); }
   void mla_absorb_q(const MlaAbsorbParams& p) override { cuda::mla_absorb_q(p, stream_); }
   void mla_project_uv(const MlaProjectParams& p) override { cuda::mla_project_uv(p, stream_); }
   void dsa_query_slots(const DsaQuerySlotsParams& p) override { cuda::dsa_query_slots(p, stream_); }

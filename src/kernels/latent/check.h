@@ -18,6 +18,11 @@ inline void check_quantize_e4m3(const QuantizeE4m3Params& p) {
   if (p.n > 0) CHECK(p.x != nullptr && p.codes != nullptr, "quantize_e4m3: null x or codes");
 }
 
+inline void check_round_bf16(const RoundBf16Params& p) {
+  CHECK(p.n >= 0, "round_bf16: n ", p.n);
+  if (p.n > 0) CHECK(p.x != nullptr && p.out != nullptr, "round_bf16: null x or out");
+}
+
 inline void check_mla_absorb(const MlaAbsorbParams& p) {
   CHECK(p.num_tokens >= 0 && p.num_heads > 0 && p.dn > 0 && p.dr >= 0 && p.dv > 0 && p.kv_lora > 0,
         "mla_absorb_q: T ", p.num_tokens, ", H ", p.num_heads, ", dn ", p.dn, ", dr ", p.dr,

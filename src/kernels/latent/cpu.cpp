@@ -31,6 +31,11 @@ void quantize_e4m3(const QuantizeE4m3Params& p) {
       4096);
 }
 
+void round_bf16(const RoundBf16Params& p) {
+  check_round_bf16(p);
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] = f32_to_bf16(p.x[i]);
+}
+
 void mla_absorb_q(const MlaAbsorbParams& p) {
   check_mla_absorb(p);
   if (p.num_tokens == 0) return;

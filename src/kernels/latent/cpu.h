@@ -6,6 +6,7 @@
 namespace hyserve::cpu {
 
 void quantize_e4m3(const QuantizeE4m3Params& p);
+void round_bf16(const RoundBf16Params& p);
 // Sums run over d (absorb) and l (project) in ascending order.
 void mla_absorb_q(const MlaAbsorbParams& p);
 void mla_project_uv(const MlaProjectParams& p);

@@ -1,5 +1,6 @@
 // Ops around the FP8 MLA latent cache (MODEL.md §2, §6; the packed layout and the sparse
-// MLA kernel are kernels/dsa/params.h): quantizing the new latents to e4m3, the absorbed
+// MLA kernel are kernels/dsa/params.h): quantizing the new latents to e4m3 (or rounding
+// them to bf16 for the bf16 cache), the absorbed
 // form's two per-head products with kv_b_proj (q_lat = q_nope W_UK before the sparse MLA
 // kernel, out = W_UV o_lat after it), and turning a top-k list of positions into the
 // physical slots that kernel reads.
@@ -21,6 +22,14 @@ struct QuantizeE4m3Params {
   int64_t n = 0;             // >= 0
   float inv_scale = 1.0f;    // 1 / latent scale
   uint8_t* codes = nullptr;  // [n] out
+};
+
+// out[i] = the bf16 bits of x[i], rounded to nearest even (NaN stays a quiet NaN), as
+// core/dtype.h f32_to_bf16: the bf16 latent cache's rows.
+struct RoundBf16Params {
+  const float* x = nullptr;  // [n]
+  int64_t n = 0;             // >= 0
+  uint16_t* out = nullptr;   // [n] out
 };
 
 // q_lat[t, h] = q_nope[t, h] W_UK_h (kv_lora wide), q_pe[t, h] copied out of q.

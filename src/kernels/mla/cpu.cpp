@@ -8,6 +8,7 @@
 #include <limits>
 #include <vector>
 
+#include "core/dtype.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -29,7 +30,10 @@ void check_params(const MlaAttentionParams& p) {
   if (p.num_tokens > 0) {
     CHECK(p.q != nullptr && p.q_pos != nullptr && p.out != nullptr, "null q, q_pos or out");
   }
-  if (p.num_keys > 0) CHECK(p.latent != nullptr, "null latent");
+  if (p.num_keys > 0) {
+    CHECK((p.latent != nullptr) != (p.latent_bf16 != nullptr),
+          "exactly one of latent and latent_bf16 must be set");
+  }
   if (p.topk == nullptr) return;
   CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
   std::vector<int32_t> row;
@@ -91,9 +95,17 @@ std::vector<float> decode_head_weights(const MlaAttentionParams& p, int64_t h) {
 const float* q_row(const MlaAttentionParams& p, int64_t t, int64_t h) {
   return p.q + (t * p.num_heads + h) * (p.dn + p.dr);
 }
-// Latent row s as query t sees it (its own block table in batched decode).
-const float* latent_row(const MlaAttentionParams& p, int64_t t, int64_t s) {
-  return p.latent_pages.for_query(t, p.table_stride).row(p.latent, s, p.kv_lora + p.dr);
+// Latent row s as query t sees it (its own block table in batched decode), as fp32: a bf16
+// row is widened into `scratch` (kv_lora + dr floats).
+const float* latent_row(const MlaAttentionParams& p, int64_t t, int64_t s,
+                        std::vector<float>& scratch) {
+  const int64_t width = p.kv_lora + p.dr;
+  const PagedRows pages = p.latent_pages.for_query(t, p.table_stride);
+  if (p.latent_bf16 == nullptr) return pages.row(p.latent, s, width);
+  const uint16_t* row = pages.row(p.latent_bf16, s, width);
+  scratch.resize(static_cast<size_t>(width));
+  for (int64_t i = 0; i < width; ++i) scratch[static_cast<size_t>(i)] = bf16_to_f32(row[i]);
+  return scratch.data();
 }
 
 // Writes out = 0 and lse = -inf for a query that sees no key.
@@ -109,9 +121,10 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
   const std::vector<float> w = decode_head_weights(p, h);
   // kv[s] = [k_nope (dn) | v (dv)] = W c_s
   std::vector<float> kv(static_cast<size_t>(p.num_keys * kv_width));
+  std::vector<float> row;
   for (int64_t s = 0; s < p.num_keys; ++s) {
     for (int64_t j = 0; j < kv_width; ++j) {
-      kv[s * kv_width + j] = dot(&w[j * p.kv_lora], latent_row(p, 0, s), p.kv_lora);
+      kv[s * kv_width + j] = dot(&w[j * p.kv_lora], latent_row(p, 0, s, row), p.kv_lora);
     }
   }
   std::vector<int64_t> keys;
@@ -128,7 +141,7 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
     for (size_t i = 0; i < keys.size(); ++i) {
       const int64_t s = keys[i];
       const float nope = dot(q_nope, &kv[s * kv_width], p.dn);
-      const float pe = dot(q_pe, latent_row(p, 0, s) + p.kv_lora, p.dr);
+      const float pe = dot(q_pe, latent_row(p, 0, s, row) + p.kv_lora, p.dr);
       probs[i] = (nope + pe) * p.softmax_scale;
     }
     const float lse = softmax(probs);
@@ -150,6 +163,7 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
   std::vector<float> probs;
   std::vector<float> q_lat(static_cast<size_t>(p.kv_lora));
   std::vector<float> o_lat(static_cast<size_t>(p.kv_lora));
+  std::vector<float> row;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     gather_keys(p, t, keys);
     if (keys.empty()) {
@@ -164,14 +178,14 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
     }
     probs.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
-      const float* c = latent_row(p, t, keys[i]);
+      const float* c = latent_row(p, t, keys[i], row);
       probs[i] =
           (dot(q_lat.data(), c, p.kv_lora) + dot(q_pe, c + p.kv_lora, p.dr)) * p.softmax_scale;
     }
     const float lse = softmax(probs);
     std::fill(o_lat.begin(), o_lat.end(), 0.0f);
     for (size_t i = 0; i < keys.size(); ++i) {
-      const float* c = latent_row(p, t, keys[i]);
+      const float* c = latent_row(p, t, keys[i], row);
       for (int64_t l = 0; l < p.kv_lora; ++l) o_lat[l] += probs[i] * c[l];
     }
     float* out = p.out + (t * p.num_heads + h) * p.dv;

@@ -12,7 +12,7 @@
 // A query with no key gets out = 0 and lse = -inf.
 //
 // Latent row s is read at latent_pages.row(latent, s, kv_lora + dr): contiguous [S, width]
-// by default, or the pages of the packed block cache (core/paged.h).
+// by default, or the pages of the packed block cache (core/paged.h); fp32 or bf16 values.
 #pragma once
 
 #include <cstdint>
@@ -25,7 +25,11 @@ namespace hyserve {
 struct MlaAttentionParams {
   const float* q = nullptr;       // [T, H, dn + dr]
   const float* latent = nullptr;  // [S, kv_lora + dr], or the page of block 0 when paged
-  PagedRows latent_pages{};       // block table of the latent pages; default: contiguous
+  // A bf16 latent (--kv-cache-dtype bf16): the same rows as bf16 bits, read in place of
+  // `latent` (exactly one of the two is set when num_keys > 0); every product and sum is
+  // still fp32.
+  const uint16_t* latent_bf16 = nullptr;
+  PagedRows latent_pages{};  // block table of the latent pages; default: contiguous
   // Batched decode: query t reads its own block table, latent_pages.block_table +
   // t * table_stride (sequences of one query each; absorbed form). 0: one table for all.
   int64_t table_stride = 0;

@@ -24,6 +24,20 @@ __global__ void quantize_kernel(QuantizeE4m3Params p) {
   }
 }
 
+// core/dtype.h f32_to_bf16's integer steps, so that NaNs match the CPU's too.
+__global__ void round_bf16_kernel(RoundBf16Params p) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < p.n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    uint32_t u = __float_as_uint(p.x[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+      p.out[i] = static_cast<uint16_t>((u >> 16) | 0x40);
+    } else {
+      u += 0x7fffu + ((u >> 16) & 1u);
+      p.out[i] = static_cast<uint16_t>(u >> 16);
+    }
+  }
+}
+
 // Block (token tile, head): q_nope of the tile in shared memory [kTokenTile, dn]; thread
 // per latent column l: q_lat[t, h, l] = sum_d q_nope[t, d] W_UK[d, l].
 template <WFmt F>
@@ -109,6 +123,13 @@ void quantize_e4m3(const QuantizeE4m3Params& p, cudaStream_t stream) {
   check_quantize_e4m3(p);
   if (p.n == 0) return;
   quantize_kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void round_bf16(const RoundBf16Params& p, cudaStream_t stream) {
+  check_round_bf16(p);
+  if (p.n == 0) return;
+  round_bf16_kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

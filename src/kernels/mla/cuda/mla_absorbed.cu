@@ -8,6 +8,7 @@
 //
 // Workspace (each part 256-byte aligned):
 //   q_abs  [T*H, kv_lora + dr] | part_o [T*H, splits, kv_lora] | part_ml [T*H, splits, 2]
+#include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -100,7 +101,7 @@ __device__ float warp_sum(float v) {
 struct MlaArgs {
   MlaAttentionParams p;
   Weight kv_b;
-  int64_t latent_stride;  // floats between latent rows (kv_lora + dr)
+  int64_t latent_stride;  // elements between latent rows (kv_lora + dr)
   int64_t num_splits;
   int64_t keys_per_split;
   float* q_abs;    // [T*H, kv_lora + dr]
@@ -129,11 +130,20 @@ __global__ void absorb_q_kernel(MlaArgs a) {
 
 // Shared memory: key row pointer [kKeyTile] (null: no key) | q_abs [kv_lora + dr] | o_lat [kv_lora]
 // | logit [kKeyTile] | prob [kKeyTile].
-__global__ void attend_kernel(MlaArgs a) {
+// L: the latent's element type (float, or __nv_bfloat16 widened on load).
+__device__ __forceinline__ float load_latent(const float* c, int64_t i) {
+  return c[i];
+}
+__device__ __forceinline__ float load_latent(const __nv_bfloat16* c, int64_t i) {
+  return __bfloat162float(c[i]);
+}
+
+template <typename L>
+__global__ void attend_kernel(MlaArgs a, const L* latent) {
   extern __shared__ int64_t smem_i[];
   const MlaAttentionParams& p = a.p;
   const int64_t width = p.kv_lora + p.dr;
-  const float** key_s = reinterpret_cast<const float**>(smem_i);
+  const L** key_s = reinterpret_cast<const L**>(smem_i);
   float* q_s = reinterpret_cast<float*>(key_s + kKeyTile);
   float* o_s = q_s + width;
   float* logit_s = o_s + p.kv_lora;
@@ -164,11 +174,11 @@ __global__ void attend_kernel(MlaArgs a) {
       const int64_t s = p.topk != nullptr ? p.topk[t * p.topk_width + slot] : slot;
       const bool valid = s >= 0 && s < p.num_keys && s <= q_pos;
       float dot = 0.0f;
-      const float* c =
-          valid ? p.latent_pages.for_query(t, p.table_stride).row(p.latent, s, a.latent_stride)
-                : nullptr;
+      const L* c = valid
+                       ? p.latent_pages.for_query(t, p.table_stride).row(latent, s, a.latent_stride)
+                       : nullptr;
       if (valid) {
-        for (int64_t i = lane; i < width; i += 32) dot += q_s[i] * c[i];
+        for (int64_t i = lane; i < width; i += 32) dot += q_s[i] * load_latent(c, i);
         dot = warp_sum(dot);
       }
       if (lane == 0) {
@@ -193,7 +203,7 @@ __global__ void attend_kernel(MlaArgs a) {
       for (int64_t l = threadIdx.x; l < p.kv_lora; l += blockDim.x) {
         float acc = o_s[l] * correction;
         for (int j = 0; j < count; ++j) {
-          if (key_s[j] != nullptr) acc += prob_s[j] * key_s[j][l];
+          if (key_s[j] != nullptr) acc += prob_s[j] * load_latent(key_s[j], l);
         }
         o_s[l] = acc;
       }
@@ -295,7 +305,10 @@ void check_params(const MlaAttentionParams& p) {
   if (p.num_tokens > 0) {
     CHECK(p.q != nullptr && p.q_pos != nullptr && p.out != nullptr, "null q, q_pos or out");
   }
-  if (p.num_keys > 0) CHECK(p.latent != nullptr, "null latent");
+  if (p.num_keys > 0) {
+    CHECK((p.latent != nullptr) != (p.latent_bf16 != nullptr),
+          "exactly one of latent and latent_bf16 must be set");
+  }
   if (p.topk != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
   CHECK(p.num_tokens * p.num_heads < (int64_t{1} << 31), "T*H = ", p.num_tokens * p.num_heads);
 }
@@ -333,8 +346,13 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
       sizeof(const float*) * kKeyTile + sizeof(float) * (2 * p.kv_lora + p.dr + 2 * kKeyTile);
   CHECK(attend_smem <= 48 * 1024, "MLA: kv_lora ", p.kv_lora, " + dr ", p.dr,
         " too wide for the attend kernel's shared memory");
-  attend_kernel<<<dim3(rows, static_cast<unsigned>(plan.num_splits)), kAttendThreads, attend_smem,
-                  stream>>>(a);
+  const dim3 attend_grid(rows, static_cast<unsigned>(plan.num_splits));
+  if (p.latent_bf16 != nullptr) {
+    attend_kernel<<<attend_grid, kAttendThreads, attend_smem, stream>>>(
+        a, reinterpret_cast<const __nv_bfloat16*>(p.latent_bf16));
+  } else {
+    attend_kernel<<<attend_grid, kAttendThreads, attend_smem, stream>>>(a, p.latent);
+  }
   CUDA_CHECK_LAUNCH();
 
   const size_t combine_smem = sizeof(float) * (p.kv_lora + plan.num_splits);
