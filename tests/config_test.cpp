@@ -160,10 +160,11 @@ TEST(Config, PublishedK3UnknownFieldsAreReported) {
 
 // Every checkpoint config the tests load is fully known: no field reported.
 TEST(Config, FixtureConfigsHaveNoUnknownFields) {
-  for (const char* dir :
-       {"models/tiny-kimi-k3", "tests/fixtures/kimi_k3_published_tiny",
-        "tests/fixtures/scripted-kimi-k3", "tests/fixtures/kimi_linear_tiny",
-        "tests/fixtures/deepseek_v32_tiny", "tests/fixtures/deepseek_v32_fp8_tiny"}) {
+  for (const char* dir : {"models/tiny-kimi-k3", "tests/fixtures/kimi_k3_published_tiny",
+                          "tests/fixtures/scripted-kimi-k3", "tests/fixtures/kimi_linear_tiny",
+                          "tests/fixtures/deepseek_v32_tiny",
+                          "tests/fixtures/deepseek_v32_fp8_tiny", "tests/fixtures/deepseek_v3_tiny",
+                          "tests/fixtures/kimi_k2_tiny", "tests/fixtures/kimi_k25_tiny"}) {
     const ModelConfig c = ModelConfig::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / dir);
     EXPECT_TRUE(c.unknown_fields.empty()) << dir << ": " << c.unknown_fields_warning();
   }
@@ -356,6 +357,182 @@ TEST(Config, DeepseekYarnScale) {
   const ModelConfig c2 = ModelConfig::from_json(j);
   EXPECT_DOUBLE_EQ(c2.rope.theta, 5000.0);
   EXPECT_DOUBLE_EQ(c2.mla_softmax_scale(), c.mla_softmax_scale());
+}
+
+// A small deepseek_v32 config as transformers' save_pretrained writes it.
+json small_deepseek_v32() {
+  return json::parse(R"({
+    "model_type": "deepseek_v32", "vocab_size": 100, "hidden_size": 64, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "q_lora_rank": 32, "kv_lora_rank": 32, "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8, "v_head_dim": 16, "intermediate_size": 128, "first_k_dense_replace": 1,
+    "n_routed_experts": 16, "num_experts_per_tok": 4, "n_group": 4, "topk_group": 2,
+    "moe_intermediate_size": 32, "n_shared_experts": 1, "routed_scaling_factor": 2.5,
+    "index_n_heads": 4, "index_head_dim": 32, "index_topk": 8,
+    "layer_types": ["indexed_attention", "indexed_attention"],
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}})");
+}
+
+// A small deepseek_v3 config as transformers 5's save_pretrained writes it
+// (DeepseekV3Config: rope_parameters, rope_interleave, derived head_dim / qk_head_dim).
+json small_deepseek_v3() {
+  return json::parse(R"({
+    "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 0, "eos_token_id": 1, "first_k_dense_replace": 1,
+    "head_dim": 8, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+    "intermediate_size": 128, "kv_lora_rank": 32, "max_position_embeddings": 4096,
+    "model_type": "deepseek_v3", "moe_intermediate_size": 32, "n_group": 4,
+    "n_routed_experts": 16, "n_shared_experts": 1, "norm_topk_prob": true,
+    "num_attention_heads": 4, "num_experts_per_tok": 4, "num_hidden_layers": 3,
+    "num_key_value_heads": 4, "num_nextn_predict_layers": 1, "output_router_logits": false,
+    "pad_token_id": null, "pretraining_tp": 1, "q_lora_rank": 32, "qk_head_dim": 24,
+    "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rms_norm_eps": 1e-06,
+    "rope_interleave": true, "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+    "routed_scaling_factor": 2.5, "tie_word_embeddings": false, "topk_group": 2,
+    "transformers_version": "5.24.0", "use_cache": true, "v_head_dim": 16, "vocab_size": 100})");
+}
+
+// transformers 5.12-5.16 name DeepSeek-V3.2's layers "deepseek_sparse_attention", 5.17 on
+// "indexed_attention": both are MLA layers with the indexer. An unknown name is refused with
+// every accepted value listed.
+TEST(Config, DeepseekV32LayerTypesOfEveryTransformersVersion) {
+  json j = small_deepseek_v32();
+  for (const char* name : {"indexed_attention", "deepseek_sparse_attention", "full_attention"}) {
+    j["layer_types"] = {name, name};
+    const ModelConfig c = ModelConfig::from_json(j);
+    EXPECT_EQ(c.num_mla_layers(), 2) << name;
+    EXPECT_TRUE(c.has_indexer()) << name;
+    EXPECT_TRUE(c.unknown_fields.empty()) << name << ": " << c.unknown_fields_warning();
+  }
+  j["layer_types"] = {"indexed_attention", "sliding_attention"};
+  const std::string e = error_of(j);
+  EXPECT_NE(e.find("layer_types[1]"), std::string::npos) << e;
+  EXPECT_NE(e.find("\"sliding_attention\""), std::string::npos) << e;
+  for (const char* accepted : {"\"linear_attention\"", "\"full_attention\"",
+                               "\"indexed_attention\"", "\"deepseek_sparse_attention\""})
+    EXPECT_NE(e.find(accepted), std::string::npos) << accepted << " missing from: " << e;
+  // A deepseek layer cannot be KDA.
+  j["layer_types"] = {"indexed_attention", "linear_attention"};
+  EXPECT_NE(error_of(j).find("no linear-attention layers"), std::string::npos);
+}
+
+TEST(Config, DeepseekV3AsTransformersWritesIt) {
+  const ModelConfig c = ModelConfig::from_json(small_deepseek_v3());
+  EXPECT_EQ(c.model_type, ModelType::kDeepseekV3);
+  EXPECT_EQ(c.model_type_name, "deepseek_v3");
+  EXPECT_STREQ(model_type_name(c.model_type), "deepseek_v3");
+  EXPECT_TRUE(c.unknown_fields.empty()) << c.unknown_fields_warning();
+  EXPECT_EQ(c.num_mla_layers(), 3);
+  EXPECT_FALSE(c.has_indexer());
+  EXPECT_TRUE(c.rope.enabled);
+  EXPECT_FALSE(c.rope.yarn);
+  EXPECT_EQ(c.tensor_prefix, "");
+  EXPECT_FALSE(c.is_moe(0));
+  EXPECT_TRUE(c.is_moe(1) && c.is_moe(2));
+  EXPECT_EQ(c.n_group, 4);
+  EXPECT_EQ(c.topk_group, 2);
+  EXPECT_DOUBLE_EQ(c.mla_softmax_scale(), 1.0 / std::sqrt(24.0));
+  EXPECT_EQ(c.cache_spec().index_head_dim, 0);  // dense MLA: no index-key cache
+}
+
+TEST(Config, DeepseekV3RefusesWhatItDoesNotImplement) {
+  json j = small_deepseek_v3();
+  j["rope_interleave"] = false;
+  EXPECT_NE(error_of(j).find("'rope_interleave'"), std::string::npos) << error_of(j);
+
+  j = small_deepseek_v3();
+  j["index_n_heads"] = 4;
+  j["index_head_dim"] = 32;
+  j["index_topk"] = 8;
+  EXPECT_NE(error_of(j).find("deepseek_v32"), std::string::npos) << error_of(j);
+
+  j = small_deepseek_v3();
+  j["topk_method"] = "group_limited_greedy";  // DeepSeek-V2's router
+  EXPECT_NE(error_of(j).find("'topk_method'"), std::string::npos);
+
+  j = small_deepseek_v3();
+  j["scoring_func"] = "softmax";
+  EXPECT_NE(error_of(j).find("softmax"), std::string::npos);
+
+  j = small_deepseek_v3();
+  j["mla_use_output_gate"] = true;
+  EXPECT_NE(error_of(j).find("'mla_use_output_gate'"), std::string::npos);
+
+  j = small_deepseek_v3();
+  j["text_config"] = json::object();
+  EXPECT_NE(error_of(j).find("'text_config'"), std::string::npos);
+}
+
+// Kimi K2 is DeepSeek-V3's architecture under its own model_type, flat; Kimi K2.5 wraps
+// the same text model (text_config, language_model. names, a vision tower).
+TEST(Config, KimiK2AndK25) {
+  json k2 = small_deepseek_v3();
+  k2["model_type"] = "kimi_k2";
+  k2["n_group"] = 1;
+  k2["topk_group"] = 1;
+  k2["rope_theta"] = 50000.0;
+  k2.erase("rope_parameters");
+  k2.erase("rope_interleave");
+  k2["rope_scaling"] = {{"type", "yarn"},
+                        {"factor", 32.0},
+                        {"beta_fast", 1.0},
+                        {"beta_slow", 1.0},
+                        {"mscale", 1.0},
+                        {"mscale_all_dim", 1.0},
+                        {"original_max_position_embeddings", 4096}};
+  k2["scoring_func"] = "sigmoid";
+  k2["topk_method"] = "noaux_tc";
+  const ModelConfig c = ModelConfig::from_json(k2);
+  EXPECT_EQ(c.model_type, ModelType::kDeepseekV3);
+  EXPECT_EQ(c.model_type_name, "kimi_k2");
+  EXPECT_TRUE(c.rope.enabled && c.rope.yarn);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 50000.0);
+  EXPECT_DOUBLE_EQ(c.rope.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c.rope.beta_fast, 1.0);
+  EXPECT_EQ(c.n_group, 1);
+  EXPECT_FALSE(c.has_indexer());
+  const double m = 0.1 * std::log(32.0) + 1.0;
+  EXPECT_DOUBLE_EQ(c.mla_softmax_scale(), m * m / std::sqrt(24.0));
+
+  json k25 = {{"model_type", "kimi_k25"},
+              {"architectures", {"KimiK25ForConditionalGeneration"}},
+              {"media_placeholder_token_id", 99},
+              {"use_unified_vision_chunk", true},
+              {"video_placeholder", "<|kimi_k25_video_placeholder|>"},
+              {"vision_config", {{"patch_size", 14}}},
+              {"text_config", k2}};
+  const ModelConfig w = ModelConfig::from_json(k25);
+  EXPECT_EQ(w.model_type, ModelType::kDeepseekV3);
+  EXPECT_EQ(w.model_type_name, "kimi_k25");
+  EXPECT_EQ(w.tensor_prefix, "language_model.");
+  EXPECT_TRUE(w.has_vision);
+  EXPECT_TRUE(w.unknown_fields.empty()) << w.unknown_fields_warning();
+  EXPECT_DOUBLE_EQ(w.rope.theta, 50000.0);
+  EXPECT_DOUBLE_EQ(w.mla_softmax_scale(), c.mla_softmax_scale());
+
+  // Refusals name the field.
+  json flat = k2;
+  flat["model_type"] = "kimi_k25";
+  EXPECT_NE(error_of(flat).find("'text_config'"), std::string::npos) << error_of(flat);
+  json bad = k25;
+  bad["text_config"]["model_type"] = "kimi_linear";
+  EXPECT_NE(error_of(bad).find("text_config.model_type"), std::string::npos);
+  // Kimi K2 Thinking / K2.5 ship INT4 routed experts (compressed-tensors "pack-quantized"):
+  // refused, in text_config or beside it.
+  const json int4 = json::parse(R"({
+    "quant_method": "compressed-tensors", "format": "pack-quantized",
+    "quantization_status": "compressed",
+    "config_groups": {"group_0": {"input_activations": null, "output_activations": null,
+      "targets": ["Linear"], "weights": {"group_size": 32, "num_bits": 4, "strategy": "group",
+      "symmetric": true, "type": "int"}}}})");
+  bad = k25;
+  bad["text_config"]["quantization_config"] = int4;
+  std::string e = error_of(bad);
+  EXPECT_NE(e.find("quantization_config.config_groups.group_0.format"), std::string::npos) << e;
+  EXPECT_NE(e.find("pack-quantized"), std::string::npos) << e;
+  bad = k25;
+  bad["quantization_config"] = int4;
+  e = error_of(bad);
+  EXPECT_NE(e.find("pack-quantized"), std::string::npos) << e;
 }
 
 TEST(Config, LoadReportsFileAndBadJson) {

@@ -1,6 +1,7 @@
 // Whole-model golden tests: the CPU engine's logits against logits computed in
-// fp32 by Hugging Face transformers (kimi_linear, deepseek_v32) and by the Python
-// kimi_k3 reference (tools/kimi_k3_reference.py), on tiny random checkpoints.
+// fp32 by Hugging Face transformers (kimi_linear, deepseek_v32, deepseek_v3 with
+// Kimi K2 / K2.5) and by the Python kimi_k3 reference (tools/k3_reference.py), on
+// tiny random checkpoints.
 //
 // For each prompt of a fixture (tools/make_fixtures.py writes golden.safetensors):
 //   - prefill: logits at every prompt position;
@@ -87,10 +88,25 @@ TEST_P(GoldenTest, PrefillAndDecodeMatchReference) {
   }
 }
 
+std::string fixture_name(const testing::TestParamInfo<GoldenFixture>& param_info) {
+  return std::string(param_info.param.name);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, GoldenTest, testing::ValuesIn(test::kGoldenFixtures),
-                         [](const testing::TestParamInfo<GoldenFixture>& param_info) {
-                           return std::string(param_info.param.name);
-                         });
+                         fixture_name);
+
+// DeepSeek-V3's architecture as its checkpoints ship it (issue 25, item 14): deepseek_v3
+// with FP8 128x128-block linears, Kimi K2's kimi_k2, and the same weights in Kimi K2.5's
+// wrapper (text_config, language_model. names, a vision tower), checked against
+// kimi_k2's golden.
+const GoldenFixture kDeepseekV3Fixtures[] = {
+    {"deepseek_v3_fp8", "tests/fixtures/deepseek_v3_tiny", "tests/fixtures/deepseek_v3_tiny"},
+    {"kimi_k2", "tests/fixtures/kimi_k2_tiny", "tests/fixtures/kimi_k2_tiny"},
+    {"kimi_k25", "tests/fixtures/kimi_k25_tiny", "tests/fixtures/kimi_k2_tiny"},
+};
+
+INSTANTIATE_TEST_SUITE_P(DeepseekV3Fixtures, GoldenTest, testing::ValuesIn(kDeepseekV3Fixtures),
+                         fixture_name);
 
 }  // namespace
 }  // namespace hyserve

@@ -1,6 +1,8 @@
 """Readable fp32 PyTorch reference written from shared/MODEL.md: the MODEL.md cross-check for
-`kimi_linear` (no indexer, no gate, q_proj) and `deepseek_v32` (YaRN RoPE, indexer with RoPE), used by
-make_fixtures.py to check transformers' modules against MODEL.md.
+`kimi_linear` (no indexer, no gate, q_proj), `deepseek_v32` (YaRN RoPE, indexer with RoPE) and
+DeepSeek-V3's architecture (`deepseek_v3`, Kimi K2's `kimi_k2`, Kimi K2.5's `kimi_k25` wrapper with
+`text_config` and `language_model.` names: deepseek_v32 without the indexer), used by make_fixtures.py
+to check transformers' modules against MODEL.md.
 
 It is NOT the kimi_k3 reference any more: the published Kimi K3 / K3.1 Pro architecture (shared/K3.md:
 Block AttnRes, SiTU, latent MoE, bounded KDA gate, compressed-tensors MXFP4) lives in
@@ -86,6 +88,10 @@ def pick(cfg, *names, default=None):
     return default
 
 
+# Every layer MLA with interleaved RoPE (kimi_k25 is the wrapper around a kimi_k2 text model).
+ROPE_MODEL_TYPES = ("deepseek_v32", "deepseek_v3", "kimi_k2")
+
+
 class Config:
     """The fields the forward pass needs, accepting each family's spellings (MODEL.md 1)."""
 
@@ -97,7 +103,7 @@ class Config:
         self.hidden_size = cfg["hidden_size"]
         self.rms_norm_eps = cfg["rms_norm_eps"]
         lin = cfg.get("linear_attn_config") or {}
-        if cfg.get("layer_types") and self.model_type != "deepseek_v32":
+        if cfg.get("layer_types") and self.model_type not in ROPE_MODEL_TYPES:
             self.layer_types = list(cfg["layer_types"])
         elif lin:
             self.layer_types = [
@@ -117,8 +123,10 @@ class Config:
         self.dr = cfg["qk_rope_head_dim"]
         self.dv = cfg["v_head_dim"]
         self.output_gate = bool(cfg.get("mla_output_gate", False))
-        self.use_rope = self.model_type == "deepseek_v32"
-        self.rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+        self.use_rope = self.model_type in ROPE_MODEL_TYPES
+        self.rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+        if "type" in self.rope:  # rope_scaling as DeepSeek and Moonshot write it
+            self.rope.setdefault("rope_type", self.rope["type"])
         self.rope_theta = pick(self.rope, "rope_theta", default=cfg.get("rope_theta", 10000.0))
         # DSA indexer
         self.index_n_heads = cfg.get("index_n_heads")
@@ -243,8 +251,15 @@ class Model:
     def __init__(self, folder):
         with open(os.path.join(folder, "config.json")) as f:
             self.raw_config = json.load(f)
-        self.cfg = Config(self.raw_config)
         self.w = load_tensors(folder)
+        if self.raw_config["model_type"] == "kimi_k25":
+            # The text model: its fields under text_config, its tensors under language_model.
+            # (the vision tower beside it is not read).
+            self.cfg = Config(self.raw_config["text_config"])
+            prefix = "language_model."
+            self.w = {k[len(prefix) :]: v for k, v in self.w.items() if k.startswith(prefix)}
+        else:
+            self.cfg = Config(self.raw_config)
         self.stats = Stats()
 
     def t(self, name):

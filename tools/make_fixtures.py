@@ -4,6 +4,12 @@ file byte for byte).
   tests/fixtures/kimi_linear_tiny/     tiny kimi_linear saved by transformers, golden from transformers
   tests/fixtures/deepseek_v32_tiny/    tiny deepseek_v32 (YaRN, DSA) saved by transformers, golden from transformers
   tests/fixtures/deepseek_v32_fp8_tiny/ the same weights with FP8 e4m3 128x128-block decoder linears
+  tests/fixtures/deepseek_v3_tiny/     tiny deepseek_v3 as DeepSeek ships V3 / R1 (its config.json layout, FP8
+                                       e4m3 128x128-block linears, an MTP layer's norms), golden from transformers
+  tests/fixtures/kimi_k2_tiny/         tiny kimi_k2 as Moonshot ships Kimi K2 (its config.json layout, BF16),
+                                       golden from transformers' DeepseekV3 (Kimi K2 is that architecture)
+  tests/fixtures/kimi_k25_tiny/        the same weights as Kimi K2.5 lays them out (text_config, language_model.
+                                       names, vision tower stubs); its golden is kimi_k2_tiny's
 
 kimi_k3 (the bundled models/tiny-kimi-k3, tests/fixtures/kimi_k3_tiny and
 tests/fixtures/kimi_k3_published_tiny, in the published Kimi K3 / K3.1 Pro layout) is built by
@@ -13,7 +19,7 @@ Every HF golden is also recomputed by kimi_k3_reference.py (written from MODEL.m
 difference goes to meta.json. A fixture is accepted when the min top1-top2 gap over greedy steps is
 >= 1e-3 and the router / indexer top-k margins are >= 1e-5; otherwise the next seed is tried.
 
-Usage: /work/venv/bin/python tools/make_fixtures.py [kimi_linear|deepseek_v32]   (from the repository root;
+Usage: /work/venv/bin/python tools/make_fixtures.py [kimi_linear|deepseek_v32|deepseek_v3|kimi_k2]   (from the repository root;
 needs torch, transformers and fla: tools/requirements.txt)
 """
 
@@ -64,6 +70,8 @@ fla.ops.kda.chunk_kda = cpu_kda
 fla.ops.kda.fused_recurrent_kda = cpu_kda
 
 from transformers import (  # noqa: E402
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     DeepseekV32Config,
     DeepseekV32ForCausalLM,
     KimiLinearConfig,
@@ -280,10 +288,9 @@ def save_hf(cls, config, seed, folder):
     model.to(torch.bfloat16).save_pretrained(folder)
 
 
-def fp8_quantize_folder(src, dst):
-    """Copies src to dst with every 2-D decoder-layer linear (except the router gate and the indexer's
-    weights_proj) as FP8 e4m3 + weight_scale_inv."""
-    tensors = load_file(os.path.join(src, "model.safetensors"))
+def fp8_quantize_tensors(tensors):
+    """Every 2-D decoder-layer linear (except the router gate and the indexer's weights_proj) as FP8 e4m3 +
+    weight_scale_inv, as DeepSeek ships its checkpoints."""
     out = {}
     for name, value in sorted(tensors.items()):
         quantize = (name.startswith("model.layers.") and name.endswith(".weight") and value.dim() == 2
@@ -294,6 +301,12 @@ def fp8_quantize_folder(src, dst):
             out[name[: -len(".weight")] + ".weight_scale_inv"] = s
         else:
             out[name] = value
+    return out
+
+
+def fp8_quantize_folder(src, dst):
+    """Copies src to dst with its decoder linears quantized by fp8_quantize_tensors."""
+    out = fp8_quantize_tensors(load_file(os.path.join(src, "model.safetensors")))
     if os.path.exists(dst):
         shutil.rmtree(dst)
     os.makedirs(dst)
@@ -349,14 +362,172 @@ def make_hf_fixture(name, cls, config_fn, base_seed, fp8_name=None):
             "prompt_min_top1_top2_gap": fp8_gaps, "max_abs_diff_vs_kimi_k3_reference": fp8_diff, **fp8_stats})
 
 
+# ----------------------------------------------------------------------------------------------
+# DeepSeek-V3's architecture as its checkpoints ship it (issue 25, item 14): the config.json is written in
+# the publisher's layout (rope_scaling, topk_method, auto_map, ...), not the one transformers' save_pretrained
+# writes; the weights come from transformers' DeepseekV3ForCausalLM, which computes every golden.
+
+SHIPPED_AUTO_MAP = {
+    "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+    "AutoModel": "modeling_deepseek.DeepseekV3Model",
+    "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+}
+
+
+def deepseek_v3_shipped_config():
+    """deepseek-ai/DeepSeek-V3's config.json, tiny: 3 layers (dense, MoE, MoE), YaRN (factor 4, original 32),
+    8 experts in 4 groups (topk_group 2) top-2 + 1 shared, FP8 128x128-block weights, one MTP layer."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": SHIPPED_AUTO_MAP, "aux_loss_alpha": 0.001, "bos_token_id": 1, "eos_token_id": 2, "ep_size": 1,
+        "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 144, "initializer_range": 0.02,
+        "intermediate_size": 128, "kv_lora_rank": 32, "max_position_embeddings": 128, "model_type": "deepseek_v3",
+        "moe_intermediate_size": 16, "moe_layer_freq": 1, "n_group": 4, "n_routed_experts": 8, "n_shared_experts": 1,
+        "norm_topk_prob": True, "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+        "num_key_value_heads": 4, "num_nextn_predict_layers": 1, "q_lora_rank": 32, "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                "weight_block_size": [128, 128]},
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {"beta_fast": 32, "beta_slow": 1, "factor": 4, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 32, "type": "yarn"},
+        "rope_theta": 10000, "routed_scaling_factor": 2.5, "scoring_func": "sigmoid", "seq_aux": True,
+        "tie_word_embeddings": False, "topk_group": 2, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+        "transformers_version": "4.33.1", "use_cache": True, "v_head_dim": 16, "vocab_size": 256,
+    }
+
+
+def kimi_k2_shipped_config():
+    """moonshotai/Kimi-K2-Instruct's config.json, tiny: 3 layers (dense, MoE, MoE), Kimi's YaRN (theta 50000,
+    factor 32, beta_fast = beta_slow = 1, original 4: an empty correction range, widened by 0.001), 8 experts in 1 group top-2 + 1 shared, BF16."""
+    return {
+        "architectures": ["DeepseekV3ForCausalLM"], "attention_bias": False, "attention_dropout": 0.0,
+        "auto_map": SHIPPED_AUTO_MAP, "aux_loss_alpha": 0.001, "bos_token_id": 1, "eos_token_id": 2, "ep_size": 1,
+        "first_k_dense_replace": 1, "hidden_act": "silu", "hidden_size": 64, "initializer_range": 0.02,
+        "intermediate_size": 128, "kv_lora_rank": 32, "max_position_embeddings": 128, "model_type": "kimi_k2",
+        "moe_intermediate_size": 16, "moe_layer_freq": 1, "n_group": 1, "n_routed_experts": 8, "n_shared_experts": 1,
+        "norm_topk_prob": True, "num_attention_heads": 4, "num_experts_per_tok": 2, "num_hidden_layers": 3,
+        "num_key_value_heads": 4, "num_nextn_predict_layers": 0, "pretraining_tp": 1, "q_lora_rank": 32,
+        "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "rms_norm_eps": 1e-05,
+        "rope_scaling": {"beta_fast": 1.0, "beta_slow": 1.0, "factor": 32.0, "mscale": 1.0, "mscale_all_dim": 1.0,
+                         "original_max_position_embeddings": 4, "type": "yarn"},
+        "rope_theta": 50000.0, "routed_scaling_factor": 2.827, "scoring_func": "sigmoid", "seq_aux": True,
+        "tie_word_embeddings": False, "topk_group": 1, "topk_method": "noaux_tc", "torch_dtype": "bfloat16",
+        "transformers_version": "4.48.3", "use_cache": True, "v_head_dim": 16, "vocab_size": 256,
+    }
+
+
+def kimi_k25_shipped_config(text_config):
+    """moonshotai/Kimi-K2.5's wrapper around a kimi_k2 text model (its vision_config abridged)."""
+    return {
+        "architectures": ["KimiK25ForConditionalGeneration"],
+        "auto_map": {"AutoConfig": "configuration_kimi_k25.KimiK25Config",
+                     "AutoModel": "modeling_kimi_k25.KimiK25ForConditionalGeneration",
+                     "AutoModelForCausalLM": "modeling_kimi_k25.KimiK25ForConditionalGeneration"},
+        "bos_token_id": 1, "eos_token_id": 2, "ignore_index": -100, "media_placeholder_token_id": 255,
+        "model_type": "kimi_k25", "pad_token_id": 0, "text_config": text_config, "tie_word_embeddings": False,
+        "transformers_version": "4.57.1", "use_unified_vision_chunk": True,
+        "video_placeholder": "<|kimi_k25_video_placeholder|>",
+        "vision_config": {"init_pos_emb_height": 4, "init_pos_emb_width": 4, "merge_kernel_size": [2, 2],
+                          "mm_hidden_size": 16, "model_type": "kimi_k25_vision", "patch_size": 14,
+                          "text_hidden_size": text_config["hidden_size"], "vt_hidden_size": 16,
+                          "vt_num_attention_heads": 2, "vt_num_hidden_layers": 1},
+    }
+
+
+def hf_config_of(shipped):
+    """transformers' DeepseekV3Config read from a shipped config.json (minus what only the files hold)."""
+    fields = {k: v for k, v in shipped.items() if k not in ("model_type", "quantization_config", "auto_map")}
+    return DeepseekV3Config.from_dict(fields)
+
+
+def write_shipped(folder, config, tensors):
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    os.makedirs(folder)
+    save_file(tensors, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2, sort_keys=True)
+        f.write("\n")
+
+
+def hf_weights(shipped, seed, tmp):
+    """transformers' DeepseekV3ForCausalLM of this config with the seeded weights, saved (BF16) under tmp."""
+    model = DeepseekV3ForCausalLM(hf_config_of(shipped))
+    init_hf_model(model, seed)
+    model.to(torch.bfloat16).save_pretrained(tmp)
+    return load_file(os.path.join(tmp, "model.safetensors"))
+
+
+def make_deepseek_v3_fixture(base_seed=6000):
+    name = "deepseek_v3_tiny"
+    folder = os.path.join(ROOT, "tests", "fixtures", name)
+    shipped = deepseek_v3_shipped_config()
+    prompts = make_prompts(shipped["vocab_size"])
+    for attempt in range(MAX_ATTEMPTS):
+        seed = base_seed + attempt
+        with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as plain:
+            tensors = fp8_quantize_tensors(hf_weights(shipped, seed, tmp))
+            # The multi-token-prediction layer DeepSeek ships after the last decoder layer (its norms only):
+            # serving reads num_hidden_layers layers and leaves it alone.
+            mtp = f"model.layers.{shipped['num_hidden_layers']}."
+            for norm in ("enorm", "hnorm", "shared_head.norm"):
+                tensors[f"{mtp}{norm}.weight"] = torch.ones(shipped["hidden_size"], dtype=torch.bfloat16)
+            write_shipped(folder, shipped, tensors)
+            dequantized_copy(folder, plain)  # transformers reads DeepSeek's config.json layout itself
+            golden, gaps = compute_goldens(hf_forward(load_hf(DeepseekV3ForCausalLM, plain)), prompts)
+        diff, stats = reference_check(folder, prompts, golden)
+        print(f"{name} seed {seed}: gaps {gaps} stats {stats} ref diff {diff:.3g}")
+        if accept(gaps, stats) and diff < 1e-3:
+            break
+    else:
+        raise RuntimeError(f"{name}: no acceptable seed")
+    write_golden(folder, golden, {
+        "source": "transformers DeepseekV3ForCausalLM (eager, fp32) with the FP8 weights dequantized", "seed": seed,
+        "prompt_min_top1_top2_gap": gaps, "max_abs_diff_vs_kimi_k3_reference": diff, **stats})
+
+
+def make_kimi_k2_fixtures(base_seed=7000):
+    k2_folder = os.path.join(ROOT, "tests", "fixtures", "kimi_k2_tiny")
+    k25_folder = os.path.join(ROOT, "tests", "fixtures", "kimi_k25_tiny")
+    shipped = kimi_k2_shipped_config()
+    prompts = make_prompts(shipped["vocab_size"])
+    for attempt in range(MAX_ATTEMPTS):
+        seed = base_seed + attempt
+        with tempfile.TemporaryDirectory() as tmp:
+            tensors = hf_weights(shipped, seed, tmp)
+            golden, gaps = compute_goldens(hf_forward(load_hf(DeepseekV3ForCausalLM, tmp)), prompts)
+        write_shipped(k2_folder, shipped, tensors)
+        # Kimi K2.5: the same text model under language_model., beside a vision tower and projector.
+        wrapped = {"language_model." + k: v for k, v in tensors.items()}
+        stub = torch.Generator().manual_seed(seed)
+        wrapped["vision_tower.patch_embed.proj.weight"] = torch.randn(16, 3, 14, 14, generator=stub).to(torch.bfloat16)
+        wrapped["mm_projector.proj.0.weight"] = torch.randn(shipped["hidden_size"], 64, generator=stub).to(torch.bfloat16)
+        write_shipped(k25_folder, kimi_k25_shipped_config(shipped), wrapped)
+        diff, stats = reference_check(k2_folder, prompts, golden)
+        diff_k25, _ = reference_check(k25_folder, prompts, golden)
+        print(f"kimi_k2_tiny seed {seed}: gaps {gaps} stats {stats} ref diff {diff:.3g} (kimi_k25 {diff_k25:.3g})")
+        if accept(gaps, stats) and max(diff, diff_k25) < 1e-3:
+            break
+    else:
+        raise RuntimeError("kimi_k2_tiny: no acceptable seed")
+    write_golden(k2_folder, golden, {
+        "source": "transformers DeepseekV3ForCausalLM (eager, fp32); also the golden of kimi_k25_tiny", "seed": seed,
+        "prompt_min_top1_top2_gap": gaps, "max_abs_diff_vs_kimi_k3_reference": max(diff, diff_k25), **stats})
+
+
 def main():
     torch.set_num_threads(1)  # summation order independent of the machine
-    which = sys.argv[1:] or ["kimi_linear", "deepseek_v32"]
+    which = sys.argv[1:] or ["kimi_linear", "deepseek_v32", "deepseek_v3", "kimi_k2"]
     if "kimi_linear" in which:
         make_hf_fixture("kimi_linear_tiny", KimiLinearForCausalLM, kimi_linear_config, 4000)
     if "deepseek_v32" in which:
         make_hf_fixture("deepseek_v32_tiny", DeepseekV32ForCausalLM, deepseek_v32_config, 5000,
                         fp8_name="deepseek_v32_fp8_tiny")
+    if "deepseek_v3" in which:
+        make_deepseek_v3_fixture()
+    if "kimi_k2" in which:
+        make_kimi_k2_fixtures()
 
 
 if __name__ == "__main__":

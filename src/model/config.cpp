@@ -93,6 +93,11 @@ class Fields {
   std::set<std::string>* used_;
 };
 
+// deepseek_v32 and deepseek_v3 (with Kimi K2): every layer MLA, rotated by RoPE.
+bool is_deepseek_family(ModelType t) {
+  return t == ModelType::kDeepseekV32 || t == ModelType::kDeepseekV3;
+}
+
 std::vector<LayerKind> parse_layer_kinds(const json& j, const Fields& f, ModelType type,
                                          int64_t num_layers) {
   std::vector<LayerKind> kinds;
@@ -103,13 +108,19 @@ std::vector<LayerKind> parse_layer_kinds(const json& j, const Fields& f, ModelTy
     for (size_t i = 0; i < lt->size(); ++i) {
       const json& e = (*lt)[i];
       const std::string s = e.is_string() ? e.get<std::string>() : e.dump();
+      // transformers writes DeepSeek-V3.2's MLA + DSA layers as "indexed_attention"
+      // (5.17 on) or "deepseek_sparse_attention" (5.12-5.16); whether a layer has the
+      // indexer follows from the index_* fields, not from this name.
       if (s == "linear_attention") {
         kinds.push_back(LayerKind::kKda);
-      } else if (s == "full_attention" || s == "indexed_attention") {
+      } else if (s == "full_attention" || s == "indexed_attention" ||
+                 s == "deepseek_sparse_attention") {
         kinds.push_back(LayerKind::kMla);
       } else {
         HYSERVE_THROW(ConfigError, "config field 'layer_types[", i, "]' has unknown value ",
-                      e.dump(), " (expected \"linear_attention\" or \"full_attention\")");
+                      e.dump(),
+                      " (expected one of \"linear_attention\", \"full_attention\", "
+                      "\"indexed_attention\", \"deepseek_sparse_attention\")");
       }
     }
     return kinds;
@@ -141,7 +152,7 @@ std::vector<LayerKind> parse_layer_kinds(const json& j, const Fields& f, ModelTy
     }
     return kinds;
   }
-  if (type == ModelType::kDeepseekV32) return std::vector<LayerKind>(num_layers, LayerKind::kMla);
+  if (is_deepseek_family(type)) return std::vector<LayerKind>(num_layers, LayerKind::kMla);
   (void)j;
   HYSERVE_THROW(ConfigError,
                 "config has neither 'layer_types' nor 'linear_attn_config': "
@@ -183,7 +194,7 @@ std::vector<MlpKind> parse_mlp_kinds(const Fields& f, int64_t num_layers, int64_
 }
 
 void parse_rope(const Fields& f, ModelConfig& c) {
-  if (c.model_type != ModelType::kDeepseekV32) {
+  if (!is_deepseek_family(c.model_type)) {
     // kimi_linear and kimi_k3 are NoPE: the rope dims exist but nothing rotates.
     if (auto nope = f.opt_bool({"mla_use_nope"}); nope && !*nope)
       HYSERVE_THROW(ConfigError, "config field 'mla_use_nope' is false, but ", c.model_type_name,
@@ -192,6 +203,12 @@ void parse_rope(const Fields& f, ModelConfig& c) {
     return;
   }
   c.rope.enabled = true;
+  // transformers' DeepseekV3Config: rope_interleave true (the default, DeepSeek's own
+  // layout) rotates interleaved pairs, as hyserve does; false rotates half-split pairs.
+  if (auto interleave = f.opt_bool({"rope_interleave"}); interleave && !*interleave)
+    HYSERVE_THROW(ConfigError,
+                  "config field 'rope_interleave' is false (half-split MLA RoPE): hyserve "
+                  "implements DeepSeek's interleaved MLA RoPE only");
   const json* params = f.find({"rope_parameters"});
   const json* scaling = f.find({"rope_scaling"});
   if (params) CONFIG_CHECK(params->is_object(), "'rope_parameters' must be an object");
@@ -240,6 +257,11 @@ void parse_compressed_tensors(const json& q, ModelConfig& c) {
     CONFIG_CHECK(it->is_object(), "'", name, "' must be an object");
     const Fields g(*it);
     const std::string format = g.opt_string({"format"}).value_or(top_format.value_or(""));
+    if (format == "pack-quantized")
+      HYSERVE_THROW(ConfigError, "'", name,
+                    ".format' = \"pack-quantized\" (packed integer "
+                    "weights, e.g. Kimi K2 Thinking / K2.5's INT4 experts) is not implemented; "
+                    "hyserve reads mxfp4-pack-quantized");
     if (format != "mxfp4-pack-quantized")
       HYSERVE_THROW(ConfigError, "'", name, ".format' = \"", format,
                     "\" is not supported (mxfp4-pack-quantized)");
@@ -491,8 +513,9 @@ void parse_text_config(const json& j, const Fields& f, ModelConfig& c) {
       CONFIG_CHECK(*kvh == c.num_attention_heads, "'num_key_value_heads' (", *kvh,
                    ") must equal num_attention_heads (", c.num_attention_heads, ") for MLA");
     c.mla_output_gate = f.opt_bool({"mla_use_output_gate"}).value_or(false);
-    if (c.mla_output_gate && c.model_type == ModelType::kDeepseekV32)
-      HYSERVE_THROW(ConfigError, "'mla_use_output_gate' is a Kimi field, not deepseek_v32's");
+    if (c.mla_output_gate && is_deepseek_family(c.model_type))
+      HYSERVE_THROW(ConfigError, "'mla_use_output_gate' is a Kimi K3 field, not ",
+                    c.model_type_name, "'s");
     parse_rope(f, c);
   } else {
     f.find({"mla_use_output_gate", "mla_use_nope", "rope_theta", "rope_scaling"});
@@ -538,6 +561,9 @@ void parse_text_config(const json& j, const Fields& f, ModelConfig& c) {
                     "'index_topk' (all three or none)");
     CONFIG_CHECK(c.model_type != ModelType::kKimiLinear,
                  "kimi_linear has no DSA indexer ('index_*' fields)");
+    CONFIG_CHECK(c.model_type != ModelType::kDeepseekV3, c.model_type_name,
+                 " has no DSA indexer, but the config sets 'index_*' fields (DeepSeek-V3.2 "
+                 "with the indexer is model_type deepseek_v32)");
     CONFIG_CHECK(any_mla, "the DSA indexer ('index_*' fields) needs full-attention layers");
     c.index_n_heads = *ih;
     c.index_head_dim = *id;
@@ -564,8 +590,8 @@ void parse_text_config(const json& j, const Fields& f, ModelConfig& c) {
   const json* la = f.find({"linear_attn_config"});
   const Fields lf(la && la->is_object() ? *la : empty);
   if (c.num_kda_layers() > 0) {
-    CONFIG_CHECK(c.model_type != ModelType::kDeepseekV32,
-                 "deepseek_v32 has no linear-attention layers");
+    CONFIG_CHECK(!is_deepseek_family(c.model_type), c.model_type_name,
+                 " has no linear-attention layers");
     auto heads = f.opt_int({"linear_num_heads"});
     if (!heads) heads = lf.opt_int({"num_heads"});
     auto dim = f.opt_int({"linear_head_dim"});
@@ -620,6 +646,7 @@ void parse_text_config(const json& j, const Fields& f, ModelConfig& c) {
           "qk_rope_head_dim",
           "v_head_dim",
           "mla_use_nope",
+          "rope_interleave",
           "linear_num_heads",
           "linear_head_dim",
           "linear_conv_kernel_dim",
@@ -645,6 +672,8 @@ const char* model_type_name(ModelType t) {
       return "kimi_linear";
     case ModelType::kDeepseekV32:
       return "deepseek_v32";
+    case ModelType::kDeepseekV3:
+      return "deepseek_v3";
   }
   return "?";
 }
@@ -698,25 +727,38 @@ ModelConfig ModelConfig::from_json(const json& j) {
     c.model_type = ModelType::kKimiLinear;
   } else if (*type == "deepseek_v32") {
     c.model_type = ModelType::kDeepseekV32;
+  } else if (*type == "deepseek_v3" || *type == "kimi_k2" || *type == "kimi_k25") {
+    c.model_type = ModelType::kDeepseekV3;
   } else {
     HYSERVE_THROW(ConfigError, "config field 'model_type' = \"", *type,
-                  "\" is not supported (kimi_k3, kimi_linear, deepseek_v32)");
+                  "\" is not supported (kimi_k3, kimi_linear, deepseek_v32, deepseek_v3, "
+                  "kimi_k2, kimi_k25)");
   }
 
-  // The published Kimi K3 wrapper (K3.md §1): the text model's fields under text_config,
-  // its tensors under language_model., a vision tower beside it.
+  // The multimodal wrappers, Kimi K3's (K3.md §1) and Kimi K2.5's: the text model's
+  // fields under text_config, its tensors under language_model., a vision tower beside.
+  const bool kimi_k25 = *type == "kimi_k25";
   const json* text = top.find({"text_config"});
   std::string where;  // prefix of the text fields' names in messages
   std::set<std::string> used;
+  if (kimi_k25 && !text)
+    HYSERVE_THROW(ConfigError,
+                  "kimi_k25 config is missing 'text_config' (Kimi K2.5 nests its text model "
+                  "there)");
   if (text) {
-    CONFIG_CHECK(c.model_type == ModelType::kKimiK3,
-                 "'text_config' (a multimodal wrapper) is read for kimi_k3 only, not ",
+    CONFIG_CHECK(c.model_type == ModelType::kKimiK3 || kimi_k25,
+                 "'text_config' (a multimodal wrapper) is read for kimi_k3 and kimi_k25 only, "
+                 "not ",
                  c.model_type_name);
     CONFIG_CHECK(text->is_object(), "'text_config' must be an object");
     c.tensor_prefix = "language_model.";
     where = "text_config.";
     const Fields tf(*text, &used);
-    if (auto tt = tf.opt_string({"model_type"}); tt && *tt != "kimi_linear" && *tt != "kimi_k3")
+    const auto tt = tf.opt_string({"model_type"});
+    if (kimi_k25 && tt && *tt != "kimi_k2" && *tt != "deepseek_v3")
+      HYSERVE_THROW(ConfigError, "config field 'text_config.model_type' = \"", *tt,
+                    "\": a kimi_k25 text model is \"kimi_k2\" (DeepSeek-V3's architecture)");
+    if (!kimi_k25 && tt && *tt != "kimi_linear" && *tt != "kimi_k3")
       HYSERVE_THROW(ConfigError, "config field 'text_config.model_type' = \"", *tt,
                     "\": a kimi_k3 text model is \"kimi_linear\"");
   }
@@ -730,6 +772,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
     if (!text) throw;
     throw ConfigError(std::string("in 'text_config': ") + e.what());
   }
+  // A wrapper may declare its quantization beside text_config rather than in it.
+  if (text && !f.find({"quantization_config"})) parse_quantization(top, c);
 
   // Report what nobody read.
   const auto report = [&](const json& obj, const std::set<std::string>& read,
@@ -743,8 +787,8 @@ ModelConfig ModelConfig::from_json(const json& j) {
   report(tj, used, where);
   if (text) {
     used_top.insert({"text_config", "vision_config", "media_placeholder_token_id",
-                     "image_placeholder", "bos_token_id", "eos_token_id", "tie_word_embeddings",
-                     "quantization_config"});
+                     "image_placeholder", "video_placeholder", "use_unified_vision_chunk",
+                     "bos_token_id", "eos_token_id", "tie_word_embeddings", "quantization_config"});
     report(j, used_top, "");
   }
   if (const json* la = f.find({"linear_attn_config"}); la && la->is_object()) {

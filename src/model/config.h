@@ -1,8 +1,9 @@
 // ModelConfig: everything hyserve needs from a checkpoint's config.json, for the
-// three model types it serves (MODEL.md §1; kimi_k3 as published, K3.md §1). Parsing
-// accepts every spelling the real checkpoints use, the published Kimi K3 wrapper
-// (`KimiK3ForConditionalGeneration` with the text model under `text_config` and its
-// tensors under `language_model.`) included, and refuses unknown types, missing fields,
+// model types it serves (MODEL.md §1; kimi_k3 as published, K3.md §1; DeepSeek-V3's
+// architecture as deepseek_v3 and Kimi K2 / K2.5 ship it). Parsing accepts every
+// spelling the real checkpoints use, the multimodal wrappers (Kimi K3's and Kimi
+// K2.5's, with the text model under `text_config` and its tensors under
+// `language_model.`) included, and refuses unknown types, missing fields,
 // inconsistent sizes and fields known to change the math that hyserve does not
 // implement with a ConfigError naming the field. Fields it does not know are listed in
 // `unknown_fields` (reported at load), never silently dropped.
@@ -19,7 +20,11 @@
 
 namespace hyserve {
 
-enum class ModelType { kKimiK3, kKimiLinear, kDeepseekV32 };
+// kDeepseekV3: DeepSeek-V3's architecture (MLA with interleaved YaRN RoPE, dense over the
+// whole context, + the noaux_tc MoE), the deepseek_v32 model without its indexer. The
+// config.json model_types deepseek_v3 (DeepSeek-V3 / R1), kimi_k2 (Kimi K2) and
+// kimi_k25 (Kimi K2.5's multimodal wrapper) all map to it; model_type_name keeps which.
+enum class ModelType { kKimiK3, kKimiLinear, kDeepseekV32, kDeepseekV3 };
 
 // Attention kind of one decoder layer.
 enum class LayerKind {
@@ -31,7 +36,8 @@ enum class LayerKind {
 // Feed-forward kind of one decoder layer.
 enum class MlpKind { kDense, kMoe };
 
-// Rotary embedding of MLA's rope dims (deepseek_v32). kimi_* are NoPE.
+// Rotary embedding of MLA's rope dims (deepseek_v32, deepseek_v3 and Kimi K2: interleaved
+// pairs). kimi_linear and kimi_k3 are NoPE.
 struct RopeConfig {
   bool enabled = false;
   double theta = 10000.0;
@@ -126,8 +132,8 @@ struct ModelConfig {
   // residual stream of MODEL.md §0.
   int64_t attn_res_block_size = 0;
 
-  // The published Kimi K3 wrapper: tensor names under this prefix ("language_model."),
-  // a vision tower that text-only serving skips.
+  // The published Kimi K3 / Kimi K2.5 wrappers: tensor names under this prefix
+  // ("language_model."), a vision tower that text-only serving skips.
   std::string tensor_prefix;
   bool has_vision = false;
   // Config fields hyserve does not know (dotted paths, e.g. "text_config.foo"): they
