@@ -19,6 +19,8 @@
 #include "guided/json_schema.h"
 #include "guided/token_constraint.h"
 #include "guided/vocab_trie.h"
+#include "server/forced_tool_calls.h"
+#include "server/openai_protocol.h"
 
 namespace hyserve {
 namespace {
@@ -399,6 +401,77 @@ void check_masks_against_brute_force(const Grammar& grammar, uint32_t seed, int 
     outputs.push_back(next);
     ASSERT_TRUE(reference.advance(words[static_cast<size_t>(next)]));
   }
+}
+
+TEST(Grammar, EmbedKeepsEachSchemaWithItsRefsAndLiterals) {
+  Grammar g;
+  const int32_t a = g.embed(schema(R"({"$defs": {"n": {"enum": ["x", 1]}},
+      "type": "object", "properties": {"k": {"$ref": "#/$defs/n"}, "r": {"$ref": "#"}}})"));
+  const int32_t b = g.embed(schema(R"({"type": "array", "items": {"const": "y"}, "maxItems": 2})"));
+  GrammarNode pair;
+  pair.types = kJsonArray;
+  pair.prefix_items = {a, b};
+  g.root = g.add_node(std::move(pair));
+  EXPECT_TRUE(matches(g, R"([{"k": "x", "r": {"k": 1}}, ["y", "y"]])"));
+  EXPECT_TRUE(matches(g, R"([{}, []])"));
+  EXPECT_FALSE(matches(g, R"([{"k": "y"}, []])"));
+  EXPECT_FALSE(matches(g, R"([{}, ["x"]])"));
+  EXPECT_FALSE(matches(g, R"([{}, ["y", "y", "y"]])"));
+}
+
+ordered_json forced_tools() {
+  return ordered_json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+      "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+      "required": ["city"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "ping"}},
+    {"type": "function", "function": {"name": "bad", "parameters": {
+      "type": "object", "properties": {"x": {"type": "string", "pattern": "a"}}}}}])");
+}
+
+TEST(ForcedToolCalls, NamedFunctionIsItsParametersSchema) {
+  const ordered_json tools = forced_tools();
+  const Grammar g = forced_tool_call_grammar(tools, ForcedToolMode::kNamed, "get_weather");
+  EXPECT_TRUE(matches(g, R"({"city": "Paris"})"));
+  EXPECT_FALSE(matches(g, R"({})"));
+  EXPECT_FALSE(matches(g, R"({"city": "Paris", "x": 1})"));
+  EXPECT_FALSE(matches(g, R"([{"name": "get_weather", "parameters": {"city": "Paris"}}])"));
+  // No parameters: no arguments.
+  const Grammar none = forced_tool_call_grammar(tools, ForcedToolMode::kNamed, "ping");
+  EXPECT_TRUE(matches(none, "{}"));
+  EXPECT_FALSE(matches(none, R"({"a": 1})"));
+}
+
+TEST(ForcedToolCalls, RequiredIsAnArrayOfNamedCalls) {
+  ordered_json tools = forced_tools();
+  tools.erase(2);  // the unsupported schema
+  const Grammar g = forced_tool_call_grammar(tools, ForcedToolMode::kRequired, "");
+  EXPECT_TRUE(matches(g, R"([{"name": "get_weather", "parameters": {"city": "Rome"}}])"));
+  // Keys in either order, calls of different tools.
+  EXPECT_TRUE(matches(g, R"([{"parameters": {}, "name": "ping"}, )"
+                         R"({"name": "get_weather", "parameters": {"city": "Rome"}}])"));
+  EXPECT_FALSE(matches(g, "[]"));                                              // minItems 1
+  EXPECT_FALSE(matches(g, R"([{"name": "get_weather", "parameters": {}}])"));  // city required
+  EXPECT_FALSE(matches(g, R"([{"name": "ping", "parameters": {"city": "Rome"}}])"));
+  EXPECT_FALSE(matches(g, R"([{"name": "other", "parameters": {}}])"));
+  EXPECT_FALSE(matches(g, R"([{"name": "ping"}])"));
+  EXPECT_FALSE(matches(g, R"([{"name": "ping", "parameters": {}, "x": 1}])"));
+  EXPECT_FALSE(matches(g, R"({"name": "ping", "parameters": {}})"));
+}
+
+TEST(ForcedToolCalls, UnsupportedParametersAreA400NamingTheKeyword) {
+  const ordered_json tools = forced_tools();
+  for (const ForcedToolMode mode : {ForcedToolMode::kRequired, ForcedToolMode::kNamed}) {
+    try {
+      forced_tool_call_grammar(tools, mode, "bad");
+      ADD_FAILURE() << "no error";
+    } catch (const RequestError& e) {
+      EXPECT_EQ(e.status(), 400);
+      EXPECT_EQ(e.param(), "tools[2].function.parameters.properties.x.pattern");
+    }
+  }
+  // A named call compiles its own tool only.
+  EXPECT_NO_THROW(forced_tool_call_grammar(tools, ForcedToolMode::kNamed, "ping"));
 }
 
 TEST(TokenMask, EqualsBruteForceOnAToyVocabulary) {

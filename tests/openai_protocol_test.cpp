@@ -282,6 +282,31 @@ TEST(OpenAIProtocol, NumbersBeyondADoubleAreNamedByTheirPath) {
   EXPECT_EQ(parse_completion_request(R"({"prompt": "a", "tiny": 1e-999})").prompts.size(), 1u);
 }
 
+TEST(OpenAIProtocolCompletion, EchoWithMaxTokensZeroScoresThePrompt) {
+  // vLLM: the engine samples one token, which the response leaves out.
+  const CompletionRequest r =
+      parse_completion_request(R"({"prompt": "a b", "echo": true, "max_tokens": 0})");
+  EXPECT_TRUE(r.score_prompt);
+  EXPECT_EQ(*r.sampling.max_tokens, 1);
+  EXPECT_NO_THROW(validate_prompt(std::vector<int32_t>{1, 2}, r.sampling, {100, 64}));
+  EXPECT_TRUE(
+      parse_completion_request(R"({"prompt": "a", "echo": true, "max_completion_tokens": 0})")
+          .score_prompt);
+  EXPECT_FALSE(parse_completion_request(R"({"prompt": "a", "echo": true})").score_prompt);
+  EXPECT_EQ(completion_error(R"({"prompt": "a", "echo": true, "max_tokens": 0, "min_tokens": 1})")
+                .param(),
+            "min_tokens");
+  // Without echo, 0 stays out of range.
+  const CompletionRequest plain = parse_completion_request(R"({"prompt": "a", "max_tokens": 0})");
+  EXPECT_FALSE(plain.score_prompt);
+  try {
+    validate_prompt(std::vector<int32_t>{1}, plain.sampling, {100, 64});
+    ADD_FAILURE() << "max_tokens 0 without echo accepted";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param(), "max_tokens");
+  }
+}
+
 TEST(OpenAIProtocolCompletion, VllmFields) {
   // max_tokens: 16 when absent, none (the context's end) when null.
   EXPECT_EQ(*parse_completion_request(R"({"prompt": "a"})").sampling.max_tokens,

@@ -4,6 +4,7 @@
 #include "server/generation.h"
 
 #include <filesystem>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -151,6 +152,84 @@ TEST(ServerGeneration, EosTextIsDroppedWithoutAStopReason) {
   EXPECT_EQ(d.finish_reason, "stop");
   EXPECT_TRUE(d.stop_reason.is_null());
   EXPECT_EQ(content, "{}");
+}
+
+// Forced tool calls (tool_choice required / named): the constrained text after the reasoning
+// is the calls, never content; finish_reason "tool_calls" for required, "stop" for named.
+TEST(ServerGeneration, ForcedToolCallsAfterReasoning) {
+  const auto tok = Tokenizer::load(kTiny);
+  struct Case {
+    ForcedToolMode mode;
+    std::string text;
+    std::string finish_reason;
+    std::vector<ToolCall> calls;
+  };
+  const std::vector<Case> cases = {
+      {ForcedToolMode::kNamed,
+       "hmm</think> {\"city\": \"Paris\"}",
+       "stop",
+       {{"functions.get_weather:3", "get_weather", "{\"city\": \"Paris\"}"}}},
+      {ForcedToolMode::kRequired,
+       "hmm</think>[{\"name\": \"ping\", \"parameters\": {}}, {\"parameters\": {\"a\": 1}, "
+       "\"name\": \"add\"}]",
+       "tool_calls",
+       {{"functions.ping:3", "ping", "{}"}, {"functions.add:4", "add", "{\"a\": 1}"}}},
+  };
+  for (const Case& c : cases) {
+    ChoiceOptions o;
+    o.parse_reasoning = true;
+    o.forced_tools = c.mode;
+    o.forced_function = "get_weather";
+    o.first_tool_call_index = 3;
+    ChoiceProcessor p(*tok, o);
+    std::string content, reasoning;
+    std::vector<ToolCall> streamed;
+    ChoiceDelta last;
+    for (const RequestOutput& out : outputs(tok->encode(c.text, true), "stop")) {
+      last = p.feed(out);
+      content += last.content;
+      reasoning += last.reasoning;
+      for (const ToolCallDelta& t : last.tool_calls) {
+        if (t.id) streamed.push_back({*t.id, *t.name, ""});
+        ASSERT_FALSE(streamed.empty());
+        streamed.back().arguments += t.arguments;
+      }
+    }
+    EXPECT_EQ(last.finish_reason, c.finish_reason);
+    EXPECT_EQ(reasoning, "hmm");
+    EXPECT_EQ(content, "");
+    EXPECT_EQ(p.all_content(), "");
+    for (const std::vector<ToolCall>* calls : {&std::as_const(streamed), &p.all_tool_calls()}) {
+      ASSERT_EQ(calls->size(), c.calls.size());
+      for (size_t i = 0; i < calls->size(); ++i) {
+        EXPECT_EQ((*calls)[i].id, c.calls[i].id);
+        EXPECT_EQ((*calls)[i].name, c.calls[i].name);
+        EXPECT_EQ((*calls)[i].arguments, c.calls[i].arguments);
+      }
+    }
+  }
+}
+
+// Echo with logprobs: the prompt's entries, the first without a logprob.
+TEST(ServerGeneration, PromptTokenLogprobsForEcho) {
+  const auto tok = Tokenizer::load(kTiny);
+  const std::vector<int32_t> prompt = tok->encode("ab cd", false);
+  ASSERT_GE(prompt.size(), 2u);
+  std::vector<std::optional<OutputToken>> entries(prompt.size());
+  for (size_t i = 1; i < prompt.size(); ++i)
+    entries[i] = OutputToken{prompt[i], -0.5f, 1, {{prompt[i], -0.5f}, {prompt[0], -2.0f}}};
+  ChoiceProcessor p(*tok, {});
+  const std::vector<TokenLogprob> lp = p.prompt_token_logprobs(prompt, entries, 1);
+  ASSERT_EQ(lp.size(), prompt.size());
+  std::string text;
+  for (const TokenLogprob& t : lp) text += t.token;
+  EXPECT_EQ(text, "ab cd");
+  EXPECT_FALSE(lp[0].logprob.has_value());
+  EXPECT_TRUE(lp[0].top_logprobs.empty());
+  for (size_t i = 1; i < lp.size(); ++i) {
+    EXPECT_EQ(lp[i].logprob, -0.5f);
+    ASSERT_EQ(lp[i].top_logprobs.size(), 1u);  // top_n of the engine's two
+  }
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tokenizer/tool_call_parser.h"
 
+#include "server/forced_tool_calls.h"
 #include "tokenizer/reasoning_parser.h"
 
 #include <gtest/gtest.h>
@@ -184,6 +185,104 @@ TEST(KimiToolCallStream, AfterReasoningParserEverySplitPoint) {
     EXPECT_EQ(got_reasoning, split.reasoning) << "split at " << i;
     expect_same(collect(deltas), want, "split at " + std::to_string(i));
   }
+}
+
+// ---- Forced tool calls (tool_choice "required" / named: server/forced_tool_calls.h) -------
+
+struct ForcedArgs {
+  ForcedToolMode mode;
+  std::string name;
+  int32_t first_index;
+};
+
+// Feeds `text` in pieces of `piece` bytes; returns the calls the deltas rebuild, checking
+// that a call's first delta names it and the later ones carry argument text only.
+std::vector<ToolCall> stream_forced(ForcedArgs args, std::string_view text, size_t piece,
+                                    std::vector<ToolCall>* final_calls = nullptr) {
+  ForcedToolCallParser parser(args.mode, args.name, args.first_index);
+  std::vector<ToolCall> calls;
+  for (size_t at = 0; at < text.size(); at += piece) {
+    for (const ToolCallDelta& d : parser.feed(text.substr(at, piece))) {
+      if (d.id) {
+        EXPECT_EQ(d.index, static_cast<int32_t>(calls.size()));
+        EXPECT_TRUE(d.name.has_value());
+        calls.push_back({*d.id, *d.name, d.arguments});
+      } else {
+        EXPECT_FALSE(d.name.has_value());
+        EXPECT_FALSE(d.arguments.empty());
+        EXPECT_EQ(d.index, static_cast<int32_t>(calls.size()) - 1);
+        if (!calls.empty()) calls.back().arguments += d.arguments;
+      }
+    }
+  }
+  if (final_calls) *final_calls = parser.calls();
+  return calls;
+}
+
+bool same_calls(const std::vector<ToolCall>& a, const std::vector<ToolCall>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].id != b[i].id || a[i].name != b[i].name || a[i].arguments != b[i].arguments)
+      return false;
+  }
+  return true;
+}
+
+TEST(ForcedToolCallParser, NamedCallIsTheWholeTextStreamedOrNot) {
+  const std::string text = "  \n{\"city\": \"Paris\", \"days\": [1, 2]}";
+  for (size_t piece : {1, 3, 100}) {
+    std::vector<ToolCall> final_calls;
+    const auto calls =
+        stream_forced({ForcedToolMode::kNamed, "get_weather", 2}, text, piece, &final_calls);
+    ASSERT_EQ(calls.size(), 1u) << piece;
+    EXPECT_EQ(calls[0].id, "functions.get_weather:2");
+    EXPECT_EQ(calls[0].name, "get_weather");
+    EXPECT_EQ(calls[0].arguments, "{\"city\": \"Paris\", \"days\": [1, 2]}");  // leading ws dropped
+    EXPECT_TRUE(same_calls(calls, final_calls)) << piece;
+  }
+  // Nothing generated (all reasoning, or max_tokens): no call.
+  ForcedToolCallParser empty(ForcedToolMode::kNamed, "f", 0);
+  EXPECT_TRUE(empty.feed(" \n").empty());
+  EXPECT_TRUE(empty.calls().empty());
+}
+
+TEST(ForcedToolCallParser, RequiredArrayBecomesCallsInEitherKeyOrder) {
+  const std::string text =
+      "[ {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Pa\\\"ris\", \"n\": [1, {}]}},\n"
+      "  {\"parameters\" : {\"metric\": true}, \"name\":\"set_\\u0075nits\"},"
+      "{\"name\": \"ping\", \"parameters\": {}}, {\"name\": \"count\", \"parameters\": 42 },"
+      "{\"parameters\":\"s}]\", \"name\": \"echo\"}]";
+  const std::vector<ToolCall> expected = {
+      {"functions.get_weather:0", "get_weather", "{\"city\": \"Pa\\\"ris\", \"n\": [1, {}]}"},
+      {"functions.set_units:1", "set_units", "{\"metric\": true}"},
+      {"functions.ping:2", "ping", "{}"},
+      {"functions.count:3", "count", "42"},
+      {"functions.echo:4", "echo", "\"s}]\""},
+  };
+  for (size_t piece : {1, 2, 7, 1000}) {
+    std::vector<ToolCall> final_calls;
+    const auto calls = stream_forced({ForcedToolMode::kRequired, "", 0}, text, piece, &final_calls);
+    EXPECT_TRUE(same_calls(calls, expected)) << piece;
+    EXPECT_TRUE(same_calls(final_calls, expected)) << piece;
+  }
+}
+
+TEST(ForcedToolCallParser, RequiredNameIsSentOnceCompleteAndACutObjectIsNoCall) {
+  ForcedToolCallParser parser(ForcedToolMode::kRequired, "", 0);
+  EXPECT_TRUE(parser.feed("[{\"name\": \"get_wea").empty());
+  auto d = parser.feed("ther\", \"parameters\": {\"ci");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].id, "functions.get_weather:0");
+  EXPECT_EQ(d[0].name, "get_weather");
+  EXPECT_EQ(d[0].arguments, "{\"ci");
+  d = parser.feed("ty\": \"Rome\"}");
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_FALSE(d[0].id.has_value());
+  EXPECT_EQ(d[0].arguments, "ty\": \"Rome\"}");
+  EXPECT_TRUE(parser.calls().empty());  // the object is not closed yet
+  EXPECT_FALSE(parser.feed(" }, {\"name\": \"x\", \"parame").empty());  // x's header
+  ASSERT_EQ(parser.calls().size(), 1u);
+  EXPECT_EQ(parser.calls()[0].arguments, "{\"city\": \"Rome\"}");
 }
 
 }  // namespace

@@ -25,6 +25,7 @@
 #include "server/no_tokenizer.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
+#include "tokenizer/parser_registry.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -205,10 +206,10 @@ int run_serve(const ServeArgs& a) {
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
   CHECK(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0,
         "--gpu-memory-utilization must be in (0, 1], got ", a.gpu_memory_utilization);
-  CHECK(a.tool_call_parser.empty() || a.tool_call_parser == "kimi_k3",
-        "--tool-call-parser must be kimi_k3");
-  CHECK(a.reasoning_parser.empty() || a.reasoning_parser == "kimi_k3",
-        "--reasoning-parser must be kimi_k3");
+  CHECK(a.tool_call_parser.empty() || is_tool_call_parser_name(a.tool_call_parser),
+        "--tool-call-parser must be kimi_k3 or deepseek_v32");
+  CHECK(a.reasoning_parser.empty() || is_reasoning_parser_name(a.reasoning_parser),
+        "--reasoning-parser must be kimi_k3 or deepseek_v3");
   CHECK(!a.enable_auto_tool_choice || !a.tool_call_parser.empty(),
         "--enable-auto-tool-choice needs --tool-call-parser");
   CHECK(a.device == "auto" || a.device == "cpu" || a.device == "cuda",
@@ -234,6 +235,10 @@ int run_serve(const ServeArgs& a) {
       throw Error(str_cat(e.what(), "; --skip-tokenizer-init serves token-id prompts without one"));
     }
     templates = load_chat_templates(dir);
+    // DeepSeek-V3.2 ships its chat format as Python, not as a template: use the built-in
+    // encoding (vLLM's deepseek_v32 tokenizer mode).
+    if (templates.by_name.empty() && config.model_type == ModelType::kDeepseekV32)
+      templates.builtin = "deepseek_v32";
     special = load_special_tokens(dir);
   }
   ModelOptions mo;
@@ -345,8 +350,8 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--enable-prefix-caching", a->enable_prefix_caching);
   cmd->add_flag("--no-enable-prefix-caching", a->no_enable_prefix_caching);
   cmd->add_flag("--enable-auto-tool-choice", a->enable_auto_tool_choice);
-  cmd->add_option("--tool-call-parser", a->tool_call_parser, "kimi_k3");
-  cmd->add_option("--reasoning-parser", a->reasoning_parser, "kimi_k3");
+  cmd->add_option("--tool-call-parser", a->tool_call_parser, "kimi_k3 or deepseek_v32");
+  cmd->add_option("--reasoning-parser", a->reasoning_parser, "kimi_k3 or deepseek_v3");
   cmd->add_option("--speculative-config", a->speculative_config, "JSON");
   cmd->add_option("--api-key", a->api_key, "require 'Authorization: Bearer KEY' on /v1/*")
       ->envname("VLLM_API_KEY");

@@ -11,6 +11,15 @@ int32_t ByteTrie::add_root() {
   return static_cast<int32_t>(nodes_.size() - 1);
 }
 
+int32_t ByteTrie::append(const ByteTrie& other) {
+  const auto offset = static_cast<int32_t>(nodes_.size());
+  for (Node node : other.nodes_) {
+    for (auto& edge : node.edges) edge.second += offset;
+    nodes_.push_back(std::move(node));
+  }
+  return offset;
+}
+
 int32_t ByteTrie::child(int32_t node, uint8_t byte) const {
   const auto& edges = nodes_[static_cast<size_t>(node)].edges;
   const auto it = std::lower_bound(edges.begin(), edges.end(), byte,

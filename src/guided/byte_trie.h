@@ -18,6 +18,9 @@ class ByteTrie {
   // Inserts `bytes` below `root` with `value` (>= 0) at its end. Returns false, and changes
   // nothing, when the string is already there.
   bool insert(int32_t root, std::string_view bytes, int32_t value);
+  // Appends every node of `other` (all its tries); returns the offset added to its node ids,
+  // so a root r of `other` is r + offset here.
+  int32_t append(const ByteTrie& other);
 
   int32_t child(int32_t node, uint8_t byte) const;  // -1 when there is no such edge
   int32_t value(int32_t node) const { return nodes_[static_cast<size_t>(node)].value; }

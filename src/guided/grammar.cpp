@@ -17,6 +17,26 @@ int32_t Grammar::add_any_value() {
   return id;
 }
 
+int32_t Grammar::embed(const Grammar& other) {
+  CHECK(!other.raw_root && other.root >= 0, "Grammar::embed: a JSON grammar with a root");
+  const auto node_offset = static_cast<int32_t>(nodes.size());
+  const int32_t trie_offset = trie.append(other.trie);
+  const auto shift = [](int32_t& id, int32_t offset) {
+    if (id >= 0) id += offset;
+  };
+  for (GrammarNode node : other.nodes) {
+    for (int32_t& id : node.property_nodes) shift(id, node_offset);
+    for (int32_t& id : node.prefix_items) shift(id, node_offset);
+    for (int32_t& id : node.alternatives) shift(id, node_offset);
+    shift(node.additional, node_offset);
+    shift(node.items, node_offset);
+    shift(node.key_trie, trie_offset);
+    shift(node.literal_trie, trie_offset);
+    nodes.push_back(std::move(node));
+  }
+  return other.root + node_offset;
+}
+
 Grammar Grammar::any_value() {
   Grammar g;
   g.root = g.add_any_value();

@@ -74,6 +74,9 @@ struct Grammar {
   int32_t add_node(GrammarNode node);
   // A typed node accepting any JSON value (objects with any keys, arrays of anything).
   int32_t add_any_value();
+  // Copies every node of `other` (a JSON grammar, not raw) into this grammar; returns the
+  // node its root became. Composes compiled schemas (forced tool calls: one per tool).
+  int32_t embed(const Grammar& other);
 
   // Any JSON value / any JSON object (response_format json_object) / one of `choices`
   // exactly (guided_choice; InvalidArgument when empty or a choice is empty).

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "tokenizer/parser_registry.h"
 #include "tokenizer/utf8.h"
 
 namespace hyserve {
@@ -12,8 +13,13 @@ ChoiceProcessor::ChoiceProcessor(const Tokenizer& tokenizer, ChoiceOptions optio
       // The parsers need their markers, which are special tokens.
       detok_(tokenizer, options_.skip_special_tokens && !options_.parse_reasoning &&
                             !options_.parse_tool_calls) {
-  if (options_.parse_reasoning) reasoning_.emplace(options_.thinking_enabled);
-  if (options_.parse_tool_calls) tools_.emplace();
+  if (options_.parse_reasoning)
+    reasoning_.emplace(make_reasoning_parser(options_.reasoning_parser, options_.thinking_enabled));
+  if (options_.parse_tool_calls) tools_ = make_tool_call_parser(options_.tool_call_parser);
+  if (options_.forced_tools != ForcedToolMode::kNone) {
+    forced_.emplace(options_.forced_tools, options_.forced_function,
+                    options_.first_tool_call_index);
+  }
   for (const std::string& s : options_.stop) max_stop_ = std::max(max_stop_, s.size());
 }
 
@@ -23,6 +29,24 @@ std::string ChoiceProcessor::token_text(int32_t id) const {
   return replace_invalid_utf8(tokenizer_.decode(ids, false));
 }
 
+std::vector<TokenLogprob> ChoiceProcessor::prompt_token_logprobs(
+    std::span<const int32_t> prompt, const std::vector<std::optional<OutputToken>>& entries,
+    int32_t top_n) const {
+  std::vector<TokenLogprob> out;
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    TokenLogprob t;
+    t.token = token_text(prompt[i]);
+    if (i < entries.size() && entries[i]) {
+      t.logprob = entries[i]->logprob;
+      const auto& top = entries[i]->top_logprobs;
+      for (size_t k = 0; k < top.size() && k < static_cast<size_t>(top_n); ++k)
+        t.top_logprobs.push_back({token_text(top[k].token), top[k].logprob});
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
 void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
   std::string content(text);
   if (reasoning_) {
@@ -30,6 +54,14 @@ void ChoiceProcessor::emit(std::string_view text, ChoiceDelta& d) {
     d.reasoning += r.reasoning;
     all_reasoning_ += r.reasoning;
     content = r.content;
+  }
+  emit_content(std::move(content), d);
+}
+
+void ChoiceProcessor::emit_content(std::string content, ChoiceDelta& d) {
+  if (forced_) {
+    for (ToolCallDelta& c : forced_->feed(content)) d.tool_calls.push_back(std::move(c));
+    return;
   }
   if (tools_) {
     ToolParserDelta t = tools_->feed(content);
@@ -113,14 +145,7 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
       const ReasoningSplit r = reasoning_->finish();
       d.reasoning += r.reasoning;
       all_reasoning_ += r.reasoning;
-      std::string content = r.content;
-      if (tools_) {
-        ToolParserDelta t = tools_->feed(content);
-        content = t.content;
-        for (ToolCallDelta& c : t.tool_calls) d.tool_calls.push_back(std::move(c));
-      }
-      d.content += content;
-      all_content_ += content;
+      emit_content(r.content, d);
     }
     if (tools_) {
       ToolParserDelta t = tools_->finish();
@@ -128,9 +153,14 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
       all_content_ += t.content;
       for (ToolCallDelta& c : t.tool_calls) d.tool_calls.push_back(std::move(c));
       // The whole message's calls, for non-streaming responses.
-      tool_calls_ = parse_kimi_tool_calls(text_.substr(0, emitted_)).tool_calls;
+      tool_calls_ = tools_->calls();
     }
-    if (!tool_calls_.empty() && d.finish_reason == "stop") d.finish_reason = "tool_calls";
+    if (forced_) tool_calls_ = forced_->calls();
+    // vLLM (and OpenAI): "tool_calls" for calls the model chose or "required" forced, "stop"
+    // for a named function.
+    if (!tool_calls_.empty() && d.finish_reason == "stop" &&
+        options_.forced_tools != ForcedToolMode::kNamed)
+      d.finish_reason = "tool_calls";
     finished_ = true;
   }
   return d;

@@ -10,10 +10,12 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/forced_tool_calls.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/reasoning_parser.h"
 #include "tokenizer/streaming_detokenizer.h"
@@ -24,9 +26,15 @@ namespace hyserve {
 
 struct ChoiceOptions {
   bool skip_special_tokens = true;
-  bool parse_reasoning = false;  // --reasoning-parser kimi_k3
+  bool parse_reasoning = false;              // --reasoning-parser
+  std::string reasoning_parser = "kimi_k3";  // its name (tokenizer/parser_registry.h)
   bool thinking_enabled = true;
-  bool parse_tool_calls = false;  // --enable-auto-tool-choice with tools in the request
+  bool parse_tool_calls = false;             // --enable-auto-tool-choice with tools in the request
+  std::string tool_call_parser = "kimi_k3";  // --tool-call-parser
+  // tool_choice "required" / a named function: the (constrained) content is the calls.
+  ForcedToolMode forced_tools = ForcedToolMode::kNone;
+  std::string forced_function;        // kNamed's tool
+  int32_t first_tool_call_index = 0;  // forced call ids: calls in earlier assistant turns
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;  // reported as stop_reason; their text is left out
   bool include_stop_str_in_output = false;
@@ -60,16 +68,26 @@ class ChoiceProcessor {
   const std::string& all_content() const { return all_content_; }
   const std::string& all_reasoning() const { return all_reasoning_; }
   const std::vector<ToolCall>& all_tool_calls() const { return tool_calls_; }
+  // The prompt's tokens as logprob entries (completions' echo): `entries` is the engine's
+  // prompt_logprobs, the first empty (its entry has a null logprob); each keeps the `top_n`
+  // best alternatives.
+  std::vector<TokenLogprob> prompt_token_logprobs(
+      std::span<const int32_t> prompt, const std::vector<std::optional<OutputToken>>& entries,
+      int32_t top_n) const;
 
  private:
   void emit(std::string_view text, ChoiceDelta& d);
+  // A token as logprobs show it: its text, or "token_id:N" (return_tokens_as_token_ids).
   std::string token_text(int32_t id) const;
+  // Content after the reasoning parser: through the tool-call parser, forced or not.
+  void emit_content(std::string content, ChoiceDelta& d);
 
   const Tokenizer& tokenizer_;
   ChoiceOptions options_;
   StreamingDetokenizer detok_;
   std::optional<ReasoningStreamParser> reasoning_;
-  std::optional<KimiToolCallStreamParser> tools_;
+  std::unique_ptr<ToolCallStreamParser> tools_;
+  std::optional<ForcedToolCallParser> forced_;
   std::string text_;     // detokenized output so far
   size_t emitted_ = 0;   // bytes of text_ passed on
   size_t max_stop_ = 0;  // longest stop string

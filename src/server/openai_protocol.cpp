@@ -573,6 +573,16 @@ CompletionRequest parse_completion_request(std::string_view body_text) {
   if (!body.sent("max_tokens") && !body.sent("max_completion_tokens")) {
     request.sampling.max_tokens = kDefaultCompletionMaxTokens;
   }
+  // Prompt scoring (echo with max_tokens 0): the engine samples one token that the response
+  // leaves out, as vLLM does. Without echo, 0 stays out of range.
+  if (request.echo && request.sampling.max_tokens == 0) {
+    if (request.sampling.min_tokens > 0) {
+      fail("min_tokens",
+           str_cat("min_tokens must be <= max_tokens, got ", request.sampling.min_tokens, " > 0"));
+    }
+    request.score_prompt = true;
+    request.sampling.max_tokens = 1;
+  }
 
   if (const auto* v = body.get("logprobs")) {
     const int32_t logprobs = get_int32(*v, "logprobs");
@@ -676,6 +686,12 @@ void validate_prompt(std::span<const int32_t> prompt, const SamplingParams& para
 
 // ---- Responses ------------------------------------------------------------------------
 
+int64_t num_code_points(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
 namespace {
 
 ordered_json logprob_value(float logprob) {
@@ -704,12 +720,6 @@ ordered_json chat_logprobs_json(const std::optional<std::vector<TokenLogprob>>& 
                        {"top_logprobs", std::move(top)}});
   }
   return {{"content", std::move(content)}};
-}
-
-int64_t num_code_points(const std::string& text) {
-  int64_t n = 0;
-  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
-  return n;
 }
 
 ordered_json completion_logprobs_json(const std::optional<std::vector<TokenLogprob>>& logprobs,

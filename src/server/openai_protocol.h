@@ -117,6 +117,9 @@ inline constexpr int64_t kDefaultCompletionMaxTokens = 16;
 
 struct CompletionRequest : GenerationRequest {
   std::vector<CompletionPrompt> prompts;  // one per prompt; a choice set of n for each
+  // echo with max_tokens 0: each choice is its prompt (with logprobs when asked) and nothing
+  // generated. sampling.max_tokens is then 1: the engine's one token is dropped.
+  bool score_prompt = false;
 };
 
 // POST /tokenize: a prompt string, or messages rendered as a chat request would be.
@@ -205,10 +208,13 @@ struct CompletionChoice {
   int32_t index = 0;
   std::string text;
   std::optional<std::vector<TokenLogprob>> logprobs;
-  int64_t text_offset = 0;  // offset (code points) of the first logprob token in the output
+  int64_t text_offset = 0;  // offset (code points) of the first logprob token in `text`
   std::string finish_reason;
   nlohmann::ordered_json stop_reason;
 };
+
+// Unicode code points of UTF-8 text: the unit of completion logprobs' text_offset.
+int64_t num_code_points(const std::string& text);
 
 nlohmann::ordered_json usage_json(const Usage& usage);
 nlohmann::ordered_json chat_completion_json(const ResponseMeta& meta,

@@ -9,8 +9,10 @@
 
 #include "guided/json_schema.h"
 #include "guided/token_constraint.h"
+#include "server/forced_tool_calls.h"
 #include "server/generation.h"
 #include "server/openai_protocol.h"
+#include "tokenizer/deepseek_v32_encoding.h"
 #include "tokenizer/jinja_lexer.h"
 #include "tokenizer/reasoning_parser.h"
 #include "tokenizer/utf8.h"
@@ -52,6 +54,11 @@ struct Generation {
   bool continuous_usage = false;  // usage on every streamed chunk
   bool return_token_ids = false;
   bool detokenize = true;  // false under --skip-tokenizer-init
+  // Completions: echo with logprobs puts the prompt's tokens first in `logprobs`, the first
+  // with a null logprob (vLLM, OpenAI); score_prompt: echo with max_tokens 0, the engine's
+  // one sampled token is left out of the response.
+  bool echo_logprobs = false;
+  bool score_prompt = false;
   ChoiceOptions choice;
 };
 
@@ -172,6 +179,10 @@ std::string OpenAIServer::render_chat(const ordered_json& messages, const ordere
   const bool has_tools = tools.is_array() && !tools.empty();
   std::string prompt;
   try {
+    if (templates_.by_name.empty() && templates_.builtin == "deepseek_v32") {
+      prompt = encode_deepseek_v32_chat(messages, tools, chat_template_kwargs);
+      return continue_final_message ? cut_after_final_message(prompt, messages) : prompt;
+    }
     const ChatTemplate tmpl(templates_.select(has_tools));
     prompt =
         tmpl.render(messages, tools, add_generation_prompt, chat_template_kwargs, special_tokens_);
@@ -203,6 +214,9 @@ class GenerationRun {
     logprobs_.resize(num_choices);
     token_ids_.resize(num_choices);
     prompt_logprobs_.assign(num_choices, nullptr);
+    echo_logprobs_.resize(num_choices);
+    echo_sent_.assign(num_choices, false);
+    stream_offsets_.assign(num_choices, 0);
     finish_.resize(num_choices);
     stop_reason_.resize(num_choices);
     for (int32_t c = 0; c < num_choices; ++c) {
@@ -231,9 +245,22 @@ class GenerationRun {
     num_tokens_[c] += std::ssize(e.output.new_tokens);
     if (!e.output.prompt_logprobs.empty() && prompt_logprobs_[c].is_null()) {
       prompt_logprobs_[c] = prompt_logprobs_json(e.output.prompt_logprobs);
+      if (g_.echo_logprobs) {
+        echo_logprobs_[c] = p.prompt_token_logprobs(g_.prompts[c / g_.n], e.output.prompt_logprobs,
+                                                    g_.sampling.logprobs.value_or(0));
+      }
     }
     ChoiceDelta d = p.feed(e.output);
     if (d.stop_string_hit) session_.abort(c, "stop");
+    if (g_.score_prompt) {
+      d.content.clear();
+      d.logprobs.clear();
+      d.token_ids.clear();
+      if (d.finished) {
+        d.finish_reason = "length";  // max_tokens 0 reached
+        d.stop_reason = nullptr;
+      }
+    }
     for (auto& lp : d.logprobs) logprobs_[c].push_back(lp);
     token_ids_[c].insert(token_ids_[c].end(), d.token_ids.begin(), d.token_ids.end());
     if (d.finished) {
@@ -246,6 +273,11 @@ class GenerationRun {
       }
     }
     return d;
+  }
+
+  // Output tokens of choice c the response counts (none when scoring the prompt).
+  int64_t num_output_tokens(size_t c) const {
+    return g_.score_prompt ? 0 : processors_[c].num_tokens();
   }
 
   ordered_json prompt_logprobs_json(const std::vector<std::optional<OutputToken>>& entries) const {
@@ -297,7 +329,7 @@ class GenerationRun {
   Usage choice_usage(size_t c) const {
     Usage u;
     u.prompt_tokens = static_cast<int64_t>(g_.prompts[c / g_.n].size());
-    u.completion_tokens = processors_[c].num_tokens();
+    u.completion_tokens = num_output_tokens(c);
     u.cached_tokens = processors_[c].num_cached_tokens();
     return u;
   }
@@ -305,7 +337,7 @@ class GenerationRun {
   Usage usage() const {
     Usage u;
     for (const auto& p : g_.prompts) u.prompt_tokens += static_cast<int64_t>(p.size());
-    for (const auto& p : processors_) u.completion_tokens += p.num_tokens();
+    for (size_t c = 0; c < processors_.size(); ++c) u.completion_tokens += num_output_tokens(c);
     // Cached prompt tokens: each prompt once (its n choices share the prompt).
     for (size_t prompt = 0; prompt < g_.prompts.size(); ++prompt) {
       int64_t cached = 0;
@@ -369,8 +401,12 @@ class GenerationRun {
         CompletionChoice ch;
         ch.index = static_cast<int32_t>(c);
         const std::string& echo = g_.echo.empty() ? std::string() : g_.echo[c / g_.n];
-        ch.text = echo + processors_[c].all_content();
-        if (g_.choice.logprobs) ch.logprobs = logprobs_[c];
+        ch.text = echo + (g_.score_prompt ? std::string() : processors_[c].all_content());
+        if (g_.choice.logprobs) {
+          // text_offset: into `text`, echoed prompt included.
+          ch.logprobs = echo_logprobs_[c];
+          ch.logprobs->insert(ch.logprobs->end(), logprobs_[c].begin(), logprobs_[c].end());
+        }
         ch.text_offset = 0;
         ch.finish_reason = finish_[c];
         ch.stop_reason = stop_reason_[c];
@@ -409,14 +445,13 @@ class GenerationRun {
       return write(j);
     };
     std::vector<bool> prompt_ids_sent(num_choices, false);
-    if (!g_.chat && !g_.echo.empty()) {
-      for (size_t c = 0; c < num_choices; ++c) {
-        CompletionChunkChoice ch;
-        ch.index = static_cast<int32_t>(c);
-        ch.text = g_.echo[c / g_.n];
-        if (!write_choice(completion_chunk_json(g_.meta, {ch}), c, true)) return;
-      }
-    }
+    // A completion chunk's logprobs continue the choice's text_offset.
+    auto set_offsets = [&](CompletionChunkChoice& ch) {
+      ch.text_offset = stream_offsets_[ch.index];
+      if (!ch.logprobs) return;
+      for (const TokenLogprob& t : *ch.logprobs)
+        stream_offsets_[ch.index] += num_code_points(t.token);
+    };
     while (num_finished_ < num_choices) {
       auto e = next(w);
       if (!e) return;
@@ -454,11 +489,24 @@ class GenerationRun {
           if (g_.return_token_ids) chunk["choices"][0]["token_ids"] = d.token_ids;
           if (!write_choice(std::move(chunk), c, false)) return;
         }
-      } else if (!d.content.empty() || !d.logprobs.empty() || d.finished || send_ids) {
+        continue;
+      }
+      // Echo: the prompt first, once its logprobs (with the first output) are known.
+      if (!g_.echo.empty() && !echo_sent_[c]) {
+        echo_sent_[c] = true;
+        CompletionChunkChoice ch;
+        ch.index = c;
+        ch.text = g_.echo[c / g_.n];
+        if (g_.echo_logprobs) ch.logprobs = echo_logprobs_[c];
+        set_offsets(ch);
+        if (!write_choice(completion_chunk_json(g_.meta, {ch}), c, true)) return;
+      }
+      if (!d.content.empty() || !d.logprobs.empty() || d.finished || send_ids) {
         CompletionChunkChoice ch;
         ch.index = c;
         ch.text = d.content;
         if (g_.choice.logprobs && !d.logprobs.empty()) ch.logprobs = d.logprobs;
+        set_offsets(ch);
         if (d.finished) {
           ch.finish_reason = d.finish_reason;
           ch.stop_reason = d.stop_reason;
@@ -490,12 +538,29 @@ class GenerationRun {
   std::chrono::steady_clock::time_point last_disconnect_check_ = std::chrono::steady_clock::now();
   std::vector<bool> role_sent_;
   std::vector<std::vector<TokenLogprob>> logprobs_;
-  std::vector<std::vector<int32_t>> token_ids_;  // per choice, every output token
-  std::vector<ordered_json> prompt_logprobs_;    // per choice, when asked
+  std::vector<std::vector<int32_t>> token_ids_;           // per choice, every output token
+  std::vector<ordered_json> prompt_logprobs_;             // per choice, when asked
+  std::vector<std::vector<TokenLogprob>> echo_logprobs_;  // per choice, the prompt's (echo)
+  std::vector<bool> echo_sent_;                           // streaming: echo chunk written
+  std::vector<int64_t> stream_offsets_;  // streaming: text_offset of the next logprob token
   std::vector<std::string> finish_;
   std::vector<ordered_json> stop_reason_;
   size_t num_finished_ = 0;
 };
+
+// tool_choice "required" / named: the constrained output is parsed as the calls, not by the
+// model's tool-call markers; ids continue the numbering of the conversation's earlier calls.
+void force_tool_calls(const ChatCompletionRequest& r, ChoiceOptions& choice) {
+  choice.parse_tool_calls = false;
+  choice.forced_tools = r.tool_choice.mode == ToolChoiceMode::kNamed ? ForcedToolMode::kNamed
+                                                                     : ForcedToolMode::kRequired;
+  choice.forced_function = r.tool_choice.function_name;
+  choice.first_tool_call_index = 0;
+  for (const ChatMessage& m : r.messages) {
+    if (m.role == "assistant")
+      choice.first_tool_call_index += static_cast<int32_t>(m.tool_calls.size());
+  }
+}
 
 // The fields chat and completion requests share.
 void fill_generation(const GenerationRequest& r, Generation& g) {
@@ -556,6 +621,11 @@ std::shared_ptr<const TokenConstraint> OpenAIServer::make_constraint(const Guide
       grammar = Grammar::choices(guided.choices);
       break;
   }
+  return constrain(std::move(grammar), after_reasoning);
+}
+
+std::shared_ptr<const TokenConstraint> OpenAIServer::constrain(Grammar grammar,
+                                                               bool after_reasoning) const {
   std::optional<int32_t> start_after;
   if (after_reasoning) {
     const int32_t id = tokenizer_.token_id(kThinkEnd);
@@ -596,13 +666,28 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     g.prompts.push_back(tokenizer_.encode(prompt, /*allow_special=*/true));
     validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
-    g.choice.parse_reasoning = options_.reasoning_parser == "kimi_k3";
-    g.choice.thinking_enabled = r.thinking_enabled();
+    g.choice.parse_reasoning = !options_.reasoning_parser.empty();
+    g.choice.reasoning_parser = options_.reasoning_parser;
+    g.choice.tool_call_parser = options_.tool_call_parser;
+    // deepseek_v3 reads thinking mode as DeepSeek-V3.2's encoding does (off by default).
+    g.choice.thinking_enabled = options_.reasoning_parser == "deepseek_v3"
+                                    ? deepseek_v32_thinking(r.chat_template_kwargs)
+                                    : r.thinking_enabled();
     g.choice.parse_tool_calls = options_.enable_auto_tool_choice && has_tools &&
                                 r.tool_choice.mode != ToolChoiceMode::kNone;
     g.choice.logprobs = r.logprobs;
-    g.sampling.constraint =
-        make_constraint(r.guided, g.choice.parse_reasoning && g.choice.thinking_enabled);
+    const bool after_reasoning = g.choice.parse_reasoning && g.choice.thinking_enabled;
+    if (r.tool_choice.mode == ToolChoiceMode::kRequired ||
+        r.tool_choice.mode == ToolChoiceMode::kNamed) {
+      force_tool_calls(r, g.choice);
+      // As in vLLM, the tools' schemas replace any response_format / guided decoding: the
+      // output is the calls, with no content for those to shape.
+      g.sampling.constraint = constrain(
+          forced_tool_call_grammar(r.tools, g.choice.forced_tools, g.choice.forced_function),
+          after_reasoning);
+    } else {
+      g.sampling.constraint = make_constraint(r.guided, after_reasoning);
+    }
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
@@ -657,6 +742,13 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     g.detokenize = !options_.skip_tokenizer_init;
     g.choice.tokens_as_ids = r.tokens_as_ids || options_.skip_tokenizer_init;
     g.choice.logprobs = r.sampling.logprobs.has_value();
+    g.score_prompt = r.score_prompt;
+    g.echo_logprobs = r.echo && g.choice.logprobs;
+    if (g.echo_logprobs) {
+      // vLLM: echo with logprobs scores the prompt with as many alternatives.
+      g.sampling.prompt_logprobs =
+          std::max(g.sampling.prompt_logprobs.value_or(0), *g.sampling.logprobs);
+    }
     g.sampling.constraint = make_constraint(r.guided, /*after_reasoning=*/false);
     GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
   } catch (const RequestError& e) {

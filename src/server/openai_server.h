@@ -34,8 +34,8 @@ struct OpenAIServerOptions {
   std::string model_root;  // the model folder, for /v1/models' "root"
   std::string api_key;     // empty: no authentication
   bool enable_auto_tool_choice = false;
-  std::string tool_call_parser;  // "kimi_k3" or empty
-  std::string reasoning_parser;  // "kimi_k3" or empty
+  std::string tool_call_parser;  // "kimi_k3", "deepseek_v32" or empty
+  std::string reasoning_parser;  // "kimi_k3", "deepseek_v3" or empty
   CorsOptions cors;
   // --skip-tokenizer-init: the tokenizer is a NoTokenizer; token-id prompts only, outputs
   // carry no text (logprob tokens as "token_id:N", ids by return_token_ids).
@@ -79,6 +79,8 @@ class OpenAIServer {
   // constrain only what follows the reasoning end marker.
   std::shared_ptr<const TokenConstraint> make_constraint(const GuidedDecoding& guided,
                                                          bool after_reasoning) const;
+  // `grammar` over this tokenizer's vocabulary (after the reasoning end marker when asked).
+  std::shared_ptr<const TokenConstraint> constrain(Grammar grammar, bool after_reasoning) const;
   void chat_completions(const HttpRequest& req, HttpResponseWriter& w);
   void completions(const HttpRequest& req, HttpResponseWriter& w);
   void models(const HttpRequest& req, HttpResponseWriter& w);

@@ -58,8 +58,11 @@ std::string render_chat(const std::string& template_text, const nlohmann::ordere
 // "chat_template", a string ("default") or a list of {"name", "template"}.
 struct ChatTemplates {
   std::map<std::string, std::string> by_name;
+  // A chat encoding built into hyserve, for a checkpoint that ships Python instead of a
+  // template: "deepseek_v32" (tokenizer/deepseek_v32_encoding.h), or empty.
+  std::string builtin;
 
-  bool empty() const { return by_name.empty(); }
+  bool empty() const { return by_name.empty() && builtin.empty(); }
   // The template transformers would pick: `name` when given; else "tool_use" when tools
   // are given and it exists; else "default". Throws InvalidArgument when missing.
   const std::string& select(bool has_tools, const std::string& name = "") const;

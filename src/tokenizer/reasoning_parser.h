@@ -1,11 +1,14 @@
-// Reasoning parser for `<think>...</think>` output (`--reasoning-parser kimi_k3`).
+// Reasoning parser for `<think>...</think>` output (`--reasoning-parser kimi_k3`, and
+// `deepseek_v3`: the same split without the tool-call section rule, as vLLM's DeepSeek-R1
+// parser; see parser_registry.h).
 //
 // Reasoning is on by default: text before `</think>` is reasoning even when the opening
 // `<think>` is not in the output (Kimi's chat template puts it in the generation prompt);
 // a leading `<think>` in the output is dropped. Reasoning also ends where a tool-call section
-// begins (`<|tool_calls_section_begin|>`): that marker and what follows are content, to be
-// handed to the tool-call parser. With thinking disabled (chat_template_kwargs.thinking ==
-// false) everything is content. Without an end marker, everything is reasoning.
+// begins (`<|tool_calls_section_begin|>`, the `section_marker` argument; empty for none):
+// that marker and what follows are content, to be handed to the tool-call parser. With thinking
+// disabled (chat_template_kwargs.thinking == false) everything is content. Without an end marker,
+// everything is reasoning.
 //
 // split_reasoning() splits a finished completion; ReasoningStreamParser is fed text deltas
 // (markers may be split at any byte and are held back until decided) and emits reasoning and
@@ -14,6 +17,8 @@
 
 #include <string>
 #include <string_view>
+
+#include "tokenizer/tool_call_parser.h"
 
 namespace hyserve {
 
@@ -25,11 +30,13 @@ struct ReasoningSplit {
   std::string content;
 };
 
-ReasoningSplit split_reasoning(std::string_view text, bool thinking_enabled = true);
+ReasoningSplit split_reasoning(std::string_view text, bool thinking_enabled = true,
+                               std::string_view section_marker = kToolCallsSectionBegin);
 
 class ReasoningStreamParser {
  public:
-  explicit ReasoningStreamParser(bool thinking_enabled = true);
+  explicit ReasoningStreamParser(bool thinking_enabled = true,
+                                 std::string_view section_marker = kToolCallsSectionBegin);
 
   // Consumes one text delta; returns what can be emitted now.
   ReasoningSplit feed(std::string_view delta);
@@ -40,7 +47,8 @@ class ReasoningStreamParser {
   enum class State { kStart, kReasoning, kContent };
 
   State state_;
-  std::string buffer_;  // received, not yet emitted (a possible partial marker)
+  std::string_view section_marker_;  // a static marker, or empty
+  std::string buffer_;               // received, not yet emitted (a possible partial marker)
 };
 
 }  // namespace hyserve

@@ -71,6 +71,7 @@ ToolCallParseResult parse_kimi_tool_calls(std::string_view text) {
 
 ToolParserDelta KimiToolCallStreamParser::feed(std::string_view delta) {
   buffer_.append(delta);
+  text_.append(delta);
   ToolParserDelta out;
   step(out);
   return out;
@@ -82,17 +83,19 @@ void KimiToolCallStreamParser::emit_arguments(ToolParserDelta& out, std::string_
     if (text.empty()) return;
     arguments_started_ = true;
   }
+  out.append_arguments(num_calls_ - 1, text);
+}
+
+void ToolParserDelta::append_arguments(int32_t index, std::string_view text) {
   if (text.empty()) return;
-  const int32_t index = num_calls_ - 1;
-  if (!out.tool_calls.empty() && out.tool_calls.back().index == index &&
-      !out.tool_calls.back().id) {
-    out.tool_calls.back().arguments.append(text);
+  if (!tool_calls.empty() && tool_calls.back().index == index && !tool_calls.back().id) {
+    tool_calls.back().arguments.append(text);
     return;
   }
   ToolCallDelta piece;
   piece.index = index;
   piece.arguments = std::string(text);
-  out.tool_calls.push_back(std::move(piece));
+  tool_calls.push_back(std::move(piece));
 }
 
 // Advances the state machine over buffer_ as far as the received bytes allow.
@@ -164,6 +167,10 @@ void KimiToolCallStreamParser::step(ToolParserDelta& out) {
       }
     }
   }
+}
+
+std::vector<ToolCall> KimiToolCallStreamParser::calls() const {
+  return parse_kimi_tool_calls(text_).tool_calls;
 }
 
 ToolParserDelta KimiToolCallStreamParser::finish() {

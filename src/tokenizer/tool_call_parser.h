@@ -59,15 +59,32 @@ struct ToolParserDelta {
   std::string content;
   std::vector<ToolCallDelta> tool_calls;
   bool empty() const { return content.empty() && tool_calls.empty(); }
+  // Appends argument text of call `index`: to this delta's last piece when that is the
+  // same call's and carries no header (id), else as a new piece.
+  void append_arguments(int32_t index, std::string_view text);
 };
 
-class KimiToolCallStreamParser {
+// A streaming tool-call parser of one output format (--tool-call-parser; see
+// parser_registry.h for the names).
+class ToolCallStreamParser {
  public:
+  virtual ~ToolCallStreamParser() = default;
   // Consumes one text delta; returns what can be emitted now.
-  ToolParserDelta feed(std::string_view delta);
+  virtual ToolParserDelta feed(std::string_view delta) = 0;
+  // End of generation: emits what was held back.
+  virtual ToolParserDelta finish() = 0;
+  // The complete calls of everything fed so far (a non-streaming message's tool_calls).
+  virtual std::vector<ToolCall> calls() const = 0;
+};
+
+class KimiToolCallStreamParser : public ToolCallStreamParser {
+ public:
+  ToolParserDelta feed(std::string_view delta) override;
   // End of generation: emits what was held back (a partial marker in content becomes
   // content; held argument text of an unterminated call is emitted).
-  ToolParserDelta finish();
+  ToolParserDelta finish() override;
+  // parse_kimi_tool_calls of the text fed so far.
+  std::vector<ToolCall> calls() const override;
   // Calls whose header has been emitted so far.
   int32_t num_tool_calls() const { return num_calls_; }
 
@@ -79,6 +96,7 @@ class KimiToolCallStreamParser {
 
   State state_ = State::kContent;
   std::string buffer_;  // received, not yet emitted or consumed
+  std::string text_;    // everything received
   int32_t num_calls_ = 0;
   bool arguments_started_ = false;  // leading whitespace of the current call's args skipped
 };
