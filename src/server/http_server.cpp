@@ -325,6 +325,7 @@ bool HttpResponseWriter::send(int status, std::string_view content_type, std::st
                               const HttpHeaders& extra_headers) {
   CHECK(state_ == State::kIdle, "a response was already started for this request");
   state_ = State::kDone;
+  status_ = status;
   HttpHeaders headers = base_headers(content_type);
   headers.add("Content-Length", std::to_string(body.size()));
   for (const auto& [name, value] : extra_headers.fields()) headers.add(name, value);
@@ -341,6 +342,7 @@ bool HttpResponseWriter::start_stream(int status, std::string_view content_type,
                                       const HttpHeaders& extra_headers) {
   CHECK(state_ == State::kIdle, "a response was already started for this request");
   state_ = State::kStreaming;
+  status_ = status;
   if (minor_version_ == 0) keep_alive_ = false;  // HTTP/1.0: the body ends at close
   HttpHeaders headers = base_headers(content_type);
   if (minor_version_ >= 1) headers.add("Transfer-Encoding", "chunked");
@@ -604,6 +606,7 @@ void HttpServer::route_request(const HttpRequest& request, HttpResponseWriter& w
 }
 
 void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer) {
+  const auto start = std::chrono::steady_clock::now();
   std::optional<HttpError> error;
   try {
     if (middleware_) middleware_(request, writer);
@@ -629,6 +632,16 @@ void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer
       writer.end_stream();
     }
   }
+  if (observer_) {
+    // The route as registered, or "none" for a path no route has (vLLM's instrumentator).
+    const bool known = routes_.find(request.path) != routes_.end();
+    observer_(known ? request.path : std::string("none"), request.method, writer.status(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+}
+
+void HttpServer::observe(RequestObserver observer) {
+  observer_ = std::move(observer);
 }
 
 void HttpServer::stop() {

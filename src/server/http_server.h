@@ -65,6 +65,8 @@ class HttpResponseWriter {
   // included (CORS, X-Request-Id). Before the response starts.
   void add_header(std::string name, std::string value);
 
+  // The status sent (0 before the response starts).
+  int status() const { return status_; }
   // Whether send() or start_stream() was called.
   bool responded() const { return state_ != State::kIdle; }
   bool streaming() const { return state_ == State::kStreaming; }
@@ -85,6 +87,7 @@ class HttpResponseWriter {
   bool keep_alive_;
   HttpHeaders added_headers_;
   State state_ = State::kIdle;
+  int status_ = 0;
   std::atomic<bool> failed_{false};  // a write failed: the peer is gone or stuck
 };
 
@@ -127,6 +130,12 @@ class HttpServer {
   void route(std::string method, std::string path, Handler handler);
   // Sets the middleware (one; a later call replaces it). Before start() only.
   void use(HttpMiddleware middleware);
+  // Called once per answered request, on its connection's thread, after the last byte:
+  // the route's path ("none" when no route has it), the method, the status, the seconds
+  // from dispatch to the end. Before start() only.
+  using RequestObserver = std::function<void(const std::string& handler, const std::string& method,
+                                             int status, double seconds)>;
+  void observe(RequestObserver observer);
 
   // Binds, listens and starts accepting. Throws hyserve::Error naming host:port when the
   // address cannot be used (in use, not local, no permission).
@@ -158,6 +167,7 @@ class HttpServer {
   // path -> method -> handler
   std::map<std::string, std::map<std::string, Handler, std::less<>>, std::less<>> routes_;
   HttpMiddleware middleware_;
+  RequestObserver observer_;
   int listen_fd_ = -1;
   int stop_event_fd_ = -1;  // readable once stop() begins; wakes every poll
   int bound_port_ = 0;

@@ -18,6 +18,8 @@ const std::vector<double> kTtftBuckets = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06
 const std::vector<double> kTokenLatencyBuckets = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,
                                                   0.3,  0.4,   0.5,  0.75,  1.0, 2.5,  5.0,
                                                   7.5,  10.0,  20.0, 40.0,  80.0};
+// prometheus-fastapi-instrumentator's default latency buckets (vLLM's http_* series).
+const std::vector<double> kHttpBuckets = {0.1, 0.5, 1.0};
 const std::vector<double> kRequestLatencyBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
     30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
@@ -213,6 +215,13 @@ void ServerMetrics::generation_request(int64_t n, int64_t max_generation_tokens)
   max_generation_tokens_.observe(static_cast<double>(max_generation_tokens));
 }
 
+void ServerMetrics::http_request(const std::string& handler, const std::string& method, int status,
+                                 double seconds) {
+  std::lock_guard lk(mu_);
+  ++http_counts_[{handler, method, std::to_string(status / 100) + "xx"}];
+  http_duration_.try_emplace({handler, method}, kHttpBuckets).first->second.observe(seconds);
+}
+
 void ServerMetrics::set_cache_config(std::vector<std::pair<std::string, std::string>> labels) {
   std::lock_guard lk(mu_);
   cache_config_ = std::move(labels);
@@ -285,6 +294,20 @@ std::string ServerMetrics::render(const EngineStats& s) const {
   histogram(out, "vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.",
             l, max_tokens_);
 
+  header(out, "http_requests_total", "Total number of requests by method, status and handler.",
+         "counter");
+  for (const auto& [key, count] : http_counts_) {
+    const auto& [handler, method, status] = key;
+    sample(out, "http_requests_total",
+           "handler=" + quote(handler) + ",method=" + quote(method) + ",status=" + quote(status),
+           static_cast<double>(count));
+  }
+  header(out, "http_request_duration_seconds",
+         "Latency with only few buckets by handler and method.", "histogram");
+  for (const auto& [key, h] : http_duration_) {
+    h.render(out, "http_request_duration_seconds",
+             "handler=" + quote(key.first) + ",method=" + quote(key.second));
+  }
   process_metrics(out);
   return out;
 }

@@ -1,7 +1,8 @@
 // Prometheus metrics with vLLM's names and labels (SERVING.md "Metrics"): model_name and
 // engine on every vllm: series. The engine's events (EngineObserver, engine thread) feed
 // the per-request histograms and counters; the request handlers add what only they know
-// (a request's n, the largest output among its choices); gauges come
+// (a request's n, the largest output among its choices), and the HTTP server the
+// http_* series (prometheus-fastapi-instrumentator's, which vLLM exposes); gauges come
 // from the engine's stats when /metrics is scraped, with the process collectors
 // (process_*, from /proc/self).
 #pragma once
@@ -10,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -51,6 +53,10 @@ class ServerMetrics : public EngineObserver {
 
   // A generation request's n and the most tokens one of its choices produced, once it ends.
   void generation_request(int64_t n, int64_t max_generation_tokens);
+  // One HTTP request answered: its route (the handler's path, or "none"), method and
+  // status code, and the seconds it took (HttpServer::observe).
+  void http_request(const std::string& handler, const std::string& method, int status,
+                    double seconds);
   // vllm:cache_config_info's labels (block_size, cache_dtype, ...), set once at start.
   void set_cache_config(std::vector<std::pair<std::string, std::string>> labels);
 
@@ -65,6 +71,9 @@ class ServerMetrics : public EngineObserver {
   Histogram prompt_tokens_, generation_tokens_, max_tokens_, max_generation_tokens_, n_;
   Histogram iteration_tokens_;
   std::vector<std::pair<std::string, std::string>> cache_config_;
+  // (handler, method, status class "2xx") -> count; (handler, method) -> durations.
+  std::map<std::tuple<std::string, std::string, std::string>, uint64_t> http_counts_;
+  std::map<std::pair<std::string, std::string>, Histogram> http_duration_;
 };
 
 }  // namespace hyserve

@@ -96,6 +96,10 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
       }()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
   engine_.set_observer(&metrics_);
+  http_.observe(
+      [this](const std::string& handler, const std::string& method, int status, double seconds) {
+        metrics_.http_request(handler, method, status, seconds);
+      });
   const EngineConfig& ec = engine_.config();
   metrics_.set_cache_config(
       {{"block_size", std::to_string(engine_.model().cache_plan(ec.min_block_size).block_size)},

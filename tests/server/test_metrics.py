@@ -114,3 +114,14 @@ def test_metrics_vllm_v1_series_labels_and_numbers(server, client):
     assert all(len(le) <= 8 for le in les), [le for le in les if len(le) > 8]
     info = metric_samples(text, "vllm:cache_config_info")[0][0]
     assert "block_size=" in info and "enable_prefix_caching=" in info
+
+
+def test_metrics_http_series_by_handler_method_and_status(server, client):
+    client.completions.create(model=server.model, prompt="http", max_tokens=1)
+    assert requests.get(server.url("/no/such/route"), timeout=10).status_code == 404
+    text = requests.get(server.url("/metrics"), timeout=10).text
+    counts = {labels: v for labels, v in metric_samples(text, "http_requests_total")}
+    assert counts.get('{handler="/v1/completions",method="POST",status="2xx"}', 0) >= 1, counts
+    assert counts.get('{handler="none",method="GET",status="4xx"}', 0) >= 1, counts
+    durations = metric_samples(text, "http_request_duration_seconds_count")
+    assert any('handler="/v1/completions"' in labels and v >= 1 for labels, v in durations)
