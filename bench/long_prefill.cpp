@@ -81,7 +81,8 @@ int run(int argc, char** argv) {
   TimingBackend& timing = *timing_owner;
   ModelOptions options;
   options.indexer_fp8 = true;
-  options.latent_cache = parse_latent_cache_dtype(kv_cache_dtype);
+  options.latent_cache =
+      resolve_latent_cache_dtype(parse_latent_cache_dtype(kv_cache_dtype), c.cache_spec());
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
   model->set_trace([&](std::string_view s) { timing.set_section(s); });
