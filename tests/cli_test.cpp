@@ -7,29 +7,14 @@
 
 #include <gtest/gtest.h>
 
+#include "run_binary.h"
+
 namespace hyserve {
 namespace {
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout + stderr
-};
-
-// Runs a shell command line; its exit code and its stdout + stderr.
-RunResult run_command(const std::string& cmd) {
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
-
-RunResult run(const std::string& args) {
-  return run_command(std::string(HYSERVE_BINARY) + " " + args + " 2>&1");
-}
+using test::run;
+using test::run_command;
+using test::RunResult;
 
 // `serve` with flags it must refuse: a server that starts instead is killed after 60 s
 // (exit code 124), which fails the test rather than hanging it.

@@ -17,6 +17,7 @@
 #include "golden_util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "run_binary.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -26,22 +27,8 @@ namespace fs = std::filesystem;
 
 const fs::path kFixtures = fs::path(HYSERVE_SOURCE_DIR) / "tests/fixtures";
 
-struct RunResult {
-  int exit_code;
-  std::string output;  // stdout + stderr
-};
-
-RunResult run(const std::string& args) {
-  const std::string cmd = std::string(HYSERVE_BINARY) + " " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  if (!pipe) return {-1, "popen failed"};
-  std::string out;
-  std::array<char, 4096> buf;
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using test::run;
+using test::RunResult;
 
 std::string join(const std::vector<int32_t>& ids, const char* sep) {
   std::string s;
