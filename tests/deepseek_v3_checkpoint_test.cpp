@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint_edit.h"
 #include "golden_util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
@@ -80,18 +81,7 @@ TEST(DeepseekV3Checkpoints, InfoAndGenerateAsAUserRunsThem) {
 // Copies a fixture into a temp folder, letting `edit` change its tensors.
 fs::path rewrite_fixture(const char* fixture, const std::string& name,
                          const std::function<void(std::vector<TensorToWrite>&)>& edit) {
-  const fs::path src_dir = kFixtures / fixture;
-  const fs::path dir = fs::path(testing::TempDir()) / ("hyserve_v3_" + name);
-  fs::create_directories(dir);
-  fs::copy_file(src_dir / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
-  const SafetensorsFile src = SafetensorsFile::open(src_dir / "model.safetensors");
-  std::vector<TensorToWrite> tensors;
-  for (const TensorInfo& t : src.tensors())
-    tensors.push_back(
-        {t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)});
-  edit(tensors);
-  write_safetensors(dir / "model.safetensors", tensors);
-  return dir;
+  return test::rewrite_checkpoint(kFixtures / fixture, "v3_" + name, edit);
 }
 
 std::vector<float> prefill_logits(const fs::path& dir, const std::vector<int32_t>& prompt) {
@@ -102,14 +92,7 @@ std::vector<float> prefill_logits(const fs::path& dir, const std::vector<int32_t
   return logits;
 }
 
-std::string load_error(const fs::path& dir) {
-  try {
-    Model::load(dir);
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::load_error;
 
 // Kimi K2.5 is Kimi K2's text model under language_model.: the same weights give the
 // same logits bit for bit; the vision tower is never read (gone or broken, nothing

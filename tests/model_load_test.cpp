@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "checkpoint_edit.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "util/error.h"
@@ -23,28 +24,10 @@ const fs::path kTiny = fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3";
 // Copies the bundled model into a temp folder, letting `edit` change its tensors.
 fs::path rewrite_tiny(const std::string& name,
                       const std::function<void(std::vector<TensorToWrite>&)>& edit) {
-  const fs::path dir = fs::path(testing::TempDir()) / ("hyserve_model_" + name);
-  fs::create_directories(dir);
-  fs::copy_file(kTiny / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
-  const SafetensorsFile src = SafetensorsFile::open(kTiny / "model.safetensors");
-  std::vector<TensorToWrite> tensors;
-  for (const TensorInfo& t : src.tensors()) {
-    tensors.push_back(
-        {t.name, t.dtype, t.shape, std::vector<uint8_t>(t.data, t.data + t.num_bytes)});
-  }
-  edit(tensors);
-  write_safetensors(dir / "model.safetensors", tensors);
-  return dir;
+  return test::rewrite_checkpoint(kTiny, "tiny_" + name, edit);
 }
 
-std::string load_error(const fs::path& dir) {
-  try {
-    Model::load(dir);
-  } catch (const CheckpointError& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::load_error;
 
 TEST(ModelLoad, MissingTensorIsNamed) {
   const auto dir = rewrite_tiny("missing", [](std::vector<TensorToWrite>& t) {

@@ -28,6 +28,21 @@ def check_offsets(logprobs, text):
     assert "".join(logprobs.tokens) == text[:offset]
 
 
+def collect_stream(client, body):
+    """Text, tokens, offsets, token logprobs and the last finish_reason of a streamed
+    completion, joined across chunks."""
+    text, tokens, offsets, token_logprobs, finish = "", [], [], [], None
+    for chunk in client.completions.create(stream=True, **body):
+        for choice in chunk.choices:
+            text += choice.text
+            if choice.logprobs:
+                tokens += choice.logprobs.tokens
+                offsets += choice.logprobs.text_offset
+                token_logprobs += choice.logprobs.token_logprobs
+            finish = choice.finish_reason or finish
+    return text, tokens, offsets, token_logprobs, finish
+
+
 def test_echo_with_logprobs_includes_the_prompt_tokens(server, client):
     ids = prompt_ids(server)
     r = client.completions.create(model=server.model, prompt=PROMPT, max_tokens=4,
@@ -60,14 +75,7 @@ def test_streamed_echo_logprobs_equal_the_full_response(server, client):
     body = dict(model=server.model, prompt=PROMPT, max_tokens=5, temperature=0, echo=True,
                 logprobs=1, extra_body={"ignore_eos": True})
     full = client.completions.create(**body).choices[0]
-    text, tokens, offsets, token_logprobs = "", [], [], []
-    for chunk in client.completions.create(stream=True, **body):
-        for choice in chunk.choices:
-            text += choice.text
-            if choice.logprobs:
-                tokens += choice.logprobs.tokens
-                offsets += choice.logprobs.text_offset
-                token_logprobs += choice.logprobs.token_logprobs
+    text, tokens, offsets, token_logprobs, _ = collect_stream(client, body)
     assert text == full.text
     assert tokens == full.logprobs.tokens
     assert offsets == full.logprobs.text_offset
@@ -87,15 +95,7 @@ def test_max_tokens_zero_with_echo_scores_the_prompt(server, client, stream):
         assert r.usage.completion_tokens == 0
         assert r.usage.prompt_tokens == len(ids)
     else:
-        text, tokens, offsets, token_logprobs, finish = "", [], [], [], None
-        for chunk in client.completions.create(stream=True, **body):
-            for choice in chunk.choices:
-                text += choice.text
-                if choice.logprobs:
-                    tokens += choice.logprobs.tokens
-                    offsets += choice.logprobs.text_offset
-                    token_logprobs += choice.logprobs.token_logprobs
-                finish = choice.finish_reason or finish
+        text, tokens, offsets, token_logprobs, finish = collect_stream(client, body)
     assert text == PROMPT
     assert "".join(tokens) == PROMPT and len(tokens) == len(ids)
     assert offsets[0] == 0 and offsets == sorted(offsets)
