@@ -6,10 +6,11 @@
 #   libxxhash-dev       hashing (logit hashes, prefix-cache block hashes)
 #   libpcre2-dev        regex (tokenizer split patterns)
 #   libspdlog-dev       logging (util/log.h), header-only with libfmt-dev (formatting)
+#   libboost1.81-dev    Boost.Asio, header-only: the HTTP server's event loop
 #   libgtest-dev        tests
 #   cmake, ninja-build, g++, clang-format
 set -euo pipefail
-pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev libspdlog-dev libfmt-dev libgtest-dev clang-format)
+pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev libspdlog-dev libfmt-dev libboost1.81-dev libgtest-dev clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -5,7 +5,9 @@
 # uses them header-only). Build there with
 #   cmake -S . -B build-gpu -G Ninja -DCMAKE_PREFIX_PATH=$PWD/.deps && cmake --build build-gpu
 # .deps/ is ignored by git (add "/.deps/" to .git/info/exclude); it also gets a copy of
-# ../shared/configs for the benchmarks.
+# ../shared/configs for the benchmarks. Of Boost (used header-only: Asio, for the HTTP
+# server) only the headers the build includes are copied, found by `g++ -M` on the sources
+# that include Boost, plus boost/config (chosen by compiler), so .deps stays small.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -19,5 +21,13 @@ cp /usr/lib/x86_64-linux-gnu/libpcre2-8.a "$D/lib/"
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$D/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/nlohmann_json /usr/share/cmake/CLI11 "$D/share/cmake/"
+root=$PWD
+boost_sources=$(grep -rl --include='*.cpp' --include='*.h' '#include <boost/' src tests || true)
+for f in $boost_sources; do
+  g++ -std=c++20 -DFMT_HEADER_ONLY=1 -DSPDLOG_FMT_EXTERNAL=1 -Isrc -M "$f"
+done | tr ' \\' '\n\n' | sed -n 's|^/usr/include/\(boost/.*\)|\1|p' | sort -u > "$D/boost-headers.txt"
+(cd /usr/include && xargs cp --parents -t "$root/$D/include" < "$root/$D/boost-headers.txt")
+cp -r /usr/include/boost/config "$D/include/boost/"
+rm "$D/boost-headers.txt"
 if [ -d ../shared/configs ]; then cp ../shared/configs/*.json "$D/configs/"; fi
 du -sh "$D"

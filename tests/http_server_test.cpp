@@ -1,5 +1,8 @@
 // HttpServer over real sockets on 127.0.0.1 (ephemeral ports), driven by a small
-// plain-socket client written here, plus the pure wire-format functions of http_message.h.
+// plain-socket client written here, plus the pure wire-format functions of http_message.h,
+// RequestParser fed piece by piece and HttpResponseWriter over a sink that records bytes.
+// Handlers run on the server's I/O threads and must not block: the slow ones here hand
+// their writer to a Workers thread.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -10,10 +13,13 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +27,7 @@
 #include "server/cors.h"
 #include "server/http_message.h"
 #include "server/http_server.h"
+#include "server/request_parser.h"
 
 namespace hyserve {
 namespace {
@@ -192,6 +199,29 @@ std::string expect_openai_error(const TestResponse& response, int status, std::s
   return error.at("message").get<std::string>();
 }
 
+// Threads a handler hands its slow work to (a handler must not block its I/O thread).
+// Joined on destruction: declare it after the server it serves, so it goes first.
+class Workers {
+ public:
+  ~Workers() { join(); }
+  void spawn(std::function<void()> work) {
+    std::lock_guard lock(mutex_);
+    threads_.emplace_back(std::move(work));
+  }
+  void join() {
+    std::vector<std::thread> threads;
+    {
+      std::lock_guard lock(mutex_);
+      threads.swap(threads_);
+    }
+    for (std::thread& t : threads) t.join();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::thread> threads_;
+};
+
 HttpServer::Options test_options() {
   HttpServer::Options options;
   options.port = 0;
@@ -199,9 +229,26 @@ HttpServer::Options test_options() {
 }
 
 // A server with echo routes: GET /hello (path, query, header), POST /echo (body),
-// GET /throw, GET /stream?n=N (N SSE chunks).
-std::unique_ptr<HttpServer> start_echo_server(HttpServer::Options options = test_options()) {
-  auto server = std::make_unique<HttpServer>(std::move(options));
+// GET /throw, GET /stream?n=N (N SSE chunks; with sleep_ms, written from a worker thread
+// with that pause between chunks). Stops the server, then joins the workers, then goes.
+struct EchoServer {
+  std::unique_ptr<HttpServer> server;
+  std::shared_ptr<Workers> workers = std::make_shared<Workers>();
+
+  EchoServer() = default;
+  EchoServer(EchoServer&&) = default;
+  ~EchoServer() {
+    if (server) server->stop();
+    if (workers) workers->join();
+  }
+  HttpServer* operator->() const { return server.get(); }
+};
+
+EchoServer start_echo_server(HttpServer::Options options = test_options()) {
+  EchoServer echo;
+  echo.server = std::make_unique<HttpServer>(std::move(options));
+  HttpServer* server = echo.server.get();
+  Workers* workers = echo.workers.get();
   server->route("GET", "/hello", [](const HttpRequest& request, HttpResponseWriter& writer) {
     const nlohmann::json reply = {{"path", request.path},
                                   {"name", request.query_param("name").value_or("?")},
@@ -216,19 +263,26 @@ std::unique_ptr<HttpServer> start_echo_server(HttpServer::Options options = test
                 [](const HttpRequest&, HttpResponseWriter&) { throw std::runtime_error("boom"); });
   server->route("GET", "/bad",
                 [](const HttpRequest&, HttpResponseWriter&) { throw HttpError(400, "bad thing"); });
-  server->route("GET", "/stream", [](const HttpRequest& request, HttpResponseWriter& writer) {
-    const int n = std::stoi(request.query_param("n").value_or("1"));
-    writer.start_stream(200, "text/event-stream");
-    for (int i = 0; i < n; ++i) {
-      if (!writer.write_chunk(str_cat("data: ", i, "\n\n"))) return;
-      if (request.query_param("sleep_ms")) {
-        std::this_thread::sleep_for(milliseconds(std::stoi(*request.query_param("sleep_ms"))));
-      }
-    }
-    writer.end_stream();
-  });
+  server->route("GET", "/stream",
+                [workers](const HttpRequest& request, HttpResponseWriter& writer) {
+                  const int n = std::stoi(request.query_param("n").value_or("1"));
+                  writer.start_stream(200, "text/event-stream");
+                  const auto sleep_ms = request.query_param("sleep_ms");
+                  if (!sleep_ms) {
+                    for (int i = 0; i < n; ++i) writer.write_chunk(str_cat("data: ", i, "\n\n"));
+                    writer.end_stream();
+                    return;
+                  }
+                  workers->spawn([writer, n, pause = milliseconds(std::stoi(*sleep_ms))]() mutable {
+                    for (int i = 0; i < n; ++i) {
+                      if (!writer.write_chunk(str_cat("data: ", i, "\n\n"))) return;
+                      std::this_thread::sleep_for(pause);
+                    }
+                    writer.end_stream();
+                  });
+                });
   server->start();
-  return server;
+  return echo;
 }
 
 TEST(HttpServerTest, GetAndPostRoundTrip) {
@@ -550,15 +604,18 @@ TEST(HttpServerTest, StreamsHundredChunksInOrder) {
 
 TEST(HttpServerTest, ClientDisconnectMidStreamFailsWriteChunk) {
   HttpServer server(test_options());
+  Workers workers;
   std::promise<std::pair<int, bool>> seen;  // chunks written, client_disconnected()
   server.route("GET", "/stream", [&](const HttpRequest&, HttpResponseWriter& writer) {
     writer.start_stream(200, "text/event-stream");
-    int written = 0;
-    for (; written < 2000; ++written) {  // 2000 * 5 ms: a bound, never reached
-      if (!writer.write_chunk("data: token\n\n")) break;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    seen.set_value({written, writer.client_disconnected()});
+    workers.spawn([&, writer]() mutable {
+      int written = 0;
+      for (; written < 2000; ++written) {  // 2000 * 5 ms: a bound, never reached
+        if (!writer.write_chunk("data: token\n\n")) break;
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      seen.set_value({written, writer.client_disconnected()});
+    });
   });
   server.start();
   TestClient client(server.port());
@@ -577,14 +634,19 @@ TEST(HttpServerTest, ClientDisconnectMidStreamFailsWriteChunk) {
 
 TEST(HttpServerTest, ClientDisconnectedSeenWhileHandlerWaits) {
   HttpServer server(test_options());
+  Workers workers;
   std::promise<bool> seen;
+  std::promise<void> callback_ran;  // on_disconnect's
   server.route("POST", "/wait", [&](const HttpRequest&, HttpResponseWriter& writer) {
-    bool disconnected = false;
-    for (int i = 0; i < 1000 && !disconnected; ++i) {  // up to 5 s
-      disconnected = writer.client_disconnected();
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    seen.set_value(disconnected);
+    writer.on_disconnect([&] { callback_ran.set_value(); });
+    workers.spawn([&, writer] {
+      bool disconnected = false;
+      for (int i = 0; i < 1000 && !disconnected; ++i) {  // up to 5 s
+        disconnected = writer.client_disconnected();
+        std::this_thread::sleep_for(milliseconds(5));
+      }
+      seen.set_value(disconnected);
+    });
   });
   server.route("GET", "/hello", [](const HttpRequest&, HttpResponseWriter& writer) {
     writer.send(200, "text/plain", "hi");
@@ -600,17 +662,22 @@ TEST(HttpServerTest, ClientDisconnectedSeenWhileHandlerWaits) {
   auto result = seen.get_future();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(2)), std::future_status::ready);
   EXPECT_TRUE(result.get());
+  EXPECT_EQ(callback_ran.get_future().wait_for(std::chrono::seconds(2)), std::future_status::ready);
 }
 
 TEST(HttpServerTest, ClientDisconnectedIgnoresPipelinedDataInTheSocket) {
   HttpServer server(test_options());
+  Workers workers;
   std::atomic<int> false_alarms{0};
   server.route("GET", "/wait", [&](const HttpRequest&, HttpResponseWriter& writer) {
-    for (int i = 0; i < 30; ++i) {  // 300 ms while the next request sits unread
-      if (writer.client_disconnected()) ++false_alarms;
-      std::this_thread::sleep_for(milliseconds(10));
-    }
-    writer.send(200, "text/plain", "waited");
+    writer.on_disconnect([&] { ++false_alarms; });
+    workers.spawn([&, writer]() mutable {
+      for (int i = 0; i < 30; ++i) {  // 300 ms while the next request sits unread
+        if (writer.client_disconnected()) ++false_alarms;
+        std::this_thread::sleep_for(milliseconds(10));
+      }
+      writer.send(200, "text/plain", "waited");
+    });
   });
   server.route("GET", "/hello", [](const HttpRequest&, HttpResponseWriter& writer) {
     writer.send(200, "text/plain", "hi");
@@ -621,7 +688,7 @@ TEST(HttpServerTest, ClientDisconnectedIgnoresPipelinedDataInTheSocket) {
   std::this_thread::sleep_for(milliseconds(50));  // the server has read the first request
   client.send_raw(get_request("/hello"));
   EXPECT_EQ(client.read_response().body, "waited");
-  EXPECT_EQ(client.read_response().body, "hi") << "the peek consumed the pipelined request";
+  EXPECT_EQ(client.read_response().body, "hi") << "the pipelined request was lost";
   EXPECT_EQ(false_alarms.load(), 0);
 }
 
@@ -663,11 +730,14 @@ TEST(HttpServerTest, SlowClientGets408AndIdleConnectionCloses) {
 
 TEST(HttpServerTest, StopDrainsInFlightRequestThenRefusesConnections) {
   HttpServer server(test_options());
+  Workers workers;
   std::atomic<bool> handler_started{false};
   server.route("GET", "/slow", [&](const HttpRequest&, HttpResponseWriter& writer) {
     handler_started = true;
-    std::this_thread::sleep_for(milliseconds(300));
-    writer.send(200, "text/plain", "finished");
+    workers.spawn([writer]() mutable {
+      std::this_thread::sleep_for(milliseconds(300));
+      writer.send(200, "text/plain", "finished");
+    });
   });
   server.start();
   const int port = server.port();
@@ -696,12 +766,17 @@ TEST(HttpServerTest, StopCutsOffHandlersPastDrainTimeout) {
   HttpServer::Options options = test_options();
   options.drain_timeout_ms = 100;
   HttpServer server(options);
+  Workers workers;
   std::atomic<bool> streaming{false};
+  std::atomic<bool> cancelled{false};  // the on_disconnect callback ran
   server.route("GET", "/forever", [&](const HttpRequest&, HttpResponseWriter& writer) {
     writer.start_stream(200, "text/event-stream");
+    writer.on_disconnect([&] { cancelled = true; });
     streaming = true;
-    for (int i = 0; i < 1000 && writer.write_chunk("data: x\n\n"); ++i)  // up to 10 s
-      std::this_thread::sleep_for(milliseconds(10));
+    workers.spawn([writer]() mutable {
+      for (int i = 0; i < 1000 && writer.write_chunk("data: x\n\n"); ++i)  // up to 10 s
+        std::this_thread::sleep_for(milliseconds(10));
+    });
   });
   server.start();
   TestClient client(server.port());
@@ -710,6 +785,8 @@ TEST(HttpServerTest, StopCutsOffHandlersPastDrainTimeout) {
   const auto start = Clock::now();
   server.stop();
   EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_TRUE(cancelled);
+  workers.join();  // the worker saw write_chunk fail
 }
 
 TEST(HttpServerTest, StartFailsNamingAddressInUse) {
@@ -743,7 +820,7 @@ TEST(HttpServerTest, ConnectionsBeyondTheCapGet503) {
   expect_openai_error(c.read_response(), 503, "ServiceUnavailableError");
   EXPECT_TRUE(c.closed_by_server());
   a.close_now();
-  // Once a's thread has finished (bounded wait), a new connection is served again.
+  // Once a's close is seen (bounded wait), a new connection is served again.
   bool served = false;
   for (int i = 0; i < 40 && !served; ++i) {
     std::this_thread::sleep_for(milliseconds(50));
@@ -754,32 +831,245 @@ TEST(HttpServerTest, ConnectionsBeyondTheCapGet503) {
   EXPECT_TRUE(served);
 }
 
-TEST(HttpServerTest, WriterOnSocketPairFramesResponses) {
-  int fds[2];
-  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+// Records what a writer hands its sink; disconnect() plays the client going away.
+class RecordingSink : public ResponseSink {
+ public:
+  void write(std::string bytes) override { bytes_ += bytes; }
+  void finish(int status, bool keep_alive) override {
+    ++num_finished_;
+    status_ = status;
+    keep_alive_ = keep_alive;
+  }
+  bool disconnected() const override { return gone_; }
+  void on_disconnect(std::function<void()> callback) override {
+    callbacks_.push_back(std::move(callback));
+  }
+  void post(std::function<void()> work) override { work(); }
+  void disconnect() {
+    gone_ = true;
+    for (auto& callback : callbacks_) callback();
+  }
+
+  std::string bytes_;
+  int num_finished_ = 0;
+  int status_ = 0;
+  bool keep_alive_ = false;
+
+ private:
+  bool gone_ = false;
+  std::vector<std::function<void()>> callbacks_;
+};
+
+TEST(HttpResponseWriterTest, FramesAStreamIntoItsSink) {
+  auto sink = std::make_shared<RecordingSink>();
   {
-    HttpResponseWriter writer(fds[0], 1, true);
+    HttpResponseWriter writer(sink, 1, true);
     EXPECT_FALSE(writer.client_disconnected());
     EXPECT_TRUE(writer.start_stream(201, "text/event-stream", {{"Cache-Control", "no-store"}}));
     EXPECT_THROW(writer.send(200, "text/plain", "x"), InvalidArgument);
     EXPECT_TRUE(writer.write_chunk("abc"));
     EXPECT_TRUE(writer.write_chunk(""));
+    EXPECT_EQ(sink->num_finished_, 0);
     EXPECT_TRUE(writer.end_stream());
   }
-  std::string received(4096, '\0');
-  const ssize_t n = recv(fds[1], received.data(), received.size(), 0);
-  ASSERT_GT(n, 0);
-  received.resize(static_cast<std::size_t>(n));
+  const std::string& received = sink->bytes_;
   EXPECT_TRUE(received.starts_with("HTTP/1.1 201 Created\r\n")) << received;
   EXPECT_NE(received.find("Cache-Control: no-store\r\n"), std::string::npos) << received;
   EXPECT_EQ(received.find("no-cache"), std::string::npos) << received;
   EXPECT_TRUE(received.ends_with("\r\n\r\n3\r\nabc\r\n0\r\n\r\n")) << received;
+  EXPECT_EQ(sink->num_finished_, 1);
+  EXPECT_EQ(sink->status_, 201);
+  EXPECT_TRUE(sink->keep_alive_);
 
-  close(fds[1]);
-  HttpResponseWriter orphan(fds[0], 1, true);
+  auto gone = std::make_shared<RecordingSink>();
+  HttpResponseWriter orphan(gone, 1, true);
+  bool cancelled = false;
+  orphan.on_disconnect([&] { cancelled = true; });
+  gone->disconnect();
+  EXPECT_TRUE(cancelled);
   EXPECT_TRUE(orphan.client_disconnected());
   EXPECT_FALSE(orphan.send(200, "text/plain", "lost"));
-  close(fds[0]);
+  EXPECT_FALSE(gone->keep_alive_);
+}
+
+TEST(HttpResponseWriterTest, LastCopyCompletesTheResponse) {
+  // A handler that never answered: 500, once the last copy is gone.
+  auto idle = std::make_shared<RecordingSink>();
+  std::optional<HttpResponseWriter> kept;
+  {
+    HttpResponseWriter writer(idle, 1, true);
+    kept = writer;  // a handler's copy, for answering later
+  }
+  EXPECT_EQ(idle->num_finished_, 0) << "completed while a copy was still held";
+  kept.reset();
+  EXPECT_EQ(idle->num_finished_, 1);
+  EXPECT_EQ(idle->status_, 500);
+  EXPECT_TRUE(idle->bytes_.starts_with("HTTP/1.1 500 ")) << idle->bytes_;
+
+  // An open stream is ended; an HTTP/1.0 stream ends with the connection.
+  auto stream = std::make_shared<RecordingSink>();
+  HttpResponseWriter(stream, 1, true).start_stream(200, "text/event-stream");
+  EXPECT_TRUE(stream->bytes_.ends_with("\r\n\r\n0\r\n\r\n")) << stream->bytes_;
+  EXPECT_TRUE(stream->keep_alive_);
+  auto http10 = std::make_shared<RecordingSink>();
+  {
+    HttpResponseWriter writer(http10, 0, true);
+    writer.start_stream(200, "text/event-stream");
+    writer.write_chunk("data: 1\n\n");
+  }
+  EXPECT_TRUE(http10->bytes_.ends_with("\r\n\r\ndata: 1\n\n")) << http10->bytes_;
+  EXPECT_NE(http10->bytes_.find("Connection: close\r\n"), std::string::npos) << http10->bytes_;
+  EXPECT_FALSE(http10->keep_alive_);
+}
+
+TEST(HttpServerTest, HandlerAnswersLaterFromAPostedCallback) {
+  HttpServer server(test_options());
+  Workers workers;
+  server.route("GET", "/later", [&](const HttpRequest& request, HttpResponseWriter& writer) {
+    // As the engine's outputs do: another thread posts the work onto the connection.
+    workers.spawn([writer, name = request.query_param("name").value_or("")]() mutable {
+      std::this_thread::sleep_for(milliseconds(50));
+      writer.post([writer, name]() mutable { writer.send(200, "text/plain", "later " + name); });
+    });
+  });
+  server.route("GET", "/hello", [](const HttpRequest&, HttpResponseWriter& writer) {
+    writer.send(200, "text/plain", "hi");
+  });
+  server.start();
+  TestClient client(server.port());
+  // Pipelined behind the deferred answer, /hello still comes second.
+  client.send_raw(get_request("/later?name=a") + get_request("/hello"));
+  EXPECT_EQ(client.read_response().body, "later a");
+  EXPECT_EQ(client.read_response().body, "hi");
+}
+
+// The threads of this process (Linux: /proc/self/status).
+int num_threads() {
+  FILE* status = std::fopen("/proc/self/status", "r");
+  if (status == nullptr) return -1;
+  char line[256];
+  int threads = -1;
+  while (std::fgets(line, sizeof(line), status) != nullptr) {
+    if (std::sscanf(line, "Threads: %d", &threads) == 1) break;
+  }
+  std::fclose(status);
+  return threads;
+}
+
+TEST(HttpServerTest, ThousandsOfConnectionsNeedNoThreads) {
+  auto server = start_echo_server();
+  const int threads_before = num_threads();
+  constexpr int kIdle = 1500, kHalfSent = 1500;
+  std::vector<std::unique_ptr<TestClient>> clients;
+  for (int i = 0; i < kIdle + kHalfSent; ++i) {
+    clients.push_back(std::make_unique<TestClient>(server->port()));
+    ASSERT_TRUE(clients.back()->connected()) << "client " << i;
+    if (i >= kIdle) clients.back()->send_raw("GET /hello HTTP/1.1\r\nHost: t\r\n");
+  }
+  const auto start = Clock::now();
+  TestClient probe(server->port());
+  probe.send_raw(get_request("/hello"));
+  EXPECT_EQ(probe.read_response().status, 200);
+  EXPECT_LT(Clock::now() - start, milliseconds(1000));
+  EXPECT_EQ(num_threads(), threads_before) << "threads grew with the connections";
+  // Every connection is still open and served: finish the half-sent heads.
+  for (int i = kIdle; i < kIdle + kHalfSent; i += 100) {
+    clients[i]->send_raw("\r\n");
+    EXPECT_EQ(clients[i]->read_response().status, 200) << "client " << i;
+  }
+}
+
+TEST(HttpServerTest, UnfinishedHeadGets408AfterTheHeaderTimeout) {
+  HttpServer::Options options = test_options();
+  options.header_timeout_ms = 300;
+  auto server = start_echo_server(options);
+  constexpr int kHalfSent = 200;
+  std::vector<std::unique_ptr<TestClient>> half_sent;
+  const auto start = Clock::now();
+  for (int i = 0; i < kHalfSent; ++i) {
+    half_sent.push_back(std::make_unique<TestClient>(server->port()));
+    half_sent.back()->send_raw("POST /echo HTTP/1.1\r\nContent-Length: 3\r\nX-Slow: ");
+  }
+  TestClient probe(server->port());  // not locked out meanwhile
+  probe.send_raw(get_request("/hello"));
+  EXPECT_EQ(probe.read_response().status, 200);
+  for (auto& client : half_sent) {
+    const std::string message =
+        expect_openai_error(client->read_response(3000), 408, "RequestTimeoutError");
+    EXPECT_NE(message.find("request head not received within 300 ms"), std::string::npos)
+        << message;
+    EXPECT_TRUE(client->closed_by_server());
+  }
+  EXPECT_LT(Clock::now() - start, milliseconds(3000));
+}
+
+RequestParser test_parser() {
+  return RequestParser(RequestParserLimits{1000, 4096});
+}
+
+TEST(RequestParserTest, ByteByByteFramingAndPipelining) {
+  const std::string wire = "\r\nPOST /a HTTP/1.1\r\nContent-Length: 3\r\n\r\nabc" +
+                           std::string("POST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") +
+                           "2\r\nxy\r\n1;e=1\r\nz\r\n0\r\nT: 1\r\n\r\n" +
+                           "GET /c HTTP/1.0\nX: y\n\n";
+  RequestParser parser = test_parser();
+  std::vector<HttpRequest> requests;
+  std::vector<RequestParser::Stage> stages;
+  for (char c : wire) {
+    parser.feed(std::string_view(&c, 1));
+    if (auto request = parser.parse()) requests.push_back(std::move(*request));
+    if (stages.empty() || stages.back() != parser.stage()) stages.push_back(parser.stage());
+  }
+  ASSERT_EQ(requests.size(), 3u);
+  EXPECT_EQ(requests[0].path, "/a");
+  EXPECT_EQ(requests[0].body, "abc");
+  EXPECT_EQ(requests[1].path, "/b");
+  EXPECT_EQ(requests[1].body, "xyz");
+  EXPECT_EQ(requests[2].path, "/c");
+  EXPECT_EQ(requests[2].minor_version, 0);
+  EXPECT_EQ(requests[2].headers.get_or("X", ""), "y");
+  EXPECT_EQ(parser.unread_bytes(), 0u);
+  using Stage = RequestParser::Stage;
+  EXPECT_EQ(stages, (std::vector<Stage>{Stage::kIdle, Stage::kHead, Stage::kBody, Stage::kIdle,
+                                        Stage::kHead, Stage::kBody, Stage::kIdle, Stage::kHead,
+                                        Stage::kIdle}));
+
+  // All at once: the same requests, one parse() each.
+  RequestParser whole = test_parser();
+  whole.feed(wire);
+  for (const char* path : {"/a", "/b", "/c"}) {
+    const auto request = whole.parse();
+    ASSERT_TRUE(request.has_value()) << path;
+    EXPECT_EQ(request->path, path);
+  }
+  EXPECT_FALSE(whole.parse().has_value());
+}
+
+TEST(RequestParserTest, ContinueAndLimits) {
+  RequestParser parser = test_parser();
+  parser.feed("POST /a HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n");
+  EXPECT_FALSE(parser.parse().has_value());
+  EXPECT_TRUE(parser.take_continue());
+  EXPECT_FALSE(parser.take_continue()) << "100 Continue is sent once";
+  parser.feed("ok");
+  EXPECT_EQ(parser.parse()->body, "ok");
+
+  const auto status_of = [](const std::string& wire) {
+    RequestParser p = test_parser();
+    p.feed(wire);
+    try {
+      p.parse();
+    } catch (const HttpError& e) {
+      return e.status();
+    }
+    return 0;
+  };
+  EXPECT_EQ(status_of("POST /a HTTP/1.1\r\nContent-Length: 1001\r\n\r\n"), 413);
+  EXPECT_EQ(status_of("GET /a HTTP/1.1\r\nX: " + std::string(5000, 'x')), 431);
+  EXPECT_EQ(status_of("POST /a HTTP/1.1\r\nExpect: magic\r\n\r\n"), 417);
+  EXPECT_EQ(status_of("POST /a HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n"), 501);
+  EXPECT_EQ(status_of("POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3e9\r\n"), 413);
+  EXPECT_EQ(status_of("GET /a HTTP/1.1\r\n\r\n"), 0);
 }
 
 TEST(HttpMessageTest, ParsesRequestHead) {

@@ -44,6 +44,7 @@ struct ServeArgs {
   std::optional<int64_t> max_model_len;  // none: the config's max_position_embeddings
   int64_t max_num_seqs = 256;
   int64_t max_sequences_per_request = 1024;  // prompts x n of one request
+  int64_t max_connections = 65536;           // open HTTP connections; one more gets 503
   int64_t max_num_batched_tokens = 8192;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
@@ -108,6 +109,21 @@ int64_t resolve_max_model_len(const ServeArgs& a, const ModelConfig& config) {
         len, derived);
   }
   return len;
+}
+
+// The idle keep-alive timeout in seconds: $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, as vLLM reads it
+// (uvicorn's timeout_keep_alive; vLLM has no flag for it), default 5.
+int resolve_keep_alive_s() {
+  const char* env = std::getenv("VLLM_HTTP_TIMEOUT_KEEP_ALIVE");
+  if (env == nullptr || *env == '\0') return 5;
+  const std::string text = env;
+  const bool digits = text.size() <= 5 && std::all_of(text.begin(), text.end(),
+                                                      [](char c) { return c >= '0' && c <= '9'; });
+  const int seconds = digits ? std::stoi(text) : 0;
+  require(seconds >= 1 && seconds <= 86400,
+          "VLLM_HTTP_TIMEOUT_KEEP_ALIVE must be a whole number of seconds from 1 to 86400, got '",
+          text, "'");
+  return seconds;
 }
 
 int device_count_or_zero() {
@@ -184,6 +200,9 @@ int run_serve(const ServeArgs& a) {
   require(a.max_num_seqs >= 1, "--max-num-seqs must be at least 1, got ", a.max_num_seqs);
   require(a.max_sequences_per_request >= 1, "--max-sequences-per-request must be at least 1, got ",
           a.max_sequences_per_request);
+  require(a.max_connections >= 1 && a.max_connections <= std::numeric_limits<int>::max(),
+          "--max-connections must be at least 1, got ", a.max_connections);
+  const int keep_alive_s = resolve_keep_alive_s();
   require(a.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be at least 1, got ",
           a.max_num_batched_tokens);
   CorsOptions cors;
@@ -295,6 +314,8 @@ int run_serve(const ServeArgs& a) {
   so.cors = cors;
   so.skip_tokenizer_init = a.skip_tokenizer_init;
   so.max_sequences_per_request = a.max_sequences_per_request;
+  so.max_connections = static_cast<int>(a.max_connections);
+  so.idle_timeout_ms = keep_alive_s * 1000;
   OpenAIServer server(so, engine, *tokenizer, std::move(templates), std::move(special));
 
   // SIGINT / SIGTERM end the server; they are handled on this thread only.
@@ -339,6 +360,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
                   "most sequences (prompts x n) one request may ask for; more is a 400")
       ->capture_default_str();
   cmd->add_option("--max-num-batched-tokens", a->max_num_batched_tokens)->capture_default_str();
+  cmd->add_option("--max-connections", a->max_connections,
+                  "most open HTTP connections (streams and idle keep-alives); one more gets 503")
+      ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", a->gpu_memory_utilization)->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
                   "MLA latent cache: auto (fp8 for DSA models with a 576-wide latent, else bf16), "

@@ -1,6 +1,7 @@
 #include "server/generation.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "tokenizer/parser_registry.h"
 #include "tokenizer/utf8.h"
@@ -166,7 +167,17 @@ ChoiceDelta ChoiceProcessor::feed(const RequestOutput& out) {
   return d;
 }
 
+GenerationSession::GenerationSession(Engine& engine, std::function<void()> wake)
+    : engine_(engine), queue_(std::make_shared<Queue>()) {
+  queue_->wake = std::move(wake);
+}
+
 GenerationSession::~GenerationSession() {
+  {
+    std::lock_guard<std::mutex> lk(queue_->mu);
+    queue_->wake = nullptr;
+    queue_->events.clear();
+  }
   abort_all();
 }
 
@@ -174,13 +185,12 @@ void GenerationSession::add(int32_t choice, Request request) {
   const std::string id = request.id;
   std::weak_ptr<Queue> weak = queue_;
   engine_.add_request(std::move(request), [weak, choice](const RequestOutput& out) {
-    if (auto q = weak.lock()) {
-      {
-        std::lock_guard<std::mutex> lk(q->mu);
-        q->events.push_back({choice, out});
-      }
-      q->cv.notify_one();
-    }
+    const std::shared_ptr<Queue> q = weak.lock();
+    if (!q) return;
+    std::lock_guard<std::mutex> lk(q->mu);
+    if (!q->wake) return;
+    q->events.push_back({choice, out});
+    if (!std::exchange(q->woken, true)) q->wake();
   });
   if (static_cast<size_t>(choice) >= ids_.size()) {
     ids_.resize(choice + 1);
@@ -189,14 +199,17 @@ void GenerationSession::add(int32_t choice, Request request) {
   ids_[choice] = id;
 }
 
-std::optional<GenerationSession::Event> GenerationSession::next(std::chrono::milliseconds timeout) {
-  std::unique_lock<std::mutex> lk(queue_->mu);
-  if (!queue_->cv.wait_for(lk, timeout, [&] { return !queue_->events.empty(); }))
-    return std::nullopt;
-  Event e = std::move(queue_->events.front());
-  queue_->events.pop_front();
-  if (e.output.finished && static_cast<size_t>(e.choice) < done_.size()) done_[e.choice] = true;
-  return e;
+std::vector<GenerationSession::Event> GenerationSession::take() {
+  std::vector<Event> events;
+  {
+    std::lock_guard<std::mutex> lk(queue_->mu);
+    queue_->woken = false;
+    events.swap(queue_->events);
+  }
+  for (const Event& e : events) {
+    if (e.output.finished && static_cast<size_t>(e.choice) < done_.size()) done_[e.choice] = true;
+  }
+  return events;
 }
 
 void GenerationSession::abort(int32_t choice, const std::string& reason) {

@@ -1,12 +1,10 @@
 // The server side of one generation: GenerationSession submits a request's choices to
-// the engine and queues their outputs for the HTTP thread; ChoiceProcessor turns one
+// the engine and queues their outputs for the connection's executor; ChoiceProcessor turns one
 // choice's tokens into text deltas (streaming detokenization, stop strings with the
 // hold-back vLLM uses, the reasoning and tool-call parsers, logprob entries).
 #pragma once
 
-#include <chrono>
-#include <condition_variable>
-#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -99,7 +97,9 @@ class ChoiceProcessor {
 };
 
 // One HTTP request's engine requests (n choices, or several prompts x n), with a queue
-// of their outputs. The engine's callbacks only push into the queue.
+// of their outputs. The engine's callbacks only append to the queue and, when it was
+// empty, call `wake` (on the engine thread, under the queue's lock: it should just post
+// the work that take()s the outputs to the connection's executor).
 class GenerationSession {
  public:
   struct Event {
@@ -107,13 +107,16 @@ class GenerationSession {
     RequestOutput output;
   };
 
-  explicit GenerationSession(Engine& engine) : engine_(engine), queue_(std::make_shared<Queue>()) {}
+  GenerationSession(Engine& engine, std::function<void()> wake);
+  // Aborts the unfinished choices; `wake` is never called after this begins.
   ~GenerationSession();
+  GenerationSession(const GenerationSession&) = delete;
+  GenerationSession& operator=(const GenerationSession&) = delete;
 
   // Submits one choice; throws InvalidArgument when the engine refuses it.
   void add(int32_t choice, Request request);
-  // The next output, waiting up to `timeout`; nullopt on timeout.
-  std::optional<Event> next(std::chrono::milliseconds timeout);
+  // Every output queued so far, in arrival order; the next output calls `wake` again.
+  std::vector<Event> take();
   // Aborts one choice's engine request (stop string) or all unfinished ones.
   void abort(int32_t choice, const std::string& reason);
   void abort_all();
@@ -122,8 +125,9 @@ class GenerationSession {
  private:
   struct Queue {
     std::mutex mu;
-    std::condition_variable cv;
-    std::deque<Event> events;
+    std::vector<Event> events;
+    std::function<void()> wake;  // null once the session is gone
+    bool woken = false;          // wake was called and take() has not run since
   };
   Engine& engine_;
   std::shared_ptr<Queue> queue_;

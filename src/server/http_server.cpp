@@ -1,63 +1,62 @@
-// HttpServer: the acceptor, the per-connection request loop (RequestReader: framing, limits,
-// timeouts) and HttpResponseWriter. Every socket write uses MSG_NOSIGNAL, so a client that
-// disconnects never raises SIGPIPE.
+// HttpServer on Boost.Asio: the acceptor, HttpConnection (one client's socket, read
+// through RequestParser, answered one request at a time, written from a queue) and the
+// stop sequence. Reads wait for readiness (async_wait) and then read into a per-thread
+// buffer, so an idle connection holds no read buffer.
+//
+// A connection's phases, each with its deadline:
+//   kReading   waiting for / receiving a request: idle_timeout_ms before its first byte
+//              (then a quiet close), header_timeout_ms to the end of its head and
+//              read_timeout_ms to its end (then 408)
+//   kHandling  a handler owns the response; reads go on only to notice a disconnect
+//              (and buffer a pipelined request); no deadline but write_timeout_ms per write
+//   kLingering after an error response: the sending side is shut, what the client still
+//              sends is read and dropped for up to kLinger, so that closing with unread
+//              bytes does not reset the connection before the client reads the response
+//   kClosed
 #include "server/http_server.h"
 
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
-#include <sys/eventfd.h>
-#include <sys/socket.h>
-#include <unistd.h>
+#include <sys/resource.h>
 
 #include <algorithm>
-#include <cerrno>
+#include <array>
+#include <atomic>
 #include <chrono>
-#include <cstring>
-#include <ctime>
+#include <condition_variable>
+#include <future>
+#include <mutex>
 #include <optional>
-#include <system_error>
+#include <thread>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/write.hpp>
+
+#include "server/request_parser.h"
 #include "util/log.h"
 
 namespace hyserve {
 namespace {
 
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using boost::system::error_code;
 using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kReadSize = 64 << 10;
-constexpr std::size_t kMaxChunkLineBytes = 4096;
-constexpr std::size_t kCompactBytes = 1 << 20;
-constexpr int kLingerMs = 500;
-
-// The peer closed (or reset) the connection in the middle of a request: nobody to answer.
-struct PeerClosed {};
-
-int ms_until(Clock::time_point deadline) {
-  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return static_cast<int>(std::clamp<long long>(left, 0, 1 << 30));
-}
-
-std::string http_date() {
-  const std::time_t now = std::time(nullptr);
-  std::tm tm{};
-  gmtime_r(&now, &tm);
-  char text[64];
-  const std::size_t n = std::strftime(text, sizeof(text), "%a, %d %b %Y %H:%M:%S GMT", &tm);
-  return std::string(text, n);
-}
-
-std::string format_address(const sockaddr_storage& address, socklen_t length) {
-  char host[NI_MAXHOST];
-  char port[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&address), length, host, sizeof(host), port,
-                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "unknown";
-  if (address.ss_family == AF_INET6) return str_cat("[", host, "]:", port);
-  return str_cat(host, ":", port);
-}
+// While a handler runs, reading (to notice a disconnect) pauses past this many buffered
+// bytes of pipelined requests.
+constexpr std::size_t kMaxBufferedWhileHandling = 1 << 20;
+constexpr auto kLinger = std::chrono::milliseconds(500);
+constexpr auto kAcceptBackoff = std::chrono::milliseconds(10);
+constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
 bool wants_keep_alive(const HttpRequest& request) {
   const std::string connection = request.headers.get_or("Connection", "");
@@ -65,350 +64,531 @@ bool wants_keep_alive(const HttpRequest& request) {
   return header_has_token(connection, "keep-alive");
 }
 
-// Ends our side, then reads and drops what the client still sends for a short while, so
-// that closing with unread bytes does not reset the connection before the client has read
-// our (error) response.
-void shutdown_lingering(int fd) {
-  shutdown(fd, SHUT_WR);
-  const auto deadline = Clock::now() + std::chrono::milliseconds(kLingerMs);
-  char sink[16 << 10];
-  pollfd pfd{fd, POLLIN, 0};
-  while (poll(&pfd, 1, ms_until(deadline)) > 0) {
-    if (recv(fd, sink, sizeof(sink), 0) <= 0) break;
+std::string format_endpoint(const tcp::endpoint& endpoint) {
+  const std::string address = endpoint.address().to_string();
+  if (endpoint.address().is_v6()) return str_cat("[", address, "]:", endpoint.port());
+  return str_cat(address, ":", endpoint.port());
+}
+
+// Raises RLIMIT_NOFILE's soft limit to the hard limit: each connection is a descriptor.
+void raise_open_file_limit(int max_connections) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  static std::atomic<bool> warned{false};
+  if (limit.rlim_cur != RLIM_INFINITY &&
+      limit.rlim_cur < static_cast<rlim_t>(max_connections) + 64 && !warned.exchange(true)) {
+    log::warn(
+        "open-file limit {} (hard limit {}) is below --max-connections {}: fewer "
+        "connections than that can be accepted",
+        limit.rlim_cur, limit.rlim_max, max_connections);
   }
 }
 
-// Reads requests off one connection: finds the head, enforces the limits and timeouts,
-// de-frames the body. Bytes past the current request stay buffered (pipelining).
-class RequestReader {
- public:
-  RequestReader(int fd, int stop_fd, const HttpServerOptions& options)
-      : fd_(fd), stop_fd_(stop_fd), options_(options) {}
-
-  // The next request, or nullopt when the connection should close quietly (the peer closed,
-  // the idle timeout passed, the server is stopping). Throws HttpError for a request to
-  // refuse (the connection then closes) and PeerClosed for a request cut short.
-  std::optional<HttpRequest> read_request();
-
-  bool has_unread_bytes() const { return pos_ < buffer_.size(); }
-
- private:
-  enum class Wait { kReady, kClosed, kTimeout, kStopped };
-
-  Wait wait_readable(Clock::time_point deadline, bool watch_stop);
-  Wait read_more(Clock::time_point deadline, bool watch_stop);
-  void fill(Clock::time_point deadline);
-  std::optional<std::pair<std::size_t, std::size_t>> find_head_end(std::size_t& scan_from) const;
-  std::string read_line(Clock::time_point deadline, std::size_t max_bytes, int status_if_longer);
-  std::string read_chunked_body(Clock::time_point deadline);
-
-  int fd_;
-  int stop_fd_;
-  const HttpServerOptions& options_;
-  std::string buffer_;
-  std::size_t pos_ = 0;  // start of the unread bytes in buffer_
-};
-
-RequestReader::Wait RequestReader::wait_readable(Clock::time_point deadline, bool watch_stop) {
-  while (true) {
-    const int timeout_ms = ms_until(deadline);
-    if (timeout_ms <= 0) return Wait::kTimeout;
-    pollfd fds[2] = {{fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-    const int ready = poll(fds, watch_stop ? 2 : 1, timeout_ms);
-    if (ready < 0 && errno == EINTR) continue;
-    if (ready < 0) return Wait::kClosed;
-    if (watch_stop && fds[1].revents != 0) return Wait::kStopped;
-    if (fds[0].revents != 0) return Wait::kReady;
-  }
-}
-
-RequestReader::Wait RequestReader::read_more(Clock::time_point deadline, bool watch_stop) {
-  const Wait wait = wait_readable(deadline, watch_stop);
-  if (wait != Wait::kReady) return wait;
-  const std::size_t old_size = buffer_.size();
-  buffer_.resize(old_size + kReadSize);
-  ssize_t n;
-  do {
-    n = recv(fd_, buffer_.data() + old_size, kReadSize, 0);
-  } while (n < 0 && errno == EINTR);
-  buffer_.resize(old_size + static_cast<std::size_t>(std::max<ssize_t>(n, 0)));
-  if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))) return Wait::kReady;
-  return Wait::kClosed;
-}
-
-void RequestReader::fill(Clock::time_point deadline) {
-  switch (read_more(deadline, false)) {
-    case Wait::kReady:
-      return;
-    case Wait::kTimeout:
-      throw HttpError(408,
-                      str_cat("request not received within ", options_.read_timeout_ms, " ms"));
-    default:
-      throw PeerClosed{};
-  }
-}
-
-// [head start, first byte past the head's last line) and the body start, once the empty
-// line ending the head (CRLF or bare LF) is buffered. `scan_from` remembers where to go on.
-std::optional<std::pair<std::size_t, std::size_t>> RequestReader::find_head_end(
-    std::size_t& scan_from) const {
-  for (std::size_t i = buffer_.find('\n', scan_from); i != std::string::npos;
-       i = buffer_.find('\n', i + 1)) {
-    scan_from = i;
-    if (i + 1 >= buffer_.size()) return std::nullopt;
-    if (buffer_[i + 1] == '\n') return std::pair(i + 1, i + 2);
-    if (buffer_[i + 1] == '\r') {
-      if (i + 2 >= buffer_.size()) return std::nullopt;
-      if (buffer_[i + 2] == '\n') return std::pair(i + 1, i + 3);
-    }
-  }
-  scan_from = buffer_.size();
-  return std::nullopt;
-}
-
-std::string RequestReader::read_line(Clock::time_point deadline, std::size_t max_bytes,
-                                     int status_if_longer) {
-  std::size_t scan_from = pos_;
-  while (true) {
-    const std::size_t eol = buffer_.find('\n', scan_from);
-    if (eol != std::string::npos) {
-      std::string line = buffer_.substr(pos_, eol - pos_);
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      pos_ = eol + 1;
-      return line;
-    }
-    if (buffer_.size() - pos_ > max_bytes) throw HttpError(status_if_longer, "line too long");
-    scan_from = buffer_.size();
-    fill(deadline);
-  }
-}
-
-std::string RequestReader::read_chunked_body(Clock::time_point deadline) {
-  std::string body;
-  while (true) {
-    if (pos_ > kCompactBytes) {
-      buffer_.erase(0, pos_);
-      pos_ = 0;
-    }
-    const std::uint64_t size = parse_chunk_size(read_line(deadline, kMaxChunkLineBytes, 400));
-    if (size == 0) break;
-    if (size > options_.max_body_bytes - body.size())
-      throw HttpError(413, str_cat("request body larger than ", options_.max_body_bytes, " bytes"));
-    while (buffer_.size() - pos_ < size + 2) fill(deadline);
-    body.append(buffer_, pos_, size);
-    if (buffer_.compare(pos_ + size, 2, "\r\n") != 0)
-      throw HttpError(400, "chunk data not followed by CRLF");
-    pos_ += size + 2;
-  }
-  std::size_t trailer_bytes = 0;
-  while (true) {
-    const std::string line = read_line(deadline, options_.max_header_bytes, 431);
-    if (line.empty()) break;
-    trailer_bytes += line.size();
-    if (trailer_bytes > options_.max_header_bytes) throw HttpError(431, "trailers too large");
-  }
-  return body;
-}
-
-std::optional<HttpRequest> RequestReader::read_request() {
-  buffer_.erase(0, pos_);
-  pos_ = 0;
-
-  // Wait for the request's first byte; empty lines before a request line are ignored.
-  const auto idle_deadline = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
-  while (true) {
-    while (pos_ < buffer_.size() && (buffer_[pos_] == '\r' || buffer_[pos_] == '\n')) ++pos_;
-    if (pos_ < buffer_.size()) break;
-    if (read_more(idle_deadline, true) != Wait::kReady) return std::nullopt;
-  }
-
-  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.read_timeout_ms);
-  const std::string too_large =
-      str_cat("request line and headers larger than ", options_.max_header_bytes, " bytes");
-  std::size_t scan_from = pos_;
-  std::optional<std::pair<std::size_t, std::size_t>> head_end;
-  while (!(head_end = find_head_end(scan_from))) {
-    if (buffer_.size() - pos_ > options_.max_header_bytes) throw HttpError(431, too_large);
-    fill(deadline);
-  }
-  const auto [head_stop, body_start] = *head_end;
-  if (body_start - pos_ > options_.max_header_bytes) throw HttpError(431, too_large);
-  HttpRequest request =
-      parse_request_head(std::string_view(buffer_).substr(pos_, head_stop - pos_));
-  pos_ = body_start;
-
-  const auto transfer_encodings = request.headers.get_all("Transfer-Encoding");
-  const auto content_lengths = request.headers.get_all("Content-Length");
-  bool chunked = false;
-  std::uint64_t content_length = 0;
-  if (!transfer_encodings.empty()) {
-    if (!content_lengths.empty())
-      throw HttpError(400, "both Transfer-Encoding and Content-Length are set");
-    if (request.minor_version == 0)
-      throw HttpError(400, "Transfer-Encoding in an HTTP/1.0 request");
-    if (transfer_encodings.size() != 1 || !iequals(transfer_encodings[0], "chunked"))
-      throw HttpError(501, "only Transfer-Encoding: chunked is supported");
-    chunked = true;
-  } else if (!content_lengths.empty()) {
-    for (std::string_view text : content_lengths) {
-      if (text.empty() || text.size() > 18 ||
-          !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; }))
-        throw HttpError(400, "malformed Content-Length");
-      const std::uint64_t value = std::stoull(std::string(text));
-      if (text != content_lengths[0]) throw HttpError(400, "conflicting Content-Length headers");
-      content_length = value;
-    }
-    if (content_length > options_.max_body_bytes)
-      throw HttpError(413, str_cat("request body of ", content_length, " bytes is larger than ",
-                                   options_.max_body_bytes, " bytes"));
-  }
-
-  if (const auto expect = request.headers.get("Expect")) {
-    if (!iequals(*expect, "100-continue"))
-      throw HttpError(417, str_cat("unsupported Expect: ", *expect));
-    const bool body_expected = chunked || content_length > 0;
-    if (request.minor_version >= 1 && body_expected && pos_ == buffer_.size()) {
-      static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      if (send(fd_, kContinue.data(), kContinue.size(), MSG_NOSIGNAL) < 0) throw PeerClosed{};
-    }
-  }
-
-  if (chunked) {
-    request.body = read_chunked_body(deadline);
-  } else {
-    while (buffer_.size() - pos_ < content_length) fill(deadline);
-    request.body = buffer_.substr(pos_, content_length);
-    pos_ += content_length;
-  }
-  return request;
+int resolve_num_io_threads(int requested) {
+  if (requested > 0) return requested;
+  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 4u));
 }
 
 }  // namespace
 
-// ---------------------------------------------------------------------------------------
-// HttpResponseWriter
+class HttpConnection;
 
-HttpResponseWriter::HttpResponseWriter(int socket_fd, int request_minor_version, bool keep_alive)
-    : fd_(socket_fd), minor_version_(request_minor_version), keep_alive_(keep_alive) {}
+struct HttpServer::Core {
+  explicit Core(HttpServer& s) : server(s) {}
 
-HttpHeaders HttpResponseWriter::base_headers(std::string_view content_type) const {
-  HttpHeaders headers{{"Date", http_date()}, {"Server", "hyserve"}};
-  if (!content_type.empty()) headers.add("Content-Type", std::string(content_type));
-  if (!keep_alive_) {
-    headers.add("Connection", "close");
-  } else if (minor_version_ == 0) {
-    headers.add("Connection", "keep-alive");
+  void accept();
+  void on_accept(const error_code& ec, tcp::socket socket);
+  void remove(HttpConnection* connection, bool counted);
+  std::vector<std::shared_ptr<HttpConnection>> snapshot();
+
+  HttpServer& server;
+  asio::io_context io;  // first: destroyed last, after everything that uses it
+  asio::strand<asio::io_context::executor_type> accept_strand = asio::make_strand(io);
+  tcp::acceptor acceptor{accept_strand};
+  asio::steady_timer accept_backoff{accept_strand};
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  std::vector<std::thread> threads;
+  int bound_port = 0;
+  std::atomic<bool> stopping{false};
+
+  std::mutex mutex;  // guards what follows
+  std::condition_variable changed;
+  std::unordered_map<HttpConnection*, std::shared_ptr<HttpConnection>> connections;
+  int num_served = 0;  // connections not refused with 503 (the cap counts these)
+  bool started = false;
+  bool stopped = false;
+};
+
+class HttpConnection final : public ResponseSink,
+                             public std::enable_shared_from_this<HttpConnection> {
+ public:
+  HttpConnection(HttpServer& server, HttpServer::Core& core, tcp::socket socket, bool refused)
+      : server_(server),
+        core_(core),
+        options_(server.options_),
+        socket_(std::move(socket)),
+        strand_(socket_.get_executor()),
+        read_timer_(strand_),
+        write_timer_(strand_),
+        parser_({options_.max_body_bytes, options_.max_header_bytes}),
+        refused_(refused) {}
+
+  bool refused() const { return refused_; }
+
+  void start() {
+    asio::post(strand_, [self = shared_from_this()] { self->begin(); });
   }
-  for (const auto& [name, value] : added_headers_.fields()) headers.add(name, value);
-  return headers;
-}
+  // stop(): an idle connection closes now, a busy one after its response.
+  void begin_stop() {
+    asio::post(strand_, [self = shared_from_this()] {
+      self->close_after_ = true;
+      if (self->phase_ == Phase::kReading && self->parser_.stage() == RequestParser::Stage::kIdle)
+        self->close();
+    });
+  }
+  // stop() past the drain timeout: the client counts as gone at once (a handler polling
+  // client_disconnected() sees it even before the strand runs the close).
+  void cut_off() {
+    gone_.store(true);
+    asio::post(strand_, [self = shared_from_this()] { self->close(); });
+  }
 
-void HttpResponseWriter::add_header(std::string name, std::string value) {
-  CHECK(state_ == State::kIdle, "add_header after the response started: ", name);
-  added_headers_.add(std::move(name), std::move(value));
-}
-
-bool HttpResponseWriter::write_all(std::string_view data) {
-  while (!data.empty() && !failed_.load()) {
-    const ssize_t n = ::send(fd_, data.data(), data.size(), MSG_NOSIGNAL);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      failed_.store(true);
-      break;
+  // ResponseSink: any thread.
+  void write(std::string bytes) override {
+    bool post_flush = false;
+    {
+      std::lock_guard lock(out_mutex_);
+      if (out_closed_) return;
+      out_.push_back(std::move(bytes));
+      post_flush = !std::exchange(flush_scheduled_, true);
     }
-    data.remove_prefix(static_cast<std::size_t>(n));
+    if (post_flush) asio::post(strand_, [self = shared_from_this()] { self->flush(); });
   }
-  return !failed_.load();
-}
-
-bool HttpResponseWriter::send(int status, std::string_view content_type, std::string_view body,
-                              const HttpHeaders& extra_headers) {
-  CHECK(state_ == State::kIdle, "a response was already started for this request");
-  state_ = State::kDone;
-  status_ = status;
-  HttpHeaders headers = base_headers(content_type);
-  headers.add("Content-Length", std::to_string(body.size()));
-  for (const auto& [name, value] : extra_headers.fields()) headers.add(name, value);
-  std::string message = format_response_head(status, headers);
-  message += body;
-  return write_all(message);
-}
-
-bool HttpResponseWriter::send_error(int status, std::string_view message) {
-  return send(status, "application/json", openai_error_body(status, message));
-}
-
-bool HttpResponseWriter::start_stream(int status, std::string_view content_type,
-                                      const HttpHeaders& extra_headers) {
-  CHECK(state_ == State::kIdle, "a response was already started for this request");
-  state_ = State::kStreaming;
-  status_ = status;
-  if (minor_version_ == 0) keep_alive_ = false;  // HTTP/1.0: the body ends at close
-  HttpHeaders headers = base_headers(content_type);
-  if (minor_version_ >= 1) headers.add("Transfer-Encoding", "chunked");
-  if (content_type.starts_with("text/event-stream") && !extra_headers.has("Cache-Control"))
-    headers.add("Cache-Control", "no-cache");
-  for (const auto& [name, value] : extra_headers.fields()) headers.add(name, value);
-  return write_all(format_response_head(status, headers));
-}
-
-bool HttpResponseWriter::write_chunk(std::string_view data) {
-  CHECK(state_ == State::kStreaming, "write_chunk outside start_stream .. end_stream");
-  if (client_disconnected()) {
-    failed_.store(true);
-    return false;
+  void finish(int status, bool keep_alive) override {
+    bool post_flush = false;
+    {
+      std::lock_guard lock(out_mutex_);
+      finished_ = Finished{status, keep_alive};
+      post_flush = !std::exchange(flush_scheduled_, true);
+    }
+    if (post_flush) asio::post(strand_, [self = shared_from_this()] { self->flush(); });
   }
-  if (data.empty()) return true;
-  return write_all(minor_version_ >= 1 ? format_chunk(data) : std::string(data));
+  bool disconnected() const override { return gone_.load(); }
+  void on_disconnect(std::function<void()> callback) override {
+    asio::dispatch(strand_, [self = shared_from_this(), callback = std::move(callback)]() mutable {
+      if (self->callbacks_fired_ || self->gone_.load()) {
+        run_callback(callback);
+      } else if (self->in_flight_) {
+        self->on_disconnect_.push_back(std::move(callback));
+      }
+    });
+  }
+  void post(std::function<void()> work) override {
+    asio::post(strand_,
+               [self = shared_from_this(), work = std::move(work)] { run_callback(work); });
+  }
+
+ private:
+  enum class Phase { kReading, kHandling, kLingering, kClosed };
+  struct Finished {
+    int status;
+    bool keep_alive;
+  };
+
+  static void run_callback(const std::function<void()>& callback) {
+    try {
+      callback();
+    } catch (const std::exception& e) {
+      log::error("connection callback failed: {}", e.what());
+    }
+  }
+
+  void begin() {
+    error_code ec;
+    const tcp::endpoint peer = socket_.remote_endpoint(ec);
+    remote_address_ = ec ? "unknown" : format_endpoint(peer);
+    socket_.set_option(tcp::no_delay(true), ec);
+    socket_.non_blocking(true, ec);
+    if (refused_) {
+      phase_ = Phase::kHandling;
+      linger_after_ = true;
+      HttpResponseWriter writer(shared_from_this(), 1, false);
+      writer.send_error(
+          503, str_cat("too many connections (", options_.max_connections, "); retry later"));
+      return;
+    }
+    enter_reading();
+    wait_readable();
+  }
+
+  void enter_reading() {
+    phase_ = Phase::kReading;
+    idle_deadline_ = Clock::now() + std::chrono::milliseconds(options_.idle_timeout_ms);
+    request_started_ = false;
+    update_read_deadline();
+  }
+
+  // --- reading --------------------------------------------------------------------------
+
+  void wait_readable() {
+    if (reading_ || phase_ == Phase::kClosed || peer_closed_) return;
+    if (phase_ == Phase::kHandling && parser_.unread_bytes() > kMaxBufferedWhileHandling) return;
+    reading_ = true;
+    socket_.async_wait(tcp::socket::wait_read, [self = shared_from_this()](const error_code& ec) {
+      self->on_readable(ec);
+    });
+  }
+
+  void on_readable(const error_code& ec) {
+    reading_ = false;
+    if (phase_ == Phase::kClosed) return;
+    if (ec) {
+      peer_closed_ = true;
+    } else {
+      thread_local std::array<char, kReadSize> buffer;
+      while (true) {
+        error_code read_ec;
+        const std::size_t n = socket_.read_some(asio::buffer(buffer), read_ec);
+        if (read_ec == asio::error::would_block || read_ec == asio::error::try_again) break;
+        if (read_ec) {
+          peer_closed_ = true;  // EOF or reset
+          break;
+        }
+        if (phase_ != Phase::kLingering) parser_.feed(std::string_view(buffer.data(), n));
+        if (n < buffer.size()) break;
+      }
+    }
+    if (phase_ == Phase::kReading) handle_input();
+    if (peer_closed_) {
+      if (phase_ == Phase::kHandling) {
+        client_gone();  // the response goes on; the connection closes after it
+      } else {
+        close();
+      }
+      return;
+    }
+    wait_readable();
+  }
+
+  // Parses what is buffered; dispatches a whole request.
+  void handle_input() {
+    std::optional<HttpRequest> request;
+    try {
+      request = parser_.parse();
+      if (parser_.take_continue()) write(std::string(kContinue));
+    } catch (const HttpError& e) {
+      refuse(e);
+      return;
+    }
+    if (!request) {
+      update_read_deadline();
+      return;
+    }
+    dispatch(std::move(*request));
+  }
+
+  void update_read_deadline() {
+    Clock::time_point deadline = idle_deadline_;
+    if (parser_.stage() != RequestParser::Stage::kIdle) {
+      if (!request_started_) {
+        request_started_ = true;
+        request_start_ = Clock::now();
+      }
+      const int timeout_ms = parser_.stage() == RequestParser::Stage::kHead
+                                 ? std::min(options_.header_timeout_ms, options_.read_timeout_ms)
+                                 : options_.read_timeout_ms;
+      deadline = request_start_ + std::chrono::milliseconds(timeout_ms);
+    }
+    arm_read_deadline(deadline);
+  }
+
+  void arm_read_deadline(Clock::time_point deadline) {
+    if (deadline == read_deadline_) return;
+    read_deadline_ = deadline;
+    if (deadline == Clock::time_point::max()) {
+      read_timer_.cancel();
+      return;
+    }
+    read_timer_.expires_at(deadline);
+    read_timer_.async_wait(
+        [self = shared_from_this()](const error_code& ec) { self->on_read_deadline(ec); });
+  }
+
+  void on_read_deadline(const error_code& ec) {
+    if (ec || Clock::now() < read_deadline_) return;  // cancelled or moved
+    if (phase_ == Phase::kLingering) {
+      close();
+    } else if (phase_ == Phase::kReading) {
+      switch (parser_.stage()) {
+        case RequestParser::Stage::kIdle:
+          close();  // no request came: close quietly
+          break;
+        case RequestParser::Stage::kHead:
+          refuse(HttpError(408, str_cat("request head not received within ",
+                                        options_.header_timeout_ms, " ms")));
+          break;
+        case RequestParser::Stage::kBody:
+          refuse(HttpError(
+              408, str_cat("request not received within ", options_.read_timeout_ms, " ms")));
+          break;
+      }
+    }
+  }
+
+  // --- requests -------------------------------------------------------------------------
+
+  void dispatch(HttpRequest request) {
+    phase_ = Phase::kHandling;
+    arm_read_deadline(Clock::time_point::max());
+    request.remote_address = remote_address_;
+    in_flight_ = true;
+    route_ = server_.route_name(request.path);
+    method_ = request.method;
+    dispatched_at_ = Clock::now();
+    HttpResponseWriter writer(shared_from_this(), request.minor_version, wants_keep_alive(request));
+    if (close_after_ || core_.stopping.load()) writer.close_after_response();
+    server_.dispatch(request, writer);
+  }
+
+  // A request to refuse: the error response, then the connection lingers and closes.
+  void refuse(const HttpError& e) {
+    phase_ = Phase::kHandling;
+    arm_read_deadline(Clock::time_point::max());
+    linger_after_ = true;
+    HttpResponseWriter writer(shared_from_this(), 1, false);
+    writer.send_error(e.status(), e.what());
+  }
+
+  // The response is written (or the connection is gone): the next request, or the close.
+  void response_done(const Finished& finished) {
+    if (in_flight_) {
+      in_flight_ = false;
+      if (server_.observer_) {
+        const double seconds = std::chrono::duration<double>(Clock::now() - dispatched_at_).count();
+        try {
+          server_.observer_(route_, method_, finished.status, seconds);
+        } catch (const std::exception& e) {
+          log::error("request observer failed: {}", e.what());
+        }
+      }
+    }
+    on_disconnect_.clear();
+    if (phase_ == Phase::kClosed) return;
+    if (!finished.keep_alive || close_after_ || core_.stopping.load() || peer_closed_ ||
+        gone_.load()) {
+      if (linger_after_ || parser_.unread_bytes() > 0) {
+        linger();
+      } else {
+        error_code ec;
+        socket_.shutdown(tcp::socket::shutdown_send, ec);
+        close();
+      }
+      return;
+    }
+    enter_reading();
+    handle_input();  // a pipelined request may be buffered already
+    wait_readable();
+  }
+
+  // --- writing --------------------------------------------------------------------------
+
+  // Writes what is queued; once the queue is empty, completes a finished response.
+  void flush() {
+    std::vector<std::string> batch;
+    std::optional<Finished> finished;
+    {
+      std::lock_guard lock(out_mutex_);
+      if (out_.empty()) {
+        flush_scheduled_ = false;
+        finished = std::exchange(finished_, std::nullopt);
+      } else {
+        batch.swap(out_);
+      }
+    }
+    if (!batch.empty()) {
+      writing_ = std::move(batch);
+      std::vector<asio::const_buffer> buffers;
+      buffers.reserve(writing_.size());
+      for (const std::string& bytes : writing_) buffers.push_back(asio::buffer(bytes));
+      const std::uint64_t seq = ++write_seq_;
+      write_timer_.expires_after(std::chrono::milliseconds(options_.write_timeout_ms));
+      write_timer_.async_wait([self = shared_from_this(), seq](const error_code& ec) {
+        if (ec || seq != self->write_seq_ || self->writing_.empty()) return;
+        log::warn("write to {} timed out after {} ms", self->remote_address_,
+                  self->options_.write_timeout_ms);
+        self->client_gone();
+        self->close();
+      });
+      asio::async_write(
+          socket_, buffers,
+          [self = shared_from_this()](const error_code& ec, std::size_t) { self->on_written(ec); });
+      return;
+    }
+    if (finished) response_done(*finished);
+  }
+
+  void on_written(const error_code& ec) {
+    writing_.clear();
+    write_timer_.cancel();
+    if (ec) {
+      client_gone();
+      close();
+    }
+    flush();
+  }
+
+  // --- ending ---------------------------------------------------------------------------
+
+  void client_gone() {
+    gone_.store(true);
+    if (std::exchange(callbacks_fired_, true)) return;
+    for (const auto& callback : std::exchange(on_disconnect_, {})) run_callback(callback);
+  }
+
+  void linger() {
+    phase_ = Phase::kLingering;
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    arm_read_deadline(Clock::now() + kLinger);
+    wait_readable();
+  }
+
+  void close() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kClosed;
+    {
+      std::lock_guard lock(out_mutex_);
+      out_closed_ = true;
+      out_.clear();
+    }
+    read_timer_.cancel();
+    write_timer_.cancel();
+    error_code ec;
+    socket_.close(ec);
+    if (in_flight_) client_gone();
+    core_.remove(this, !refused_);
+  }
+
+  HttpServer& server_;
+  HttpServer::Core& core_;
+  const HttpServerOptions& options_;
+  tcp::socket socket_;
+  asio::any_io_executor strand_;  // the socket's: a strand of its own
+  asio::steady_timer read_timer_;
+  asio::steady_timer write_timer_;
+  RequestParser parser_;
+  const bool refused_;  // over the cap: answered 503 and closed
+  std::string remote_address_;
+
+  // Strand only.
+  Phase phase_ = Phase::kReading;
+  bool reading_ = false;      // an async_wait for readability is pending
+  bool peer_closed_ = false;  // EOF or an error reading
+  bool close_after_ = false;  // stopping: close after the current response
+  bool linger_after_ = false;
+  Clock::time_point idle_deadline_;
+  Clock::time_point read_deadline_ = Clock::time_point::max();
+  bool request_started_ = false;
+  Clock::time_point request_start_;
+  std::vector<std::string> writing_;  // the buffers of the write in flight
+  std::uint64_t write_seq_ = 0;
+  bool in_flight_ = false;  // a dispatched request whose response is not done
+  std::string route_, method_;
+  Clock::time_point dispatched_at_;
+  std::vector<std::function<void()>> on_disconnect_;
+  bool callbacks_fired_ = false;
+
+  std::atomic<bool> gone_{false};
+
+  std::mutex out_mutex_;  // guards what follows: filled from any thread
+  std::vector<std::string> out_;
+  bool flush_scheduled_ = false;  // a flush is posted or a write is in flight
+  std::optional<Finished> finished_;
+  bool out_closed_ = false;
+};
+
+// ---------------------------------------------------------------------------------------
+// HttpServer::Core
+
+void HttpServer::Core::accept() {
+  acceptor.async_accept(asio::make_strand(io), [this](const error_code& ec, tcp::socket socket) {
+    on_accept(ec, std::move(socket));
+  });
 }
 
-bool HttpResponseWriter::end_stream() {
-  CHECK(state_ == State::kStreaming, "end_stream without start_stream");
-  state_ = State::kDone;
-  if (minor_version_ == 0) return !failed_.load();
-  return write_all(kLastChunk);
+void HttpServer::Core::on_accept(const error_code& ec, tcp::socket socket) {
+  if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;
+  if (ec) {
+    // Out of descriptors: back off instead of spinning on the pending connection.
+    if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {
+      accept_backoff.expires_after(kAcceptBackoff);
+      accept_backoff.async_wait([this](const error_code& wait_ec) {
+        if (!wait_ec) accept();
+      });
+      return;
+    }
+    accept();
+    return;
+  }
+  std::shared_ptr<HttpConnection> connection;
+  {
+    std::lock_guard lock(mutex);
+    const bool refused = num_served >= server.options_.max_connections;
+    connection = std::make_shared<HttpConnection>(server, *this, std::move(socket), refused);
+    connections.emplace(connection.get(), connection);
+    if (!refused) ++num_served;
+  }
+  connection->start();
+  accept();
 }
 
-void HttpResponseWriter::abort_stream() {
-  CHECK(state_ == State::kStreaming, "abort_stream without start_stream");
-  state_ = State::kDone;
-  failed_.store(true);
+void HttpServer::Core::remove(HttpConnection* connection, bool counted) {
+  std::shared_ptr<HttpConnection> last;  // released outside the lock
+  {
+    std::lock_guard lock(mutex);
+    const auto it = connections.find(connection);
+    if (it == connections.end()) return;
+    last = std::move(it->second);
+    connections.erase(it);
+    if (counted) --num_served;
+  }
+  changed.notify_all();
 }
 
-bool HttpResponseWriter::client_disconnected() const {
-  if (failed_.load()) return true;
-  pollfd pfd{fd_, POLLRDHUP, 0};
-  if (poll(&pfd, 1, 0) <= 0) return false;
-  return (pfd.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+std::vector<std::shared_ptr<HttpConnection>> HttpServer::Core::snapshot() {
+  std::lock_guard lock(mutex);
+  std::vector<std::shared_ptr<HttpConnection>> out;
+  out.reserve(connections.size());
+  for (const auto& [raw, connection] : connections) out.push_back(connection);
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------
 // HttpServer
 
-struct HttpServer::Connection {
-  int fd = -1;  // closed and set to -1 (under mutex_) when the thread is done
-  std::string remote_address;
-  std::thread thread;
-  bool done = false;  // under mutex_
-};
-
-HttpServer::HttpServer(Options options) : options_(std::move(options)) {
+HttpServer::HttpServer(Options options)
+    : options_(std::move(options)), core_(std::make_unique<Core>(*this)) {
   CHECK(options_.port >= 0 && options_.port <= 65535, "port out of range: ", options_.port);
   CHECK(options_.max_connections > 0, "max_connections must be positive");
   CHECK(options_.max_header_bytes > 0, "max_header_bytes must be positive");
-  CHECK(options_.idle_timeout_ms > 0 && options_.read_timeout_ms > 0 &&
-            options_.write_timeout_ms > 0 && options_.drain_timeout_ms >= 0,
+  CHECK(options_.idle_timeout_ms > 0 && options_.header_timeout_ms > 0 &&
+            options_.read_timeout_ms > 0 && options_.write_timeout_ms > 0 &&
+            options_.drain_timeout_ms >= 0,
         "timeouts must be positive");
+  CHECK(options_.num_io_threads >= 0, "num_io_threads must not be negative");
 }
 
 HttpServer::~HttpServer() {
   stop();
-  if (stop_event_fd_ >= 0) close(stop_event_fd_);
 }
 
 void HttpServer::route(std::string method, std::string path, Handler handler) {
-  std::lock_guard lock(mutex_);
-  CHECK(!started_, "route() after start(): ", method, " ", path);
+  std::lock_guard lock(core_->mutex);
+  CHECK(!core_->started, "route() after start(): ", method, " ", path);
   CHECK(handler != nullptr, "null handler for ", method, " ", path);
   auto& methods = routes_[std::move(path)];
   CHECK(methods.find(method) == methods.end(), "route registered twice: ", method);
@@ -416,174 +596,128 @@ void HttpServer::route(std::string method, std::string path, Handler handler) {
 }
 
 void HttpServer::use(HttpMiddleware middleware) {
-  std::lock_guard lock(mutex_);
-  CHECK(!started_, "use() after start()");
+  std::lock_guard lock(core_->mutex);
+  CHECK(!core_->started, "use() after start()");
   middleware_ = std::move(middleware);
 }
 
+void HttpServer::observe(RequestObserver observer) {
+  std::lock_guard lock(core_->mutex);
+  CHECK(!core_->started, "observe() after start()");
+  observer_ = std::move(observer);
+}
+
+int HttpServer::port() const {
+  return core_->bound_port;
+}
+
 void HttpServer::start() {
-  std::lock_guard lock(mutex_);
-  CHECK(!started_, "start() called twice");
+  std::lock_guard lock(core_->mutex);
+  CHECK(!core_->started, "start() called twice");
+  raise_open_file_limit(options_.max_connections);
   const std::string where = str_cat(options_.host, ":", options_.port);
 
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port_text = std::to_string(options_.port);
-  if (const int rc = getaddrinfo(options_.host.c_str(), port_text.c_str(), &hints, &found); rc != 0)
-    throw Error(str_cat("cannot listen on ", where, ": ", gai_strerror(rc)));
-  std::vector<addrinfo*> candidates;
-  for (addrinfo* a = found; a != nullptr; a = a->ai_next) candidates.push_back(a);
+  tcp::resolver resolver(core_->io);
+  error_code ec;
+  const auto results =
+      resolver.resolve(options_.host, std::to_string(options_.port),
+                       tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec) throw Error(str_cat("cannot listen on ", where, ": ", ec.message()));
+  std::vector<tcp::endpoint> candidates;
+  for (const auto& entry : results) candidates.push_back(entry.endpoint());
   // "localhost" resolves to ::1 and 127.0.0.1: prefer IPv4, which clients try most.
   std::stable_partition(candidates.begin(), candidates.end(),
-                        [](const addrinfo* a) { return a->ai_family == AF_INET; });
+                        [](const tcp::endpoint& e) { return e.address().is_v4(); });
   std::string failure = "no address";
-  for (const addrinfo* a : candidates) {
-    const int fd =
-        socket(a->ai_family, a->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) {
-      failure = std::strerror(errno);
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, SOMAXCONN) == 0) {
-      listen_fd_ = fd;
-      break;
-    }
-    failure = std::strerror(errno);
-    close(fd);
+  tcp::acceptor& acceptor = core_->acceptor;
+  for (const tcp::endpoint& endpoint : candidates) {
+    error_code bind_ec;
+    acceptor.open(endpoint.protocol(), bind_ec);
+    if (!bind_ec) acceptor.set_option(tcp::acceptor::reuse_address(true), bind_ec);
+    if (!bind_ec) acceptor.bind(endpoint, bind_ec);
+    if (!bind_ec) acceptor.listen(asio::socket_base::max_listen_connections, bind_ec);
+    if (!bind_ec) break;
+    failure = bind_ec.message();
+    error_code ignored;
+    acceptor.close(ignored);
   }
-  freeaddrinfo(found);
-  if (listen_fd_ < 0) throw Error(str_cat("cannot listen on ", where, ": ", failure));
+  if (!acceptor.is_open()) throw Error(str_cat("cannot listen on ", where, ": ", failure));
+  core_->bound_port = acceptor.local_endpoint(ec).port();
 
-  sockaddr_storage bound{};
-  socklen_t bound_length = sizeof(bound);
-  getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &bound_length);
-  bound_port_ =
-      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<const sockaddr_in6*>(&bound)->sin6_port
-                                        : reinterpret_cast<const sockaddr_in*>(&bound)->sin_port);
-  stop_event_fd_ = eventfd(0, EFD_CLOEXEC);
-  if (stop_event_fd_ < 0) {
-    close(listen_fd_);
-    listen_fd_ = -1;
-    throw Error(str_cat("cannot listen on ", where, ": eventfd: ", std::strerror(errno)));
-  }
-  started_ = true;
-  acceptor_ = std::thread([this] { accept_loop(); });
-}
-
-void HttpServer::accept_loop() {
-  while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {stop_event_fd_, POLLIN, 0}};
-    const int ready = poll(fds, 2, 1000);
-    if (fds[1].revents != 0) return;
-    reap_finished_connections(false);
-    if (ready <= 0 || fds[0].revents == 0) continue;
-
-    sockaddr_storage peer{};
-    socklen_t peer_length = sizeof(peer);
-    const int fd =
-        accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_length, SOCK_CLOEXEC);
-    if (fd < 0) {
-      // Out of descriptors: back off instead of spinning on the pending connection.
-      if (errno == EMFILE || errno == ENFILE)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-      continue;
-    }
-    const int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    const timeval send_timeout{options_.write_timeout_ms / 1000,
-                               (options_.write_timeout_ms % 1000) * 1000};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout, sizeof(send_timeout));
-
-    std::unique_lock lock(mutex_);
-    if (static_cast<int>(connections_.size()) >= options_.max_connections) {
-      lock.unlock();
-      HttpResponseWriter writer(fd, 1, false);
-      writer.send_error(
-          503, str_cat("too many connections (", options_.max_connections, "); retry later"));
-      shutdown(fd, SHUT_WR);
-      close(fd);
-      continue;
-    }
-    auto connection = std::make_unique<Connection>();
-    connection->fd = fd;
-    connection->remote_address = format_address(peer, peer_length);
-    Connection* raw = connection.get();
-    connections_.push_back(std::move(connection));
-    try {
-      raw->thread = std::thread([this, raw] { run_connection(*raw); });
-    } catch (const std::system_error& e) {
-      connections_.pop_back();
-      lock.unlock();
-      HttpResponseWriter writer(fd, 1, false);
-      writer.send_error(503, str_cat("cannot start a connection thread: ", e.what()));
-      shutdown(fd, SHUT_WR);
-      close(fd);
-    }
+  core_->started = true;
+  core_->work.emplace(core_->io.get_executor());
+  asio::post(core_->accept_strand, [core = core_.get()] { core->accept(); });
+  const int num_threads = resolve_num_io_threads(options_.num_io_threads);
+  for (int i = 0; i < num_threads; ++i) {
+    core_->threads.emplace_back([core = core_.get()] {
+      while (true) {
+        try {
+          core->io.run();
+          return;
+        } catch (const std::exception& e) {
+          log::error("HTTP I/O thread: {}", e.what());
+        }
+      }
+    });
   }
 }
 
-void HttpServer::run_connection(Connection& connection) {
-  try {
-    serve_connection(connection);
-  } catch (const std::exception& e) {
-    log::error("connection {} failed: {}", connection.remote_address, e.what());
-  }
+void HttpServer::stop() {
+  Core& core = *core_;
   {
-    std::lock_guard lock(mutex_);
-    close(connection.fd);
-    connection.fd = -1;
-    connection.done = true;
+    std::unique_lock lock(core.mutex);
+    if (!core.started || core.stopped) return;
+    if (core.stopping.exchange(true)) {
+      core.changed.wait(lock, [&] { return core.stopped; });
+      return;
+    }
   }
-  changed_.notify_all();
-}
+  // No new connections: once this returns, a connect is refused.
+  std::promise<void> acceptor_closed;
+  asio::post(core.accept_strand, [&] {
+    error_code ec;
+    core.acceptor.close(ec);
+    core.accept_backoff.cancel();
+    acceptor_closed.set_value();
+  });
+  acceptor_closed.get_future().wait();
 
-void HttpServer::reap_finished_connections(bool all) {
-  std::vector<std::unique_ptr<Connection>> finished;
+  // Idle connections close now, busy ones after their response, up to the drain timeout.
+  for (const auto& connection : core.snapshot()) connection->begin_stop();
+  const auto deadline = Clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
   {
-    std::lock_guard lock(mutex_);
-    auto keep = std::stable_partition(connections_.begin(), connections_.end(),
-                                      [all](const auto& c) { return !all && !c->done; });
-    std::move(keep, connections_.end(), std::back_inserter(finished));
-    connections_.erase(keep, connections_.end());
+    std::unique_lock lock(core.mutex);
+    core.changed.wait_until(lock, deadline, [&] { return core.connections.empty(); });
   }
-  for (auto& connection : finished) connection->thread.join();
+  // Past it: cut the stragglers off; their handlers see the disconnect.
+  for (const auto& connection : core.snapshot()) connection->cut_off();
+  {
+    std::unique_lock lock(core.mutex);
+    core.changed.wait_for(lock, std::chrono::seconds(5), [&] { return core.connections.empty(); });
+  }
+  core.work.reset();
+  core.io.stop();
+  for (std::thread& thread : core.threads) thread.join();
+  core.threads.clear();
+
+  std::vector<std::shared_ptr<HttpConnection>> left;
+  {
+    std::lock_guard lock(core.mutex);
+    for (auto& [raw, connection] : core.connections) left.push_back(std::move(connection));
+    core.connections.clear();
+    core.stopped = true;
+  }
+  core.changed.notify_all();
 }
 
-void HttpServer::serve_connection(Connection& connection) {
-  RequestReader reader(connection.fd, stop_event_fd_, options_);
-  bool linger = false;
-  while (!stopping_.load()) {
-    std::optional<HttpRequest> request;
-    try {
-      request = reader.read_request();
-    } catch (const HttpError& e) {
-      HttpResponseWriter writer(connection.fd, 1, false);
-      writer.send_error(e.status(), e.what());
-      linger = true;
-      break;
-    } catch (const PeerClosed&) {
-      break;
-    }
-    if (!request) break;
-    request->remote_address = connection.remote_address;
-    HttpResponseWriter writer(connection.fd, request->minor_version, wants_keep_alive(*request));
-    if (stopping_.load()) writer.close_after_response();
-    dispatch(*request, writer);
-    if (!writer.keeps_alive()) {
-      linger = reader.has_unread_bytes();
-      break;
-    }
-  }
-  if (linger) {
-    shutdown_lingering(connection.fd);
-  } else {
-    shutdown(connection.fd, SHUT_WR);
-  }
+void HttpServer::wait() {
+  std::unique_lock lock(core_->mutex);
+  core_->changed.wait(lock, [this] { return core_->stopped; });
+}
+
+std::string HttpServer::route_name(const std::string& path) const {
+  // The route as registered, or "none" for a path no route has (vLLM's instrumentator).
+  return routes_.find(path) != routes_.end() ? path : std::string("none");
 }
 
 void HttpServer::route_request(const HttpRequest& request, HttpResponseWriter& writer) {
@@ -606,7 +740,6 @@ void HttpServer::route_request(const HttpRequest& request, HttpResponseWriter& w
 }
 
 void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer) {
-  const auto start = std::chrono::steady_clock::now();
   std::optional<HttpError> error;
   try {
     if (middleware_) middleware_(request, writer);
@@ -620,66 +753,13 @@ void HttpServer::dispatch(const HttpRequest& request, HttpResponseWriter& writer
     log::error("{} {} failed", request.method, request.path);
     error = HttpError(500, "Internal server error");
   }
-
+  if (!error) return;  // answered, or answered later through a copy of the writer
   if (!writer.responded()) {
-    if (!error) error = HttpError(500, "Internal server error: the handler sent no response");
     writer.send_error(error->status(), error->what());
   } else if (writer.streaming()) {
     // A stream that failed midway is cut short (no last chunk), so the client sees the error.
-    if (error) {
-      writer.abort_stream();
-    } else {
-      writer.end_stream();
-    }
+    writer.abort_stream();
   }
-  if (observer_) {
-    // The route as registered, or "none" for a path no route has (vLLM's instrumentator).
-    const bool known = routes_.find(request.path) != routes_.end();
-    observer_(known ? request.path : std::string("none"), request.method, writer.status(),
-              std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-}
-
-void HttpServer::observe(RequestObserver observer) {
-  observer_ = std::move(observer);
-}
-
-void HttpServer::stop() {
-  {
-    std::unique_lock lock(mutex_);
-    if (!started_ || stopped_) return;
-    if (stopping_.exchange(true)) {
-      changed_.wait(lock, [this] { return stopped_; });
-      return;
-    }
-  }
-  const std::uint64_t one = 1;
-  [[maybe_unused]] const ssize_t written = write(stop_event_fd_, &one, sizeof(one));
-  acceptor_.join();
-  close(listen_fd_);
-  listen_fd_ = -1;
-
-  {
-    std::unique_lock lock(mutex_);
-    const auto deadline = Clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
-    changed_.wait_until(lock, deadline, [this] {
-      return std::all_of(connections_.begin(), connections_.end(),
-                         [](const auto& c) { return c->done; });
-    });
-    // Past the drain timeout: cut the stragglers off; their handlers see the disconnect.
-    for (const auto& connection : connections_)
-      if (!connection->done) shutdown(connection->fd, SHUT_RDWR);
-  }
-  reap_finished_connections(true);
-
-  std::lock_guard lock(mutex_);
-  stopped_ = true;
-  changed_.notify_all();
-}
-
-void HttpServer::wait() {
-  std::unique_lock lock(mutex_);
-  changed_.wait(lock, [this] { return stopped_; });
 }
 
 }  // namespace hyserve

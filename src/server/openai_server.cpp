@@ -1,7 +1,6 @@
 #include "server/openai_server.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <ctime>
 
@@ -11,6 +10,7 @@
 #include "guided/token_constraint.h"
 #include "server/forced_tool_calls.h"
 #include "server/generation.h"
+#include "server/generation_run.h"
 #include "server/openai_protocol.h"
 #include "tokenizer/deepseek_v32_encoding.h"
 #include "tokenizer/jinja_lexer.h"
@@ -23,8 +23,6 @@ namespace {
 
 using nlohmann::ordered_json;
 
-constexpr auto kPoll = std::chrono::milliseconds(50);
-
 void send_json(HttpResponseWriter& w, int status, const std::string& body) {
   w.send(status, "application/json", body);
 }
@@ -32,35 +30,6 @@ void send_json(HttpResponseWriter& w, int status, const std::string& body) {
 void send_request_error(HttpResponseWriter& w, const RequestError& e) {
   send_json(w, e.status(), error_body(e));
 }
-
-// What one HTTP generation request asks for, whichever route it came from.
-struct Generation {
-  bool chat = true;
-  ResponseMeta meta;
-  // The engine request ids are "<engine_id>-<choice>": meta.id, plus a random suffix when
-  // the client chose the id (X-Request-Id), so that two requests sharing one never collide.
-  std::string engine_id;
-  std::string role = "assistant";             // chat: the response message's role
-  std::vector<std::vector<int32_t>> prompts;  // one per prompt
-  // With echo: completions, each prompt's text; chat, the last message's content (when its
-  // role is the response's), which the response content starts with.
-  std::vector<std::string> echo;
-  int32_t n = 1;
-  SamplingParams sampling;
-  int32_t priority = 0;
-  std::optional<std::string> cache_salt;
-  bool stream = false;
-  bool include_usage = false;
-  bool continuous_usage = false;  // usage on every streamed chunk
-  bool return_token_ids = false;
-  bool detokenize = true;  // false under --skip-tokenizer-init
-  // Completions: echo with logprobs puts the prompt's tokens first in `logprobs`, the first
-  // with a null logprob (vLLM, OpenAI); score_prompt: echo with max_tokens 0, the engine's
-  // one sampled token is left out of the response.
-  bool echo_logprobs = false;
-  bool score_prompt = false;
-  ChoiceOptions choice;
-};
 
 // The response id and the engine ids: the client's X-Request-Id (vLLM's name for it), else
 // the body's request_id, else random.
@@ -92,6 +61,8 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
         HttpServerOptions o;
         o.host = options_.host;
         o.port = options_.port;
+        o.max_connections = options_.max_connections;
+        o.idle_timeout_ms = options_.idle_timeout_ms;
         return o;
       }()),
       created_(static_cast<int64_t>(std::time(nullptr))) {
@@ -199,358 +170,6 @@ std::string OpenAIServer::render_chat(const ordered_json& messages, const ordere
 }
 
 namespace {
-
-// Streams or collects the outputs of a generation and answers the HTTP request.
-class GenerationRun {
- public:
-  GenerationRun(Engine& engine, const Tokenizer& tokenizer, ServerMetrics& metrics, Generation g)
-      : engine_(engine),
-        tokenizer_(tokenizer),
-        metrics_(metrics),
-        g_(std::move(g)),
-        session_(engine) {}
-
-  void run(HttpResponseWriter& w) {
-    const int32_t num_choices = static_cast<int32_t>(g_.prompts.size()) * g_.n;
-    for (int32_t c = 0; c < num_choices; ++c) processors_.emplace_back(tokenizer_, g_.choice);
-    num_tokens_.assign(num_choices, 0);
-    role_sent_.assign(num_choices, false);
-    logprobs_.resize(num_choices);
-    token_ids_.resize(num_choices);
-    prompt_logprobs_.assign(num_choices, nullptr);
-    echo_logprobs_.resize(num_choices);
-    echo_sent_.assign(num_choices, false);
-    stream_offsets_.assign(num_choices, 0);
-    finish_.resize(num_choices);
-    stop_reason_.resize(num_choices);
-    for (int32_t c = 0; c < num_choices; ++c) {
-      Request r;
-      r.id = g_.engine_id + "-" + std::to_string(c);
-      r.prompt_token_ids = g_.prompts[c / g_.n];
-      r.sampling_params = g_.sampling;
-      if (r.sampling_params.seed && c % g_.n > 0) *r.sampling_params.seed += c % g_.n;
-      r.priority = g_.priority;
-      r.cache_salt = g_.cache_salt.value_or("");
-      session_.add(c, std::move(r));  // InvalidArgument -> 400 by the caller
-    }
-    if (g_.stream) {
-      stream(w);
-    } else {
-      collect(w);
-    }
-  }
-
- private:
-  // Processes one engine output; returns its delta.
-  ChoiceDelta process(const GenerationSession::Event& e) {
-    const int32_t c = e.choice;
-    ChoiceProcessor& p = processors_[c];
-    if (p.finished()) return {};
-    num_tokens_[c] += std::ssize(e.output.new_tokens);
-    if (!e.output.prompt_logprobs.empty() && prompt_logprobs_[c].is_null()) {
-      prompt_logprobs_[c] = prompt_logprobs_json(e.output.prompt_logprobs);
-      if (g_.echo_logprobs) {
-        echo_logprobs_[c] = p.prompt_token_logprobs(g_.prompts[c / g_.n], e.output.prompt_logprobs,
-                                                    g_.sampling.logprobs.value_or(0));
-      }
-    }
-    ChoiceDelta d = p.feed(e.output);
-    if (d.stop_string_hit) session_.abort(c, "stop");
-    if (g_.score_prompt) {
-      d.content.clear();
-      d.logprobs.clear();
-      d.token_ids.clear();
-      if (d.finished) {
-        d.finish_reason = "length";  // max_tokens 0 reached
-        d.stop_reason = nullptr;
-      }
-    }
-    for (auto& lp : d.logprobs) logprobs_[c].push_back(lp);
-    token_ids_[c].insert(token_ids_[c].end(), d.token_ids.begin(), d.token_ids.end());
-    if (d.finished) {
-      finish_[c] = d.finish_reason;
-      stop_reason_[c] = d.stop_reason;
-      ++num_finished_;
-      if (num_finished_ == processors_.size()) {
-        metrics_.generation_request(g_.n,
-                                    *std::max_element(num_tokens_.begin(), num_tokens_.end()));
-      }
-    }
-    return d;
-  }
-
-  // Output tokens of choice c the response counts (none when scoring the prompt).
-  int64_t num_output_tokens(size_t c) const {
-    return g_.score_prompt ? 0 : processors_[c].num_tokens();
-  }
-
-  ordered_json prompt_logprobs_json(const std::vector<std::optional<OutputToken>>& entries) const {
-    ordered_json out = ordered_json::array();
-    for (const auto& e : entries) {
-      if (!e) {
-        out.push_back(nullptr);
-        continue;
-      }
-      ordered_json pos = ordered_json::object();
-      auto add = [&](int32_t token, float logprob, int64_t rank) {
-        const std::string key = std::to_string(token);
-        if (pos.contains(key)) return;
-        const int32_t ids[1] = {token};
-        pos[key] = {
-            {"logprob", logprob},
-            {"rank", rank},
-            {"decoded_token",
-             g_.detokenize ? ordered_json(replace_invalid_utf8(tokenizer_.decode(ids, false)))
-                           : ordered_json(nullptr)}};
-      };
-      int64_t rank = 1;
-      for (const LogprobEntry& t : e->top_logprobs) add(t.token, t.logprob, rank++);
-      add(e->token, e->logprob, e->rank);
-      out.push_back(std::move(pos));
-    }
-    return out;
-  }
-
-  // Adds prompt_logprobs to each choice of a response body, when asked.
-  void add_prompt_logprobs(ordered_json& body) const {
-    if (!g_.sampling.prompt_logprobs) return;
-    for (size_t c = 0; c < prompt_logprobs_.size() && c < body["choices"].size(); ++c)
-      body["choices"][c]["prompt_logprobs"] = prompt_logprobs_[c];
-  }
-
-  // vLLM's return_token_ids: each choice's prompt and output ids; chat puts the prompt's
-  // at the top level.
-  void add_token_ids(ordered_json& body) const {
-    if (!g_.return_token_ids) return;
-    if (g_.chat) body["prompt_token_ids"] = g_.prompts[0];
-    for (size_t c = 0; c < token_ids_.size() && c < body["choices"].size(); ++c) {
-      if (!g_.chat) body["choices"][c]["prompt_token_ids"] = g_.prompts[c / g_.n];
-      body["choices"][c]["token_ids"] = token_ids_[c];
-    }
-  }
-
-  // One choice's usage so far (stream_options.continuous_usage_stats).
-  Usage choice_usage(size_t c) const {
-    Usage u;
-    u.prompt_tokens = static_cast<int64_t>(g_.prompts[c / g_.n].size());
-    u.completion_tokens = num_output_tokens(c);
-    u.cached_tokens = processors_[c].num_cached_tokens();
-    return u;
-  }
-
-  Usage usage() const {
-    Usage u;
-    for (const auto& p : g_.prompts) u.prompt_tokens += static_cast<int64_t>(p.size());
-    for (size_t c = 0; c < processors_.size(); ++c) u.completion_tokens += num_output_tokens(c);
-    // Cached prompt tokens: each prompt once (its n choices share the prompt).
-    for (size_t prompt = 0; prompt < g_.prompts.size(); ++prompt) {
-      int64_t cached = 0;
-      for (int32_t c = 0; c < g_.n; ++c)
-        cached = std::max(cached, processors_[prompt * g_.n + c].num_cached_tokens());
-      u.cached_tokens += cached;
-    }
-    return u;
-  }
-
-  // Waits for the next output; false when the client went away (requests aborted).
-  // The next engine output, or nullopt once the client is gone (then every choice is
-  // aborted). The connection is checked while outputs keep coming too, at most every
-  // kPoll, so a client that leaves a busy non-streaming request stops it at once.
-  std::optional<GenerationSession::Event> next(HttpResponseWriter& w) {
-    for (;;) {
-      auto e = session_.next(kPoll);
-      const auto now = std::chrono::steady_clock::now();
-      if (!e || now - last_disconnect_check_ >= kPoll) {
-        last_disconnect_check_ = now;
-        if (w.client_disconnected()) {
-          session_.abort_all();
-          return std::nullopt;
-        }
-      }
-      if (e) return e;
-    }
-  }
-
-  void collect(HttpResponseWriter& w) {
-    const size_t num_choices = processors_.size();
-    while (num_finished_ < num_choices) {
-      auto e = next(w);
-      if (!e) return;
-      process(*e);
-    }
-    if (g_.chat) {
-      std::vector<ChatChoice> choices;
-      for (size_t c = 0; c < num_choices; ++c) {
-        const ChoiceProcessor& p = processors_[c];
-        ChatChoice ch;
-        ch.index = static_cast<int32_t>(c);
-        ch.role = g_.role;
-        ch.content = (g_.echo.empty() ? std::string() : g_.echo[0]) + p.all_content();
-        if (g_.choice.parse_reasoning && !p.all_reasoning().empty())
-          ch.reasoning = p.all_reasoning();
-        ch.tool_calls = p.all_tool_calls();
-        if (!ch.tool_calls.empty() && ch.content->empty()) ch.content.reset();
-        if (g_.choice.logprobs) ch.logprobs = logprobs_[c];
-        ch.finish_reason = finish_[c];
-        ch.stop_reason = stop_reason_[c];
-        choices.push_back(std::move(ch));
-      }
-      ordered_json body = chat_completion_json(g_.meta, choices, usage());
-      add_prompt_logprobs(body);
-      add_token_ids(body);
-      send_json(w, 200, body.dump());
-    } else {
-      std::vector<CompletionChoice> choices;
-      for (size_t c = 0; c < num_choices; ++c) {
-        CompletionChoice ch;
-        ch.index = static_cast<int32_t>(c);
-        const std::string& echo = g_.echo.empty() ? std::string() : g_.echo[c / g_.n];
-        ch.text = echo + (g_.score_prompt ? std::string() : processors_[c].all_content());
-        if (g_.choice.logprobs) {
-          // text_offset: into `text`, echoed prompt included.
-          ch.logprobs = echo_logprobs_[c];
-          ch.logprobs->insert(ch.logprobs->end(), logprobs_[c].begin(), logprobs_[c].end());
-        }
-        ch.text_offset = 0;
-        ch.finish_reason = finish_[c];
-        ch.stop_reason = stop_reason_[c];
-        choices.push_back(std::move(ch));
-      }
-      ordered_json body = completion_json(g_.meta, choices, usage());
-      add_prompt_logprobs(body);
-      add_token_ids(body);
-      send_json(w, 200, body.dump());
-    }
-  }
-
-  void stream(HttpResponseWriter& w) {
-    HttpHeaders headers;
-    headers.add("Cache-Control", "no-cache");
-    if (!w.start_stream(200, "text/event-stream", headers)) {
-      session_.abort_all();
-      return;
-    }
-    const size_t num_choices = processors_.size();
-    auto write = [&](const ordered_json& j) {
-      if (!w.write_chunk(sse_event(j))) {
-        session_.abort_all();
-        return false;
-      }
-      return true;
-    };
-    // A chunk of one choice, with that choice's usage so far when asked (vLLM's
-    // continuous_usage_stats); the role and echo chunks count no output yet.
-    auto write_choice = [&](ordered_json j, size_t c, bool before_output) {
-      if (g_.continuous_usage) {
-        Usage u = choice_usage(c);
-        if (before_output) u.completion_tokens = 0;
-        j["usage"] = usage_json(u);
-      }
-      return write(j);
-    };
-    std::vector<bool> prompt_ids_sent(num_choices, false);
-    // A completion chunk's logprobs continue the choice's text_offset.
-    auto set_offsets = [&](CompletionChunkChoice& ch) {
-      ch.text_offset = stream_offsets_[ch.index];
-      if (!ch.logprobs) return;
-      for (const TokenLogprob& t : *ch.logprobs)
-        stream_offsets_[ch.index] += num_code_points(t.token);
-    };
-    while (num_finished_ < num_choices) {
-      auto e = next(w);
-      if (!e) return;
-      const int32_t c = e->choice;
-      if (processors_[c].finished()) continue;
-      ChoiceDelta d = process(*e);
-      const bool send_ids = g_.return_token_ids && !d.token_ids.empty();
-      if (g_.chat) {
-        if (!role_sent_[c]) {
-          role_sent_[c] = true;
-          ordered_json role = chat_role_chunk_json(g_.meta, c, g_.role);
-          if (g_.return_token_ids) role["prompt_token_ids"] = g_.prompts[0];
-          if (!write_choice(std::move(role), c, true)) return;
-          if (!g_.echo.empty() && !g_.echo[0].empty()) {
-            ChatChunkChoice ch;
-            ch.index = c;
-            ch.delta.content = g_.echo[0];
-            if (!write_choice(chat_chunk_json(g_.meta, {ch}), c, true)) return;
-          }
-        }
-        const bool has_delta = !d.content.empty() || !d.reasoning.empty() ||
-                               !d.tool_calls.empty() || !d.logprobs.empty() || send_ids;
-        if (has_delta || d.finished) {
-          ChatChunkChoice ch;
-          ch.index = c;
-          if (!d.content.empty()) ch.delta.content = d.content;
-          if (!d.reasoning.empty()) ch.delta.reasoning = d.reasoning;
-          ch.delta.tool_calls = d.tool_calls;
-          if (g_.choice.logprobs && !d.logprobs.empty()) ch.logprobs = d.logprobs;
-          if (d.finished) {
-            ch.finish_reason = d.finish_reason;
-            ch.stop_reason = d.stop_reason;
-          }
-          ordered_json chunk = chat_chunk_json(g_.meta, {ch});
-          if (g_.return_token_ids) chunk["choices"][0]["token_ids"] = d.token_ids;
-          if (!write_choice(std::move(chunk), c, false)) return;
-        }
-        continue;
-      }
-      // Echo: the prompt first, once its logprobs (with the first output) are known.
-      if (!g_.echo.empty() && !echo_sent_[c]) {
-        echo_sent_[c] = true;
-        CompletionChunkChoice ch;
-        ch.index = c;
-        ch.text = g_.echo[c / g_.n];
-        if (g_.echo_logprobs) ch.logprobs = echo_logprobs_[c];
-        set_offsets(ch);
-        if (!write_choice(completion_chunk_json(g_.meta, {ch}), c, true)) return;
-      }
-      if (!d.content.empty() || !d.logprobs.empty() || d.finished || send_ids) {
-        CompletionChunkChoice ch;
-        ch.index = c;
-        ch.text = d.content;
-        if (g_.choice.logprobs && !d.logprobs.empty()) ch.logprobs = d.logprobs;
-        set_offsets(ch);
-        if (d.finished) {
-          ch.finish_reason = d.finish_reason;
-          ch.stop_reason = d.stop_reason;
-        }
-        ordered_json chunk = completion_chunk_json(g_.meta, {ch});
-        if (g_.return_token_ids) {
-          if (!prompt_ids_sent[c]) chunk["choices"][0]["prompt_token_ids"] = g_.prompts[c / g_.n];
-          prompt_ids_sent[c] = true;
-          chunk["choices"][0]["token_ids"] = d.token_ids;
-        }
-        if (!write_choice(std::move(chunk), c, false)) return;
-      }
-    }
-    if (g_.include_usage) {
-      const ordered_json u = g_.chat ? chat_usage_chunk_json(g_.meta, usage())
-                                     : completion_usage_chunk_json(g_.meta, usage());
-      if (!write(u)) return;
-    }
-    if (w.write_chunk(kSseDone)) w.end_stream();
-  }
-
-  Engine& engine_;
-  const Tokenizer& tokenizer_;
-  ServerMetrics& metrics_;
-  Generation g_;
-  GenerationSession session_;
-  std::vector<ChoiceProcessor> processors_;
-  std::vector<int64_t> num_tokens_;  // per choice, tokens the engine produced
-  std::chrono::steady_clock::time_point last_disconnect_check_ = std::chrono::steady_clock::now();
-  std::vector<bool> role_sent_;
-  std::vector<std::vector<TokenLogprob>> logprobs_;
-  std::vector<std::vector<int32_t>> token_ids_;           // per choice, every output token
-  std::vector<ordered_json> prompt_logprobs_;             // per choice, when asked
-  std::vector<std::vector<TokenLogprob>> echo_logprobs_;  // per choice, the prompt's (echo)
-  std::vector<bool> echo_sent_;                           // streaming: echo chunk written
-  std::vector<int64_t> stream_offsets_;  // streaming: text_offset of the next logprob token
-  std::vector<std::string> finish_;
-  std::vector<ordered_json> stop_reason_;
-  size_t num_finished_ = 0;
-};
 
 // tool_choice "required" / named: the constrained output is parsed as the calls, not by the
 // model's tool-call markers; ids continue the numbering of the conversation's earlier calls.
@@ -692,7 +311,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     } else {
       g.sampling.constraint = make_constraint(r.guided, after_reasoning);
     }
-    GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
+    run_generation(engine_, tokenizer_, metrics_, std::move(g), w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
   } catch (const InvalidRequest& e) {
@@ -754,7 +373,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
           std::max(g.sampling.prompt_logprobs.value_or(0), *g.sampling.logprobs);
     }
     g.sampling.constraint = make_constraint(r.guided, /*after_reasoning=*/false);
-    GenerationRun(engine_, tokenizer_, metrics_, std::move(g)).run(w);
+    run_generation(engine_, tokenizer_, metrics_, std::move(g), w);
   } catch (const RequestError& e) {
     if (!w.responded()) send_request_error(w, e);
   } catch (const InvalidRequest& e) {

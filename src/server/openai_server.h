@@ -43,6 +43,9 @@ struct OpenAIServerOptions {
   // The most sequences (prompts x n) one request may ask for: a larger batch is a 400
   // before any prompt is tokenized.
   int64_t max_sequences_per_request = 1024;
+  int max_connections = 65536;  // open HTTP connections; one more gets 503 (HttpServerOptions)
+  int idle_timeout_ms =
+      5000;  // keep-alive wait for the next request ($VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
 };
 
 class OpenAIServer {

@@ -69,9 +69,11 @@ class Server:
 
 def server_environment():
     """This process's environment without the vLLM variables hyserve serve reads
-    (VLLM_API_KEY, VLLM_ALLOW_LONG_MAX_MODEL_LEN), so a test sets them only on purpose."""
+    (VLLM_API_KEY, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so a test
+    sets them only on purpose."""
     return {k: v for k, v in os.environ.items()
-            if k not in ("VLLM_API_KEY", "VLLM_ALLOW_LONG_MAX_MODEL_LEN")}
+            if k not in ("VLLM_API_KEY", "VLLM_ALLOW_LONG_MAX_MODEL_LEN",
+                         "VLLM_HTTP_TIMEOUT_KEEP_ALIVE")}
 
 
 def check_binary():
