@@ -4,8 +4,12 @@
 //   wall_us        median wall time of one decode step (Engine::step on this thread)
 //   gpu_us         median GPU busy time of a step: the union of the intervals of every
 //                  kernel, copy and memset CUPTI records while the step runs
-//   host_us        wall_us - gpu_us: the step's time the GPU is idle waiting for the host
-//                  (scheduling, input preparation, output processing)
+//   host_us        wall_us - gpu_us: the step's time the GPU is idle, split into
+//     gaps_us      idle time between the step's first and last GPU op (launch gaps between
+//                  kernels, also inside a graph, and host work between launches)
+//     edge_us      wall_us - (last op's end - first op's start): idle before the first op
+//                  and after the last (scheduling, input preparation, output processing
+//                  the GPU waits for)
 //   d2h_bytes      median bytes copied device -> host per step (CUPTI's memcpy records)
 //   tokens_per_s   batch / wall
 //
@@ -123,8 +127,13 @@ uint64_t cupti_now() {
   return t;
 }
 
-// Busy ns and d2h bytes of the recorded intervals that start inside [t0, t1).
-std::pair<double, double> busy_in(std::vector<Activity::Interval> iv, uint64_t t0, uint64_t t1) {
+struct StepTimes {
+  double busy_ns = 0, span_ns = 0, d2h_bytes = 0;
+};
+
+// Busy ns, span (first start to last end) and d2h bytes of the recorded intervals that
+// start inside [t0, t1).
+StepTimes busy_in(std::vector<Activity::Interval> iv, uint64_t t0, uint64_t t1) {
   std::erase_if(iv, [&](const Activity::Interval& i) { return i.start < t0 || i.start >= t1; });
   std::sort(iv.begin(), iv.end(), [](const Activity::Interval& a, const Activity::Interval& b) {
     return a.start < b.start;
@@ -142,7 +151,11 @@ std::pair<double, double> busy_in(std::vector<Activity::Interval> iv, uint64_t t
     }
   }
   busy += static_cast<double>(cur_end - cur_start);
-  return {busy, bytes};
+  StepTimes t;
+  t.busy_ns = busy;
+  t.d2h_bytes = bytes;
+  if (!iv.empty()) t.span_ns = static_cast<double>(cur_end - iv.front().start);
+  return t;
 }
 
 struct Args {
@@ -154,6 +167,7 @@ struct Args {
   int64_t steps = 32;
   int64_t warmup = 4;
   bool enforce_eager = false;
+  bool async_scheduling = false;  // serve's default; off: each step waits for its results
   bool kernels = false;  // a breakdown line per batch: GPU time and count per step by kernel
 };
 
@@ -184,6 +198,8 @@ int run(int argc, char** argv) {
   app.add_option("--steps", a.steps, "timed decode steps")->capture_default_str();
   app.add_option("--warmup", a.warmup, "decode steps before timing")->capture_default_str();
   app.add_flag("--enforce-eager", a.enforce_eager, "no CUDA graphs");
+  app.add_flag("--async-scheduling", a.async_scheduling,
+               "schedule and launch each step while the one before runs (serve's default)");
   app.add_flag("--kernels", a.kernels, "print the GPU time per step by kernel too");
   CLI11_PARSE(app, argc, argv);
 
@@ -202,6 +218,7 @@ int run(int argc, char** argv) {
   EngineConfig ec;
   if (!a.enforce_eager) ec.decode_graph_max_batch = max_batch;  // HYSERVE_STEP_BENCH_GRAPHS
   ec.scheduler.max_num_seqs = max_batch;
+  ec.async_scheduling = a.async_scheduling;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.max_num_batched_tokens = std::max<int64_t>(8192, max_batch);
   Engine engine(std::move(model), ec);
@@ -253,11 +270,13 @@ int run(int argc, char** argv) {
       std::lock_guard lock(g_activity.mu);
       iv.swap(g_activity.intervals);
     }
-    std::vector<float> gpu_us, d2h;
+    std::vector<float> gpu_us, d2h, gaps_us, edge_us;
     for (int64_t i = 0; i < a.steps; ++i) {
-      const auto [busy_ns, bytes] = busy_in(iv, t0[i], t1[i]);
-      gpu_us.push_back(static_cast<float>(busy_ns / 1e3));
-      d2h.push_back(static_cast<float>(bytes));
+      const StepTimes t = busy_in(iv, t0[i], t1[i]);
+      gpu_us.push_back(static_cast<float>(t.busy_ns / 1e3));
+      d2h.push_back(static_cast<float>(t.d2h_bytes));
+      gaps_us.push_back(static_cast<float>((t.span_ns - t.busy_ns) / 1e3));
+      edge_us.push_back(wall_us[static_cast<size_t>(i)] - static_cast<float>(t.span_ns / 1e3));
     }
     const float wall = median(wall_us), gpu = median(gpu_us);
     nlohmann::json j;
@@ -267,10 +286,13 @@ int run(int argc, char** argv) {
     j["batch"] = b;
     j["context"] = a.prompt;
     j["graphs"] = !a.enforce_eager;
+    j["async_scheduling"] = a.async_scheduling;
     j["wall_us"] = wall;
     j["gpu_us"] = gpu;
     j["host_us"] = wall - gpu;
     j["host_over_gpu"] = (wall - gpu) / gpu;
+    j["gaps_us"] = median(gaps_us);
+    j["edge_us"] = median(edge_us);
     j["d2h_bytes"] = median(d2h);
     j["tokens_per_s"] = static_cast<double>(b) / (wall * 1e-6);
     std::printf("%s\n", j.dump().c_str());

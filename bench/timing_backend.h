@@ -42,6 +42,13 @@ class TimingBackend final : public Backend {
   void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
   void fill_zero(void* d, size_t n) override { inner_->fill_zero(d, n); }
   void synchronize() override { inner_->synchronize(); }
+  void* allocate_host(size_t n) override { return inner_->allocate_host(n); }
+  void release_host(void* p) override { inner_->release_host(p); }
+  void download_async(void* d, const void* s, size_t n) override {
+    inner_->download_async(d, s, n);
+  }
+  uint64_t fence() override { return inner_->fence(); }
+  void wait_fence(uint64_t f) override { inner_->wait_fence(f); }
   void freeze() override { inner_->freeze(); }
   void set_batch_invariant(bool on) override { inner_->set_batch_invariant(on); }
   void* native_stream() const override { return inner_->native_stream(); }
@@ -100,6 +107,7 @@ class TimingBackend final : public Backend {
   void apply_token_mask(const TokenMaskParams& p) override { inner_->apply_token_mask(p); }
   void token_logprobs(const LogprobParams& p) override { inner_->token_logprobs(p); }
   void sample_tokens(const SampleParams& p) override { inner_->sample_tokens(p); }
+  void gather_tokens(const GatherTokensParams& p) override { inner_->gather_tokens(p); }
 
  private:
   template <typename F>

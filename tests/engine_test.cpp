@@ -126,8 +126,23 @@ Request make_request(std::string id, std::vector<int32_t> prompt, int64_t max_to
   return r;
 }
 
+// Every engine test runs with and without asynchronous scheduling (small_config reads it).
+bool g_async_scheduling = false;
+
+class EngineTest : public ::testing::TestWithParam<bool> {
+ protected:
+  void SetUp() override { g_async_scheduling = GetParam(); }
+  void TearDown() override { g_async_scheduling = false; }
+};
+
+INSTANTIATE_TEST_SUITE_P(Scheduling, EngineTest, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
+
 EngineConfig small_config(int64_t max_num_batched_tokens = 256, int64_t max_num_seqs = 8) {
   EngineConfig c;
+  c.async_scheduling = g_async_scheduling;
   c.scheduler.max_model_len = 128;
   c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
   c.scheduler.max_num_seqs = max_num_seqs;
@@ -149,7 +164,7 @@ void run_to_completion(Engine& engine) {
   }
 }
 
-TEST(EngineTest, GreedyOutputEqualsTheModelAlone) {
+TEST_P(EngineTest, GreedyOutputEqualsTheModelAlone) {
   Engine engine(load_tiny(), small_config());
   const int64_t vocab = engine.model().config().vocab_size;
   Collector col;
@@ -174,7 +189,7 @@ TEST(EngineTest, GreedyOutputEqualsTheModelAlone) {
 
 // 16 requests of mixed lengths under a 32-token budget and 4 running at most: prefills are
 // chunked and batched with other requests' decodes.
-TEST(EngineTest, ConcurrentChunkedPrefillEqualsEachRequestAlone) {
+TEST_P(EngineTest, ConcurrentChunkedPrefillEqualsEachRequestAlone) {
   Engine engine(load_tiny(), small_config(/*max_num_batched_tokens=*/32, /*max_num_seqs=*/4));
   const int64_t vocab = engine.model().config().vocab_size;
   Collector col;
@@ -202,7 +217,7 @@ TEST(EngineTest, ConcurrentChunkedPrefillEqualsEachRequestAlone) {
 // logits rows are put back in batch order, and a one-token prefill chunk takes the
 // chunked KDA form - must leave every output, logprob and prompt logprob what the request
 // gets alone.
-TEST(EngineTest, BatchInvariantModeConcurrentEqualsAloneBitwise) {
+TEST_P(EngineTest, BatchInvariantModeConcurrentEqualsAloneBitwise) {
   ModelOptions options;
   options.batch_invariant = true;
   const auto load = [&] {
@@ -262,7 +277,7 @@ TEST(EngineTest, BatchInvariantModeConcurrentEqualsAloneBitwise) {
   }
 }
 
-TEST(EngineTest, PreemptionByRecomputeKeepsTheAloneOutputs) {
+TEST_P(EngineTest, PreemptionByRecomputeKeepsTheAloneOutputs) {
   EngineConfig config = small_config(512, 4);
   // Prompts end 4 tokens before a block boundary and grow across it: each request holds 2
   // blocks (token block + KDA state row) at admission and needs a third after 4 outputs.
@@ -289,7 +304,7 @@ TEST(EngineTest, PreemptionByRecomputeKeepsTheAloneOutputs) {
   EXPECT_EQ(engine.stats().kv_cache_usage, 0.0);
 }
 
-TEST(EngineTest, SeedReproducesSampledTokensAndDiffersAcrossSeeds) {
+TEST_P(EngineTest, SeedReproducesSampledTokensAndDiffersAcrossSeeds) {
   Engine engine(load_tiny(), small_config());
   const int64_t vocab = engine.model().config().vocab_size;
   const auto prompt = random_prompt(9, 400, vocab);
@@ -308,7 +323,7 @@ TEST(EngineTest, SeedReproducesSampledTokensAndDiffersAcrossSeeds) {
   EXPECT_NE(col.results["c"].ids(), alone.outputs);
 }
 
-TEST(EngineTest, StopTokenIdFinishesWithStop) {
+TEST_P(EngineTest, StopTokenIdFinishesWithStop) {
   Engine engine(load_tiny(), small_config());
   const int64_t vocab = engine.model().config().vocab_size;
   const auto prompt = random_prompt(12, 500, vocab);
@@ -327,7 +342,7 @@ TEST(EngineTest, StopTokenIdFinishesWithStop) {
   EXPECT_EQ(c.stop_token_id, stop);
 }
 
-TEST(EngineTest, AbortMidGenerationFinishesWithAbortAndFreesEverything) {
+TEST_P(EngineTest, AbortMidGenerationFinishesWithAbortAndFreesEverything) {
   Engine engine(load_tiny(), small_config());
   const int64_t vocab = engine.model().config().vocab_size;
   Collector col;
@@ -338,7 +353,8 @@ TEST(EngineTest, AbortMidGenerationFinishesWithAbortAndFreesEverything) {
   engine.abort_request("x");
   EXPECT_TRUE(engine.step());
   const Collected& c = col.results["x"];
-  EXPECT_EQ(c.tokens.size(), 4u);
+  // Asynchronously, the fourth step was still in flight: the abort drops its token.
+  EXPECT_EQ(c.tokens.size(), GetParam() ? 3u : 4u);
   EXPECT_TRUE(c.finished);
   EXPECT_EQ(c.finish_reason, "abort");
   EXPECT_EQ(engine.stats().num_running, 0);
@@ -354,7 +370,7 @@ double log_softmax(const std::vector<float>& row, int32_t token) {
   return row[static_cast<size_t>(token)] - m - std::log(s);
 }
 
-TEST(EngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
+TEST_P(EngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
   Engine engine(load_tiny(), small_config(16, 4));  // the prompt spans two chunks
   const int64_t vocab = engine.model().config().vocab_size;
   const auto prompt = random_prompt(21, 700, vocab);
@@ -402,7 +418,7 @@ TEST(EngineTest, LogprobsAreLogSoftmaxOfTheRawLogits) {
   }
 }
 
-TEST(EngineTest, EngineThreadDeliversWhatStepDelivers) {
+TEST_P(EngineTest, EngineThreadDeliversWhatStepDelivers) {
   const auto model = load_tiny();
   const int64_t vocab = model->config().vocab_size;
   std::vector<std::vector<int32_t>> prompts;
@@ -431,7 +447,7 @@ TEST(EngineTest, EngineThreadDeliversWhatStepDelivers) {
   EXPECT_TRUE(engine.alive());
 }
 
-TEST(EngineTest, StopAbortsUnfinishedRequests) {
+TEST_P(EngineTest, StopAbortsUnfinishedRequests) {
   Engine engine(load_tiny(), small_config());
   Collector col;
   engine.add_request(make_request("u", {5, 6, 7}, 20), col.callback());
@@ -451,7 +467,7 @@ void expect_refused(Engine& engine, Request r, const std::string& field) {
   }
 }
 
-TEST(EngineTest, AddRequestRefusesBadParamsNamingTheField) {
+TEST_P(EngineTest, AddRequestRefusesBadParamsNamingTheField) {
   Engine engine(load_tiny(), small_config());
   const Request good = make_request("g", {5, 6, 7}, 4);
   Request r = good;
@@ -514,7 +530,7 @@ std::vector<float> processed_row(std::vector<float> l, const SamplingParams& sp,
 // Several requests with penalties, biases and min_tokens decode in one batch beside plain
 // ones; each one's greedy tokens are those of the formulas applied to its raw logits alone
 // (the device state: the prompt mask, the output counts advanced by each sampled token).
-TEST(EngineTest, LogitsProcessorsFollowTheFormulasInABatch) {
+TEST_P(EngineTest, LogitsProcessorsFollowTheFormulasInABatch) {
   Engine engine(load_tiny(), small_config(256, 8));
   const ModelConfig& mc = engine.model().config();
   const int64_t vocab = mc.vocab_size;
@@ -576,7 +592,7 @@ TEST(EngineTest, LogitsProcessorsFollowTheFormulasInABatch) {
 
 // The runner copies back the sampled ids and the logprobs asked for, nothing more: per decode
 // step of B requests asking n logprobs, B x (4 + 4 + 8n) bytes (id, logprob, n top entries).
-TEST(EngineTest, BytesCopiedToTheHostPerDecodeStep) {
+TEST_P(EngineTest, BytesCopiedToTheHostPerDecodeStep) {
   for (const std::optional<int32_t> logprobs :
        {std::optional<int32_t>{}, std::optional<int32_t>{0}, std::optional<int32_t>{3}}) {
     Collector col;  // outlives the engine, whose destructor aborts what is unfinished
@@ -589,6 +605,9 @@ TEST(EngineTest, BytesCopiedToTheHostPerDecodeStep) {
       engine.add_request(std::move(r), col.callback());
     }
     ASSERT_TRUE(engine.step());  // every prompt in one step, each sampling its first token
+    if (GetParam()) {
+      ASSERT_TRUE(engine.step());  // asynchronously, its results come a step later
+    }
     const int64_t per_row = logprobs ? 8 + 8 * *logprobs : 4;
     int64_t before = engine.stats().device_to_host_bytes;
     EXPECT_EQ(before, kB * per_row);
@@ -602,7 +621,7 @@ TEST(EngineTest, BytesCopiedToTheHostPerDecodeStep) {
   }
 }
 
-TEST(EngineTest, MinTokensDelaysEos) {
+TEST_P(EngineTest, MinTokensDelaysEos) {
   Engine engine(load_tiny(), small_config());
   const int64_t vocab = engine.model().config().vocab_size;
   const auto prompt = random_prompt(6, 900, vocab);
@@ -619,7 +638,7 @@ TEST(EngineTest, MinTokensDelaysEos) {
   EXPECT_NE(c.tokens[1].token, alone.outputs[0]);
 }
 
-TEST(EngineTest, EosFinishesWithStopAndNamesTheEosId) {
+TEST_P(EngineTest, EosFinishesWithStopAndNamesTheEosId) {
   Engine engine(load_tiny(), small_config());
   const auto& eos = engine.config().scheduler.eos_token_ids;
   ASSERT_FALSE(eos.empty());
@@ -667,7 +686,7 @@ Request logprob_request(std::string id, std::vector<int32_t> prompt, int64_t max
 // A prompt that shares two full blocks with an earlier one reads their latents and index
 // keys, and the KDA state snapshot at their end, from the cache; its tokens and logprobs
 // equal those of the same request on an engine with prefix caching off, bitwise.
-TEST(EngineTest, PrefixHitEqualsMissBitwise) {
+TEST_P(EngineTest, PrefixHitEqualsMissBitwise) {
   EngineConfig config = small_config(4096, 4);
   auto model = load_tiny();
   const int64_t bs = model->cache_plan(config.min_block_size).block_size;
@@ -703,7 +722,7 @@ TEST(EngineTest, PrefixHitEqualsMissBitwise) {
 // TTFT, prefill + decode = inference <= end to end); one first_token per request with
 // tokens, one inter_token per later step; step() sums the scheduled tokens. stats()
 // counts the whole prompt of every request that got a token, once.
-TEST(EngineTest, ObserverReportsEachRequestsFigures) {
+TEST_P(EngineTest, ObserverReportsEachRequestsFigures) {
   struct Recorder : EngineObserver {
     std::map<std::string, FinishedRequest> finished;
     int num_first = 0, num_inter = 0;
@@ -734,7 +753,7 @@ TEST(EngineTest, ObserverReportsEachRequestsFigures) {
   engine.add_request(make_request("b", prompt, 1), col.callback());  // a prefix hit
   run_to_completion(engine);
   engine.add_request(make_request("c", random_prompt(9, 601, vocab), 50), col.callback());
-  engine.step();
+  while (col.results["c"].tokens.empty()) engine.step();
   engine.abort_request("c");
   run_to_completion(engine);
 
@@ -767,15 +786,16 @@ TEST(EngineTest, ObserverReportsEachRequestsFigures) {
   EXPECT_EQ(*b.decode_s, 0.0);
   EXPECT_EQ(rec.num_first, 3);
   EXPECT_EQ(rec.num_inter, 4);  // a's tokens 2..5
-  // a's prompt, b's uncached suffix, c's prompt, and the decode steps' tokens (a: 4).
-  EXPECT_EQ(rec.scheduled_tokens, (2 * bs + 3) + 3 + 9 + 4);
+  // a's prompt, b's uncached suffix, c's prompt, and the decode steps' tokens (a: 4;
+  // asynchronously also c's second step, in flight when it was aborted).
+  EXPECT_EQ(rec.scheduled_tokens, (2 * bs + 3) + 3 + 9 + 4 + (GetParam() ? 1 : 0));
   EXPECT_EQ(engine.stats().prompt_tokens, 2 * (2 * bs + 3) + 9);
   EXPECT_EQ(engine.stats().generation_tokens, 5 + 1 + 1);
 }
 
 // A different cache_salt never reads another request's blocks; prompt logprobs need every
 // position computed, so such a request reads nothing either.
-TEST(EngineTest, PrefixCacheIsIsolatedBySaltAndSkippedForPromptLogprobs) {
+TEST_P(EngineTest, PrefixCacheIsIsolatedBySaltAndSkippedForPromptLogprobs) {
   auto model = load_tiny();
   const auto [config, bs] = prefix_caching_config(*model);
   Engine engine(std::move(model), config);
@@ -806,7 +826,7 @@ TEST(EngineTest, PrefixCacheIsIsolatedBySaltAndSkippedForPromptLogprobs) {
 // blocks are evicted: every request's tokens and logprobs equal those of an engine without
 // prefix caching, bitwise. (Preemption is left out: a recomputed request runs its earlier
 // outputs through chunked KDA instead of the recurrent step, which rounds differently.)
-TEST(EngineTest, RandomWorkloadWithPrefixCachingEqualsWithout) {
+TEST_P(EngineTest, RandomWorkloadWithPrefixCachingEqualsWithout) {
   EngineConfig config = small_config(/*max_num_batched_tokens=*/96, /*max_num_seqs=*/4);
   auto model = load_tiny();
   const int64_t bs = model->cache_plan(config.min_block_size).block_size;
@@ -848,7 +868,7 @@ TEST(EngineTest, RandomWorkloadWithPrefixCachingEqualsWithout) {
   EXPECT_EQ(cached.stats().kv_cache_usage, 0.0);
 }
 
-TEST(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
+TEST_P(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
   auto model = load_tiny();
   Model* raw = model.get();
   Engine engine(std::move(model), small_config());
@@ -864,11 +884,107 @@ TEST(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
   for (const char* id : {"a", "b"}) {
     EXPECT_TRUE(col.results[id].finished) << id;
     EXPECT_EQ(col.results[id].finish_reason, "abort") << id;
-    EXPECT_EQ(col.results[id].tokens.size(), 1u) << id;
+    // Asynchronously, the first step's tokens were still in flight when the second failed.
+    EXPECT_EQ(col.results[id].tokens.size(), GetParam() ? 0u : 1u) << id;
   }
   EXPECT_EQ(engine.stats().num_running, 0);
   EXPECT_THROW(engine.add_request(make_request("c", {5}, 2), col.callback()), Error);
   EXPECT_FALSE(engine.step());
+}
+
+// Asynchronous scheduling gives every request exactly what synchronous scheduling gives:
+// tokens and logprobs bitwise, finish reasons, stop ids and prefix hits. The workload has
+// penalties, logit_bias, min_tokens against EOS, stop ids, seeded sampling, logprobs, and
+// prefix caching with a KDA snapshot at every block boundary; its second round resends the
+// first round's conversations (prompt + output), so hits land on snapshots taken during
+// decode, where the boundary's last token was still a placeholder when it was scheduled.
+TEST(EngineAsyncTest, AsyncSchedulingEqualsSyncOnAMixedWorkload) {
+  EngineConfig config = small_config(/*max_num_batched_tokens=*/160, /*max_num_seqs=*/6);
+  auto model = load_tiny();
+  const int64_t bs = model->cache_plan(config.min_block_size).block_size;
+  config.scheduler.max_model_len = 6 * bs;
+  config.enable_prefix_caching = true;
+  config.snapshot_policy.every_blocks = 1;
+  Engine sync_engine(std::move(model), config);
+  config.async_scheduling = true;
+  Engine async_engine(load_tiny(), config);
+  const int64_t vocab = sync_engine.model().config().vocab_size;
+  const int32_t eos = sync_engine.config().scheduler.eos_token_ids.at(0);
+
+  std::mt19937 rng(900);
+  auto make = [&](int i, std::vector<int32_t> prompt) {
+    Request r = make_request(str_cat("q", i), std::move(prompt), 1 + rng() % (bs + 20));
+    SamplingParams& sp = r.sampling_params;
+    if (i % 2) {
+      sp.temperature = 0.7f + 0.1f * static_cast<float>(i % 4);
+      sp.seed = 100 + i;
+      sp.top_p = i % 3 ? 1.0f : 0.9f;
+    }
+    if (i % 3 == 0) sp.logprobs = static_cast<int32_t>(i % 4);
+    if (i % 4 == 1) {
+      sp.repetition_penalty = 1.3f;
+      sp.presence_penalty = 0.5f;
+      sp.frequency_penalty = 0.25f;
+    }
+    if (i % 5 == 2) sp.logit_bias = {{eos, 6.0f}, {static_cast<int32_t>(rng() % vocab), 3.0f}};
+    if (i % 3 == 1) {
+      sp.ignore_eos = false;  // EOS ends it (after min_tokens): a step in flight is dropped
+      sp.min_tokens = static_cast<int64_t>(rng() % 6);
+    }
+    if (i % 7 == 3) sp.stop_token_ids = {static_cast<int32_t>(rng() % vocab)};
+    return r;
+  };
+  Collector want, got;
+  std::vector<Request> first_round;
+  for (int i = 0; i < 14; ++i) {
+    const auto prompt = random_prompt(1 + rng() % (2 * bs), 910 + static_cast<uint32_t>(i), vocab);
+    first_round.push_back(make(i, prompt));
+  }
+  for (int round = 0; round < 2; ++round) {
+    std::vector<Request> requests;
+    if (round == 0) {
+      requests = first_round;
+    } else {
+      for (int i = 0; i < 14; ++i) {  // each conversation resent with its output
+        const Request& earlier = first_round[static_cast<size_t>(i)];
+        std::vector<int32_t> prompt = earlier.prompt_token_ids;
+        for (int32_t t : want.results[earlier.id].ids()) prompt.push_back(t);
+        prompt.push_back(static_cast<int32_t>(rng() % vocab));
+        if (std::ssize(prompt) >= config.scheduler.max_model_len - 1) continue;
+        requests.push_back(make(100 + i, prompt));
+        requests.back().sampling_params.max_tokens =
+            std::min<int64_t>(*requests.back().sampling_params.max_tokens,
+                              config.scheduler.max_model_len - std::ssize(prompt));
+      }
+    }
+    for (size_t k = 0; k < requests.size(); ++k) {
+      sync_engine.add_request(requests[k], want.callback());
+      async_engine.add_request(requests[k], got.callback());
+      if (k % 4 == 3) {  // later arrivals join running batches
+        sync_engine.step();
+        async_engine.step();
+      }
+    }
+    run_to_completion(sync_engine);
+    run_to_completion(async_engine);
+  }
+  ASSERT_EQ(got.results.size(), want.results.size());
+  int64_t decode_hits = 0;
+  for (const auto& [id, w] : want.results) {
+    const Collected& g = got.results[id];
+    ASSERT_TRUE(g.finished && w.finished) << id;
+    expect_same_tokens(g, w, id);
+    EXPECT_EQ(g.finish_reason, w.finish_reason) << id;
+    EXPECT_EQ(g.stop_token_id, w.stop_token_id) << id;
+    EXPECT_EQ(g.num_cached_tokens, w.num_cached_tokens) << id;
+    decode_hits += w.num_cached_tokens > 0;
+  }
+  EXPECT_GT(decode_hits, 0);
+  EXPECT_EQ(async_engine.stats().prefix_cache_hits, sync_engine.stats().prefix_cache_hits);
+  EXPECT_EQ(async_engine.stats().generation_tokens, sync_engine.stats().generation_tokens);
+  EXPECT_GT(async_engine.stats().num_overlapped_steps, 0);
+  EXPECT_EQ(sync_engine.stats().num_overlapped_steps, 0);
+  EXPECT_EQ(async_engine.stats().kv_cache_usage, 0.0);
 }
 
 }  // namespace

@@ -34,12 +34,14 @@ enum class DeviceKind { kCpu, kCuda };
 
 class Backend;
 
-// One allocation in a backend's memory, freed on destruction. Setup only: the
-// forward pass itself never allocates.
+// One allocation in a backend's memory (or, kHost, the host memory it copies into
+// without staging: Backend::allocate_host), freed on destruction. Setup only: the forward
+// pass itself never allocates.
 class BackendBuffer {
  public:
+  enum class Memory { kDevice, kHost };
   BackendBuffer() = default;
-  BackendBuffer(Backend* backend, size_t num_bytes);
+  BackendBuffer(Backend* backend, size_t num_bytes, Memory memory = Memory::kDevice);
   ~BackendBuffer();
   BackendBuffer(BackendBuffer&& o) noexcept;
   BackendBuffer& operator=(BackendBuffer&& o) noexcept;
@@ -54,9 +56,12 @@ class BackendBuffer {
   }
 
  private:
+  void free();
+
   Backend* backend_ = nullptr;
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+  Memory memory_ = Memory::kDevice;
 };
 
 class Backend {
@@ -74,6 +79,21 @@ class Backend {
   virtual void fill_zero(void* dst, size_t num_bytes) = 0;
   // Waits until every op issued so far is done.
   virtual void synchronize() = 0;
+  // Host memory a device copies into without a staging copy (pinned on CUDA), for
+  // download_async. The default is plain host memory.
+  virtual void* allocate_host(size_t num_bytes);
+  virtual void release_host(void* ptr);
+  // A device-to-host copy ordered with the ops that does not wait for them: host_dst (from
+  // allocate_host) holds the bytes once a fence issued after it has been waited for. The
+  // default copies at once (a backend whose ops run on the caller's thread).
+  virtual void download_async(void* host_dst, const void* src, size_t num_bytes) {
+    download(host_dst, src, num_bytes);
+  }
+  // A fence after every op issued so far; wait_fence(f) returns once they are all done
+  // (fences are waited for at most once, in any order; waiting for a later one also ends
+  // the earlier ones). The defaults: ops are done when issued.
+  virtual uint64_t fence() { return 0; }
+  virtual void wait_fence(uint64_t /*fence*/) {}
   // After freeze() the backend allocates nothing (CUDA graphs replay safely); an op
   // that would need more scratch memory than it had throws.
   virtual void freeze() {}
@@ -164,6 +184,9 @@ class Backend {
   // Options must satisfy sampling::options_valid (checked by the caller on the host); a
   // row whose logits are all NaN gets token -1 on every backend.
   virtual void sample_tokens(const SampleParams& p) = 0;
+  // tokens[i] = source[source_rows[i]] where source_rows[i] >= 0: a step's input ids taken
+  // from the tokens a step before it sampled, without a trip to the host.
+  virtual void gather_tokens(const GatherTokensParams& p) = 0;
 };
 
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).

@@ -24,28 +24,53 @@
 
 namespace hyserve {
 
-BackendBuffer::BackendBuffer(Backend* backend, size_t num_bytes)
-    : backend_(backend), bytes_(num_bytes) {
-  if (num_bytes > 0) ptr_ = backend->allocate(num_bytes);
+BackendBuffer::BackendBuffer(Backend* backend, size_t num_bytes, Memory memory)
+    : backend_(backend), bytes_(num_bytes), memory_(memory) {
+  if (num_bytes == 0) return;
+  ptr_ = memory == Memory::kHost ? backend->allocate_host(num_bytes) : backend->allocate(num_bytes);
+}
+
+void BackendBuffer::free() {
+  if (ptr_ == nullptr) return;
+  if (memory_ == Memory::kHost) {
+    backend_->release_host(ptr_);
+  } else {
+    backend_->release(ptr_);
+  }
+  ptr_ = nullptr;
 }
 
 BackendBuffer::~BackendBuffer() {
-  if (ptr_) backend_->release(ptr_);
+  free();
 }
 
 BackendBuffer::BackendBuffer(BackendBuffer&& o) noexcept
     : backend_(o.backend_),
       ptr_(std::exchange(o.ptr_, nullptr)),
-      bytes_(std::exchange(o.bytes_, 0)) {}
+      bytes_(std::exchange(o.bytes_, 0)),
+      memory_(o.memory_) {}
 
 BackendBuffer& BackendBuffer::operator=(BackendBuffer&& o) noexcept {
   if (this != &o) {
-    if (ptr_) backend_->release(ptr_);
+    free();
     backend_ = o.backend_;
     ptr_ = std::exchange(o.ptr_, nullptr);
     bytes_ = std::exchange(o.bytes_, 0);
+    memory_ = o.memory_;
   }
   return *this;
+}
+
+void* Backend::allocate_host(size_t num_bytes) {
+  const size_t rounded = (std::max<size_t>(num_bytes, 1) + 255) / 256 * 256;
+  void* p = std::aligned_alloc(256, rounded);
+  CHECK(p != nullptr, "cannot allocate ", num_bytes, " bytes of host memory");
+  std::memset(p, 0, rounded);
+  return p;
+}
+
+void Backend::release_host(void* ptr) {
+  std::free(ptr);
 }
 
 namespace {
@@ -162,6 +187,7 @@ class CpuBackend final : public Backend {
   void apply_token_mask(const TokenMaskParams& p) override { cpu::apply_token_mask(p); }
   void token_logprobs(const LogprobParams& p) override { cpu::token_logprobs(p); }
   void sample_tokens(const SampleParams& p) override { cpu::sample_tokens(p); }
+  void gather_tokens(const GatherTokensParams& p) override { cpu::gather_tokens(p); }
 
  private:
   static constexpr size_t kMapThresholdBytes = size_t{1} << 24;

@@ -66,6 +66,8 @@ struct ServeArgs {
   std::string device = "auto";
   bool batch_invariant = false;
   bool enforce_eager = false;
+  bool async_scheduling = false;  // the default; --no-async-scheduling turns it off
+  bool no_async_scheduling = false;
 };
 
 // A refused flag: the message alone (it names the flag), no check text or source line.
@@ -218,6 +220,8 @@ int run_serve(const ServeArgs& a) {
         "--speculative-config: speculative decoding is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
+  CHECK(!(a.async_scheduling && a.no_async_scheduling),
+        "--async-scheduling and --no-async-scheduling contradict each other");
   const std::optional<LatentCacheDtype> latent_flag = parse_latent_cache_dtype(a.kv_cache_dtype);
   const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
   CHECK(index_cache != IndexCacheDtype::kMxfp4,
@@ -282,6 +286,8 @@ int run_serve(const ServeArgs& a) {
   ec.enable_prefix_caching = !a.no_enable_prefix_caching;
   const MemoryPlan memory = plan_kv_pool(*model, a, ec, device);
   ec.num_blocks = static_cast<int32_t>(memory.num_blocks);
+  // The next step is scheduled while this one runs unless --no-async-scheduling.
+  ec.async_scheduling = !a.no_async_scheduling;
   // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
   if (device == "cuda" && !a.enforce_eager) {
     ec.decode_graph_max_batch = std::min<int64_t>(ec.scheduler.max_num_seqs, 256);
@@ -392,6 +398,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--batch-invariant", a->batch_invariant,
                 "logits bitwise independent of the batch, the chunking and prefix hits");
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
+  cmd->add_flag("--async-scheduling", a->async_scheduling,
+                "schedule and launch the next step while this one runs (the default)");
+  cmd->add_flag("--no-async-scheduling", a->no_async_scheduling,
+                "wait for each step's results before scheduling the next");
   // Options refuse a second value already; flags too.
   for (CLI::Option* option : cmd->get_options()) {
     if (option->get_expected_max() == 0) option->multi_option_policy(CLI::MultiOptionPolicy::Throw);

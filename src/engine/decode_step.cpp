@@ -17,13 +17,13 @@ int64_t next_graph_id() {
 }
 
 // The per-token inputs of a step of `rows` rows, at offsets that depend on rows only (a
-// graph of that many rows reads them there): pos, slots (int64), ids, seq_lens, state rows
-// (int32).
+// graph of that many rows reads them there): pos, slots (int64), ids, seq_lens, state rows,
+// the rows of ids taken from a device token array (int32).
 struct InputLayout {
-  int64_t pos, slots, ids, seq_lens, state_rows, bytes;
+  int64_t pos, slots, ids, seq_lens, state_rows, sources, bytes;
 };
 InputLayout input_layout(int64_t rows) {
-  return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows};
+  return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows, 32 * rows};
 }
 
 }  // namespace
@@ -96,7 +96,7 @@ void DecodeStep::set_table_row(int64_t row, std::span<const int32_t> blocks) {
   bytes_uploaded_ += (end - first) * 4;
 }
 
-const float* DecodeStep::run(std::span<const SequenceInput> batch) {
+const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSource& source) {
   CHECK(accepts(batch), "decode step: the batch is not a batched decode of this cache within ",
         config_.max_batch, " sequences of ", config_.max_context, " tokens");
   bytes_uploaded_ = 0;
@@ -127,6 +127,10 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch) {
   auto* ids = reinterpret_cast<int32_t*>(staging_.data() + l.ids);
   auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
   auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
+  auto* sources = reinterpret_cast<int32_t*>(staging_.data() + l.sources);
+  CHECK(source.rows.empty() || std::ssize(source.rows) == num_seqs,
+        "decode step: ", source.rows.size(), " token source rows for ", num_seqs, " sequences");
+  bool gather = false;
   const int64_t bs = cache_.plan().block_size;
   const bool has_state = cache_.plan().kda_state_rows > 0;
   for (int64_t i = 0; i < rows; ++i) {
@@ -137,11 +141,15 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch) {
       ids[i] = 0;
       seq_lens[i] = 1;
       state_rows[i] = pad_;
+      sources[i] = -1;
       continue;
     }
     const SequenceInput& in = batch[static_cast<size_t>(i)];
-    CHECK(in.tokens[0] >= 0 && in.tokens[0] < vocab, "decode step: token id ", in.tokens[0],
-          " of sequence ", i, " is outside the vocabulary [0, ", vocab, ")");
+    sources[i] = source.rows.empty() ? -1 : source.rows[static_cast<size_t>(i)];
+    CHECK(sources[i] < 0 || source.tokens != nullptr, "decode step: no token source for row ", i);
+    CHECK(sources[i] >= 0 || (in.tokens[0] >= 0 && in.tokens[0] < vocab), "decode step: token id ",
+          in.tokens[0], " of sequence ", i, " is outside the vocabulary [0, ", vocab, ")");
+    gather = gather || sources[i] >= 0;
     CHECK(in.num_computed >= 0 && std::ssize(in.blocks) * bs > in.num_computed,
           "decode step: ", in.blocks.size(), " blocks cannot hold position ", in.num_computed,
           " of sequence ", i);
@@ -150,7 +158,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch) {
     set_table_row(i, in.blocks);
     pos[i] = in.num_computed;
     slots[i] = in.slots.empty() ? slot_index(in.blocks.data(), bs, in.num_computed) : in.slots[0];
-    ids[i] = in.tokens[0];
+    ids[i] = sources[i] >= 0 ? 0 : in.tokens[0];
     seq_lens[i] = static_cast<int32_t>(in.num_computed + 1);
     state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;
   }
@@ -158,6 +166,10 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch) {
   bytes_uploaded_ += l.bytes;
 
   uint8_t* base = inputs_.as<uint8_t>();
+  if (gather) {
+    backend_.gather_tokens({reinterpret_cast<int32_t*>(base + l.ids), source.tokens,
+                            reinterpret_cast<const int32_t*>(base + l.sources), num_seqs});
+  }
   const SequenceSlice all{0, rows, 0, &cache_, tables_.as<int32_t>(), pad_, true};
   const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
                        reinterpret_cast<const int64_t*>(base + l.pos),

@@ -7,8 +7,9 @@
 //   tables     [max_batch, W] int32  block tables, W = blocks of max_context tokens; entries
 //                                    past a sequence's blocks (and padding rows) hold the
 //                                    cache's scratch block
-//   per token  ids int32, pos int64, slots int64, seq_lens int32, state_rows int32: new
-//              every step, uploaded in one copy of rows x 28 bytes
+//   per token  ids int32, pos int64, slots int64, seq_lens int32, state_rows int32, and
+//              the rows of ids gathered on the device (TokenSource): new every step,
+//              uploaded in one copy of rows x 32 bytes
 //   logits     [max_batch, vocab] fp32 (a graph writes its output at fixed addresses)
 //
 // A host mirror of the tables keeps what the device holds: a row is copied only where it
@@ -56,8 +57,16 @@ class DecodeStep {
   // Whether the batch runs here: Model::is_batched_decode on this cache, within max_batch
   // and max_context.
   bool accepts(std::span<const SequenceInput> batch) const;
+  // Input ids of a run that come from a device array of sampled ids (asynchronous
+  // scheduling: the token an earlier step sampled and the host has not seen): rows[i] >= 0
+  // takes sequence i's id from tokens[rows[i]] (its SequenceInput token is not read).
+  struct TokenSource {
+    const int32_t* tokens = nullptr;
+    std::span<const int32_t> rows;  // [batch] or empty: every id from the host
+  };
   // Runs it; the logits [B, vocab] in backend memory, valid until the next run.
-  const float* run(std::span<const SequenceInput> batch);
+  const float* run(std::span<const SequenceInput> batch, const TokenSource& source);
+  const float* run(std::span<const SequenceInput> batch) { return run(batch, TokenSource{}); }
 
   int64_t num_graphs() const;
   // Host -> device bytes of the last run's inputs, and how many of them were block-table

@@ -72,8 +72,11 @@ struct Engine::Impl {
                 c.workspace_bytes}) {}
 
   void apply_incoming(std::vector<Delivery>& out);
-  // schedule -> execute -> update -> deliver (the outputs go to `out`).
+  // schedule -> execute -> update -> deliver (the outputs go to `out`). With asynchronous
+  // scheduling: schedule and launch this step, then update from the step before.
   bool run_step(std::vector<Delivery>& out);
+  // Collects a launched step's results and applies them (update, outputs, stats).
+  void finish_step(const SchedulerOutput& scheduled, std::vector<Delivery>& out);
   // Queue times of requests scheduled for the first time.
   void note_scheduled(const SchedulerOutput& scheduled);
   // The outputs of a step's updates, with the runner's logprobs.
@@ -98,6 +101,7 @@ struct Engine::Impl {
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
   bool has_work = false;                             // engine thread
+  std::optional<SchedulerOutput> in_flight;          // launched, not applied (engine thread)
   // Calls to the observer hold observer_mu, so that once set_observer returns the old one
   // gets no more calls.
   EngineObserver* observer = nullptr;  // guarded by observer_mu
@@ -168,28 +172,50 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
 
 bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   apply_incoming(out);
-  const bool applied = !out.empty();
-  if (!scheduler.has_unfinished_requests()) {
-    has_work = false;
-    update_stats(false);
-    return applied;
+  bool did = !out.empty();
+  std::optional<SchedulerOutput> launched;
+  if (scheduler.has_unfinished_requests()) {
+    launched = scheduler.schedule();
+    note_scheduled(*launched);
+    {
+      std::lock_guard lock(mu);
+      stats.num_preemptions += static_cast<int64_t>(launched->preempted_request_ids.size());
+    }
+    runner.launch(*launched, scheduler);
+    did = did || !launched->requests.empty();
   }
-  const SchedulerOutput scheduled = scheduler.schedule();
-  note_scheduled(scheduled);
-  RunnerStepResult result = runner.execute(scheduled, scheduler);
+  // The step before runs on the device while this one was scheduled and launched.
+  if (in_flight && launched) {
+    std::lock_guard lock(mu);
+    ++stats.num_overlapped_steps;
+  }
+  if (in_flight) {
+    finish_step(*in_flight, out);
+    in_flight.reset();
+    did = true;
+  }
+  if (launched) {
+    if (config.async_scheduling) {
+      in_flight = std::move(launched);
+    } else {
+      finish_step(*launched, out);
+    }
+  }
+  has_work = scheduler.has_unfinished_requests() || in_flight.has_value();
+  update_stats(false);
+  return did;
+}
+
+void Engine::Impl::finish_step(const SchedulerOutput& scheduled, std::vector<Delivery>& out) {
+  RunnerStepResult result = runner.collect();
   const std::vector<RequestUpdate> updates = scheduler.update_from_output(scheduled, result.output);
   const int64_t num_prompt_tokens = collect_outputs(scheduled, result, updates, out);
-
-  has_work = scheduler.has_unfinished_requests();
-  {
-    std::lock_guard lock(mu);
-    stats.num_preemptions += static_cast<int64_t>(scheduled.preempted_request_ids.size());
-    stats.prompt_tokens += num_prompt_tokens;
-    stats.generation_tokens += static_cast<int64_t>(result.output.sampled_token_ids.size());
-    stats.device_to_host_bytes += result.bytes_downloaded;
-  }
-  update_stats(false);
-  return applied || !scheduled.requests.empty();
+  int64_t num_generated = 0;
+  for (const RequestUpdate& u : updates) num_generated += std::ssize(u.new_token_ids);
+  std::lock_guard lock(mu);
+  stats.prompt_tokens += num_prompt_tokens;
+  stats.generation_tokens += num_generated;
+  stats.device_to_host_bytes += result.bytes_downloaded;
 }
 
 void Engine::Impl::report_finished(const std::string& id, const Live& l,
@@ -247,8 +273,10 @@ int64_t Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerSt
   int64_t new_prompt_tokens = 0;
   for (const ScheduledRequest& s : scheduled.requests) {
     const auto it = result.requests.find(s.request_id);
-    if (it == result.requests.end()) continue;
-    Live& l = live.at(s.request_id);
+    const auto lit = live.find(s.request_id);
+    // A request aborted while its step was in flight is gone.
+    if (it == result.requests.end() || lit == live.end()) continue;
+    Live& l = lit->second;
     for (auto& [pos, entry] : it->second.prompt_logprobs) {
       if (pos < std::ssize(l.prompt_logprob_values)) {
         l.prompt_logprob_values[static_cast<size_t>(pos)] = std::move(entry);
@@ -324,6 +352,12 @@ void Engine::Impl::abort_all(std::vector<Delivery>& out, const std::string& reas
     report_finished(id, l, reason);
   }
   live.clear();
+  if (in_flight && !dead) {
+    // Every request of the launched step is gone: its results only end the step.
+    runner.collect();
+    scheduler.update_from_output(*in_flight, {});
+  }
+  in_flight.reset();
   has_work = false;
   {
     std::lock_guard lock(mu);

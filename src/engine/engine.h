@@ -40,6 +40,12 @@ struct EngineConfig {
   // The forward's workspace is reserved to this at start (a profiled step plus the
   // context's transient buffers), so that steps never grow it; 0: grown on demand.
   size_t workspace_bytes = 0;
+  // Asynchronous scheduling (vLLM's --async-scheduling): step k + 1 is scheduled and
+  // launched before step k's results are read, so the host's scheduling, input preparation
+  // and output processing overlap the device's work. Outputs are the same as without it:
+  // a request's next input is the placeholder of the token in flight, read on the device;
+  // a request that finishes in step k also ran in step k + 1, whose token is dropped.
+  bool async_scheduling = false;
 };
 
 struct RequestOutput {
@@ -101,6 +107,8 @@ struct EngineStats {
   int64_t prefix_cache_hits = 0;     // tokens
   // Bytes the model runner copied device -> host (sampled ids and logprobs), total.
   int64_t device_to_host_bytes = 0;
+  // Steps launched while the step before was still in flight (asynchronous scheduling).
+  int64_t num_overlapped_steps = 0;
 };
 
 class Engine {

@@ -1,6 +1,7 @@
 #include "engine/kv_cache_manager.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "util/error.h"
 
@@ -76,8 +77,8 @@ bool KvCacheManager::allocate_slots(const Request& request, int64_t num_new_toke
   CHECK(num_new_tokens >= 0 && num_cached_tokens >= 0, "allocate_slots: request ", request.id,
         ": negative token count (", num_new_tokens, " new, ", num_cached_tokens, " cached)");
   const int64_t end = request.num_computed_tokens + num_cached_tokens + num_new_tokens;
-  CHECK(end <= request.num_tokens(), "allocate_slots: request ", request.id, " has ",
-        request.num_tokens(), " tokens, asked for slots up to ", end);
+  CHECK(end <= request.num_scheduled_tokens(), "allocate_slots: request ", request.id, " has ",
+        request.num_scheduled_tokens(), " tokens, asked for slots up to ", end);
   std::optional<PendingHit> pending = std::move(pending_hit_);
   pending_hit_.reset();
   const auto existing = requests_.find(request.id);
@@ -115,7 +116,7 @@ bool KvCacheManager::allocate_slots(const Request& request, int64_t num_new_toke
     prefix_cache_->acquire(*hit);
     rb.table.append(hit->blocks);
     rb.num_cached_blocks = num_hit_blocks;
-    if (hit->snapshot_block) held_for_step_.push_back(*hit->snapshot_block);
+    if (hit->snapshot_block) hold_for_step(*hit->snapshot_block);
     rb.restore_from = hit->snapshot_block;
   }
   if (num_state_blocks > 0) rb.table.set_state_block(pool_.allocate(1)->front());
@@ -154,30 +155,67 @@ std::optional<SnapshotCopy> KvCacheManager::cache_full_blocks(const Request& req
   RequestBlocks& rb = it->second;
   const int64_t tpb = config_.tokens_per_block();
   const int64_t num_full = num_tokens / tpb;
-  CHECK(num_full <= rb.table.num_blocks() && num_tokens <= request.num_tokens(),
+  CHECK(num_full <= rb.table.num_blocks() && num_tokens <= request.num_scheduled_tokens(),
         "cache_full_blocks: request ", request.id, " has no slots for ", num_tokens, " tokens");
-  if (num_full > rb.num_cached_blocks) {
-    const auto& hashes = hashes_up_to(request, rb, num_full);
+  // Only blocks of known tokens have a hash; one that ends in a placeholder is registered by
+  // a later step's call.
+  const int64_t num_known_full = std::min(num_tokens, request.num_tokens()) / tpb;
+  if (num_known_full > rb.num_cached_blocks) {
+    const auto& hashes = hashes_up_to(request, rb, num_known_full);
     const auto first = static_cast<size_t>(rb.num_cached_blocks);
-    const auto count = static_cast<size_t>(num_full) - first;
+    const auto count = static_cast<size_t>(num_known_full) - first;
     prefix_cache_->cache_full_blocks(std::span(hashes).subspan(first, count),
                                      rb.table.blocks().subspan(first, count));
-    rb.num_cached_blocks = num_full;
+    rb.num_cached_blocks = num_known_full;
   }
-  if (num_full == 0 || num_tokens % tpb != 0 || !config_.has_kda_layers ||
-      !snapshot_wanted(request, rb, num_full)) {
-    return std::nullopt;
+  if (num_full == 0 || num_tokens % tpb != 0 || !config_.has_kda_layers) return std::nullopt;
+  if (num_tokens > request.num_tokens()) {
+    // The boundary's last token is a placeholder: the state is copied after the step into
+    // a block of its own, which resolve_placeholders names once the token is known.
+    if (rb.pending_snapshot ||
+        !prefix_cache_->should_snapshot(num_full, request.num_prompt_tokens()))
+      return std::nullopt;
+    auto block = pool_.allocate(1);
+    if (!block) return std::nullopt;
+    hold_for_step(block->front());
+    rb.pending_snapshot = PendingSnapshot{block->front(), num_full};
+    return SnapshotCopy{request.id, *rb.table.state_block(), block->front(), num_tokens};
   }
+  if (!snapshot_wanted(request, rb, num_full)) return std::nullopt;
   const auto snapshot = prefix_cache_->store_snapshot(rb.hashes[num_full - 1]);
   if (!snapshot) return std::nullopt;
-  held_for_step_.push_back(*snapshot);
+  hold_for_step(*snapshot);
   return SnapshotCopy{request.id, *rb.table.state_block(), *snapshot, num_tokens};
+}
+
+void KvCacheManager::resolve_placeholders(const Request& request) {
+  const auto it = requests_.find(request.id);
+  if (it == requests_.end() || !it->second.pending_snapshot) return;
+  RequestBlocks& rb = it->second;
+  const PendingSnapshot p = *rb.pending_snapshot;
+  if (request.num_tokens() < p.boundary * config_.tokens_per_block()) return;
+  rb.pending_snapshot.reset();
+  const BlockHash key =
+      PrefixCache::snapshot_key(hashes_up_to(request, rb, p.boundary)[p.boundary - 1]);
+  // The block stays held until its step ends; cached, it is then revivable like any snapshot.
+  if (!pool_.lookup(key)) pool_.cache_block(p.block, key);
+}
+
+void KvCacheManager::begin_step() {
+  held_for_step_.emplace_back();
+}
+
+void KvCacheManager::hold_for_step(int32_t block) {
+  if (held_for_step_.empty()) held_for_step_.emplace_back();
+  held_for_step_.back().push_back(block);
 }
 
 void KvCacheManager::end_step() {
   pending_hit_.reset();
-  pool_.free(held_for_step_);
-  held_for_step_.clear();
+  if (!held_for_step_.empty()) {
+    pool_.free(held_for_step_.front());
+    held_for_step_.pop_front();
+  }
   for (auto& [id, rb] : requests_) rb.restore_from.reset();
 }
 
@@ -199,6 +237,12 @@ const BlockTable* KvCacheManager::block_table(const std::string& request_id) con
 std::optional<int32_t> KvCacheManager::state_restore_block(const std::string& request_id) const {
   const auto it = requests_.find(request_id);
   return it == requests_.end() ? std::nullopt : it->second.restore_from;
+}
+
+std::optional<int32_t> KvCacheManager::take_state_restore_block(const std::string& request_id) {
+  const auto it = requests_.find(request_id);
+  return it == requests_.end() ? std::nullopt
+                               : std::exchange(it->second.restore_from, std::nullopt);
 }
 
 double KvCacheManager::usage() const {

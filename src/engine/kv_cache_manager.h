@@ -7,15 +7,19 @@
 //
 //   get_computed_blocks(r)            prefix lookup at admission -> num cached tokens
 //   allocate_slots(r, n, cached)      all-or-nothing; false = does not fit now
+//   begin_step()                      a step's scheduling starts
 //   cache_full_blocks(r, end)         after every scheduling decision of the step is final:
 //                                     registers r's full blocks, maybe a KDA snapshot to fill
 //   ... the runner executes the step ...
-//   end_step()                        drops the references held for the step
+//   resolve_placeholders(r)           r's sampled tokens are known (update_from_output)
+//   end_step()                        drops the references held for the oldest step not
+//                                     ended (steps may overlap: asynchronous scheduling)
 //   free(r)                           finished, aborted or preempted
 //
 // Blocks are registered in the prefix cache when the step that computes them is scheduled,
 // before the runner has written them (as vLLM v1 does): any later step that reuses them runs
-// after this one on the same stream.
+// after this one on the same stream. A block whose last token is still a placeholder is
+// registered by the next step's call, when the token is known.
 //
 // KDA snapshots. A KDA layer cannot rewind, so a prefix hit at boundary k (after k full
 // blocks) also needs the KDA state after exactly k * tokens_per_block tokens. The runner can
@@ -28,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -108,8 +113,15 @@ class KvCacheManager {
   // full) and returns the copy the runner must make after the step.
   std::optional<SnapshotCopy> cache_full_blocks(const Request& request, int64_t num_tokens);
 
-  // Releases the references held for the step the runner has just executed.
+  // A step's scheduling begins: blocks held from now are released by its end_step().
+  void begin_step();
+  // Releases the references held for the oldest step not ended (the one whose results the
+  // scheduler is applying).
   void end_step();
+  // The request's tokens that were placeholders when cache_full_blocks ran are known now:
+  // a KDA snapshot taken at a boundary that ended in one gets its prefix-cache name (unless
+  // another request cached that snapshot first).
+  void resolve_placeholders(const Request& request);
 
   // Returns the request's blocks to the pool, last block first; cached ones stay revivable.
   // A request with no blocks is fine (e.g. aborted while waiting).
@@ -120,6 +132,9 @@ class KvCacheManager {
   // The snapshot block whose KDA state the runner copies into the request's state block
   // before this step: set at an admission with a prefix hit, until end_step().
   std::optional<int32_t> state_restore_block(const std::string& request_id) const;
+  // state_restore_block, once: the restore belongs to the admission step alone (a next step
+  // may be scheduled before this one's end_step).
+  std::optional<int32_t> take_state_restore_block(const std::string& request_id);
 
   // Fraction of the pool referenced now (vllm:kv_cache_usage_perc); cached free blocks count
   // as free.
@@ -127,11 +142,18 @@ class KvCacheManager {
   const PrefixCacheStats& prefix_cache_stats() const { return stats_; }
 
  private:
+  struct PendingSnapshot {
+    int32_t block = 0;
+    int64_t boundary = 0;  // full blocks before it
+  };
   struct RequestBlocks {
     BlockTable table;
     std::vector<BlockHash> hashes{};        // of the request's first hashes.size() full blocks
     int64_t num_cached_blocks = 0;          // leading table blocks registered in the prefix cache
     std::optional<int32_t> restore_from{};  // snapshot of the prefix hit, until end_step()
+    // A snapshot filled after a step whose boundary ended in a placeholder, named by
+    // resolve_placeholders.
+    std::optional<PendingSnapshot> pending_snapshot{};
   };
   struct PendingHit {
     std::string request_id;
@@ -149,7 +171,9 @@ class KvCacheManager {
   std::optional<PrefixCache> prefix_cache_;
   std::unordered_map<std::string, RequestBlocks> requests_;
   std::optional<PendingHit> pending_hit_;
-  std::vector<int32_t> held_for_step_;  // blocks referenced until end_step()
+  void hold_for_step(int32_t block);
+  // Blocks referenced until their step's end_step(), oldest step first.
+  std::deque<std::vector<int32_t>> held_for_step_;
   PrefixCacheStats stats_;
 };
 

@@ -100,10 +100,19 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   for (int64_t row = config_.max_num_seqs - 1; row >= 0; --row) {
     free_penalty_rows_.push_back(static_cast<int32_t>(row));
   }
-  tokens_host_.resize(seqs);
+  for (HostSlot& slot : slots_) {
+    constexpr auto kHost = BackendBuffer::Memory::kHost;
+    slot.tokens = BackendBuffer(b, seqs * 4, kHost);
+    slot.logprob = BackendBuffer(b, seqs * 4, kHost);
+    slot.top_ids = BackendBuffer(b, seqs * kMaxTopLogprobs * 4, kHost);
+    slot.top_logprobs = BackendBuffer(b, seqs * kMaxTopLogprobs * 4, kHost);
+  }
 }
 
-ModelRunner::~ModelRunner() = default;
+ModelRunner::~ModelRunner() {
+  // Launched steps still copy into the pinned slots.
+  if (!pending_.empty()) backend_.synchronize();
+}
 
 void ModelRunner::add_request(const std::string& request_id, uint64_t seed,
                               std::shared_ptr<const TokenConstraint> constraint) {
@@ -127,7 +136,8 @@ void ModelRunner::release_penalty_row(RequestState& state) {
   state.penalty_row = -1;
 }
 
-int32_t ModelRunner::take_penalty_row(RequestState& state, const Request& r) {
+int32_t ModelRunner::take_penalty_row(RequestState& state, const Request& r,
+                                      std::span<const int32_t> outputs) {
   if (state.penalty_row >= 0) return state.penalty_row;
   CHECK(!free_penalty_rows_.empty(), "model runner: more than ", config_.max_num_seqs,
         " requests with penalties sample in one step");
@@ -147,11 +157,10 @@ int32_t ModelRunner::take_penalty_row(RequestState& state, const Request& r) {
   backend_.upload(prompt_mask_.as<uint32_t>() + row * words, mask.data(), mask.size() * 4);
   int32_t* counts = counts_.as<int32_t>() + row * vocab_;
   backend_.fill_zero(counts, static_cast<size_t>(vocab_) * 4);
-  const int64_t n = r.num_output_tokens();
+  const auto n = std::ssize(outputs);
   for (int64_t first = 0; first < n; first += max_logprob_rows_) {
     const int64_t count = std::min(max_logprob_rows_, n - first);
-    backend_.upload(targets_.data(), r.output_token_ids.data() + first,
-                    static_cast<size_t>(count) * 4);
+    backend_.upload(targets_.data(), outputs.data() + first, static_cast<size_t>(count) * 4);
     CountTokensParams p;
     p.counts = counts;  // this row's counts: every token names row 0 of it
     p.rows = zero_rows_.as<int32_t>();
@@ -176,9 +185,8 @@ void ModelRunner::prepare_state_rows(const SchedulerOutput& scheduled) {
   }
 }
 
-std::vector<OutputToken> ModelRunner::score(const float* logits, const int32_t* targets,
-                                            int64_t count, int32_t top_n, bool with_rank,
-                                            int64_t& bytes) {
+LogprobParams ModelRunner::run_logprobs(const float* logits, const int32_t* targets, int64_t count,
+                                        int32_t top_n) {
   LogprobParams p;
   p.logits = logits;
   p.targets = targets;
@@ -190,6 +198,13 @@ std::vector<OutputToken> ModelRunner::score(const float* logits, const int32_t* 
   p.top_ids = top_ids_.as<int32_t>();
   p.top_logprobs = top_logprobs_.as<float>();
   backend_.token_logprobs(p);
+  return p;
+}
+
+std::vector<OutputToken> ModelRunner::score(const float* logits, const int32_t* targets,
+                                            int64_t count, int32_t top_n, bool with_rank,
+                                            int64_t& bytes) {
+  const LogprobParams p = run_logprobs(logits, targets, count, top_n);
   const auto n = static_cast<size_t>(count), top = static_cast<size_t>(top_n);
   std::vector<float> lp(n), top_lp(n * top);
   std::vector<int64_t> rank(n);
@@ -236,7 +251,11 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
   bool any_penalty = false;
   for (size_t k = 0; k < rows.size(); ++k) {
     if (!has_penalties(rows[k].request->sampling_params)) continue;
-    penalty_rows[k] = take_penalty_row(*rows[k].state, *rows[k].request);
+    RequestState& state = *rows[k].state;
+    penalty_rows[k] = state.penalty_row >= 0
+                          ? state.penalty_row
+                          : take_penalty_row(state, *rows[k].request,
+                                             outputs_before_draw(*rows[k].request, true));
     any_penalty = true;
   }
   if (any_penalty) {
@@ -267,7 +286,7 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
       add_id.push_back(id);
       add_value.push_back(b);
     }
-    if (r.num_output_tokens() < sp.min_tokens) {
+    if (r.num_outputs_with_placeholders() - 1 < sp.min_tokens) {
       std::set<int32_t> banned(sp.stop_token_ids.begin(), sp.stop_token_ids.end());
       if (!sp.ignore_eos) banned.insert(config_.eos_token_ids.begin(), config_.eos_token_ids.end());
       for (int32_t id : banned) {
@@ -326,7 +345,7 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
     if (c == nullptr) continue;
     const Request& r = *rows[k].request;
     const std::vector<int32_t> stops = terminator_ids(r.sampling_params, config_.eos_token_ids);
-    c->sync(r.output_token_ids, stops);
+    c->sync(outputs_before_draw(r, true), stops);
     c->compute_mask(stops, allowed);
     masked_rows.push_back(static_cast<int32_t>(k));
     masks.resize(masks.size() + static_cast<size_t>(words), 0);
@@ -355,9 +374,10 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
   std::vector<SamplingOptions> options;
   for (const Sampling& s : rows) {
     const SamplingParams& sp = s.request->sampling_params;
-    const SamplingOptions o{sp.temperature, sp.top_k == -1 ? 0 : sp.top_k,
-                            sp.top_p,       sp.min_p,
-                            s.state->seed,  static_cast<uint64_t>(s.request->num_output_tokens())};
+    const SamplingOptions o{
+        sp.temperature, sp.top_k == -1 ? 0 : sp.top_k,
+        sp.top_p,       sp.min_p,
+        s.state->seed,  static_cast<uint64_t>(s.request->num_outputs_with_placeholders() - 1)};
     CHECK(sampling::options_valid(o), "request ", s.scheduled->request_id,
           ": sampling options out of range");
     options.push_back(o);
@@ -382,40 +402,76 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
     c.vocab = vocab_;
     backend_.count_tokens(c);
   }
-  backend_.download(tokens_host_.data(), tokens_.data(), rows.size() * 4);
 }
 
-std::vector<OutputToken> ModelRunner::logprobs_of_samples(std::span<const Sampling> rows,
-                                                          int64_t& bytes) {
+void ModelRunner::logprobs_of_samples(std::span<const Sampling> rows, HostSlot& slot,
+                                      int64_t& bytes) {
   // Rows are ordered by logprobs asked (descending): one call per run of equal counts, over
-  // the raw rows, scoring the sampled ids (already on the device).
-  std::vector<OutputToken> out(rows.size());
+  // the raw rows, scoring the sampled ids (already on the device); each run's results are
+  // copied to the slot: logprobs at their rows, top entries [count, top_n] from row
+  // first * kMaxTopLogprobs (collect() reads them there).
   for (size_t first = 0; first < rows.size();) {
     const int32_t top_n = rows[first].logprobs;
     if (top_n < 0) break;
     size_t end = first;
     while (end < rows.size() && rows[end].logprobs == top_n) ++end;
-    std::vector<OutputToken> part = score(raw_.as<float>() + static_cast<int64_t>(first) * vocab_,
-                                          tokens_.as<int32_t>() + first,
-                                          static_cast<int64_t>(end - first), top_n, false, bytes);
-    std::move(part.begin(), part.end(), out.begin() + static_cast<std::ptrdiff_t>(first));
+    const auto count = static_cast<int64_t>(end - first);
+    const LogprobParams p = run_logprobs(raw_.as<float>() + static_cast<int64_t>(first) * vocab_,
+                                         tokens_.as<int32_t>() + first, count, top_n);
+    const auto n = static_cast<size_t>(count), top = static_cast<size_t>(top_n);
+    backend_.download_async(slot.logprob.as<float>() + first, p.logprob, n * 4);
+    if (top > 0) {
+      backend_.download_async(slot.top_ids.as<int32_t>() + first * kMaxTopLogprobs, p.top_ids,
+                              n * top * 4);
+      backend_.download_async(slot.top_logprobs.as<float>() + first * kMaxTopLogprobs,
+                              p.top_logprobs, n * top * 4);
+    }
+    bytes += count * (4 + 8 * int64_t{top_n});
     first = end;
   }
+}
+
+int32_t ModelRunner::pending_token(const std::string& request_id) {
+  const auto it = last_rows_.find(request_id);
+  CHECK(it != last_rows_.end(), "model runner: request ", request_id,
+        " has a placeholder that the last step does not sample");
+  backend_.wait_fence(last_fence_);
+  const int32_t token = slots_[last_slot_].tokens.as<int32_t>()[it->second];
+  CHECK(token >= 0, "model runner: request ", request_id, ": every logit is NaN");
+  return token;
+}
+
+std::vector<int32_t> ModelRunner::outputs_before_draw(const Request& r, bool samples) {
+  const int64_t unresolved = r.num_output_placeholders - (samples ? 1 : 0);
+  CHECK(unresolved == 0 || unresolved == 1, "model runner: request ", r.id, " has ",
+        r.num_output_placeholders, " placeholders");
+  std::vector<int32_t> out = r.output_token_ids;
+  if (unresolved == 1) out.push_back(pending_token(r.id));
   return out;
 }
 
 RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
                                       const Scheduler& scheduler) {
-  RunnerStepResult result;
+  launch(scheduled, scheduler);
+  return collect();
+}
+
+void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& scheduler) {
+  CHECK(pending_.size() < 2, "model runner: a third step launched before the first is collected");
+  Pending pending;
+  pending.slot = static_cast<int>(num_launches_++ % 2);
+  RunnerStepResult& result = pending.result;
   for (const std::string& id : scheduled.finished_request_ids) remove_request(id);
   for (const std::string& id : scheduled.preempted_request_ids) {
     if (const auto it = requests_.find(id); it != requests_.end()) release_penalty_row(it->second);
   }
   prepare_state_rows(scheduled);
 
-  // The forward's inputs, one per scheduled request, at the scheduler's slots.
+  // The forward's inputs, one per scheduled request, at the scheduler's slots. An input
+  // that is a placeholder (the last step samples it) names its row of tokens_.
   std::vector<SequenceInput> inputs;
   std::vector<const Request*> requests;
+  std::vector<int32_t> source_rows(scheduled.requests.size(), -1);
   for (const ScheduledRequest& s : scheduled.requests) {
     const Request* r = scheduler.find_request(s.request_id);
     CHECK(r != nullptr, "model runner: scheduled request ", s.request_id, " is unknown");
@@ -436,8 +492,21 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
     in.slots = s.slot_mapping;
     in.all_logits = all_logits;
     in.prefill = prefill;
+    for (size_t j = 0; j < s.token_ids.size(); ++j) {
+      if (s.token_ids[j] != kPlaceholderToken) continue;
+      CHECK(j + 1 == s.token_ids.size() && r->num_output_placeholders >= 1,
+            "model runner: request ", s.request_id, " has a placeholder input at ", j, " of ",
+            s.token_ids.size());
+      const auto it = last_rows_.find(s.request_id);
+      CHECK(it != last_rows_.end(), "model runner: request ", s.request_id,
+            " has a placeholder that the last step does not sample");
+      source_rows[inputs.size()] = it->second;
+    }
     inputs.push_back(in);
   }
+  // Host copies of inputs whose placeholder is resolved on the host (a forward that is not
+  // the decode step's).
+  std::vector<std::vector<int32_t>> resolved(inputs.size());
   // Batch-invariant mode runs prefill chunks and decode tokens as two forwards.
   std::vector<int> part_of(inputs.size(), 0);
   int num_parts = 1;
@@ -472,14 +541,30 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
   for (int part = 0; part < num_parts; ++part) {
     std::vector<SequenceInput> batch;
     std::vector<size_t> index;  // into inputs
+    std::vector<int32_t> rows_of_batch;
+    bool batch_placeholder = false;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (part_of[i] != part) continue;
       batch.push_back(inputs[i]);
       index.push_back(i);
+      rows_of_batch.push_back(source_rows[i]);
+      batch_placeholder = batch_placeholder || source_rows[i] >= 0;
     }
     if (batch.empty()) continue;
-    const float* logits =
-        decode_.accepts(batch) ? decode_.run(batch) : model_.forward_logits(batch, ws_);
+    const float* logits = nullptr;
+    if (decode_.accepts(batch)) {
+      logits = batch_placeholder ? decode_.run(batch, {tokens_.as<int32_t>(), rows_of_batch})
+                                 : decode_.run(batch);
+    } else {
+      for (size_t b = 0; b < batch.size(); ++b) {
+        if (rows_of_batch[b] < 0) continue;
+        const size_t i = index[b];
+        resolved[i].assign(batch[b].tokens.begin(), batch[b].tokens.end());
+        resolved[i].back() = pending_token(scheduled.requests[i].request_id);
+        batch[b].tokens = resolved[i];
+      }
+      logits = model_.forward_logits(batch, ws_);
+    }
     // Prompt logprobs of the rows that asked, from this forward's logits.
     for (size_t i : index) {
       if (!inputs[i].all_logits) continue;
@@ -520,7 +605,12 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
   for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
     cache_.copy_block(copy.snapshot_block, copy.state_block);
   }
-  if (rows.empty()) return result;
+  if (rows.empty()) {
+    last_rows_.clear();
+    pending.fence = backend_.fence();
+    pending_.push_back(std::move(pending));
+    return;
+  }
 
   if (observer_) {
     std::vector<float> row(static_cast<size_t>(vocab_));
@@ -538,15 +628,46 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
   }
   apply_logits_processors(rows, work);
   sample(rows, work);
+  HostSlot& slot = slots_[pending.slot];
+  backend_.download_async(slot.tokens.data(), tokens_.data(), rows.size() * 4);
   result.bytes_downloaded += std::ssize(rows) * 4;
-  const std::vector<OutputToken> logprobs = logprobs_of_samples(rows, result.bytes_downloaded);
+  logprobs_of_samples(rows, slot, result.bytes_downloaded);
+  pending.fence = backend_.fence();
+  last_rows_.clear();
   for (size_t k = 0; k < rows.size(); ++k) {
-    const std::string& id = rows[k].scheduled->request_id;
-    const int32_t token = tokens_host_[k];
+    pending.sample_ids.push_back(rows[k].scheduled->request_id);
+    pending.top_n.push_back(rows[k].logprobs);
+    last_rows_[rows[k].scheduled->request_id] = static_cast<int32_t>(k);
+  }
+  last_slot_ = pending.slot;
+  last_fence_ = pending.fence;
+  pending_.push_back(std::move(pending));
+}
+
+RunnerStepResult ModelRunner::collect() {
+  CHECK(!pending_.empty(), "model runner: collect() without a launched step");
+  Pending p = std::move(pending_.front());
+  pending_.pop_front();
+  backend_.wait_fence(p.fence);
+  const HostSlot& slot = slots_[p.slot];
+  RunnerStepResult result = std::move(p.result);
+  size_t run_first = 0;  // the first row of k's run of equal top_n (logprobs_of_samples)
+  for (size_t k = 0; k < p.sample_ids.size(); ++k) {
+    if (k > 0 && p.top_n[k] != p.top_n[k - 1]) run_first = k;
+    const std::string& id = p.sample_ids[k];
+    const int32_t token = slot.tokens.as<int32_t>()[k];
     CHECK(token >= 0, "model runner: request ", id, ": every logit is NaN");
     result.output.sampled_token_ids[id] = {token};
-    OutputToken t = logprobs[k];
+    OutputToken t;
     t.token = token;
+    if (p.top_n[k] >= 0) {
+      t.logprob = slot.logprob.as<float>()[k];
+      const size_t at =
+          run_first * kMaxTopLogprobs + (k - run_first) * static_cast<size_t>(p.top_n[k]);
+      const int32_t* ids = slot.top_ids.as<int32_t>() + at;
+      const float* lps = slot.top_logprobs.as<float>() + at;
+      for (int32_t j = 0; j < p.top_n[k]; ++j) t.top_logprobs.push_back({ids[j], lps[j]});
+    }
     result.requests[id].sampled = std::move(t);
   }
   return result;

@@ -31,6 +31,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -107,7 +108,21 @@ class ModelRunner {
   void remove_request(const std::string& request_id);
 
   // Runs the step; `scheduler` gives each scheduled request (prompt, outputs, params).
+  // launch() then collect().
   RunnerStepResult execute(const SchedulerOutput& scheduled, const Scheduler& scheduler);
+
+  // Asynchronous scheduling: launch() issues the step (forward, logits processors,
+  // sampling, the copies of the sampled ids and logprobs to pinned host memory) and returns
+  // without waiting for the device; collect() waits for the oldest launched step and returns
+  // its results. At most two steps are launched and not collected: the engine launches step
+  // k + 1 and then collects step k. A request's input in step k + 1 may be a placeholder for
+  // the token step k samples: the decode step reads it on the device; any other use (a
+  // forward that is not a batched decode, guided decoding, a new penalty row) waits for
+  // step k and reads it from its pinned copy.
+  void launch(const SchedulerOutput& scheduled, const Scheduler& scheduler);
+  RunnerStepResult collect();
+  // Launched steps not collected yet.
+  int64_t num_pending() const { return static_cast<int64_t>(pending_.size()); }
 
   void set_logits_observer(LogitsObserver fn) { observer_ = std::move(fn); }
 
@@ -123,15 +138,33 @@ class ModelRunner {
     int32_t penalty_row = -1;  // persistent penalty row, -1: none taken
   };
   struct Sampling;  // one sampling row of a step (model_runner.cpp)
+  // A launched step: what collect() reads once its fence is done.
+  struct Pending {
+    RunnerStepResult result;              // prompt logprobs (computed at launch)
+    std::vector<std::string> sample_ids;  // the sampling rows' requests, in row order
+    std::vector<int32_t> top_n;           // per row: top logprobs asked, -1 none
+    int slot = 0;                         // which pinned slot holds the copies
+    uint64_t fence = 0;
+  };
+  // The pinned copies of one step: sampled ids, their logprobs, top ids and logprobs.
+  struct HostSlot {
+    BackendBuffer tokens, logprob, top_ids, top_logprobs;  // host memory
+  };
+  // The token the last launched step samples for `request_id` (its placeholder), from its
+  // pinned copy: waits for that step.
+  int32_t pending_token(const std::string& request_id);
+  // The request's outputs before the token a step now samples: its known outputs and a
+  // pending token of the step before.
+  std::vector<int32_t> outputs_before_draw(const Request& r, bool samples);
 
   void prepare_state_rows(const SchedulerOutput& scheduled);
   // Takes and fills a penalty row for the request (its prompt mask, its outputs' counts).
-  int32_t take_penalty_row(RequestState& state, const Request& r);
+  int32_t take_penalty_row(RequestState& state, const Request& r, std::span<const int32_t> outputs);
   void release_penalty_row(RequestState& state);
   void apply_logits_processors(std::span<const Sampling> rows, float* work);
   void sample(std::span<const Sampling> rows, const float* work);
-  // Logprobs of the sampled ids (of the raw logits).
-  std::vector<OutputToken> logprobs_of_samples(std::span<const Sampling> rows, int64_t& bytes);
+  // Logprobs of the sampled ids (of the raw logits), copied to the slot's pinned buffers.
+  void logprobs_of_samples(std::span<const Sampling> rows, HostSlot& slot, int64_t& bytes);
   // Logprobs of prompt tokens (host ids), rows of logits in order.
   std::vector<OutputToken> prompt_logprobs(const float* logits, std::span<const int32_t> targets,
                                            int32_t top_n, int64_t& bytes);
@@ -140,6 +173,9 @@ class ModelRunner {
   // copied to `bytes`. The entries' token fields are left 0.
   std::vector<OutputToken> score(const float* logits, const int32_t* targets, int64_t count,
                                  int32_t top_n, bool with_rank, int64_t& bytes);
+  // token_logprobs over `count` rows of logits scoring targets, into the runner's buffers.
+  LogprobParams run_logprobs(const float* logits, const int32_t* targets, int64_t count,
+                             int32_t top_n);
 
   const Model& model_;
   Backend& backend_;
@@ -166,8 +202,14 @@ class ModelRunner {
   int64_t entries_capacity_ = 0;
   int64_t max_logprob_rows_ = 0;
   std::vector<int32_t> free_penalty_rows_;  // the neutral row max_num_seqs is never handed out
-  std::vector<int32_t> tokens_host_;        // [max_num_seqs] ids of the last sample()
   bool penalties_active_ = false;           // the step's rows_ map rows to penalty rows
+  HostSlot slots_[2];                       // pinned copies, alternate launches
+  int64_t num_launches_ = 0;
+  std::deque<Pending> pending_;  // launched, not collected, oldest first
+  // The last launched step's sampling rows: request id -> row of tokens_ (and of its slot).
+  std::unordered_map<std::string, int32_t> last_rows_;
+  int last_slot_ = 0;
+  uint64_t last_fence_ = 0;
 };
 
 }  // namespace hyserve

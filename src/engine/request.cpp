@@ -1,5 +1,7 @@
 #include "engine/request.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace hyserve {
@@ -40,6 +42,14 @@ std::vector<int32_t> Request::tokens(int64_t begin, int64_t end) const {
   std::vector<int32_t> out;
   out.reserve(end - begin);
   for (int64_t p = begin; p < end; ++p) out.push_back(token(p));
+  return out;
+}
+
+std::vector<int32_t> Request::scheduled_tokens(int64_t begin, int64_t end) const {
+  CHECK(begin >= 0 && begin <= end && end <= num_scheduled_tokens(), "request ", id, ": tokens [",
+        begin, ", ", end, ") outside [0, ", num_scheduled_tokens(), ")");
+  std::vector<int32_t> out = tokens(begin, std::min(end, std::max(begin, num_tokens())));
+  out.resize(static_cast<size_t>(end - begin), kPlaceholderToken);
   return out;
 }
 

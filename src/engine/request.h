@@ -4,9 +4,16 @@
 // num_tokens(): a prefill chunk, a decode step, a prefix-cache hit and a recompute after
 // preemption are all the same rule (vLLM v1).
 //
-//   tokens:  [ prompt .................. | outputs ..... ]
+//   tokens:  [ prompt .................. | outputs ..... | placeholders ]
 //            [ computed ..........) next step computes from here; when it reaches
-//                                         num_tokens() the step samples one more output
+//                                         num_scheduled_tokens() the step samples one more
+//
+// schedule() advances num_computed_tokens when it schedules a step, and a step that samples
+// adds an output placeholder: the token it will sample, unknown until the step's results
+// are applied (update_from_output replaces it with the token). Without asynchronous
+// scheduling every placeholder is resolved before the next schedule(); with it, the next
+// step may already be scheduled on top of one (its input token is then read on the device
+// from the step that samples it).
 #pragma once
 
 #include <cstdint>
@@ -32,6 +39,9 @@ bool is_finished(RequestStatus status);
 // "waiting", "running", "preempted", "stop", "length", "abort" (OpenAI finish_reason style).
 const char* to_string(RequestStatus status);
 
+// A scheduled input whose token is not known yet (Request::num_output_placeholders).
+inline constexpr int32_t kPlaceholderToken = -1;
+
 struct Request {
   std::string id{};
   std::vector<int32_t> prompt_token_ids{};
@@ -45,15 +55,26 @@ struct Request {
   int64_t num_computed_tokens = 0;       // tokens whose KV / KDA state is in the cache
   int64_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   int64_t num_preemptions = 0;
+  int64_t num_output_placeholders = 0;     // outputs being sampled by scheduled steps
   std::optional<int32_t> stop_token_id{};  // the stop_token_ids entry that finished it, if any
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
   int64_t num_output_tokens() const { return static_cast<int64_t>(output_token_ids.size()); }
   int64_t num_tokens() const { return num_prompt_tokens() + num_output_tokens(); }
+  // Known tokens and placeholders: the positions scheduled steps have inputs for.
+  int64_t num_scheduled_tokens() const { return num_tokens() + num_output_placeholders; }
+  // The index among the outputs of the next token a step samples (placeholders included:
+  // the seed's draw index, min_tokens).
+  int64_t num_outputs_with_placeholders() const {
+    return num_output_tokens() + num_output_placeholders;
+  }
   // Token at sequence position `pos` < num_tokens() (prompt, then outputs).
   int32_t token(int64_t pos) const;
   // Tokens [begin, end) of prompt + outputs.
   std::vector<int32_t> tokens(int64_t begin, int64_t end) const;
+  // Tokens [begin, end) of prompt + outputs + placeholders, kPlaceholderToken for each
+  // placeholder.
+  std::vector<int32_t> scheduled_tokens(int64_t begin, int64_t end) const;
   bool is_finished() const { return hyserve::is_finished(status); }
 };
 

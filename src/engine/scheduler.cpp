@@ -68,6 +68,7 @@ void Scheduler::add_request(Request request) {
   request.num_computed_tokens = 0;
   request.num_cached_prompt_tokens = 0;
   request.num_preemptions = 0;
+  request.num_output_placeholders = 0;
   request.stop_token_id.reset();
   const std::string id = request.id;
   Entry& entry = requests_.emplace(id, Entry{std::move(request), next_seq_++}).first->second;
@@ -110,14 +111,13 @@ ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_ne
   s.request_id = request.id;
   s.start_position = request.num_computed_tokens;
   const int64_t end = s.start_position + num_new_tokens;
-  s.token_ids = request.tokens(s.start_position, end);
+  s.token_ids = request.scheduled_tokens(s.start_position, end);
   const BlockTable& table = *kv_.block_table(request.id);
   s.slot_mapping.reserve(num_new_tokens);
   for (int64_t p = s.start_position; p < end; ++p) s.slot_mapping.push_back(table.slot_index(p));
   s.block_ids.assign(table.blocks().begin(), table.blocks().end());
   s.state_block = table.state_block();
-  s.restore_state_from = kv_.state_restore_block(request.id);
-  s.samples = end == request.num_tokens();
+  s.samples = end == request.num_scheduled_tokens();
   return s;
 }
 
@@ -125,12 +125,13 @@ SchedulerOutput Scheduler::schedule() {
   SchedulerOutput out;
   out.finished_request_ids = std::move(finished_since_schedule_);
   finished_since_schedule_.clear();
+  kv_.begin_step();
   int64_t budget = config_.max_num_batched_tokens;
   std::vector<std::pair<Entry*, int64_t>> scheduled;  // (request, num_new_tokens)
 
   // How many tokens from `begin` this step may compute for the request.
   const auto step_tokens = [&](Request& r, int64_t begin) {
-    int64_t n = std::min(r.num_tokens() - begin, budget);
+    int64_t n = std::min(r.num_scheduled_tokens() - begin, budget);
     if (!config_.enable_chunked_prefill) return n;
     if (config_.long_prefill_token_threshold) {
       n = std::min(n, *config_.long_prefill_token_threshold);
@@ -142,7 +143,7 @@ SchedulerOutput Scheduler::schedule() {
     // An aligned end, or no tokens this step (a later step has the budget for one) unless
     // nothing else runs in this step, where waiting would not help.
     const int64_t align = config_.prefill_chunk_alignment;
-    if (align > 0 && begin + n < r.num_tokens()) {
+    if (align > 0 && begin + n < r.num_scheduled_tokens()) {
       const int64_t aligned_end = (begin + n) / align * align;
       if (aligned_end > begin) {
         n = aligned_end - begin;
@@ -157,6 +158,9 @@ SchedulerOutput Scheduler::schedule() {
   for (auto it = running_.begin(); it != running_.end() && budget > 0; ++it) {
     Entry* entry = *it;
     Request& r = entry->request;
+    // A request whose step in flight samples its last allowed token is done (asynchronous
+    // scheduling: its result is not applied yet).
+    if (r.num_output_placeholders > 0 && r.num_scheduled_tokens() >= max_num_tokens(r)) continue;
     const int64_t n = step_tokens(r, r.num_computed_tokens);
     if (n == 0) continue;
     bool fits = kv_.allocate_slots(r, n, 0);
@@ -176,6 +180,8 @@ SchedulerOutput Scheduler::schedule() {
          static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
     Entry* entry = *waiting_.begin();
     Request& r = entry->request;
+    // A request preempted while a step of it was in flight waits for that step's token.
+    if (r.num_output_placeholders > 0) break;
     int64_t num_cached = kv_.get_computed_blocks(r);
     if (!config_.enable_chunked_prefill && r.num_tokens() - num_cached > budget) break;
     int64_t n = step_tokens(r, num_cached);
@@ -197,13 +203,19 @@ SchedulerOutput Scheduler::schedule() {
     budget -= n;
   }
 
+  // The step is decided: each request's inputs, then its computed tokens advance now (the
+  // next schedule() may come before this step's results) and a sampling step adds a
+  // placeholder for its token.
   for (const auto& [entry, n] : scheduled) {
-    const Request& r = entry->request;
+    Request& r = entry->request;
     out.requests.push_back(describe_step(r, n));
+    out.requests.back().restore_state_from = kv_.take_state_restore_block(r.id);
     out.num_scheduled_tokens += n;
     if (auto copy = kv_.cache_full_blocks(r, r.num_computed_tokens + n)) {
       out.snapshot_copies.push_back(std::move(*copy));
     }
+    r.num_computed_tokens += n;
+    if (out.requests.back().samples) ++r.num_output_placeholders;
   }
   return out;
 }
@@ -234,14 +246,22 @@ std::vector<RequestUpdate> Scheduler::update_from_output(const SchedulerOutput& 
     if (it == requests_.end()) continue;
     Entry* entry = &it->second;
     Request& r = entry->request;
-    CHECK(r.status == RequestStatus::kRunning && r.num_computed_tokens == s.start_position,
-          "update_from_output: request ", r.id, " was not scheduled by the last schedule()");
-    r.num_computed_tokens += s.num_new_tokens();
+    // A request preempted after this step was scheduled (by the next schedule()) keeps the
+    // step's token: its outputs survive preemption.
+    CHECK(r.status == RequestStatus::kPreempted ||
+              (r.status == RequestStatus::kRunning &&
+               r.num_computed_tokens >= s.start_position + s.num_new_tokens()),
+          "update_from_output: request ", r.id, " was not scheduled by a pending schedule()");
     const auto sampled = output.sampled_token_ids.find(r.id);
     const bool has_tokens = sampled != output.sampled_token_ids.end() && !sampled->second.empty();
     CHECK(has_tokens == s.samples, "update_from_output: request ", r.id,
           s.samples ? " reached its last token but got no sampled token"
                     : " got sampled tokens for a prefill chunk that is not the last");
+    if (s.samples) {
+      CHECK(r.num_output_placeholders >= 1, "update_from_output: request ", r.id,
+            " has no placeholder for its sampled token");
+      --r.num_output_placeholders;
+    }
     RequestUpdate update{r.id, {}, RequestStatus::kRunning, std::nullopt};
     std::optional<RequestStatus> stop;
     if (has_tokens) {
@@ -253,6 +273,7 @@ std::vector<RequestUpdate> Scheduler::update_from_output(const SchedulerOutput& 
         if ((stop = check_stop(r))) break;
       }
     }
+    kv_.resolve_placeholders(r);
     if (const auto f = output.finished.find(r.id); !stop && f != output.finished.end()) {
       CHECK(is_finished(f->second), "update_from_output: request ", r.id, " finished with status ",
             to_string(f->second));

@@ -15,8 +15,12 @@
 //      blocks the rest (no overtaking).
 //   3. the full blocks of every scheduled request are registered in the prefix cache and
 //      KDA snapshots to fill are listed.
-// update_from_output then advances num_computed_tokens, appends the sampled tokens, applies
-// the stop conditions and frees finished requests.
+// The scheduled requests' num_computed_tokens advance in schedule() itself, and each step
+// that samples adds a placeholder for its token (Request::num_output_placeholders), so the
+// next schedule() may come before this step's results (asynchronous scheduling: the next
+// step's input for that request is the placeholder, read on the device). update_from_output
+// then replaces the placeholders with the sampled tokens, applies the stop conditions and
+// frees finished requests; several schedule()s may be pending, applied in order.
 //
 // "Most urgent" is the same order everywhere: fcfs ranks by add order, priority by
 // (priority, arrival_time, add order). Running requests are kept sorted by it, so a
@@ -109,8 +113,9 @@ class Scheduler {
   bool abort_request(const std::string& request_id);
 
   SchedulerOutput schedule();
-  // Applies the runner's results for `scheduled`, the output of the last schedule().
-  // Requests aborted since then are skipped.
+  // Applies the runner's results for `scheduled`, the oldest schedule() not applied yet.
+  // Requests aborted or finished since then are skipped; a request preempted since then
+  // keeps its token.
   std::vector<RequestUpdate> update_from_output(const SchedulerOutput& scheduled,
                                                 const ModelRunnerOutput& output);
 

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
+#include <deque>
 #include <map>
 #include <memory>
 
@@ -40,6 +42,9 @@ class CudaBackend final : public Backend {
   }
   ~CudaBackend() override {
     for (auto& [id, exec] : graphs_) cudaGraphExecDestroy(exec);
+    if (stream_) cudaStreamSynchronize(stream_);
+    for (auto& [id, e] : fences_) cudaEventDestroy(e);
+    for (cudaEvent_t e : free_events_) cudaEventDestroy(e);
     blas_.reset();
     if (stream_) cudaStreamDestroy(stream_);
   }
@@ -104,6 +109,37 @@ class CudaBackend final : public Backend {
     if (n) CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream_));
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  void* allocate_host(size_t n) override {
+    void* p = nullptr;
+    CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 1)));
+    std::memset(p, 0, std::max<size_t>(n, 1));
+    return p;
+  }
+  void release_host(void* p) override { cudaFreeHost(p); }
+  void download_async(void* dst, const void* src, size_t n) override {
+    if (n) CUDA_CHECK(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, stream_));
+  }
+  uint64_t fence() override {
+    cudaEvent_t e = nullptr;
+    if (free_events_.empty()) {
+      CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    } else {
+      e = free_events_.back();
+      free_events_.pop_back();
+    }
+    CUDA_CHECK(cudaEventRecord(e, stream_));
+    fences_.emplace_back(++last_fence_, e);
+    return last_fence_;
+  }
+  void wait_fence(uint64_t f) override {
+    // Fences complete in order (one stream): waiting for f ends every earlier one too.
+    while (!fences_.empty() && fences_.front().first <= f) {
+      const auto [id, e] = fences_.front();
+      fences_.pop_front();
+      if (id == f) CUDA_CHECK(cudaEventSynchronize(e));
+      free_events_.push_back(e);
+    }
+  }
 
   void linear(const LinearParams& p) override {
     const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
@@ -218,6 +254,7 @@ class CudaBackend final : public Backend {
   void apply_token_mask(const TokenMaskParams& p) override { cuda::apply_token_mask(p, stream_); }
   void token_logprobs(const LogprobParams& p) override { cuda::token_logprobs(p, stream_); }
   void sample_tokens(const SampleParams& p) override { cuda::sample_tokens(p, stream_); }
+  void gather_tokens(const GatherTokensParams& p) override { cuda::gather_tokens(p, stream_); }
 
  private:
   cuda::LinearKernel linear_kernel() const {
@@ -246,6 +283,9 @@ class CudaBackend final : public Backend {
   std::map<int64_t, cudaGraphExec_t> graphs_;
   std::map<const RopeTable*, cuda::DeviceRopeTable> rope_tables_;
   std::map<const MlpWeights*, cuda::MoeExperts> experts_;
+  std::deque<std::pair<uint64_t, cudaEvent_t>> fences_;  // recorded, not yet waited for
+  std::vector<cudaEvent_t> free_events_;
+  uint64_t last_fence_ = 0;
   bool frozen_ = false;
   bool batch_invariant_ = false;
 };

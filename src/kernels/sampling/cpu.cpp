@@ -94,4 +94,11 @@ void sample_tokens(const SampleParams& p) {
   });
 }
 
+void gather_tokens(const GatherTokensParams& p) {
+  CHECK(p.num_rows >= 0, "gather_tokens: num_rows ", p.num_rows);
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    if (p.source_rows[i] >= 0) p.tokens[i] = p.source[p.source_rows[i]];
+  }
+}
+
 }  // namespace hyserve::cpu

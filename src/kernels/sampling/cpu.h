@@ -9,5 +9,6 @@ namespace hyserve::cpu {
 // Throws on invalid options (params.h ranges) or shapes. A row whose logits are all
 // NaN gets token -1.
 void sample_tokens(const SampleParams& p);
+void gather_tokens(const GatherTokensParams& p);
 
 }  // namespace hyserve::cpu

@@ -13,5 +13,6 @@
 namespace hyserve::cuda {
 
 void sample_tokens(const SampleParams& p, cudaStream_t stream);
+void gather_tokens(const GatherTokensParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

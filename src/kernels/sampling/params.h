@@ -49,6 +49,15 @@ struct SampleParams {
   uint32_t* weights = nullptr;
 };
 
+// tokens[i] = source[source_rows[i]] for each i < num_rows with source_rows[i] >= 0 (the
+// others keep their value): a step's input ids from the ids an earlier step sampled.
+struct GatherTokensParams {
+  int32_t* tokens = nullptr;             // [num_rows]
+  const int32_t* source = nullptr;       // sampled ids
+  const int32_t* source_rows = nullptr;  // [num_rows] row of source, or -1
+  int64_t num_rows = 0;
+};
+
 // The kept weights of a row sum to < 2^53, so u * total fits scale_draw.
 inline constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
 

@@ -4,7 +4,8 @@
 //   1. argmax (NaN skipped, ties to the lower id) and the count of non-NaN ids
 //   2. the weights W_i (0 for NaN)
 //   3. top-k: the top_k-th largest rank key, by radix selection (8 passes of 8 bits;
-//      each thread adds a run of equal digits to the shared histogram at once)
+//      each thread adds a run of equal digits to the shared histogram at once; one warp
+//      finds the pass's digit by a suffix scan)
 //   4. top-p: the rank key where the weight sum of keys >= it first reaches the target
 //      (same radix selection, histograms of weights)
 //   5. the kept total and r; each thread sums the kept weights of a contiguous range of
@@ -48,6 +49,7 @@ struct Shared {
   } tmp;
   u64 histogram[kDigits];
   u64 broadcast;
+  u64 above;  // select_digit's running sum of the digits above the chosen one
   Best best;
 };
 
@@ -58,6 +60,40 @@ __device__ u64 block_sum(u64 v, Shared& s) {
   const u64 out = s.broadcast;
   __syncthreads();
   return out;
+}
+
+// Warp 0: the largest digit d >= 1 with above + (sum of histogram[d..255]) >= target, else
+// 0 (the serial walk from digit 255 down, in one warp: each lane sums 8 digits, a suffix
+// scan over the lanes finds the lane holding d, and that lane walks its 8 digits). Sets
+// s.above to above + the sum of the digits above d.
+__device__ int select_digit(const u64* histogram, uint64_t above, uint64_t target, Shared& s) {
+  constexpr int kPerLane = kDigits / 32;
+  const int lane = static_cast<int>(threadIdx.x);
+  const int lo = lane * kPerLane;
+  u64 mine = 0;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) mine += histogram[lo + i];
+  // suffix[lane] = sum of lanes >= lane.
+  u64 suffix = mine;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const u64 v = __shfl_down_sync(0xffffffffu, suffix, off);
+    if (lane + off < 32) suffix += v;
+  }
+  // Lanes whose suffix reaches the target form a prefix 0..L of the warp; L holds d.
+  const unsigned reach = __ballot_sync(0xffffffffu, above + suffix >= target);
+  const int holder = reach == 0 ? 0 : 31 - __clz(static_cast<int>(reach));
+  int d = 0;
+  if (lane == holder) {
+    uint64_t acc = above + (suffix - mine);  // the lanes above this one
+    // Lane 0 never tests digit 0 (the walk ends there); any other holder breaks by lo.
+    for (d = lo + kPerLane - 1; d >= (lo > 0 ? lo : 1); --d) {
+      if (acc + histogram[d] >= target) break;
+      acc += histogram[d];
+    }
+    s.above = acc;
+  }
+  return __shfl_sync(0xffffffffu, d, holder);
 }
 
 // The largest rank key c such that the sum of value(i) over non-NaN ids with
@@ -94,16 +130,13 @@ __device__ uint64_t select_key(const float* logits, const uint32_t* weights, int
     }
     if (run != 0) atomicAdd(&s.histogram[run_digit], static_cast<u64>(run));
     __syncthreads();
-    if (threadIdx.x == 0) {
-      int d = kDigits - 1;
-      for (; d > 0; --d) {
-        if (above + s.histogram[d] >= target) break;
-        above += s.histogram[d];
-      }
-      s.broadcast = prefix | (static_cast<uint64_t>(d) << shift);
+    if (threadIdx.x < 32) {
+      const int d = select_digit(s.histogram, above, target, s);
+      if (threadIdx.x == 0) s.broadcast = prefix | (static_cast<uint64_t>(d) << shift);
     }
     __syncthreads();
     prefix = s.broadcast;
+    above = s.above;
     __syncthreads();
   }
   return prefix;
@@ -193,7 +226,20 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void gather_tokens_kernel(GatherTokensParams p) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < p.num_rows && p.source_rows[i] >= 0) p.tokens[i] = p.source[p.source_rows[i]];
+}
+
 }  // namespace
+
+void gather_tokens(const GatherTokensParams& p, cudaStream_t stream) {
+  CHECK(p.num_rows >= 0 && p.num_rows <= INT32_MAX, "gather_tokens: num_rows ", p.num_rows);
+  if (p.num_rows == 0) return;
+  const auto blocks = static_cast<unsigned>((p.num_rows + 255) / 256);
+  gather_tokens_kernel<<<blocks, 256, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
 
 void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   CHECK(p.num_rows >= 0, "sample_tokens: num_rows ", p.num_rows);
