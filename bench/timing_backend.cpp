@@ -66,6 +66,17 @@ void TimingBackend::linear(const LinearParams& p) {
         [&] { inner_->linear(p); });
 }
 
+void TimingBackend::linears(std::span<const LinearParams> ps) {
+  double bytes = 0, flops = 0;
+  for (const LinearParams& p : ps) {
+    const double t = p.num_tokens, r = p.w->rows, c = p.w->cols;
+    bytes += p.w->storage_bytes() + 4 * t * r;
+    flops += 2 * t * r * c;
+  }
+  if (!ps.empty()) bytes += 4.0 * ps[0].num_tokens * ps[0].w->cols;
+  timed("linear", bytes, flops, [&] { inner_->linears(ps); });
+}
+
 void TimingBackend::embedding_lookup(const Weight& w, const int32_t* ids, int64_t n, float* out) {
   timed("embedding", n * w.cols * 6.0, 0, [&] { inner_->embedding_lookup(w, ids, n, out); });
 }

@@ -59,6 +59,7 @@ class TimingBackend final : public Backend {
   void release_graph(int64_t id) override { inner_->release_graph(id); }
 
   void linear(const LinearParams& p) override;
+  void linears(std::span<const LinearParams> ps) override;
   void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;
   void rms_norm(const RmsNormParams& p) override;
   void layer_norm(const LayerNormParams& p) override;

@@ -462,9 +462,19 @@ TEST(Config, DeepseekV3RefusesWhatItDoesNotImplement) {
   EXPECT_NE(error_of(j).find("'text_config'"), std::string::npos);
 }
 
-// Kimi K2 is DeepSeek-V3's architecture under its own model_type, flat; Kimi K2.5 wraps
-// the same text model (text_config, language_model. names, a vision tower).
-TEST(Config, KimiK2AndK25) {
+// Kimi K2 Thinking / K2.5's routed experts: compressed-tensors "pack-quantized" symmetric
+// int4 in groups of 32, as Moonshot's config declares it, in text_config or beside it.
+const json kInt4Quantization = json::parse(R"({
+  "quant_method": "compressed-tensors", "format": "pack-quantized",
+  "quantization_status": "compressed", "kv_cache_scheme": null,
+  "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"],
+  "config_groups": {"group_0": {"input_activations": null, "output_activations": null,
+    "targets": ["Linear"], "weights": {"actorder": null, "block_structure": null,
+      "dynamic": false, "group_size": 32, "num_bits": 4, "observer": "minmax",
+      "observer_kwargs": {}, "strategy": "group", "symmetric": true, "type": "int"}}}})");
+
+// small_deepseek_v3 as Kimi K2 ships it (flat kimi_k2, YaRN, sigmoid noaux_tc routing).
+json small_kimi_k2() {
   json k2 = small_deepseek_v3();
   k2["model_type"] = "kimi_k2";
   k2["n_group"] = 1;
@@ -481,6 +491,19 @@ TEST(Config, KimiK2AndK25) {
                         {"original_max_position_embeddings", 4096}};
   k2["scoring_func"] = "sigmoid";
   k2["topk_method"] = "noaux_tc";
+  return k2;
+}
+
+json int4_k2() {
+  json j = small_kimi_k2();
+  j["quantization_config"] = kInt4Quantization;
+  return j;
+}
+
+// Kimi K2 is DeepSeek-V3's architecture under its own model_type, flat; Kimi K2.5 wraps
+// the same text model (text_config, language_model. names, a vision tower).
+TEST(Config, KimiK2AndK25) {
+  const json k2 = small_kimi_k2();
   const ModelConfig c = ModelConfig::from_json(k2);
   EXPECT_EQ(c.model_type, ModelType::kDeepseekV3);
   EXPECT_EQ(c.model_type_name, "kimi_k2");
@@ -516,23 +539,76 @@ TEST(Config, KimiK2AndK25) {
   json bad = k25;
   bad["text_config"]["model_type"] = "kimi_linear";
   EXPECT_NE(error_of(bad).find("text_config.model_type"), std::string::npos);
-  // Kimi K2 Thinking / K2.5 ship INT4 routed experts (compressed-tensors "pack-quantized"):
-  // refused, in text_config or beside it.
-  const json int4 = json::parse(R"({
-    "quant_method": "compressed-tensors", "format": "pack-quantized",
-    "quantization_status": "compressed",
-    "config_groups": {"group_0": {"input_activations": null, "output_activations": null,
-      "targets": ["Linear"], "weights": {"group_size": 32, "num_bits": 4, "strategy": "group",
-      "symmetric": true, "type": "int"}}}})");
-  bad = k25;
-  bad["text_config"]["quantization_config"] = int4;
-  std::string e = error_of(bad);
-  EXPECT_NE(e.find("quantization_config.config_groups.group_0.format"), std::string::npos) << e;
-  EXPECT_NE(e.find("pack-quantized"), std::string::npos) << e;
-  bad = k25;
-  bad["quantization_config"] = int4;
-  e = error_of(bad);
-  EXPECT_NE(e.find("pack-quantized"), std::string::npos) << e;
+  // Kimi K2 Thinking / K2.5's INT4 experts, declared in text_config or beside it.
+  json int4 = k25;
+  int4["text_config"]["quantization_config"] = kInt4Quantization;
+  EXPECT_EQ(ModelConfig::from_json(int4).expert_format, ExpertFormat::kInt4);
+  int4 = k25;
+  int4["quantization_config"] = kInt4Quantization;
+  EXPECT_EQ(ModelConfig::from_json(int4).expert_format, ExpertFormat::kInt4);
+  EXPECT_NE(ModelConfig::from_json(k25).expert_format, ExpertFormat::kInt4);
+}
+
+TEST(Config, KimiK2PackQuantizedInt4ExpertsAccepted) {
+  const ModelConfig c = ModelConfig::from_json(int4_k2());
+  EXPECT_EQ(c.expert_format, ExpertFormat::kInt4);
+  EXPECT_FALSE(c.fp8_block_weights);
+  EXPECT_TRUE(c.unknown_fields.empty()) << c.unknown_fields_warning();
+  // The group format may sit in the group rather than at the top.
+  json j = int4_k2();
+  j["quantization_config"].erase("format");
+  j["quantization_config"]["config_groups"]["group_0"]["format"] = "pack-quantized";
+  EXPECT_EQ(ModelConfig::from_json(j).expert_format, ExpertFormat::kInt4);
+}
+
+TEST(Config, KimiK2PackQuantizedOtherMathRefusedNamingTheField) {
+  auto weights_error = [](const char* key, const json& value) {
+    json j = int4_k2();
+    j["quantization_config"]["config_groups"]["group_0"]["weights"][key] = value;
+    return error_of(j);
+  };
+  const std::string at = "quantization_config.config_groups.group_0.weights.";
+  std::string e = weights_error("num_bits", 8);
+  EXPECT_NE(e.find(at + "num_bits"), std::string::npos) << e;
+  e = weights_error("type", "float");
+  EXPECT_NE(e.find(at + "type"), std::string::npos) << e;
+  e = weights_error("group_size", 128);
+  EXPECT_NE(e.find(at + "group_size"), std::string::npos) << e;
+  e = weights_error("strategy", "channel");
+  EXPECT_NE(e.find(at + "strategy"), std::string::npos) << e;
+  e = weights_error("symmetric", false);
+  EXPECT_NE(e.find(at + "symmetric"), std::string::npos) << e;
+  e = weights_error("dynamic", true);
+  EXPECT_NE(e.find(at + "dynamic"), std::string::npos) << e;
+  e = weights_error("actorder", "group");
+  EXPECT_NE(e.find(at + "actorder"), std::string::npos) << e;
+
+  json j = int4_k2();
+  j["quantization_config"]["config_groups"]["group_0"]["input_activations"] =
+      json{{"num_bits", 8}, {"type", "int"}, {"dynamic", true}};
+  e = error_of(j);
+  EXPECT_NE(e.find("group_0.input_activations"), std::string::npos) << e;
+  j = int4_k2();
+  j["quantization_config"]["kv_cache_scheme"] = json{{"num_bits", 8}};
+  e = error_of(j);
+  EXPECT_NE(e.find("quantization_config.kv_cache_scheme"), std::string::npos) << e;
+  j = int4_k2();
+  j["quantization_config"]["format"] = "int-quantized";
+  e = error_of(j);
+  EXPECT_NE(e.find("group_0.format"), std::string::npos) << e;
+  // Two groups, two formats.
+  j = int4_k2();
+  j["quantization_config"]["config_groups"]["group_1"] =
+      j["quantization_config"]["config_groups"]["group_0"];
+  j["quantization_config"]["config_groups"]["group_1"]["format"] = "mxfp4-pack-quantized";
+  j["quantization_config"]["config_groups"]["group_1"]["weights"]["type"] = "float";
+  e = error_of(j);
+  EXPECT_NE(e.find("group_1.format"), std::string::npos) << e;
+  // Group-32 widths.
+  j = int4_k2();
+  j["moe_intermediate_size"] = 48;
+  e = error_of(j);
+  EXPECT_NE(e.find("INT4 experts need"), std::string::npos) << e;
 }
 
 TEST(Config, LoadReportsFileAndBadJson) {

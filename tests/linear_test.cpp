@@ -38,7 +38,7 @@ std::vector<float> decode(const Weight& w) {
 const auto& kFormats = test::kAllFormats;
 
 std::vector<int64_t> cols_for(Format f) {
-  if (f == Format::kMxfp4) return {32, 96};
+  if (test::needs_cols_of_32(f)) return {32, 96};
   return {1, 3, 65, 200};
 }
 
@@ -47,7 +47,7 @@ std::vector<int64_t> cols_for(Format f) {
 TEST(Linear, QuantizedWeightsApproximateTheirSource) {
   std::mt19937 rng(10);
   for (Format f : kFormats) {
-    const int64_t rows = 130, cols = f == Format::kMxfp4 ? 96 : 200;
+    const int64_t rows = 130, cols = test::needs_cols_of_32(f) ? 96 : 200;
     const auto src = random_vector(rows * cols, rng);
     const TestWeight t = quantize(src, rows, cols, f);
     const auto deq = decode(t.w);
@@ -56,7 +56,14 @@ TEST(Linear, QuantizedWeightsApproximateTheirSource) {
     if (f == Format::kMxfp4) rel = 1.0 / 4;
     for (int64_t i = 0; i < rows * cols; ++i) {
       // The absolute term covers values far below the block's amax (at most ~5).
-      const double tol = rel * std::fabs(src[i]) + (f == Format::kMxfp4 ? 0.25 : 0.01);
+      double tol = rel * std::fabs(src[i]) + (f == Format::kMxfp4 ? 0.25 : 0.01);
+      if (f == Format::kInt4) {
+        // Rounding to the nearest multiple of the group's scale, bf16(amax / 7).
+        const int64_t g0 = i - i % 32;
+        double amax = 0.0;
+        for (int64_t k = g0; k < g0 + 32; ++k) amax = std::max(amax, std::fabs(double{src[k]}));
+        tol = amax / 14.0 * (1.0 + 0x1p-8) + 1e-7;
+      }
       ASSERT_LE(std::fabs(deq[i] - src[i]), tol) << format_name(f) << " element " << i;
     }
   }
@@ -113,7 +120,7 @@ TEST(Linear, MatchesDoubleMathForEveryFormat) {
 TEST(Linear, BatchOfTokensEqualsEachTokenAloneBitwise) {
   std::mt19937 rng(12);
   for (Format f : kFormats) {
-    const int64_t rows = 65, cols = f == Format::kMxfp4 ? 96 : 200, num_tokens = 65;
+    const int64_t rows = 65, cols = test::needs_cols_of_32(f) ? 96 : 200, num_tokens = 65;
     const TestWeight t = quantize(random_vector(rows * cols, rng), rows, cols, f);
     const auto x = random_vector(num_tokens * cols, rng);
     const auto bias = random_vector(rows, rng);

@@ -1,6 +1,7 @@
 // Host weights in every storage format, built by quantizing random values (FP8: one
 // scale per 128x128 block, amax / 448; MXFP4: one power of two per 32 values, the
-// smallest with amax / scale <= 6). Shared by the CPU and GPU op tests.
+// smallest with amax / scale <= 6; INT4: one bf16 scale per 32 values, bf16(amax / 7),
+// q = clamp(round(v / scale), -8, 7)). Shared by the CPU and GPU op tests.
 #pragma once
 
 #include <algorithm>
@@ -16,11 +17,16 @@
 
 namespace hyserve::test {
 
-enum class Format { kF32, kBF16, kF16, kFp8F32Scales, kFp8Bf16Scales, kMxfp4 };
+enum class Format { kF32, kBF16, kF16, kFp8F32Scales, kFp8Bf16Scales, kMxfp4, kInt4 };
 
-inline constexpr Format kAllFormats[] = {Format::kF32,           Format::kBF16,
-                                         Format::kF16,           Format::kFp8F32Scales,
-                                         Format::kFp8Bf16Scales, Format::kMxfp4};
+inline constexpr Format kAllFormats[] = {
+    Format::kF32,           Format::kBF16,  Format::kF16, Format::kFp8F32Scales,
+    Format::kFp8Bf16Scales, Format::kMxfp4, Format::kInt4};
+
+// Formats that group 32 inputs per scale: their matrices need cols % 32 == 0.
+inline bool needs_cols_of_32(Format f) {
+  return f == Format::kMxfp4 || f == Format::kInt4;
+}
 
 inline std::string format_name(Format f) {
   switch (f) {
@@ -36,6 +42,8 @@ inline std::string format_name(Format f) {
       return "FP8/BF16 scales";
     case Format::kMxfp4:
       return "MXFP4";
+    case Format::kInt4:
+      return "INT4";
   }
   return "?";
 }
@@ -121,6 +129,28 @@ inline HostWeight quantize(const std::vector<float>& v, int64_t rows, int64_t co
       t.w.format = WeightFormat::kMxfp4;
       t.w.dtype = DType::kU8;
       t.w.scales_dtype = DType::kE8M0;
+      break;
+    }
+    case Format::kInt4: {
+      t.data.assign(rows * cols / 2, 0);
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < cols / 32; ++g) {
+          float amax = 0.0f;
+          for (int64_t c = g * 32; c < (g + 1) * 32; ++c) {
+            amax = std::max(amax, std::fabs(v[r * cols + c]));
+          }
+          const float scale = amax > 0.0f ? round_bf16(amax / 7.0f) : 1.0f;
+          append_bytes(t.scales, f32_to_bf16(scale));
+          for (int64_t c = g * 32; c < (g + 1) * 32; ++c) {
+            const int q = std::clamp(static_cast<int>(std::lround(v[r * cols + c] / scale)), -8, 7);
+            const auto code = static_cast<uint8_t>(q + 8);
+            t.data[(r * cols + c) / 2] |= c % 2 == 0 ? code : static_cast<uint8_t>(code << 4);
+          }
+        }
+      }
+      t.w.format = WeightFormat::kInt4;
+      t.w.dtype = DType::kU8;
+      t.w.scales_dtype = DType::kBF16;
       break;
     }
   }

@@ -40,5 +40,31 @@ TEST(RandomWeights, SyntheticModelRunsAndIsDeterministic) {
   EXPECT_LT(var, 1e4);   // nor blown up
 }
 
+// A config with INT4 experts (Kimi K2 Thinking's) gets INT4 routed experts of a trained
+// model's scale, and bf16 everywhere else.
+TEST(RandomWeights, Int4ExpertsWhenTheConfigSaysSo) {
+  ModelConfig c =
+      ModelConfig::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
+  c.expert_format = ExpertFormat::kInt4;
+  const RandomWeights source(c, 3);
+  const int64_t rows = 64, cols = 256;
+  const Weight w = source.load_weight("model.layers.1.mlp.experts.0.gate_proj", rows, cols);
+  ASSERT_EQ(w.format, WeightFormat::kInt4);
+  std::vector<float> row(cols);
+  double sq = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    w.dequantize_row(r, row.data());
+    for (float v : row) sq += v * v;
+  }
+  EXPECT_NEAR(std::sqrt(sq / (rows * cols)) * std::sqrt(cols), 1.0, 0.2);
+  EXPECT_EQ(source.load_weight("model.layers.1.mlp.shared_experts.gate_proj", rows, cols).format,
+            WeightFormat::kDense);
+  EXPECT_EQ(source.load_weight("model.layers.1.self_attn.o_proj", rows, cols).format,
+            WeightFormat::kDense);
+  const std::vector<float> a = run(c, 1);
+  EXPECT_EQ(a, run(c, 1));
+  for (float v : a) ASSERT_TRUE(std::isfinite(v));
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 
 #include "core/weight.h"
 #include "kernels/cache/params.h"
@@ -121,6 +122,12 @@ class Backend {
 
   // Ops (MODEL.md); each forwards to the device's kernel for that Params struct.
   virtual void linear(const LinearParams& p) = 0;
+  // Several linears of one input (the same x, num_tokens and input width): each result as
+  // linear() gives it; a backend may share work on x (the CUDA tensor-core path rounds it to
+  // bf16 once).
+  virtual void linears(std::span<const LinearParams> ps) {
+    for (const LinearParams& p : ps) linear(p);
+  }
   virtual void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;

@@ -63,6 +63,8 @@ const char* expert_format_name(ExpertFormat f) {
       return "fp8 128x128 blocks";
     case ExpertFormat::kMxfp4:
       return "mxfp4";
+    case ExpertFormat::kInt4:
+      return "int4 (groups of 32)";
   }
   return "?";
 }

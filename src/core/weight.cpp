@@ -1,6 +1,6 @@
-// Weight row decoding for the three storage formats (see weight.h). Every CPU
+// Weight row decoding for the four storage formats (see weight.h). Every CPU
 // kernel that reads a matrix goes through dequantize_row, so this is the one
-// place that defines what a stored FP8 or MXFP4 weight means.
+// place that defines what a stored FP8, MXFP4 or INT4 weight means.
 #include "core/weight.h"
 
 #include <algorithm>
@@ -25,7 +25,10 @@ const std::array<float, 256>& e4m3_table() {
   return table;
 }
 
-void check_layout(const Weight& w) {
+}  // namespace
+
+void Weight::check_layout() const {
+  const Weight& w = *this;
   CHECK(w.data != nullptr, "weight has no data");
   CHECK(w.rows > 0 && w.cols > 0, "weight shape [", w.rows, ", ", w.cols, "]");
   switch (w.format) {
@@ -47,13 +50,20 @@ void check_layout(const Weight& w) {
       CHECK(w.cols % Weight::kMxfp4BlockSize == 0, "MXFP4 weight cols (", w.cols,
             ") must be a multiple of ", Weight::kMxfp4BlockSize);
       break;
+    case WeightFormat::kInt4:
+      CHECK(w.dtype == DType::kU8, "INT4 weight dtype must be U8, got ", dtype_name(w.dtype));
+      CHECK(w.scales != nullptr, "INT4 weight has no scales");
+      CHECK(w.scales_dtype == DType::kF32 || w.scales_dtype == DType::kF16 ||
+                w.scales_dtype == DType::kBF16,
+            "INT4 weight scales must be F32, F16 or BF16, got ", dtype_name(w.scales_dtype));
+      CHECK(w.cols % Weight::kInt4GroupSize == 0, "INT4 weight cols (", w.cols,
+            ") must be a multiple of ", Weight::kInt4GroupSize);
+      break;
   }
 }
 
-}  // namespace
-
 void Weight::dequantize_row(int64_t r, float* out) const {
-  check_layout(*this);
+  check_layout();
   CHECK(r >= 0 && r < rows, "row ", r, " out of range [0, ", rows, ")");
   CHECK(out != nullptr, "dequantize_row: null output");
   switch (format) {
@@ -85,6 +95,19 @@ void Weight::dequantize_row(int64_t r, float* out) const {
       }
       return;
     }
+    case WeightFormat::kInt4: {
+      const auto* row = static_cast<const uint8_t*>(data) + r * (cols / 2);
+      const int64_t num_groups = cols / kInt4GroupSize;
+      for (int64_t g = 0; g < num_groups; ++g) {
+        const float scale = load_as_f32(scales, scales_dtype, r * num_groups + g);
+        for (int64_t c = g * kInt4GroupSize; c < (g + 1) * kInt4GroupSize; c += 2) {
+          const uint8_t pair = row[c / 2];
+          out[c] = static_cast<float>(static_cast<int>(pair & 0xf) - 8) * scale;
+          out[c + 1] = static_cast<float>(static_cast<int>(pair >> 4) - 8) * scale;
+        }
+      }
+      return;
+    }
   }
 }
 
@@ -97,6 +120,8 @@ int64_t Weight::storage_bytes() const {
                                dtype_size(scales_dtype);
     case WeightFormat::kMxfp4:
       return rows * cols / 2 + rows * ceil_div(cols, kMxfp4BlockSize);
+    case WeightFormat::kInt4:
+      return rows * cols / 2 + rows * (cols / kInt4GroupSize) * dtype_size(scales_dtype);
   }
   return 0;
 }

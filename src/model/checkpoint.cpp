@@ -1,6 +1,8 @@
 #include "model/checkpoint.h"
 
 #include <algorithm>
+#include <bit>
+#include <cstring>
 #include <fstream>
 #include <iterator>
 #include <set>
@@ -203,9 +205,12 @@ Weight Checkpoint::load_weight(const std::string& prefix, int64_t rows, int64_t 
     w.scales_dtype = scales.dtype;
     return w;
   }
+  const std::string packed_name = prefix + ".weight_packed";
+  if (const TensorInfo* t = find(packed_name); t && t->dtype == DType::kI32) {
+    return load_int4(prefix, *t, rows, cols);
+  }
   // compressed-tensors' mxfp4-pack-quantized (the published Kimi K3 experts): the same
   // bytes as weight_blocks, stored [rows, cols/2]; scales [rows, cols/32].
-  const std::string packed_name = prefix + ".weight_packed";
   if (const TensorInfo* t = find(packed_name)) {
     if (cols % Weight::kMxfp4BlockSize != 0) {
       FAIL_IN(t->file, "MXFP4 weight ", packed_name, ": cols ", cols, " is not a multiple of ",
@@ -221,6 +226,52 @@ Weight Checkpoint::load_weight(const std::string& prefix, int64_t rows, int64_t 
     return w;
   }
   FAIL_IN("checkpoint " + dir_.string(), "missing tensor ", weight_name);
+}
+
+// compressed-tensors' pack-quantized int4 (Kimi K2 Thinking / K2.5 experts): weight_packed
+// I32 [rows, cols/8], value j of a word in bits 4j..4j+3 as q + 8. Its little-endian
+// bytes are kInt4's [rows, cols/2] nibble pairs (element 2i low), read in place.
+Weight Checkpoint::load_int4(const std::string& prefix, const TensorInfo& packed, int64_t rows,
+                             int64_t cols) const {
+  static_assert(std::endian::native == std::endian::little,
+                "INT4 weights are read as the bytes of little-endian int32 words");
+  const std::string packed_name = prefix + ".weight_packed";
+  if (cols % Weight::kInt4GroupSize != 0) {
+    FAIL_IN(packed.file, "INT4 weight ", packed_name, ": cols ", cols, " is not a multiple of ",
+            Weight::kInt4GroupSize);
+  }
+  const std::string shape_name = prefix + ".weight_shape";
+  const TensorInfo* shape = find(shape_name);
+  if (!shape) FAIL_IN(packed.file, "INT4 weight ", packed_name, " has no ", shape_name);
+  require(shape_name, {DType::kI32, DType::kI64}, {2});
+  int64_t dims[2];
+  for (int i = 0; i < 2; ++i) {
+    if (shape->dtype == DType::kI64) {
+      std::memcpy(&dims[i], shape->data + 8 * i, 8);
+    } else {
+      int32_t d;
+      std::memcpy(&d, shape->data + 4 * i, 4);
+      dims[i] = d;
+    }
+  }
+  if (dims[0] != rows || dims[1] != cols) {
+    FAIL_IN(shape->file, "tensor ", shape_name, " = [", dims[0], ", ", dims[1], "], expected [",
+            rows, ", ", cols, "]");
+  }
+  Weight w;
+  w.rows = rows;
+  w.cols = cols;
+  w.format = WeightFormat::kInt4;
+  w.dtype = DType::kU8;
+  w.data = require(packed_name, {DType::kI32}, {rows, cols / 8}).data;
+  const std::string scale_name = prefix + ".weight_scale";
+  if (!contains(scale_name))
+    FAIL_IN(packed.file, "INT4 weight ", packed_name, " has no ", scale_name);
+  const TensorInfo& scales = require(scale_name, {DType::kBF16, DType::kF16, DType::kF32},
+                                     {rows, cols / Weight::kInt4GroupSize});
+  w.scales = scales.data;
+  w.scales_dtype = scales.dtype;
+  return w;
 }
 
 }  // namespace hyserve

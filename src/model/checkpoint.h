@@ -55,6 +55,9 @@ class Checkpoint final : public TensorSource {
   //     + prefix.weight_scales U8/F8_E8M0 [rows, cols/32]                       -> kMxfp4
   //   prefix.weight_packed U8 [rows, cols/2] (compressed-tensors)
   //     + prefix.weight_scale U8/F8_E8M0 [rows, cols/32]                        -> kMxfp4
+  //   prefix.weight_packed I32 [rows, cols/8] (compressed-tensors pack-quantized int4)
+  //     + prefix.weight_scale BF16/F16/F32 [rows, cols/32]
+  //     + prefix.weight_shape I32/I64 [2] = (rows, cols)                        -> kInt4
   // The Weight points into the mmap: it is valid while this Checkpoint lives.
   // rows and cols must be positive (InvalidArgument otherwise).
   Weight load_weight(const std::string& prefix, int64_t rows, int64_t cols) const override;
@@ -63,6 +66,9 @@ class Checkpoint final : public TensorSource {
   Checkpoint() = default;
   // Indexes every tensor of files_, refusing names that occur in two files.
   void index_tensors();
+  // load_weight for a pack-quantized int4 matrix whose weight_packed is `packed`.
+  Weight load_int4(const std::string& prefix, const TensorInfo& packed, int64_t rows,
+                   int64_t cols) const;
 
   std::filesystem::path dir_;
   // The mappings; tensors_ points into their TensorInfo vectors, which moving keeps in place.

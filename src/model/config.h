@@ -51,7 +51,7 @@ struct RopeConfig {
 };
 
 // How routed-expert weights are stored, from quantization_config.
-enum class ExpertFormat { kBf16, kFp8Block, kMxfp4 };
+enum class ExpertFormat { kBf16, kFp8Block, kMxfp4, kInt4 };
 
 struct ModelConfig {
   ModelType model_type = ModelType::kKimiK3;
@@ -115,6 +115,8 @@ struct ModelConfig {
   // on a [T, moe_latent_size] projection of the input; 0: on the input itself.
   int64_t moe_latent_size = 0;
   bool moe_latent_norm = false;  // latent_moe_use_norm: RMSNorm of the combined latent
+  // kInt4: compressed-tensors "pack-quantized" routed experts (Kimi K2 Thinking / K2.5),
+  // w = (n - 8) * scale, one scale per 32 inputs (WeightFormat::kInt4).
   ExpertFormat expert_format = ExpertFormat::kBf16;
   // FP8 block scales apply to every linear weight that has a weight_scale_inv
   // (deepseek's "fp8" quant_method); recorded for reporting.

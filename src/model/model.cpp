@@ -34,12 +34,16 @@ size_t weight_scale_bytes(const Weight& w) {
                                  dtype_size(w.scales_dtype));
     case WeightFormat::kMxfp4:
       return static_cast<size_t>(w.rows * (w.cols / 32));
+    case WeightFormat::kInt4:
+      return static_cast<size_t>(w.rows * (w.cols / Weight::kInt4GroupSize) *
+                                 dtype_size(w.scales_dtype));
   }
   return 0;
 }
 
 size_t weight_data_bytes(const Weight& w) {
-  if (w.format == WeightFormat::kMxfp4) return static_cast<size_t>(w.rows * w.cols / 2);
+  if (w.format == WeightFormat::kMxfp4 || w.format == WeightFormat::kInt4)
+    return static_cast<size_t>(w.rows * w.cols / 2);
   return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
 }
 
@@ -219,6 +223,23 @@ float* Model::linear(Pass& pass, const float* x, int64_t num_tokens, const Weigh
   float* y = pass.ws.floats(num_tokens * w.rows);
   linear_into(x, num_tokens, w, y);
   return y;
+}
+
+std::vector<float*> Model::project(Pass& pass, const float* x, int64_t num_tokens,
+                                   std::initializer_list<const Weight*> weights) const {
+  std::vector<float*> ys;
+  std::vector<LinearParams> ps;
+  for (const Weight* w : weights) {
+    ys.push_back(pass.ws.floats(num_tokens * w->rows));
+    LinearParams p;
+    p.x = x;
+    p.w = w;
+    p.y = ys.back();
+    p.num_tokens = num_tokens;
+    ps.push_back(p);
+  }
+  backend_->linears(ps);
+  return ys;
 }
 
 void Model::rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
@@ -534,9 +555,14 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   const KdaWeights& w = weights_.layers[layer].kda;
   const int64_t h = c.linear_num_heads, k = c.linear_head_dim, width = h * k;
 
+  // The projections of x, in one call: q, k, v, f_a, b and the output gate (g_proj, or
+  // g_a of the low-rank gate).
+  const std::vector<float*> px = project(pass, x, t,
+                                         {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.b_proj,
+                                          c.kda_full_rank_gate ? &w.g_proj : &w.g_a_proj});
+
   // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
-  auto conv = [&](const Weight& proj, const Vec& weight, int which) {
-    const float* raw = linear(pass, x, t, proj);
+  auto conv = [&](const float* raw, const Vec& weight, int which) {
     float* y = pass.ws.floats(t * width);
     if (pass.decode.cache != nullptr) {
       // One token of each sequence: t * width channels, each sequence's state in its row.
@@ -567,13 +593,13 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
     }
     return y;
   };
-  float* q = conv(w.q_proj, w.q_conv, 0);
-  float* kk = conv(w.k_proj, w.k_conv, 1);
-  float* v = conv(w.v_proj, w.v_conv, 2);
+  float* q = conv(px[0], w.q_conv, 0);
+  float* kk = conv(px[1], w.k_conv, 1);
+  float* v = conv(px[2], w.v_conv, 2);
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), or the bounded gate
   //    lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias)) (K3.md §3.3)
-  float* g = linear(pass, linear(pass, x, t, w.f_a_proj), t, w.f_b_proj);
+  float* g = linear(pass, px[3], t, w.f_b_proj);
   KdaGateParams gp;
   gp.f = g;
   gp.dt_bias = w.dt_bias.data;
@@ -586,7 +612,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   backend_->kda_gate(gp);
 
   // 3. beta = sigmoid(b_proj(x))
-  float* beta = linear(pass, x, t, w.b_proj);
+  float* beta = px[4];
   backend_->sigmoid(beta, t * h);
 
   // 4. q = l2norm(q) * K^-0.5, k = l2norm(k)
@@ -637,9 +663,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
 
   // 7. o = rmsnorm(o) * o_norm * sigmoid(gate); gate = g_proj(x) (full rank) or
   //    g_b(g_a(x)); o_proj
-  const float* gate = c.kda_full_rank_gate
-                          ? linear(pass, x, t, w.g_proj)
-                          : linear(pass, linear(pass, x, t, w.g_a_proj), t, w.g_b_proj);
+  const float* gate = c.kda_full_rank_gate ? px[5] : linear(pass, px[5], t, w.g_b_proj);
   GatedRmsNormParams np;
   np.o = o;
   np.weight = w.o_norm.data;

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
@@ -290,6 +291,10 @@ class Model {
   void write_cache(CacheRows kind, int64_t layer, const void* rows, int64_t row_bytes,
                    const int64_t* slots, std::span<const SequenceSlice> seqs) const;
   float* linear(Pass& pass, const float* x, int64_t num_tokens, const Weight& w) const;
+  // The projections of one input (Backend::linears: x shared, e.g. rounded to bf16 once):
+  // one workspace output per weight, in order.
+  std::vector<float*> project(Pass& pass, const float* x, int64_t num_tokens,
+                              std::initializer_list<const Weight*> weights) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
                 float* y) const;

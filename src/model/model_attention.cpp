@@ -48,20 +48,26 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, width = kv + dr;
 
+  // The projections of x, in one call: q_a (or q), kv_a and, kimi_k3, the output gate.
+  const Weight& q_in_proj = c.q_lora_rank > 0 ? w.q_a_proj : w.q_proj;
+  const std::vector<float*> px = c.mla_output_gate
+                                     ? project(pass, x, t, {&q_in_proj, &w.kv_a_proj, &w.g_proj})
+                                     : project(pass, x, t, {&q_in_proj, &w.kv_a_proj});
+
   // 1. q = q_b_proj(rms(q_a_proj(x))) or q_proj(x): [T, H, dn+dr]
   const float* q_lat = x;  // the indexer's query input: [T, q_lora] (or x)
   float* q;
   if (c.q_lora_rank > 0) {
-    float* qa = linear(pass, x, t, w.q_a_proj);
+    float* qa = px[0];
     rms_norm(qa, w.q_a_norm, t, c.q_lora_rank, c.kv_norm_eps, qa);
     q_lat = qa;
     q = linear(pass, qa, t, w.q_b_proj);
   } else {
-    q = linear(pass, x, t, w.q_proj);
+    q = px[0];
   }
 
   // 2. [c | k_pe] = kv_a_proj_with_mqa(x): [T, kv + dr]; c = rms(c).
-  float* ckv = linear(pass, x, t, w.kv_a_proj);
+  float* ckv = px[1];
   {
     float* cn = pass.ws.floats(t * kv);
     backend_->copy_2d(cn, kv, ckv, width, t, kv);
@@ -100,7 +106,7 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul(o, linear(pass, x, t, w.g_proj), t * h * dv);
+  if (c.mla_output_gate) backend_->sigmoid_mul(o, px[2], t * h * dv);
   linear_into(o, t, w.o_proj, out);
 }
 
@@ -169,7 +175,9 @@ Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, 
 
   // 1. qi = wq_b(q latent) [T, Hi, di]; ki = k_norm(wk(x)) [T, di]
   float* qi = linear(pass, q_in, t, w.idx_wq_b);
-  float* ki = linear(pass, x, t, w.idx_wk);
+  // wk and weights_proj of x in one call.
+  const std::vector<float*> px = project(pass, x, t, {&w.idx_wk, &w.idx_weights_proj});
+  float* ki = px[0];
   LayerNormParams ln;
   ln.x = ki;
   ln.weight = w.idx_k_norm_w.data;
@@ -187,7 +195,7 @@ Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, 
     backend_->rope(rope_, rk, /*neox=*/true);
   }
   // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
-  float* hw = linear(pass, x, t, w.idx_weights_proj);
+  float* hw = px[1];
   backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
   // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
   if (options_.indexer_fp8) {
@@ -270,7 +278,8 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
 
 std::vector<std::string> Model::kernel_plan() const {
   const ModelConfig& c = config_;
-  const char* experts = c.expert_format == ExpertFormat::kMxfp4      ? "MXFP4"
+  const char* experts = c.expert_format == ExpertFormat::kInt4       ? "INT4"
+                        : c.expert_format == ExpertFormat::kMxfp4    ? "MXFP4"
                         : c.expert_format == ExpertFormat::kFp8Block ? "FP8 block"
                                                                      : "bf16";
   const std::string act = config_.situ ? "SiTU" : "SiLU";

@@ -55,6 +55,18 @@ std::vector<float> RandomWeights::load_f32(std::string_view name,
   return v;
 }
 
+const std::vector<uint8_t>& RandomWeights::random_bytes(int64_t num_bytes, uint64_t seed) const {
+  storage_.emplace_back(static_cast<size_t>(num_bytes));
+  std::vector<uint8_t>& out = storage_.back();
+  parallel_for(
+      num_bytes,
+      [&](int64_t b, int64_t e) {
+        for (int64_t i = b; i < e; ++i) out[i] = static_cast<uint8_t>(splitmix64(seed + i));
+      },
+      1 << 20);
+  return out;
+}
+
 Weight RandomWeights::load_weight(const std::string& prefix, int64_t rows, int64_t cols) const {
   CHECK(rows > 0 && cols > 0, "random weight ", prefix, " needs a positive shape");
   Weight w;
@@ -66,14 +78,7 @@ Weight RandomWeights::load_weight(const std::string& prefix, int64_t rows, int64
   if (mxfp4) {
     // Codes uniform over e2m1 (|v| <= 6, mean |v| ~ 2.3); scale 2^e so |w| ~ cols^-0.5.
     const int64_t code_bytes = rows * cols / 2, scale_bytes = rows * (cols / 32);
-    storage_.emplace_back(static_cast<size_t>(code_bytes));
-    std::vector<uint8_t>& codes = storage_.back();
-    parallel_for(
-        code_bytes,
-        [&](int64_t b, int64_t e) {
-          for (int64_t i = b; i < e; ++i) codes[i] = static_cast<uint8_t>(splitmix64(s + i));
-        },
-        1 << 20);
+    const std::vector<uint8_t>& codes = random_bytes(code_bytes, s);
     storage_.emplace_back(static_cast<size_t>(scale_bytes));
     std::vector<uint8_t>& scales = storage_.back();
     const int e = 127 + static_cast<int>(std::lround(std::log2(1.0 / (2.3 * std::sqrt(cols)))));
@@ -85,6 +90,25 @@ Weight RandomWeights::load_weight(const std::string& prefix, int64_t rows, int64
     w.scales = scales.data();
     w.scales_dtype = DType::kE8M0;
     bytes_ += code_bytes + scale_bytes;
+    return w;
+  }
+  if (config_.expert_format == ExpertFormat::kInt4 &&
+      prefix.find(".experts.") != std::string::npos && cols % 32 == 0) {
+    // Codes uniform over [0, 15] (q = code - 8: rms ~ 4.6); bf16 scales within 25% of
+    // 1 / (4.6 sqrt(cols)), so |w| ~ cols^-0.5.
+    const int64_t code_bytes = rows * cols / 2, num_scales = rows * (cols / 32);
+    const std::vector<uint8_t>& codes = random_bytes(code_bytes, s);
+    storage_.emplace_back(static_cast<size_t>(num_scales * 2));
+    auto* scales = reinterpret_cast<uint16_t*>(storage_.back().data());
+    const float base = 1.0f / (4.6f * std::sqrt(static_cast<float>(cols)));
+    for (int64_t i = 0; i < num_scales; ++i)
+      scales[i] = f32_to_bf16(base * (1.0f + 0.25f * uniform(s ^ 0x5ca1e, i)));
+    w.format = WeightFormat::kInt4;
+    w.dtype = DType::kU8;
+    w.data = codes.data();
+    w.scales = scales;
+    w.scales_dtype = DType::kBF16;
+    bytes_ += code_bytes + num_scales * 2;
     return w;
   }
   // bf16 ~ uniform with the variance of N(0, 1/cols).

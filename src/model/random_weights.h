@@ -1,8 +1,9 @@
 // RandomWeights: a TensorSource that makes every tensor a model asks for, with the
 // right shape and storage format and values of a trained model's scale: bf16
-// matrices ~ N(0, 1/cols), MXFP4 routed experts (random e2m1 codes, e8m0 scales of the
-// same magnitude) when the config says so, norms at 1, KDA constants in their usual
-// ranges. Used by benchmarks at the full size of a config, where no checkpoint exists.
+// matrices ~ N(0, 1/cols), MXFP4 or INT4 routed experts (random e2m1 / int4 codes,
+// scales of the same magnitude) when the config says so, norms at 1, KDA constants in
+// their usual ranges. Used by benchmarks at the full size of a config, where no
+// checkpoint exists.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,8 @@ class RandomWeights final : public TensorSource {
 
  private:
   uint64_t next_seed() const { return seed_ + 0x9e3779b97f4a7c15ULL * ++counter_; }
+  // num_bytes bytes of splitmix64(seed + i), kept in storage_.
+  const std::vector<uint8_t>& random_bytes(int64_t num_bytes, uint64_t seed) const;
 
   ModelConfig config_;
   uint64_t seed_;

@@ -9,9 +9,9 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
-enum class Storage { kBf16, kFp8Block, kMxfp4 };
+enum class Storage { kBf16, kFp8Block, kMxfp4, kInt4 };
 
-// Bytes of a [rows, cols] matrix (cols = input dim, along which MXFP4 groups run).
+// Bytes of a [rows, cols] matrix (cols = input dim, along which MXFP4 / INT4 groups run).
 int64_t matrix_bytes(int64_t rows, int64_t cols, Storage s) {
   switch (s) {
     case Storage::kBf16:
@@ -20,6 +20,8 @@ int64_t matrix_bytes(int64_t rows, int64_t cols, Storage s) {
       return rows * cols + 4 * ceil_div(rows, 128) * ceil_div(cols, 128);
     case Storage::kMxfp4:
       return rows * cols / 2 + rows * ceil_div(cols, 32);
+    case Storage::kInt4:  // bf16 scales, as Kimi K2 Thinking ships them
+      return rows * cols / 2 + 2 * rows * ceil_div(cols, 32);
   }
   return 0;
 }
@@ -31,7 +33,8 @@ WeightBytes estimate_weight_bytes_per_gpu(const ModelConfig& c, int64_t tp) {
   const int64_t d = c.hidden_size;
   const Storage linear = c.fp8_block_weights ? Storage::kFp8Block : Storage::kBf16;
   const Storage bf16 = Storage::kBf16;
-  const Storage experts = c.expert_format == ExpertFormat::kMxfp4      ? Storage::kMxfp4
+  const Storage experts = c.expert_format == ExpertFormat::kInt4       ? Storage::kInt4
+                          : c.expert_format == ExpertFormat::kMxfp4    ? Storage::kMxfp4
                           : c.expert_format == ExpertFormat::kFp8Block ? Storage::kFp8Block
                                                                        : Storage::kBf16;
   auto split = [tp](int64_t n, const char* what) {

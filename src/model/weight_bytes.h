@@ -9,7 +9,8 @@
 namespace hyserve {
 
 // Weights held by one GPU under TP, at their storage sizes: bf16 2 B per value; FP8 e4m3
-// 1 B + one fp32 scale per 128x128 block; MXFP4 0.5 B + one e8m0 per 32 values.
+// 1 B + one fp32 scale per 128x128 block; MXFP4 0.5 B + one e8m0 per 32 values; INT4
+// 0.5 B + one bf16 scale per 32 values.
 // Replicated on every TP rank (whole): what produces replicated state or is too small to
 // split: q_a_proj + q_a_layernorm and kv_a_proj_with_mqa + kv_a_layernorm (the latents),
 // the whole DSA indexer (index keys are replicated and the top-k needs the full score),

@@ -9,9 +9,12 @@
 #include <string>
 #include <vector>
 
+#include <cuda_runtime_api.h>
+
 #include <gtest/gtest.h>
 
 #include "core/cuda/device_buffer.h"
+#include "util/cuda_check.h"
 
 // Skips the test when this machine has no usable GPU.
 #define REQUIRE_GPU()                                                   \
@@ -20,6 +23,13 @@
   } while (0)
 
 namespace hyserve::test {
+
+// A CUDA stream of a test, destroyed with it.
+struct Stream {
+  cudaStream_t s = nullptr;
+  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
+  ~Stream() { cudaStreamDestroy(s); }
+};
 
 inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {

@@ -3,8 +3,8 @@
 // S = sum_k |x_k w_k| and K = cols:
 //   GEMV path: fp32 as on the CPU, only the summation order differs:
 //              |got - want| <= 2 K 2^-24 S.
-//   tensor-core path: x is rounded to bf16 (and F32 / F16 / FP8 weights too; BF16 and
-//              MXFP4 are exact in bf16), fp32 accumulation. Against a double reference
+//   tensor-core path: x is rounded to bf16 (and F32 / F16 / FP8 / INT4 weights too; BF16
+//              and MXFP4 are exact in bf16), fp32 accumulation. Against a double reference
 //              on the rounded operands: <= 2 K 2^-24 S; against the CPU op: <= 2^-7 S
 //              (two roundings of at most 2^-9 relative each, with margin).
 //   batch-invariant tiles: as the tensor-core path, except that FP8 weights keep their
@@ -30,23 +30,19 @@ namespace {
 
 using test::Format;
 
-struct Stream {
-  cudaStream_t s = nullptr;
-  Stream() { CUDA_CHECK(cudaStreamCreate(&s)); }
-  ~Stream() { cudaStreamDestroy(s); }
-};
+using test::Stream;
 
 struct Shape {
   int64_t rows, cols;
 };
 
-// Shapes for every format (cols % 32 == 0, so MXFP4 fits) and dense / FP8-only ones.
+// Shapes for every format (cols % 32 == 0, so MXFP4 / INT4 fit) and dense / FP8-only ones.
 const Shape kShapes[] = {{1, 32}, {3, 64}, {63, 96}, {65, 160}, {321, 128}, {130, 256}};
 const Shape kAwkwardShapes[] = {{1, 1}, {3, 3}, {63, 63}, {65, 65}, {5, 321}, {129, 200}};
 
 std::vector<Shape> shapes_for(Format f) {
   std::vector<Shape> out(std::begin(kShapes), std::end(kShapes));
-  if (f != Format::kMxfp4)
+  if (!test::needs_cols_of_32(f))
     out.insert(out.end(), std::begin(kAwkwardShapes), std::end(kAwkwardShapes));
   return out;
 }
@@ -255,7 +251,7 @@ TEST(GpuLinear, BatchInvariantTilesAreBitwiseIndependentOfTheBatch) {
   REQUIRE_GPU();
   for (Format f : test::kAllFormats) {
     for (const Shape& s : {Shape{130, 256}, Shape{65, 65}}) {
-      if (f == Format::kMxfp4 && s.cols % 32 != 0) continue;
+      if (test::needs_cols_of_32(f) && s.cols % 32 != 0) continue;
       SCOPED_TRACE(test::format_name(f) + " [" + std::to_string(s.rows) + ", " +
                    std::to_string(s.cols) + "]");
       const int64_t t = 150;

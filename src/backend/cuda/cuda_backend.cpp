@@ -141,6 +141,10 @@ class CudaBackend final : public Backend {
     }
   }
 
+  void linears(std::span<const LinearParams> ps) override {
+    const size_t need = cuda::linears_workspace_bytes(ps);
+    cuda::linears(ps, *blas_, scratch(need), need, stream_, linear_kernel());
+  }
   void linear(const LinearParams& p) override {
     const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
     cuda::linear(p, *blas_, scratch(need), need, stream_, linear_kernel());

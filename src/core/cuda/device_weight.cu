@@ -18,6 +18,7 @@ int64_t weight_data_bytes(const Weight& w) {
     case WeightFormat::kFp8Block:
       return w.rows * w.cols;
     case WeightFormat::kMxfp4:
+    case WeightFormat::kInt4:
       return w.rows * w.cols / 2;
   }
   return 0;
@@ -32,6 +33,8 @@ int64_t weight_scales_bytes(const Weight& w) {
              dtype_size(w.scales_dtype);
     case WeightFormat::kMxfp4:
       return w.rows * (w.cols / Weight::kMxfp4BlockSize);
+    case WeightFormat::kInt4:
+      return w.rows * (w.cols / Weight::kInt4GroupSize) * dtype_size(w.scales_dtype);
   }
   return 0;
 }
@@ -44,6 +47,9 @@ DeviceWeight DeviceWeight::upload(const Weight& host) {
   CHECK(host.format != WeightFormat::kMxfp4 || host.cols % Weight::kMxfp4BlockSize == 0,
         "DeviceWeight::upload: MXFP4 cols ", host.cols, " not a multiple of ",
         Weight::kMxfp4BlockSize);
+  CHECK(host.format != WeightFormat::kInt4 || host.cols % Weight::kInt4GroupSize == 0,
+        "DeviceWeight::upload: INT4 cols ", host.cols, " not a multiple of ",
+        Weight::kInt4GroupSize);
   DeviceWeight d;
   const auto data_bytes = static_cast<size_t>(weight_data_bytes(host));
   d.data_ = DeviceBuffer(data_bytes);

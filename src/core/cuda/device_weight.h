@@ -12,7 +12,7 @@ class DeviceWeight {
  public:
   DeviceWeight() = default;
 
-  // Copies host.data (and host.scales for FP8 / MXFP4) to the device; synchronous.
+  // Copies host.data (and host.scales for FP8 / MXFP4 / INT4) to the device; synchronous.
   static DeviceWeight upload(const Weight& host);
 
   // Same format, dtype and shape as the uploaded weight; data / scales are device pointers.

@@ -24,6 +24,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 
 #include "core/cuda/device_buffer.h"
 #include "kernels/linear/params.h"
@@ -67,6 +68,14 @@ size_t linear_workspace_bytes(const Weight& w, int64_t max_tokens);
 // (and only checked) on the cuBLAS path.
 void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
             cudaStream_t stream, LinearKernel kernel = LinearKernel::kAuto);
+
+// Several linears of one input x (the same x, num_tokens and cols; e.g. a layer's q, k, v
+// projections): on the tensor-core path x is rounded to bf16 once for all of them, each
+// result as linear() gives it. The workspace: linears_workspace_bytes.
+void linears(std::span<const LinearParams> ps, const Blas& blas, void* workspace,
+             size_t workspace_bytes, cudaStream_t stream,
+             LinearKernel kernel = LinearKernel::kAuto);
+size_t linears_workspace_bytes(std::span<const LinearParams> ps);
 
 // The GEMV path alone, for any number of tokens (the weight is streamed once per 16
 // tokens): exact fp32 up to summation order, no workspace. Used where a discrete

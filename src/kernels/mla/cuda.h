@@ -1,7 +1,7 @@
 // CUDA MLA attention over the latent cache (params.h), in the absorbed form, for decode
 // and prefill alike (any T, S; dense causal or top-k). Pointers in the Params are DEVICE
 // pointers, and so are kv_b->data / kv_b->scales (the Weight struct itself is read on
-// the host). kv_b is read in its stored format (dense F32/F16/BF16, FP8 block, MXFP4)
+// the host). kv_b is read in its stored format (dense F32/F16/BF16, FP8 block, MXFP4, INT4)
 // and dequantized inside the kernels; no absorbed copy is prepared.
 //
 //   1. q_abs[t,h] = [ q_nope W_UK (kv_lora) | q_pe (dr) ]                  (workspace)

@@ -6,8 +6,9 @@
 // Two ways in:
 //   element(w, r, k)            one element, any alignment (awkward shapes, tile loads)
 //   decode_chunk<F>(bytes, out) 16 bytes of a row: 4 F32, 8 F16/BF16, 16 FP8, 32 MXFP4
-//                               raw values (before the block scale); chunk_scale() is
-//                               the scale shared by that chunk.
+//                               or INT4 raw values (before the block scale);
+//                               element_scale() at the chunk's first element is the
+//                               scale shared by that chunk.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -23,47 +24,32 @@
 namespace hyserve::cuda {
 
 // Storage formats the kernels are templated on.
-enum class WFmt : int { kF32, kF16, kBF16, kFp8, kMxfp4 };
+enum class WFmt : int { kF32, kF16, kBF16, kFp8, kMxfp4, kInt4 };
 
 // One matrix as the kernels see it: [rows, cols] in format F, device pointers.
 struct WRef {
   const uint8_t* data = nullptr;
-  const void* scales = nullptr;  // FP8: [ceil(rows/128), ceil(cols/128)]; MXFP4: [rows, cols/32]
+  // FP8: [ceil(rows/128), ceil(cols/128)]; MXFP4, INT4: [rows, cols/32]
+  const void* scales = nullptr;
   int64_t rows = 0;
   int64_t cols = 0;
-  bool scales_bf16 = false;  // FP8 scales stored as BF16 (else F32)
+  bool scales_bf16 = false;  // FP8 / INT4 scales stored as BF16 (else F32, or F16 below)
+  bool scales_f16 = false;   // INT4 scales stored as F16
 };
 
 inline WFmt weight_wfmt(const Weight& w) {
+  w.check_layout();
   switch (w.format) {
     case WeightFormat::kFp8Block:
-      CHECK(w.dtype == DType::kE4M3, "FP8 weight dtype must be F8_E4M3, got ", dtype_name(w.dtype));
-      CHECK(w.scales != nullptr, "FP8 weight has no scales");
-      CHECK(w.scales_dtype == DType::kF32 || w.scales_dtype == DType::kBF16,
-            "FP8 weight scales must be F32 or BF16, got ", dtype_name(w.scales_dtype));
       return WFmt::kFp8;
     case WeightFormat::kMxfp4:
-      CHECK(w.dtype == DType::kU8, "MXFP4 weight dtype must be U8, got ", dtype_name(w.dtype));
-      CHECK(w.scales != nullptr, "MXFP4 weight has no scales");
-      CHECK(w.scales_dtype == DType::kE8M0 || w.scales_dtype == DType::kU8,
-            "MXFP4 weight scales must be F8_E8M0 or U8, got ", dtype_name(w.scales_dtype));
-      CHECK(w.cols % Weight::kMxfp4BlockSize == 0, "MXFP4 weight cols (", w.cols,
-            ") must be a multiple of ", Weight::kMxfp4BlockSize);
       return WFmt::kMxfp4;
+    case WeightFormat::kInt4:
+      return WFmt::kInt4;
     case WeightFormat::kDense:
       break;
   }
-  switch (w.dtype) {
-    case DType::kF32:
-      return WFmt::kF32;
-    case DType::kF16:
-      return WFmt::kF16;
-    case DType::kBF16:
-      return WFmt::kBF16;
-    default:
-      CHECK(false, "dense weight dtype must be F32, F16 or BF16, got ", dtype_name(w.dtype));
-  }
-  return WFmt::kF32;
+  return w.dtype == DType::kF16 ? WFmt::kF16 : w.dtype == DType::kBF16 ? WFmt::kBF16 : WFmt::kF32;
 }
 
 // Calls fn.template operator()<F>() with the format as a compile-time constant.
@@ -80,14 +66,21 @@ void dispatch_format(WFmt f, Fn&& fn) {
       return fn.template operator()<WFmt::kFp8>();
     case WFmt::kMxfp4:
       return fn.template operator()<WFmt::kMxfp4>();
+    case WFmt::kInt4:
+      return fn.template operator()<WFmt::kInt4>();
   }
 }
 
 inline WRef make_wref(const Weight& w) {
   CHECK(!w.empty() && w.rows > 0 && w.cols > 0, "weight shape [", w.rows, ", ", w.cols, "]");
   weight_wfmt(w);
-  return WRef{static_cast<const uint8_t*>(w.data), w.scales, w.rows, w.cols,
-              w.format == WeightFormat::kFp8Block && w.scales_dtype == DType::kBF16};
+  const bool scaled = w.format == WeightFormat::kFp8Block || w.format == WeightFormat::kInt4;
+  return WRef{static_cast<const uint8_t*>(w.data),
+              w.scales,
+              w.rows,
+              w.cols,
+              scaled && w.scales_dtype == DType::kBF16,
+              w.format == WeightFormat::kInt4 && w.scales_dtype == DType::kF16};
 }
 
 // Bytes of one stored row.
@@ -101,6 +94,7 @@ inline int64_t row_bytes(WFmt f, int64_t cols) {
     case WFmt::kFp8:
       return cols;
     case WFmt::kMxfp4:
+    case WFmt::kInt4:
       return cols / 2;
   }
   return 0;
@@ -111,9 +105,11 @@ template <WFmt F>
 inline constexpr int kChunkElems = F == WFmt::kF32     ? 4
                                    : F == WFmt::kFp8   ? 16
                                    : F == WFmt::kMxfp4 ? 32
+                                   : F == WFmt::kInt4  ? 32
                                                        : 8;
 
-// Scale of element (r, k): the FP8 128x128 block scale, the MXFP4 per-32 scale, else 1.
+// Scale of element (r, k): the FP8 128x128 block scale, the MXFP4 / INT4 per-32 scale,
+// else 1.
 template <WFmt F>
 __device__ __forceinline__ float element_scale(const WRef& w, int64_t r, int64_t k) {
   if constexpr (F == WFmt::kFp8) {
@@ -124,12 +120,19 @@ __device__ __forceinline__ float element_scale(const WRef& w, int64_t r, int64_t
   } else if constexpr (F == WFmt::kMxfp4) {
     const auto* s = static_cast<const uint8_t*>(w.scales);
     return e8m0_to_f32(s[r * (w.cols / Weight::kMxfp4BlockSize) + k / Weight::kMxfp4BlockSize]);
+  } else if constexpr (F == WFmt::kInt4) {
+    const int64_t i = r * (w.cols / Weight::kInt4GroupSize) + k / Weight::kInt4GroupSize;
+    const auto* s = static_cast<const uint16_t*>(w.scales);
+    return w.scales_bf16  ? bf16_bits_to_f32(s[i])
+           : w.scales_f16 ? __half2float(__ushort_as_half(s[i]))
+                          : static_cast<const float*>(w.scales)[i];
   } else {
     return 1.0f;
   }
 }
 
-// Element (r, k) before its scale: the dense value, the e4m3 value, the e2m1 value.
+// Element (r, k) before its scale: the dense value, the e4m3 value, the e2m1 value, the
+// signed integer nibble - 8.
 template <WFmt F>
 __device__ __forceinline__ float element_raw(const WRef& w, int64_t r, int64_t k) {
   if constexpr (F == WFmt::kF32) {
@@ -142,14 +145,19 @@ __device__ __forceinline__ float element_raw(const WRef& w, int64_t r, int64_t k
     return e4m3_to_f32(w.data[r * w.cols + k]);
   } else {
     const uint8_t pair = w.data[r * (w.cols / 2) + k / 2];
-    return e2m1_to_f32((k & 1) ? (pair >> 4) : (pair & 0xfu));
+    const uint32_t nibble = (k & 1) ? (pair >> 4) : (pair & 0xfu);
+    if constexpr (F == WFmt::kInt4) {
+      return static_cast<float>(static_cast<int>(nibble) - 8);
+    } else {
+      return e2m1_to_f32(nibble);
+    }
   }
 }
 
 // Element (r, k) as Weight::dequantize_row gives it.
 template <WFmt F>
 __device__ __forceinline__ float element(const WRef& w, int64_t r, int64_t k) {
-  if constexpr (F == WFmt::kFp8 || F == WFmt::kMxfp4) {
+  if constexpr (F == WFmt::kFp8 || F == WFmt::kMxfp4 || F == WFmt::kInt4) {
     return element_raw<F>(w, r, k) * element_scale<F>(w, r, k);
   } else {
     return element_raw<F>(w, r, k);
@@ -183,6 +191,11 @@ __device__ __forceinline__ void decode_chunk(const uint4& b, float* out) {
         out[4 * i + 2 * j] = f.x;
         out[4 * i + 2 * j + 1] = f.y;
       }
+    } else if constexpr (F == WFmt::kInt4) {
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        out[8 * i + j] = static_cast<float>(static_cast<int>((u >> (4 * j)) & 0xfu) - 8);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < 8; ++j) out[8 * i + j] = e2m1_to_f32((u >> (4 * j)) & 0xfu);
@@ -190,8 +203,9 @@ __device__ __forceinline__ void decode_chunk(const uint4& b, float* out) {
   }
 }
 
-// decode_chunk<F> times the chunk's scale: the values element() gives. MXFP4 folds the
-// 2^126 of the e2m1 trick into the scale (both exact powers of two), saving a multiply.
+// decode_chunk<F> times the chunk's scale: the values element() gives (one fp32 multiply
+// per element, as on the CPU). MXFP4 folds the 2^126 of the e2m1 trick into the scale
+// (both exact powers of two), saving a multiply.
 template <WFmt F>
 __device__ __forceinline__ void decode_chunk_scaled(const uint4& b, float scale, float* out) {
   if constexpr (F == WFmt::kMxfp4) {
@@ -207,7 +221,7 @@ __device__ __forceinline__ void decode_chunk_scaled(const uint4& b, float scale,
     }
   } else {
     decode_chunk<F>(b, out);
-    if constexpr (F == WFmt::kFp8) {
+    if constexpr (F == WFmt::kFp8 || F == WFmt::kInt4) {
 #pragma unroll
       for (int i = 0; i < kChunkElems<F>; ++i) out[i] *= scale;
     }

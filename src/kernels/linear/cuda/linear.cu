@@ -4,6 +4,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <span>
 
 #include "kernels/linear/cuda.h"
 #include "kernels/linear/cuda/gemv.cuh"
@@ -175,8 +176,9 @@ template <WFmt F>
 void launch_dequant_rows(const WRef& w, int64_t r0, int64_t num_rows, __nv_bfloat16* out,
                          cudaStream_t stream) {
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  // MXFP4 measured faster element by element (32 outputs per chunk crowd the registers).
-  if constexpr (F != WFmt::kMxfp4) {
+  // MXFP4 measured faster element by element (32 outputs per chunk crowd the registers);
+  // INT4 has the same 32 outputs per chunk and takes the same path (not measured).
+  if constexpr (F != WFmt::kMxfp4 && F != WFmt::kInt4) {
     if (aligned(w.data) && aligned(out) && row_bytes(F, w.cols) % 16 == 0) {
       dequant_rows_kernel<F, true>
           <<<grid_for(num_rows * w.cols / kChunkElems<F>), kThreads, 0, stream>>>(w, r0, num_rows,
@@ -275,34 +277,18 @@ void linear_gemv(const LinearParams& p, cudaStream_t stream) {
   if (check_linear(p)) run_gemv(p, stream);
 }
 
-void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
-            cudaStream_t stream, LinearKernel kernel) {
-  CHECK(blas.stream() == stream, "linear: the Blas handle is bound to another stream");
-  if (!check_linear(p)) return;
-  if (kernel == LinearKernel::kBatchInvariant) {
-    run_tiles(p, stream);
-    return;
-  }
-  if (kernel == LinearKernel::kGemv ||
-      (kernel == LinearKernel::kAuto && p.num_tokens <= kSmallBatchMaxTokens)) {
-    run_gemv(p, stream);
-    return;
-  }
+namespace {
+
+// The tensor-core path of one linear whose input is already in bf16 (xb); wb: room for a
+// kGemmRowBlock-row block of decoded weights unless w is dense BF16.
+void gemm_from_bf16(const LinearParams& p, const Blas& blas, const __nv_bfloat16* xb,
+                    __nv_bfloat16* wb, cudaStream_t stream) {
   const WRef w = make_wref(*p.w);
   const WFmt f = weight_wfmt(*p.w);
-  const size_t need = linear_workspace_bytes(*p.w, p.num_tokens);
-  CHECK(workspace != nullptr && workspace_bytes >= need, "linear: workspace of ", workspace_bytes,
-        " bytes, the tensor-core path for ", p.num_tokens, " tokens needs ", need);
-  auto* xb = static_cast<__nv_bfloat16*>(workspace);
-  const int64_t nx = p.num_tokens * w.cols;
-  f32_to_bf16_kernel<<<grid_for(nx), kThreads, 0, stream>>>(p.x, xb, nx);
-  CUDA_CHECK_LAUNCH();
   if (f == WFmt::kBF16) {
     gemm_bf16(blas, reinterpret_cast<const __nv_bfloat16*>(w.data), xb, p.y, w.rows, p.num_tokens,
               w.cols, w.rows);
   } else {
-    auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) +
-                                                align_up(static_cast<size_t>(nx) * 2));
     for (int64_t r0 = 0; r0 < w.rows; r0 += kGemmRowBlock) {
       const int64_t m = std::min(kGemmRowBlock, w.rows - r0);
       dispatch_format(f, [&]<WFmt F>() { launch_dequant_rows<F>(w, r0, m, wb, stream); });
@@ -314,6 +300,62 @@ void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t wor
     add_bias_kernel<<<grid_for(ny), kThreads, 0, stream>>>(p.y, p.bias, w.rows, ny);
     CUDA_CHECK_LAUNCH();
   }
+}
+
+}  // namespace
+
+size_t linears_workspace_bytes(std::span<const LinearParams> ps) {
+  if (ps.empty()) return 0;
+  size_t blocks = 0;
+  for (const LinearParams& p : ps) {
+    if (weight_wfmt(*p.w) == WFmt::kBF16) continue;
+    blocks = std::max(
+        blocks, align_up(static_cast<size_t>(std::min(p.w->rows, kGemmRowBlock) * p.w->cols) * 2));
+  }
+  return align_up(static_cast<size_t>(ps[0].num_tokens * ps[0].w->cols) * 2) + blocks;
+}
+
+void linears(std::span<const LinearParams> ps, const Blas& blas, void* workspace,
+             size_t workspace_bytes, cudaStream_t stream, LinearKernel kernel) {
+  CHECK(blas.stream() == stream, "linear: the Blas handle is bound to another stream");
+  if (ps.empty()) return;
+  for (const LinearParams& p : ps) {
+    CHECK(p.w != nullptr && ps[0].w != nullptr, "linear: null pointer");
+    CHECK(p.x == ps[0].x && p.num_tokens == ps[0].num_tokens && p.w->cols == ps[0].w->cols,
+          "linears: the projections do not share one input");
+    check_linear(p);
+  }
+  const LinearParams& first = ps[0];
+  if (first.num_tokens == 0) return;
+  const bool tensor_cores =
+      kernel == LinearKernel::kCublas ||
+      (kernel == LinearKernel::kAuto && first.num_tokens > kSmallBatchMaxTokens);
+  if (!tensor_cores) {
+    for (const LinearParams& p : ps) {
+      if (kernel == LinearKernel::kBatchInvariant) {
+        run_tiles(p, stream);
+      } else {
+        run_gemv(p, stream);
+      }
+    }
+    return;
+  }
+  const size_t need = linears_workspace_bytes(ps);
+  CHECK(workspace != nullptr && workspace_bytes >= need, "linear: workspace of ", workspace_bytes,
+        " bytes, the tensor-core path for ", first.num_tokens, " tokens needs ", need);
+  // x rounded to bf16 once for every projection.
+  auto* xb = static_cast<__nv_bfloat16*>(workspace);
+  const int64_t nx = first.num_tokens * first.w->cols;
+  f32_to_bf16_kernel<<<grid_for(nx), kThreads, 0, stream>>>(first.x, xb, nx);
+  CUDA_CHECK_LAUNCH();
+  auto* wb = reinterpret_cast<__nv_bfloat16*>(static_cast<char*>(workspace) +
+                                              align_up(static_cast<size_t>(nx) * 2));
+  for (const LinearParams& p : ps) gemm_from_bf16(p, blas, xb, wb, stream);
+}
+
+void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t workspace_bytes,
+            cudaStream_t stream, LinearKernel kernel) {
+  linears(std::span<const LinearParams>(&p, 1), blas, workspace, workspace_bytes, stream, kernel);
 }
 
 void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out,

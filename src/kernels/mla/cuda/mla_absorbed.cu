@@ -89,6 +89,17 @@ __device__ float weight_at(const Weight& w, int64_t r, int64_t c) {
           w.scales)[r * (w.cols / Weight::kMxfp4BlockSize) + c / Weight::kMxfp4BlockSize];
       return e2m1_to_f32((c & 1) ? pair >> 4 : pair & 0xf) * e8m0_to_f32(scale);
     }
+    case WeightFormat::kInt4: {
+      const uint8_t pair = bytes[r * (w.cols / 2) + c / 2];
+      const int q = static_cast<int>((c & 1) ? pair >> 4 : pair & 0xf) - 8;
+      const int64_t si = r * (w.cols / Weight::kInt4GroupSize) + c / Weight::kInt4GroupSize;
+      const auto* s16 = static_cast<const uint16_t*>(w.scales);
+      const float scale = w.scales_dtype == DType::kF32 ? static_cast<const float*>(w.scales)[si]
+                          : w.scales_dtype == DType::kBF16
+                              ? bf16_bits_to_f32(s16[si])
+                              : __half2float(__ushort_as_half(s16[si]));
+      return static_cast<float>(q) * scale;
+    }
   }
   return 0.0f;
 }
@@ -266,26 +277,10 @@ __global__ void combine_project_kernel(MlaArgs a) {
 }
 
 void check_weight(const Weight& w) {
-  CHECK(w.data != nullptr, "kv_b has no data");
-  switch (w.format) {
-    case WeightFormat::kDense:
-      CHECK(w.dtype == DType::kF32 || w.dtype == DType::kF16 || w.dtype == DType::kBF16,
-            "dense kv_b dtype must be F32, F16 or BF16, got ", dtype_name(w.dtype));
-      break;
-    case WeightFormat::kFp8Block:
-      CHECK(w.dtype == DType::kE4M3, "FP8 kv_b dtype must be F8_E4M3, got ", dtype_name(w.dtype));
-      CHECK(w.scales != nullptr, "FP8 kv_b has no scales");
-      CHECK(w.scales_dtype == DType::kF32 || w.scales_dtype == DType::kBF16,
-            "FP8 kv_b scales must be F32 or BF16, got ", dtype_name(w.scales_dtype));
-      break;
-    case WeightFormat::kMxfp4:
-      CHECK(w.dtype == DType::kU8, "MXFP4 kv_b dtype must be U8, got ", dtype_name(w.dtype));
-      CHECK(w.scales != nullptr, "MXFP4 kv_b has no scales");
-      CHECK(w.scales_dtype == DType::kE8M0 || w.scales_dtype == DType::kU8,
-            "MXFP4 kv_b scales must be F8_E8M0 or U8, got ", dtype_name(w.scales_dtype));
-      CHECK(w.cols % Weight::kMxfp4BlockSize == 0, "MXFP4 kv_b cols (", w.cols,
-            ") must be a multiple of ", Weight::kMxfp4BlockSize);
-      break;
+  try {
+    w.check_layout();
+  } catch (const Error& e) {
+    HYSERVE_THROW(InvalidArgument, "kv_b: ", e.what());
   }
 }
 

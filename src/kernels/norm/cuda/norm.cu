@@ -2,7 +2,8 @@
 // (cub block reductions), per-element scaling in fp32 in the CPU op's order.
 // attn_res_norm reads each candidate twice: pass 1 sums v_i^2 and v_i . query for every
 // candidate (warp shuffles, then per-warp partials in shared memory summed in warp
-// order), one thread turns the scores into softmax weights in shared memory; pass 2
+// order, one thread per candidate), one thread turns the scores into softmax weights in
+// shared memory; pass 2
 // mixes the raw candidates into y (as scratch) while summing m^2; pass 3 scales y.
 #include <cub/block/block_reduce.cuh>
 
@@ -97,18 +98,21 @@ __global__ void __launch_bounds__(kThreads) attn_res_norm_kernel(AttnResNormPara
     }
   }
   __syncthreads();
+  // The scores, one thread per candidate (its warp partials summed in warp order).
+  if (threadIdx.x < n) {
+    const int64_t i = threadIdx.x;
+    double sum_sq = 0.0, dot = 0.0;
+    for (int w = 0; w < kWarps; ++w) {
+      sum_sq += partial[i][w][0];
+      dot += partial[i][w][1];
+    }
+    alpha[i] = static_cast<float>(dot / sqrt(sum_sq / p.dim + p.res_eps));
+  }
+  __syncthreads();
   // Softmax over the candidates in the CPU op's order and precision.
   if (threadIdx.x == 0) {
     float max_score = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) {
-      double sum_sq = 0.0, dot = 0.0;
-      for (int w = 0; w < kWarps; ++w) {
-        sum_sq += partial[i][w][0];
-        dot += partial[i][w][1];
-      }
-      alpha[i] = static_cast<float>(dot / sqrt(sum_sq / p.dim + p.res_eps));
-      max_score = fmaxf(max_score, alpha[i]);
-    }
+    for (int64_t i = 0; i < n; ++i) max_score = fmaxf(max_score, alpha[i]);
     double total = 0.0;
     for (int64_t i = 0; i < n; ++i) {
       alpha[i] = expf(alpha[i] - max_score);
