@@ -62,9 +62,10 @@ TEST(DeepSeekV32Encoding, ThinkingModeRendersReasoningAfterTheLastUserTurn) {
       InvalidArgument);
 }
 
-// The tool section of the system turn, written out as the model was trained on it.
+// The tool section of the system turn, written out as the model was trained on it
+// (encoding_dsv32.py: no blank lines between its parts).
 std::string tools_section(const std::string& schemas) {
-  return "## Tools\n\n"
+  return "## Tools\n"
          "You have access to a set of tools you can use to answer the user's question.\n"
          "You can invoke functions by writing a \"<｜DSML｜function_calls>\" block like the "
          "following as part of your reply to the user:\n"
@@ -73,16 +74,16 @@ std::string tools_section(const std::string& schemas) {
          "<｜DSML｜parameter name=\"$PARAMETER_NAME\" string=\"true|false\">$PARAMETER_VALUE"
          "</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n"
          "<｜DSML｜invoke name=\"$FUNCTION_NAME2\">\n...\n</｜DSML｜invoke>\n"
-         "</｜DSML｜function_calls>\n\n"
+         "</｜DSML｜function_calls>\n"
          "String and scalar parameters should be specified as is without any escaping or "
          "quotes, while lists and objects should use JSON format. The \"string\" attribute "
          "should be set to \"true\" for string type parameters and \"false\" for other types "
-         "(numbers, booleans, arrays, objects).\n\n"
+         "(numbers, booleans, arrays, objects).\n"
          "If the thinking_mode is enabled, then after function results you should strongly "
-         "consider outputting a thinking block. Here is an example:\n\n"
-         "<｜DSML｜function_calls>\n...\n</｜DSML｜function_calls>\n\n"
-         "<function_results>\n...\n</function_results>\n\n"
-         "<think>...thinking about results</think>\n\n"
+         "consider outputting a thinking block. Here is an example:\n"
+         "<｜DSML｜function_calls>\n...\n</｜DSML｜function_calls>\n"
+         "<function_results>\n...\n</function_results>\n"
+         "<think>...thinking about results</think>\n"
          "Here are the functions available in JSONSchema format:\n<functions>\n" +
          schemas + "\n</functions>\n";
 }

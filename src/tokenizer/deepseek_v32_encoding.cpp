@@ -10,11 +10,11 @@ namespace {
 
 using nlohmann::ordered_json;
 
-// The tool section of the system turn, as the model was trained on it; {schemas} is the
-// functions' JSON, one per line.
+// The tool section of the system turn, as the model was trained on it (DeepSeek's
+// encoding_dsv32.py TOOLS_SYSTEM_TEMPLATE: no blank lines between its parts); {schemas} is
+// the functions' JSON, one per line.
 constexpr std::string_view kToolsHead =
     "## Tools\n"
-    "\n"
     "You have access to a set of tools you can use to answer the user's question.\n"
     "You can invoke functions by writing a \"<｜DSML｜function_calls>\" block like the "
     "following as part of your reply to the user:\n"
@@ -28,25 +28,19 @@ constexpr std::string_view kToolsHead =
     "...\n"
     "</｜DSML｜invoke>\n"
     "</｜DSML｜function_calls>\n"
-    "\n"
     "String and scalar parameters should be specified as is without any escaping or quotes, "
     "while lists and objects should use JSON format. The \"string\" attribute should be set to "
     "\"true\" for string type parameters and \"false\" for other types (numbers, booleans, "
     "arrays, objects).\n"
-    "\n"
     "If the thinking_mode is enabled, then after function results you should strongly consider "
     "outputting a thinking block. Here is an example:\n"
-    "\n"
     "<｜DSML｜function_calls>\n"
     "...\n"
     "</｜DSML｜function_calls>\n"
-    "\n"
     "<function_results>\n"
     "...\n"
     "</function_results>\n"
-    "\n"
     "<think>...thinking about results</think>\n"
-    "\n"
     "Here are the functions available in JSONSchema format:\n"
     "<functions>\n";
 constexpr std::string_view kToolsTail = "\n</functions>\n";

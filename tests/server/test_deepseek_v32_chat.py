@@ -98,7 +98,7 @@ def test_tokenize_tools_and_tool_results(dsv32):
         {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
     text = detokenize(dsv32, tokenize(dsv32, messages=messages, tools=TOOLS))
     schema = json.dumps(TOOLS[0]["function"], ensure_ascii=False)
-    assert text.startswith(BOS + "\n\n## Tools\n\nYou have access to a set of tools")
+    assert text.startswith(BOS + "\n\n## Tools\nYou have access to a set of tools")
     assert ("Here are the functions available in JSONSchema format:\n<functions>\n" + schema +
             "\n</functions>\n" + USER + "Paris?" + ASSISTANT + "</think>") in text
     assert text.endswith(
