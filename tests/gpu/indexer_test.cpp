@@ -424,8 +424,8 @@ std::vector<float> topk_scores(int64_t n, uint32_t seed, bool ties) {
 TEST(GpuIndexer, CausalTopkEqualsCpuWithTiesShortAndMaskedRows) {
   REQUIRE_GPU();
   uint32_t seed = 100;
-  for (const int64_t S : {0, 1, 3, 63, 65, 321}) {
-    for (const int64_t topk : {1, 3, 64, 2048}) {
+  for (const int64_t S : {0, 1, 3, 63, 65, 321, 511, 512, 513}) {
+    for (const int64_t topk : {1, 3, 64, 300, 2048}) {
       for (const bool ties : {true, false}) {
         // Queries at every position, one beyond the keys, and two before any key.
         std::vector<int64_t> q_pos;

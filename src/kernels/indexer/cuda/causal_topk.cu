@@ -19,7 +19,8 @@
 //   else    (massive ties, or topk above kMaxSortedTopk) the full-row select goes on to
 //           32 bits, then an ordered compaction, tile by tile: key > K, and key == K
 //           while fewer than `need` were taken. The row is read 4 times.
-// Rows with keep = num_visible copy 0..keep-1. No workspace for any S: shared memory
+// Rows with keep = num_visible copy 0..keep-1; rows of at most 512 keys rank each key
+// against all others in shared memory (one read of the row). No workspace for any S: shared memory
 // holds the 4096-bin histogram (reused for the winners) and the candidates.
 #include <cuda_runtime.h>
 #include <cub/block/block_scan.cuh>
@@ -209,6 +210,30 @@ __device__ void compact_row(Shared& sh, const float* row, int64_t num_visible, i
   }
 }
 
+// A row of at most kThreads keys (a short context, most decode rows of a small model): a
+// key's rank is the number of keys above it, ties broken toward lower positions (the
+// order of the radix select); the winners (rank < keep) are written in position order.
+// One pass over the row instead of the radix select's two to four.
+__device__ void short_row(Shared& sh, uint32_t* keys, const float* row, int num_visible, int keep,
+                          int32_t* dst) {
+  const int s = threadIdx.x;
+  const bool valid = s < num_visible;
+  const uint32_t key = valid ? float_order_key(__ldg(row + s)) : 0u;
+  if (valid) keys[s] = key;
+  __syncthreads();
+  int rank = 0;
+  if (valid) {
+    for (int j = 0; j < num_visible; ++j) {
+      const uint32_t other = keys[j];
+      rank += other > key || (other == key && j < s);
+    }
+  }
+  const int win = valid && rank < keep;
+  int before = 0;
+  BlockScan(sh.scan).ExclusiveSum(win, before);
+  if (win) dst[before] = s;
+}
+
 __global__ void __launch_bounds__(kThreads)
     causal_topk_kernel(const float* scores, const int64_t* q_pos, int64_t num_keys, int64_t topk,
                        int32_t* out) {
@@ -231,6 +256,11 @@ __global__ void __launch_bounds__(kThreads)
   }
 
   // keep < num_visible < 2^31 from here on.
+  if (num_visible <= kThreads) {
+    short_row(sh, reinterpret_cast<uint32_t*>(hist), row, static_cast<int>(num_visible),
+              static_cast<int>(keep), dst);
+    return;
+  }
   const auto row_keys = [&](auto add) {
     for_each_score(row, num_visible, [&](int64_t, float x) { add(float_order_key(x)); });
   };

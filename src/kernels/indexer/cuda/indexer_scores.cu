@@ -111,16 +111,32 @@ __global__ void score_kernel(ScoreArgs a) {
   for (int h = threadIdx.x; h < num_heads; h += blockDim.x) {
     w_s[h] = a.head_weights[t * num_heads + h];
   }
-  for (int i = threadIdx.x; i < kScoreTile * d; i += blockDim.x) {
-    const int key = i / d;
-    const int dd = i % d;
-    const int64_t src = tile0 + key;
-    float val = 0.0f;
+  // Each key's row address once (one block-table lookup per key, not per element), then
+  // the tile's elements strided over the block so that a warp reads consecutive bytes.
+  __shared__ const void* key_rows[kScoreTile];
+  {
+    const int64_t src = tile0 + threadIdx.x;
+    const void* row = nullptr;
     if (src <= last) {
       if constexpr (kMode == KeyMode::kFp8Cache) {
-        val = e4m3_to_f32(pages.row(a.k_fp8, src, d)[dd]);
+        row = pages.row(a.k_fp8, src, d);
       } else {
-        val = pages.row(a.k, src, d)[dd];
+        row = pages.row(a.k, src, d);
+      }
+    }
+    key_rows[threadIdx.x] = row;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < kScoreTile * d; i += blockDim.x) {
+    const int key = i / d;
+    const int dd = i - key * d;
+    const void* row = key_rows[key];
+    float val = 0.0f;
+    if (row != nullptr) {
+      if constexpr (kMode == KeyMode::kFp8Cache) {
+        val = e4m3_to_f32(static_cast<const uint8_t*>(row)[dd]);
+      } else {
+        val = static_cast<const float*>(row)[dd];
       }
     }
     k_t[dd * kPitch + key] = val;

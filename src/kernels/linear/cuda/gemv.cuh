@@ -86,34 +86,37 @@ __device__ __forceinline__ void lane_row_dots(const WRef& w, int64_t r0, int num
       }
     }
   } else {
+    // Narrow rows (a few k steps per lane): the loads of one step are predicated, not
+    // branched over, so they are all in flight at once; a token j >= n reads 0 and its
+    // accumulators are never used.
     for (int64_t k = lane; k < w.cols; k += 32) {
+      float wk[kGemvRows];
+#pragma unroll
+      for (int q = 0; q < kGemvRows; ++q) wk[q] = q < num_rows ? element<F>(w, r0 + q, k) : 0.0f;
+      float xk[kMaxT];
+#pragma unroll
+      for (int j = 0; j < kMaxT; ++j) xk[j] = j < n ? __ldg(xs[j] + k) : 0.0f;
 #pragma unroll
       for (int q = 0; q < kGemvRows; ++q) {
-        if (q < num_rows) {
-          const float wk = element<F>(w, r0 + q, k);
 #pragma unroll
-          for (int j = 0; j < kMaxT; ++j) {
-            if (j < n) acc[q][j] += wk * xs[j][k];
-          }
-        }
+        for (int j = 0; j < kMaxT; ++j) acc[q][j] += wk[q] * xk[j];
       }
     }
   }
 }
 
-// Sums acc[q][j] (q < num_rows, j < n) over the warp; every lane gets the totals.
+// Sums every acc[q][j] over the warp (those past num_rows or n are sums of zeros); every
+// lane gets the totals. Level by level over all accumulators, without branches, so the
+// shuffles of one level are independent and issue back to back: a short row's GEMV is
+// bound by this latency, not by its loads.
 template <int kMaxT>
 __device__ __forceinline__ void warp_sum(float (&acc)[kGemvRows][kMaxT], int num_rows, int n) {
 #pragma unroll
-  for (int q = 0; q < kGemvRows; ++q) {
+  for (int off = 16; off > 0; off /= 2) {
 #pragma unroll
-    for (int j = 0; j < kMaxT; ++j) {
-      if (q < num_rows && j < n) {
+    for (int q = 0; q < kGemvRows; ++q) {
 #pragma unroll
-        for (int off = 16; off > 0; off /= 2) {
-          acc[q][j] += __shfl_xor_sync(0xffffffffu, acc[q][j], off);
-        }
-      }
+      for (int j = 0; j < kMaxT; ++j) acc[q][j] += __shfl_xor_sync(0xffffffffu, acc[q][j], off);
     }
   }
 }

@@ -77,11 +77,23 @@ __device__ __forceinline__ uint4 fetch_weight_chunk(const WRef& w, int64_t r, in
                     : make_uint4(0, 0, 0, 0);
 }
 
-// Stores the chunk fetched at (r, k) as kChunkElems<F> bf16 values: element() values,
-// except FP8: raw e4m3 (the block scale comes later). dst is 8-byte aligned (16 unless F32).
+// The chunk's scale as stash_weight_chunk applies it (0 past the last row; unused for
+// BF16 and FP8), to be fetched with the chunk.
 template <WFmt F>
-__device__ __forceinline__ void stash_weight_chunk(const WRef& w, int64_t r, int64_t k,
-                                                   const uint4& raw, __nv_bfloat16* dst) {
+__device__ __forceinline__ float chunk_scale(const WRef& w, int64_t r, int64_t k) {
+  if constexpr (F == WFmt::kBF16 || F == WFmt::kFp8) {
+    return 1.0f;
+  } else {
+    return r < w.rows ? element_scale<F>(w, r, k) : 0.0f;
+  }
+}
+
+// Stores a chunk fetched at (r, k) with its chunk_scale as kChunkElems<F> bf16 values:
+// element() values, except FP8: raw e4m3 (the block scale comes later). dst is 8-byte
+// aligned (16 unless F32).
+template <WFmt F>
+__device__ __forceinline__ void stash_weight_chunk(const uint4& raw, float scale,
+                                                   __nv_bfloat16* dst) {
   constexpr int kE = kChunkElems<F>;
   if constexpr (F == WFmt::kBF16) {
     *reinterpret_cast<uint4*>(dst) = raw;  // already the bf16 values
@@ -90,7 +102,7 @@ __device__ __forceinline__ void stash_weight_chunk(const WRef& w, int64_t r, int
     if constexpr (F == WFmt::kFp8) {
       decode_chunk<F>(raw, v);
     } else {
-      decode_chunk_scaled<F>(raw, r < w.rows ? element_scale<F>(w, r, k) : 0.0f, v);
+      decode_chunk_scaled<F>(raw, scale, v);
     }
     uint32_t packed[kE / 2];
 #pragma unroll
@@ -107,6 +119,12 @@ __device__ __forceinline__ void stash_weight_chunk(const WRef& w, int64_t r, int
   }
 }
 
+template <WFmt F>
+__device__ __forceinline__ void stash_weight_chunk(const WRef& w, int64_t r, int64_t k,
+                                                   const uint4& raw, __nv_bfloat16* dst) {
+  stash_weight_chunk<F>(raw, chunk_scale<F>(w, r, k), dst);
+}
+
 // Four activations as bf16 (8-byte aligned dst).
 __device__ __forceinline__ void stash_x4(const float4& v, __nv_bfloat16* dst) {
   *reinterpret_cast<uint2*>(dst) = make_uint2(bf16x2_bits(v.x, v.y), bf16x2_bits(v.z, v.w));
@@ -114,52 +132,103 @@ __device__ __forceinline__ void stash_x4(const float4& v, __nv_bfloat16* dst) {
 
 // Stages k in [k0, k0 + kK) of kM activation rows into a [kM, kLd] and of weight rows
 // [n0, n0 + kBN) of each matrix into b[w] [kBN, kLd], as bf16, with kThreads threads.
-// kVec: 16-byte loads when the step is a full k tile (aligned rows); else one element at
-// a time, zeros past K.
+// kVec: 16-byte loads (aligned rows); else one element at a time; zeros past K.
 template <int kM, int kK, int kLd, int kThreads, WFmt F, bool kVec, int kNumW>
 __device__ __forceinline__ void stage_step(const WRef (&ws)[kNumW], int64_t n0, int64_t k0,
                                            const float* const* rows, __nv_bfloat16* a,
                                            __nv_bfloat16* const* b) {
   const int64_t k_total = ws[0].cols;
-  if (kVec && k0 + kK <= k_total) {
-    for (int i = threadIdx.x; i < kM * kK / 4; i += kThreads) {
-      const int m = i / (kK / 4);
-      const int kk = 4 * (i % (kK / 4));
-      stash_x4(rows[m] != nullptr ? __ldg(reinterpret_cast<const float4*>(rows[m] + k0 + kk))
-                                  : make_float4(0.0f, 0.0f, 0.0f, 0.0f),
-               a + m * kLd + kk);
-    }
+  if (kVec) {
+    // Every load of the step is issued before the first store (fixed trip counts,
+    // unrolled), so a step costs one memory latency, not one per loop iteration. A
+    // partial last step (or K below the tile depth) zero-fills past K: K is a multiple of
+    // the chunk and of 4 on this path.
+    constexpr int kANum = kM * kK / 4;  // float4s of activations
+    constexpr int kAIters = (kANum + kThreads - 1) / kThreads;
     constexpr int kE = kChunkElems<F>;
     static_assert(kK % kE == 0, "a k tile holds whole 16-byte chunks");
     constexpr int kChunksPerRow = kK / kE;
+    constexpr int kBNum = kBN * kChunksPerRow;  // weight chunks per matrix
+    constexpr int kBIters = (kBNum + kThreads - 1) / kThreads;
+    float4 xv[kAIters];
+    uint4 raw[kNumW][kBIters];
+    float scale[kNumW][kBIters];
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) {
+      const int i = threadIdx.x + it * kThreads;
+      const int m = i / (kK / 4);
+      const int kk = 4 * (i % (kK / 4));
+      xv[it] = i < kANum && rows[m] != nullptr && k0 + kk < k_total
+                   ? __ldg(reinterpret_cast<const float4*>(rows[m] + k0 + kk))
+                   : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
 #pragma unroll
     for (int w = 0; w < kNumW; ++w) {
-      for (int i = threadIdx.x; i < kBN * kChunksPerRow; i += kThreads) {
-        const int n = i / kChunksPerRow;
-        const int kk = (i % kChunksPerRow) * kE;
-        const int64_t r = n0 + n;
-        const int64_t k = k0 + kk;
-        stash_weight_chunk<F>(ws[w], r, k, fetch_weight_chunk<F>(ws[w], r, k), b[w] + n * kLd + kk);
+#pragma unroll
+      for (int it = 0; it < kBIters; ++it) {
+        const int i = threadIdx.x + it * kThreads;
+        const int64_t r = n0 + i / kChunksPerRow;
+        const int64_t k = k0 + (i % kChunksPerRow) * kE;
+        const bool in = i < kBNum && k < k_total;
+        raw[w][it] = in ? fetch_weight_chunk<F>(ws[w], r, k) : make_uint4(0, 0, 0, 0);
+        scale[w][it] = in ? chunk_scale<F>(ws[w], r, k) : 0.0f;
+      }
+    }
+#pragma unroll
+    for (int it = 0; it < kAIters; ++it) {
+      const int i = threadIdx.x + it * kThreads;
+      if (i < kANum) stash_x4(xv[it], a + (i / (kK / 4)) * kLd + 4 * (i % (kK / 4)));
+    }
+#pragma unroll
+    for (int w = 0; w < kNumW; ++w) {
+#pragma unroll
+      for (int it = 0; it < kBIters; ++it) {
+        const int i = threadIdx.x + it * kThreads;
+        if (i < kBNum) {
+          const int n = i / kChunksPerRow;
+          const int kk = (i % kChunksPerRow) * kE;
+          stash_weight_chunk<F>(raw[w][it], scale[w][it], b[w] + n * kLd + kk);
+        }
       }
     }
     return;
   }
-  for (int i = threadIdx.x; i < kM * kK; i += kThreads) {
-    const int m = i / kK;
-    const int64_t k = k0 + i % kK;
-    const float v = rows[m] != nullptr && k < k_total ? rows[m][k] : 0.0f;
-    a[m * kLd + i % kK] = __float2bfloat16(v);
+  // Element by element, kBatch loads in flight before their stores.
+  constexpr int kBatch = 8;
+  for (int i0 = threadIdx.x; i0 < kM * kK; i0 += kThreads * kBatch) {
+    float v[kBatch];
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * kThreads;
+      const int m = i / kK;
+      const int64_t k = k0 + i % kK;
+      v[u] = i < kM * kK && rows[m] != nullptr && k < k_total ? rows[m][k] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 0; u < kBatch; ++u) {
+      const int i = i0 + u * kThreads;
+      if (i < kM * kK) a[(i / kK) * kLd + i % kK] = __float2bfloat16(v[u]);
+    }
   }
 #pragma unroll
   for (int w = 0; w < kNumW; ++w) {
-    for (int i = threadIdx.x; i < kBN * kK; i += kThreads) {
-      const int64_t r = n0 + i / kK;
-      const int64_t k = k0 + i % kK;
-      float v = 0.0f;
-      if (r < ws[w].rows && k < k_total) {
-        v = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
+    for (int i0 = threadIdx.x; i0 < kBN * kK; i0 += kThreads * kBatch) {
+      float v[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * kThreads;
+        const int64_t r = n0 + i / kK;
+        const int64_t k = k0 + i % kK;
+        v[u] = 0.0f;
+        if (i < kBN * kK && r < ws[w].rows && k < k_total) {
+          v[u] = F == WFmt::kFp8 ? element_raw<F>(ws[w], r, k) : element<F>(ws[w], r, k);
+        }
       }
-      b[w][(i / kK) * kLd + i % kK] = __float2bfloat16(v);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        const int i = i0 + u * kThreads;
+        if (i < kBN * kK) b[w][(i / kK) * kLd + i % kK] = __float2bfloat16(v[u]);
+      }
     }
   }
 }

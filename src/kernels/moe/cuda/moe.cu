@@ -1,8 +1,8 @@
 // CUDA grouped MoE experts (see cuda.h for the numerics). Steps, all on `stream`:
 //   1. count    counts[e] = slots routed to e                     (atomics, integer)
-//   2. scan     offsets = exclusive scan of counts; active = experts with tokens, in
-//               expert order; num_active                          (one block)
-//   3. fill     sorted_slots[offsets[e] ...] = the slots of e     (any order in a bucket)
+//   2. scan     cursor = exclusive scan of counts; active = {expert, first position,
+//               count} of the experts with tokens, in expert order, then {-1} (one block)
+//   3. fill     sorted_slots[cursor[e] ...] = the slots of e      (any order in a bucket)
 //   4. gate/up  h[pos] = act(x W_gate^T, x W_up^T) for every sorted position pos
 //               (p.act: silu(gate) * up or SiTU, gated_activation in kernels/mlp/params.h)
 //   5. down     slot_out[slot] = h[pos] W_down^T
@@ -53,8 +53,7 @@ size_t align_up(size_t n) {
 
 // Workspace regions, each kAlign-aligned.
 struct Layout {
-  size_t counts, offsets, cursor, active, num_active, sorted_slots, h, slot_out, shared_out,
-      shared_ws, total;
+  size_t counts, cursor, active, sorted_slots, h, slot_out, shared_out, shared_ws, total;
 
   Layout(int64_t num_experts, int64_t inter, int64_t hidden, int64_t max_tokens, int64_t top_k,
          const MlpWeights* shared) {
@@ -67,10 +66,8 @@ struct Layout {
       return here;
     };
     counts = take(e * 4);
-    offsets = take((e + 1) * 4);
     cursor = take(e * 4);
-    active = take(e * 4);
-    num_active = take(4);
+    active = take(e * sizeof(int4));
     sorted_slots = take(s * 4);
     h = take(s * static_cast<size_t>(inter) * 4);
     slot_out = take(s * static_cast<size_t>(hidden) * 4);
@@ -81,11 +78,11 @@ struct Layout {
 };
 
 // What every kernel needs to find its expert's tokens.
+// A block finds its expert with one load (a chain of dependent loads costs microseconds
+// in a decode step's small kernels).
 struct Buckets {
-  const int32_t* counts;        // [E]
-  const int32_t* offsets;       // [E + 1]
-  const int32_t* active;        // [E] experts with tokens, ascending
-  const int32_t* num_active;    // [1]
+  const int4* active;           // [E] {expert, first sorted position, count, 0} of the experts
+                                //     with tokens, ascending, then {-1, 0, 0, 0}
   const int32_t* sorted_slots;  // [S] slot ids, bucketed by expert
 };
 
@@ -115,8 +112,8 @@ __global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
 }
 
 __global__ void __launch_bounds__(kScanThreads)
-    scan_kernel(const int32_t* __restrict__ counts, int64_t num_experts, int32_t* offsets,
-                int32_t* cursor, int32_t* active, int32_t* num_active) {
+    scan_kernel(const int32_t* __restrict__ counts, int64_t num_experts, int32_t* cursor,
+                int4* active) {
   using Scan = cub::BlockScan<int32_t, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   int32_t running_offset = 0;
@@ -131,16 +128,17 @@ __global__ void __launch_bounds__(kScanThreads)
     Scan(tmp).ExclusiveSum(c > 0 ? 1 : 0, rank, num);
     __syncthreads();
     if (e < num_experts) {
-      offsets[e] = running_offset + offset;
       cursor[e] = running_offset + offset;
-      if (c > 0) active[running_active + rank] = static_cast<int32_t>(e);
+      if (c > 0) {
+        active[running_active + rank] =
+            make_int4(static_cast<int32_t>(e), running_offset + offset, c, 0);
+      }
     }
     running_offset += total;
     running_active += num;
   }
-  if (threadIdx.x == 0) {
-    offsets[num_experts] = running_offset;
-    *num_active = running_active;
+  for (int64_t i = running_active + threadIdx.x; i < num_experts; i += kScanThreads) {
+    active[i] = make_int4(-1, 0, 0, 0);
   }
 }
 
@@ -163,15 +161,16 @@ struct Assignment {
 template <Path kPath>
 __device__ __forceinline__ Assignment assign(const Geometry& g, const Buckets& b) {
   Assignment a;
-  if (static_cast<int32_t>(blockIdx.x) >= *b.num_active) return a;
-  const int32_t e = b.active[blockIdx.x];
-  const int32_t n = b.counts[e];
+  const int4 rec = b.active[blockIdx.x];  // gridDim.x <= E
+  const int32_t e = rec.x;
+  const int32_t n = rec.z;
+  if (e < 0) return a;
   const Path path = n < g.mma_min_tokens            ? Path::kGemv
                     : n <= tile::SmallTile::kTokens ? Path::kSmallTile
                                                     : Path::kBigTile;
   if (path != kPath) return a;
   a.expert = e;
-  a.begin = b.offsets[e];
+  a.begin = rec.y;
   a.count = n;
   return a;
 }
@@ -407,10 +406,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   auto* base = static_cast<char*>(workspace);
   const auto at = [&](size_t offset) { return base + offset; };
   auto* counts = reinterpret_cast<int32_t*>(at(lay.counts));
-  auto* offsets = reinterpret_cast<int32_t*>(at(lay.offsets));
   auto* cursor = reinterpret_cast<int32_t*>(at(lay.cursor));
-  auto* active = reinterpret_cast<int32_t*>(at(lay.active));
-  auto* num_active = reinterpret_cast<int32_t*>(at(lay.num_active));
+  auto* active = reinterpret_cast<int4*>(at(lay.active));
   auto* sorted_slots = reinterpret_cast<int32_t*>(at(lay.sorted_slots));
   auto* h = reinterpret_cast<float*>(at(lay.h));
   auto* slot_out = reinterpret_cast<float*>(at(lay.slot_out));
@@ -420,8 +417,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
                                                              counts);
   CUDA_CHECK_LAUNCH();
-  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, offsets, cursor, active,
-                                              num_active);
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, cursor, active);
   CUDA_CHECK_LAUNCH();
   fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
                                                             cursor, sorted_slots);
@@ -437,7 +433,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.top_k = p.top_k;
   g.mma_min_tokens = batch_invariant ? 1 : static_cast<int32_t>(kMoeMmaMinTokens);
   g.act = p.act;
-  const Buckets b{counts, offsets, active, num_active, sorted_slots};
+  const Buckets b{active, sorted_slots};
   const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
   const auto max_active = static_cast<unsigned>(std::min(p.num_experts, num_slots));
   const auto blocks = [&](int64_t rows, int64_t per_block) {

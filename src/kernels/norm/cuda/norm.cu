@@ -1,10 +1,11 @@
 // CUDA row normalizations: one 256-thread block per row, statistics in double
 // (cub block reductions), per-element scaling in fp32 in the CPU op's order.
 // attn_res_norm reads each candidate twice: pass 1 sums v_i^2 and v_i . query for every
-// candidate (warp shuffles, then per-warp partials in shared memory summed in warp
-// order, one thread per candidate), one thread turns the scores into softmax weights in
-// shared memory; pass 2
-// mixes the raw candidates into y (as scratch) while summing m^2; pass 3 scales y.
+// candidate (eight candidates' loads in flight, warp shuffles, then per-warp partials in
+// shared memory summed in warp order, one thread per candidate), the scores become
+// softmax weights in shared memory (exp and divide one thread per candidate, the total
+// in candidate order); pass 2 mixes the raw candidates into y (as scratch) while summing
+// m^2; pass 3 scales y.
 #include <cub/block/block_reduce.cuh>
 
 #include "kernels/norm/cuda.h"
@@ -70,56 +71,80 @@ __device__ double warp_sum(double v) {
 
 constexpr int kWarps = kThreads / 32;
 
+// Candidates whose loads are issued together (their sums stay separate, in d order).
+constexpr int kCandidateGroup = 8;
+
 __global__ void __launch_bounds__(kThreads) attn_res_norm_kernel(AttnResNormParams p) {
   __shared__ typename BlockSum::TempStorage tmp;
   __shared__ double result;
   __shared__ double partial[kMaxAttnResCandidates][kWarps][2];  // sum v^2, v . query
-  __shared__ float alpha[kMaxAttnResCandidates];
-  const int64_t n = p.num_snapshots + 1;
+  __shared__ float score[kMaxAttnResCandidates];
+  __shared__ float weight[kMaxAttnResCandidates];  // exp(score - max), then the softmax
+  __shared__ double total_s;
+  const int n = static_cast<int>(p.num_snapshots) + 1;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * p.dim;
   const int lane = threadIdx.x % 32;
   const int warp = threadIdx.x / 32;
-  const auto candidate = [&](int64_t i) {
+  const auto candidate = [&](int i) {
     return i < p.num_snapshots ? p.snapshots + i * p.snapshot_stride + row : p.current + row;
   };
-  // Pass 1: s_i = (v_i . query) / sqrt(mean(v_i^2) + res_eps).
-  for (int64_t i = 0; i < n; ++i) {
-    const float* v = candidate(i);
-    double sum_sq = 0.0, dot = 0.0;
+  // Pass 1: s_i = (v_i . query) / sqrt(mean(v_i^2) + res_eps), kCandidateGroup
+  // candidates' loads in flight at a time.
+  for (int i0 = 0; i0 < n; i0 += kCandidateGroup) {
+    const float* v[kCandidateGroup];
+#pragma unroll
+    for (int u = 0; u < kCandidateGroup; ++u) v[u] = candidate(i0 + u < n ? i0 + u : n - 1);
+    double sum_sq[kCandidateGroup] = {}, dot[kCandidateGroup] = {};
     for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
-      sum_sq += static_cast<double>(v[d]) * v[d];
-      dot += static_cast<double>(v[d]) * p.query[d];
+      float x[kCandidateGroup];
+#pragma unroll
+      for (int u = 0; u < kCandidateGroup; ++u) x[u] = __ldg(v[u] + d);
+      const float qd = __ldg(p.query + d);
+#pragma unroll
+      for (int u = 0; u < kCandidateGroup; ++u) {
+        sum_sq[u] += static_cast<double>(x[u]) * x[u];
+        dot[u] += static_cast<double>(x[u]) * qd;
+      }
     }
-    sum_sq = warp_sum(sum_sq);
-    dot = warp_sum(dot);
-    if (lane == 0) {
-      partial[i][warp][0] = sum_sq;
-      partial[i][warp][1] = dot;
+#pragma unroll
+    for (int u = 0; u < kCandidateGroup; ++u) {
+      if (i0 + u < n) {
+        const double ss = warp_sum(sum_sq[u]);
+        const double dt = warp_sum(dot[u]);
+        if (lane == 0) {
+          partial[i0 + u][warp][0] = ss;
+          partial[i0 + u][warp][1] = dt;
+        }
+      }
     }
   }
   __syncthreads();
   // The scores, one thread per candidate (its warp partials summed in warp order).
   if (threadIdx.x < n) {
-    const int64_t i = threadIdx.x;
+    const int i = threadIdx.x;
     double sum_sq = 0.0, dot = 0.0;
     for (int w = 0; w < kWarps; ++w) {
       sum_sq += partial[i][w][0];
       dot += partial[i][w][1];
     }
-    alpha[i] = static_cast<float>(dot / sqrt(sum_sq / p.dim + p.res_eps));
+    score[i] = static_cast<float>(dot / sqrt(sum_sq / p.dim + p.res_eps));
   }
   __syncthreads();
-  // Softmax over the candidates in the CPU op's order and precision.
-  if (threadIdx.x == 0) {
+  // Softmax over the candidates in the CPU op's precision: the max and the double total
+  // in candidate order, the exponentials and the divisions one thread per candidate.
+  if (threadIdx.x < n) {
     float max_score = -INFINITY;
-    for (int64_t i = 0; i < n; ++i) max_score = fmaxf(max_score, alpha[i]);
-    double total = 0.0;
-    for (int64_t i = 0; i < n; ++i) {
-      alpha[i] = expf(alpha[i] - max_score);
-      total += alpha[i];
-    }
-    for (int64_t i = 0; i < n; ++i) alpha[i] = static_cast<float>(alpha[i] / total);
+    for (int i = 0; i < n; ++i) max_score = fmaxf(max_score, score[i]);
+    weight[threadIdx.x] = expf(score[threadIdx.x] - max_score);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double total = 0.0;
+    for (int i = 0; i < n; ++i) total += weight[i];
+    total_s = total;
+  }
+  __syncthreads();
+  if (threadIdx.x < n) weight[threadIdx.x] = static_cast<float>(weight[threadIdx.x] / total_s);
   __syncthreads();
   // Pass 2: m = sum_i alpha_i v_i in candidate order, one rounding per step as on the
   // CPU; m goes to y (each thread reads back only its own elements).
@@ -127,7 +152,16 @@ __global__ void __launch_bounds__(kThreads) attn_res_norm_kernel(AttnResNormPara
   double sum_sq = 0.0;
   for (int64_t d = threadIdx.x; d < p.dim; d += kThreads) {
     float m = 0.0f;
-    for (int64_t i = 0; i < n; ++i) m = __fadd_rn(m, __fmul_rn(alpha[i], candidate(i)[d]));
+    for (int i0 = 0; i0 < n; i0 += kCandidateGroup) {
+      float x[kCandidateGroup];
+#pragma unroll
+      for (int u = 0; u < kCandidateGroup; ++u)
+        x[u] = i0 + u < n ? __ldg(candidate(i0 + u) + d) : 0.0f;
+#pragma unroll
+      for (int u = 0; u < kCandidateGroup; ++u) {
+        if (i0 + u < n) m = __fadd_rn(m, __fmul_rn(weight[i0 + u], x[u]));
+      }
+    }
     y[d] = m;
     sum_sq += static_cast<double>(m) * m;
   }
