@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Installs the Debian packages hyserve builds with (when missing). Each is header-only
-# or linked statically, so the binary runs where none of them is installed.
+# or linked statically, so the binary runs where none of them is installed, except Gloo
+# (shared: scripts/make_gpu_deps.sh carries it to the GPU machine).
 #   nlohmann-json3-dev  JSON (configs, safetensors headers, HTTP bodies)
 #   libcli11-dev        command line
 #   libxxhash-dev       hashing (logit hashes, prefix-cache block hashes)
 #   libpcre2-dev        regex (tokenizer split patterns)
 #   libspdlog-dev       logging (util/log.h), header-only with libfmt-dev (formatting)
 #   libboost1.81-dev    Boost.Asio, header-only: the HTTP server's event loop
+#   libgloo-dev         CPU collectives for tensor/context parallelism (parallel/gloo/)
 #   libgtest-dev        tests
 #   cmake, ninja-build, g++, clang-format
 set -euo pipefail
-pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev libspdlog-dev libfmt-dev libboost1.81-dev libgtest-dev clang-format)
+pkgs=(cmake ninja-build g++ nlohmann-json3-dev libcli11-dev libxxhash-dev libpcre2-dev libspdlog-dev libfmt-dev libboost1.81-dev libgloo-dev libgtest-dev clang-format)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -8,6 +8,10 @@
 # ../shared/configs for the benchmarks. Of Boost (used header-only: Asio, for the HTTP
 # server) only the headers the build includes are copied, found by `g++ -M` on the sources
 # that include Boost, plus boost/config (chosen by compiler), so .deps stays small.
+# Gloo is a shared library: .deps/lib gets libgloo.so.0 and the libraries it needs that the
+# GPU machine lacks (ldd libgloo.so.0: libhiredis, libibverbs, libnl-3, libnl-route-3);
+# the build's RPATH points there (CMakeLists.txt). Its CMake config is copied with the
+# library's absolute path made relative to .deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -21,6 +25,13 @@ cp /usr/lib/x86_64-linux-gnu/libpcre2-8.a "$D/lib/"
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$D/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/nlohmann_json /usr/share/cmake/CLI11 "$D/share/cmake/"
+cp -r /usr/include/gloo "$D/include/"
+cp -a /usr/lib/libgloo.so /usr/lib/libgloo.so.0 /usr/lib/libgloo.so.0.5.0 "$D/lib/"
+for l in libhiredis.so.0.14 libibverbs.so.1 libnl-3.so.200 libnl-route-3.so.200; do
+  cp -L "/usr/lib/x86_64-linux-gnu/$l" "$D/lib/"
+done
+cp -r /usr/share/cmake/Gloo "$D/share/cmake/"
+sed -i 's|"/usr/lib/libgloo|"${_IMPORT_PREFIX}/lib/libgloo|g' "$D"/share/cmake/Gloo/GlooTargets-*.cmake
 root=$PWD
 boost_sources=$(grep -rl --include='*.cpp' --include='*.h' '#include <boost/' src tests || true)
 for f in $boost_sources; do

@@ -1,0 +1,26 @@
+#include "parallel/make_communicator.h"
+
+#if HYSERVE_WITH_GLOO
+#include "parallel/gloo/gloo_communicator.h"
+#else
+#include "parallel/single_rank_communicator.h"
+#endif
+
+namespace hyserve::parallel {
+
+std::unique_ptr<Communicator> make_cpu_communicator(
+    [[maybe_unused]] Store& store, int rank, int size,
+    [[maybe_unused]] std::chrono::milliseconds timeout,
+    [[maybe_unused]] const std::string& prefix) {
+#if HYSERVE_WITH_GLOO
+  return make_gloo_communicator(store, rank, size, timeout, prefix);
+#else
+  CHECK(size >= 1 && rank >= 0 && rank < size, "rank ", rank, " of a group of ", size);
+  if (size > 1)
+    throw CommError(
+        str_cat("a group of ", size, " ranks needs Gloo: hyserve was built without Gloo"));
+  return make_single_rank_communicator();
+#endif
+}
+
+}  // namespace hyserve::parallel

@@ -1,0 +1,19 @@
+// The CPU backend's communicator for a group: Gloo when hyserve is built with it
+// (HYSERVE_WITH_GLOO), otherwise only a group of one.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "parallel/communicator.h"
+#include "parallel/store.h"
+
+namespace hyserve::parallel {
+
+// As make_gloo_communicator; without Gloo, size > 1 throws CommError.
+std::unique_ptr<Communicator> make_cpu_communicator(Store& store, int rank, int size,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& prefix);
+
+}  // namespace hyserve::parallel
