@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "parallel/communicator.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -61,7 +62,8 @@ std::string Model::layer_name(int64_t layer, const char* what) {
 
 Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
              std::unique_ptr<Backend> backend)
-    : config_(std::move(config)),
+    : full_config_(std::move(config)),
+      config_(shard_config(full_config_, options.tp.size)),
       source_(std::move(source)),
       options_(options),
       backend_(std::move(backend)) {
@@ -80,7 +82,12 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
           kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
           config_.qk_rope_head_dim);
   }
-  host_weights_ = load_weights(config_, *source_);
+  const TensorParallel& tp = options_.tp;
+  CHECK(tp.size == 1 ||
+            (tp.comm != nullptr && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
+        "tensor parallelism: rank ", tp.rank, " of ", tp.size, " needs its group's communicator");
+  host_weights_ = load_weights(full_config_, *source_);
+  shard_weights(full_config_, tp.rank, tp.size, host_weights_);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.
@@ -524,6 +531,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
       } else {
         mla_attention(pass, layer, x, t, pos_dev, slots_dev, slices, out);
       }
+      tp_reduce(pass, out, t * d);
       pass.ws.rewind(mark);
     }
     dump(layer_name(layer, "attn_out"), out, t, d);
@@ -688,6 +696,7 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
     p.num_tokens = t;
     p.act = activation_;
     backend_->mlp(p);
+    tp_reduce(pass, out, t * c.hidden_size);
     return;
   }
   const int64_t k = c.num_experts_per_tok;
@@ -722,6 +731,7 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   m.act = activation_;
   if (c.moe_latent_size == 0) {
     backend_->moe(m);
+    tp_reduce(pass, out, t * c.hidden_size);
     return;
   }
   // The latent MoE (K3.md §3.5): routed experts on zl = down(x) [T, De], combined in
@@ -734,19 +744,47 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   m.shared = nullptr;
   m.y = latent;
   backend_->moe(m);
+  // Under TP the combined latent is a partial sum (each rank ran its share of every
+  // expert's width): summed before the norm. latent_up is replicated: with shared experts
+  // (partial too) rank 0 alone adds it before the layer's sum, without them every rank
+  // computes the whole output.
+  tp_reduce(pass, latent, t * de);
   if (c.moe_latent_norm) rms_norm(latent, lw.moe.latent_norm, t, de, c.rms_norm_eps, latent);
-  linear_into(latent, t, lw.moe.latent_up, out);
-  if (lw.moe.has_shared) {
-    float* shared = pass.ws.floats(t * c.hidden_size);
-    MlpParams p;
-    p.x = x;
-    p.w = &lw.moe.shared;
-    p.y = shared;
-    p.num_tokens = t;
-    p.act = activation_;
-    backend_->mlp(p);
-    backend_->add(out, shared, t * c.hidden_size);
+  if (!lw.moe.has_shared) {
+    linear_into(latent, t, lw.moe.latent_up, out);
+    return;
   }
+  MlpParams p;
+  p.x = x;
+  p.w = &lw.moe.shared;
+  p.num_tokens = t;
+  p.act = activation_;
+  if (options_.tp.rank == 0) {
+    linear_into(latent, t, lw.moe.latent_up, out);
+    p.y = pass.ws.floats(t * c.hidden_size);
+    backend_->mlp(p);
+    backend_->add(out, p.y, t * c.hidden_size);
+  } else {
+    p.y = out;
+    backend_->mlp(p);
+  }
+  tp_reduce(pass, out, t * c.hidden_size);
+}
+
+void Model::tp_reduce(Pass& pass, float* data, int64_t n) const {
+  const TensorParallel& tp = options_.tp;
+  if (tp.size == 1 || n == 0) return;
+  if (!options_.batch_invariant) {
+    tp.comm->all_reduce(data, n);
+    return;
+  }
+  // A fixed order whatever n is: ((p0 + p1) + p2) + ...
+  const Workspace::Mark mark = pass.ws.mark();
+  float* all = pass.ws.floats(n * tp.size);
+  tp.comm->all_gather(data, all, static_cast<size_t>(n) * 4);
+  backend_->copy(data, all, static_cast<size_t>(n) * 4);
+  for (int r = 1; r < tp.size; ++r) backend_->add(data, all + r * n, n);
+  pass.ws.rewind(mark);
 }
 
 }  // namespace hyserve

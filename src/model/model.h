@@ -27,6 +27,7 @@
 #include "kv/kv_cache.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 #include "model/workspace.h"
 
@@ -53,6 +54,11 @@ struct ModelOptions {
   // prefill chunk runs the chunked KDA form. Decode and prefill remain different
   // computations: a token scored in a prompt and the same token decoded may differ.
   bool batch_invariant = false;
+  // This process's rank of a tensor-parallel group (model/tensor_parallel.h): the model
+  // loads the full checkpoint's names and shapes, keeps its share of the weights and runs
+  // with the local config (config()); each layer's partial output is summed over the
+  // group by tp.comm (in rank order in batch-invariant mode). size 1: the whole model.
+  TensorParallel tp;
 };
 
 // One sequence's part of a batch.
@@ -133,12 +139,16 @@ class Model {
                                        std::unique_ptr<Backend> backend = nullptr);
   ~Model();
 
+  // The config this rank runs: the checkpoint's, with heads and MLP widths divided by the
+  // tensor-parallel size (the checkpoint's own: full_config()).
   const ModelConfig& config() const { return config_; }
+  const ModelConfig& full_config() const { return full_config_; }
   const ModelOptions& options() const { return options_; }
   Backend& backend() const { return *backend_; }
 
   // The row layout of this model's cache: latents as options().latent_cache, index keys
-  // in FP8 (indexer_fp8) or fp32, KDA states in fp32, one GPU (no TP/DCP split);
+  // in FP8 (indexer_fp8) or fp32, KDA states in fp32 (this rank's heads under TP; latents
+  // and index keys are replicated);
   // min_block_size as in CachePlanOptions.
   CachePlan cache_plan(int64_t min_block_size = 64) const;
   std::unique_ptr<KvCache> new_cache(int64_t num_blocks, int64_t min_block_size = 64) const;
@@ -296,6 +306,9 @@ class Model {
   std::vector<float*> project(Pass& pass, const float* x, int64_t num_tokens,
                               std::initializer_list<const Weight*> weights) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
+  // data[0..n) = its sum over the tensor-parallel ranks (a layer's partial output);
+  // nothing on one rank. Batch-invariant: gathered and added in rank order.
+  void tp_reduce(Pass& pass, float* data, int64_t n) const;
   void rms_norm(const float* x, const Vec& w, int64_t rows, int64_t dim, double eps,
                 float* y) const;
   void dump(std::string_view name, const float* data, int64_t rows, int64_t cols) const;
@@ -303,7 +316,8 @@ class Model {
     if (trace_) trace_(section);
   }
 
-  ModelConfig config_;
+  ModelConfig full_config_;               // the checkpoint's
+  ModelConfig config_;                    // this rank's share (full_config_ on one rank)
   std::unique_ptr<TensorSource> source_;  // keeps the host tensors (mmaps) alive
   ModelOptions options_;
   std::unique_ptr<Backend> backend_;

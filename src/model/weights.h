@@ -96,6 +96,9 @@ struct ModelWeights {
 struct LoadedWeights {
   ModelWeights views;
   std::deque<std::vector<float>> owned;  // a deque: elements never move
+  // Matrices made here rather than viewed in the checkpoint (a tensor-parallel rank's
+  // column slices, model/tensor_parallel.h).
+  std::deque<std::vector<uint8_t>> owned_bytes;
 };
 
 // Finds and checks every tensor the config implies. Throws CheckpointError naming

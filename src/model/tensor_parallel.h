@@ -1,0 +1,56 @@
+// Tensor parallelism (DESIGN.md "Parallelism"): rank r of N holds 1/N of every layer's
+// heads and MLP width and the full rest (embedding, norms, the MLA latent projections,
+// the DSA indexer, the router, the latent MoE's down/up projections, lm_head):
+//
+//   column-split (rows of [out, in], by whole heads): MLA q_proj / q_b_proj / kv_b_proj /
+//       g_proj; KDA q/k/v/b/f_b/g_b/g_proj, their conv filters, A_log, dt_bias; MLP and
+//       expert gate/up (intermediate_size, moe_intermediate_size, shared experts)
+//   row-split (columns): MLA and KDA o_proj, MLP and expert down
+//
+// so that each layer's attention output, dense MLP output, MoE output (or, for the latent
+// MoE, its combined latent before routed_expert_norm, K3.md §3.5, and the shared
+// experts' output) is a partial sum the ranks all-reduce. The model on a rank runs with
+// the local config (shard_config): its heads and widths are the rank's share, so the KDA
+// state it caches is its heads' only; latents and index keys are replicated.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "core/weight.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace hyserve {
+namespace parallel {
+class Communicator;
+}
+
+struct TensorParallel {
+  int rank = 0;
+  int size = 1;
+  // The group's collectives (size > 1); not owned.
+  parallel::Communicator* comm = nullptr;
+};
+
+// The config a rank runs: heads and intermediate widths divided by tp.size. Throws
+// ConfigError naming the field when one does not divide.
+ModelConfig shard_config(const ModelConfig& full, int tp_size);
+
+// Rows [rank * n, (rank + 1) * n) of w, n = w.rows / size: a view into w. FP8 shares must
+// be whole 128-row scale blocks. Throws CheckpointError naming `what` otherwise.
+Weight row_shard(const Weight& w, int rank, int size, const std::string& what);
+// Columns [rank * n, (rank + 1) * n) of w, n = w.cols / size: a copy, its bytes kept in
+// `owned`. Quantized shares must be whole scale groups (FP8 128, MXFP4 / INT4 32).
+Weight col_shard(const Weight& w, int rank, int size, std::deque<std::vector<uint8_t>>& owned,
+                 const std::string& what);
+
+// Cuts the weights loaded for the full config down to rank's share (views into the
+// checkpoint where the share is contiguous, copies kept in w.owned_bytes otherwise).
+// Throws CheckpointError naming the tensor when a quantized format's blocks do not
+// align with the cut (FP8 blocks of 128, MXFP4 / INT4 groups of 32).
+void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w);
+
+}  // namespace hyserve
