@@ -77,8 +77,8 @@ void TimingBackend::linears(std::span<const LinearParams> ps) {
   timed("linear", bytes, flops, [&] { inner_->linears(ps); });
 }
 
-void TimingBackend::embedding_lookup(const Weight& w, const int32_t* ids, int64_t n, float* out) {
-  timed("embedding", n * w.cols * 6.0, 0, [&] { inner_->embedding_lookup(w, ids, n, out); });
+void TimingBackend::embedding_lookup(const EmbeddingParams& p) {
+  timed("embedding", p.num_tokens * p.table->cols * 6.0, 0, [&] { inner_->embedding_lookup(p); });
 }
 
 void TimingBackend::rms_norm(const RmsNormParams& p) {

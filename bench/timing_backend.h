@@ -60,7 +60,7 @@ class TimingBackend final : public Backend {
 
   void linear(const LinearParams& p) override;
   void linears(std::span<const LinearParams> ps) override;
-  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override;
+  void embedding_lookup(const EmbeddingParams& p) override;
   void rms_norm(const RmsNormParams& p) override;
   void layer_norm(const LayerNormParams& p) override;
   void attn_res_norm(const AttnResNormParams& p) override;

@@ -11,6 +11,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/tensor_parallel.h"
 #include "quantized_weights.h"
 #include "util/error.h"
 
@@ -36,6 +37,11 @@ std::vector<float> decode(const Weight& w) {
 }
 
 const auto& kFormats = test::kAllFormats;
+
+// The whole table's lookup.
+void lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) {
+  embedding_lookup(EmbeddingParams{&table, ids, out, n, 0, table.rows});
+}
 
 std::vector<int64_t> cols_for(Format f) {
   if (test::needs_cols_of_32(f)) return {32, 96};
@@ -175,7 +181,7 @@ TEST(Embedding, GathersDecodedRows) {
     const auto table = decode(t.w);
     const std::vector<int32_t> ids = {0, 129, 5, 5, 128, 64};
     std::vector<float> out(ids.size() * dim);
-    embedding_lookup(t.w, ids.data(), static_cast<int64_t>(ids.size()), out.data());
+    lookup(t.w, ids.data(), static_cast<int64_t>(ids.size()), out.data());
     for (size_t i = 0; i < ids.size(); ++i) {
       ASSERT_EQ(std::memcmp(out.data() + i * dim, table.data() + ids[i] * dim, dim * sizeof(float)),
                 0)
@@ -191,12 +197,58 @@ TEST(Embedding, OutOfRangeIdIsNamed) {
   for (int32_t bad : {4, -1, 1000}) {
     const int32_t ids[2] = {1, bad};
     try {
-      embedding_lookup(t.w, ids, 2, out.data());
+      lookup(t.w, ids, 2, out.data());
       ADD_FAILURE() << "no error for id " << bad;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("token id " + std::to_string(bad)), std::string::npos)
           << e.what();
     }
+  }
+}
+
+// A tensor-parallel rank's share of the table (vocab_rows): its ids give the whole table's
+// rows, the others -0.0f, so that the ranks' rows sum to the lookup bitwise; ids are
+// checked against the whole vocabulary.
+TEST(Embedding, ShardGivesItsRowsAndNegativeZeroElsewhere) {
+  std::mt19937 rng(17);
+  for (Format f : {Format::kF32, Format::kBF16, Format::kMxfp4}) {
+    SCOPED_TRACE(format_name(f));
+    const int64_t vocab = 131, dim = 64;
+    std::vector<float> values = random_vector(vocab * dim, rng);
+    values[5 * dim + 3] = -0.0f;  // a stored -0.0 survives the sum too
+    const TestWeight t = quantize(values, vocab, dim, f);
+    const std::vector<int32_t> ids = {0, 130, 5, 44, 45, 88, 89, 66};
+    const auto n = static_cast<int64_t>(ids.size());
+    std::vector<float> whole(ids.size() * dim);
+    lookup(t.w, ids.data(), n, whole.data());
+    for (const int size : {2, 3}) {
+      std::vector<float> sum(ids.size() * dim, -0.0f);
+      for (int rank = 0; rank < size; ++rank) {
+        const VocabShard v = vocab_shard(vocab, rank, size);
+        const Weight part = vocab_rows(t.w, v, "embed");
+        std::vector<float> out(ids.size() * dim, 1.0f);
+        embedding_lookup(EmbeddingParams{&part, ids.data(), out.data(), n, v.first, vocab});
+        for (int64_t i = 0; i < n; ++i) {
+          const bool here = ids[i] >= v.first && ids[i] < v.first + v.rows;
+          for (int64_t k = 0; k < dim; ++k) {
+            const float got = out[i * dim + k];
+            if (here) {
+              ASSERT_EQ(std::memcmp(&got, &whole[i * dim + k], 4), 0) << rank << " " << i;
+            } else {
+              ASSERT_TRUE(got == 0.0f && std::signbit(got)) << rank << " " << i << " " << got;
+            }
+            sum[i * dim + k] += got;
+          }
+        }
+      }
+      ASSERT_EQ(std::memcmp(sum.data(), whole.data(), whole.size() * 4), 0) << size << " ranks";
+    }
+    const VocabShard v = vocab_shard(vocab, 1, 2);
+    const Weight part = vocab_rows(t.w, v, "embed");
+    std::vector<float> out(dim);
+    const int32_t bad = static_cast<int32_t>(vocab);
+    EXPECT_THROW(embedding_lookup(EmbeddingParams{&part, &bad, out.data(), 1, v.first, vocab}),
+                 InvalidArgument);
   }
 }
 

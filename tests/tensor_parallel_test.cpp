@@ -1,6 +1,8 @@
 // Tensor parallelism on the CPU backend: weight shards decode to exactly the slices of the
-// full matrices, and a model split over 2 or 4 ranks (threads, Gloo collectives) gives the
-// logits of the whole model within float summation-order error, the same on every rank.
+// full matrices (the vocabulary shards of embed_tokens and lm_head too, whether or not the
+// group size divides the vocabulary), and a model split over 2 or 4 ranks (threads, Gloo
+// collectives) gives the logits of the whole model within float summation-order error, the
+// same bits on every rank.
 #include "model/tensor_parallel.h"
 
 #include <gtest/gtest.h>
@@ -18,6 +20,7 @@
 #include "core/dtype.h"
 #include "model/model.h"
 #include "model/random_weights.h"
+#include "model/weight_bytes.h"
 #include "parallel/make_communicator.h"
 #include "parallel/store.h"
 
@@ -211,8 +214,11 @@ std::vector<int32_t> prompt_for(const ModelConfig& c) {
 void expect_tp_matches(const std::vector<float>& whole,
                        const std::vector<std::vector<float>>& ranks, double tol) {
   ASSERT_FALSE(ranks.empty());
-  for (size_t r = 1; r < ranks.size(); ++r) EXPECT_EQ(ranks[r], ranks[0]) << "rank " << r;
   ASSERT_EQ(ranks[0].size(), whole.size());
+  for (size_t r = 1; r < ranks.size(); ++r) {
+    ASSERT_EQ(ranks[r].size(), whole.size());
+    EXPECT_EQ(0, std::memcmp(ranks[r].data(), ranks[0].data(), whole.size() * 4)) << "rank " << r;
+  }
   double max_abs = 0, max_diff = 0;
   for (size_t i = 0; i < whole.size(); ++i) {
     max_abs = std::max(max_abs, std::fabs(static_cast<double>(whole[i])));
@@ -266,6 +272,171 @@ TEST(TensorParallel, KimiK3LatentMoeMatchesTheWholeModel) {
   const std::vector<std::vector<float>> b = run_ranks(2, true, make, prompt);
   EXPECT_EQ(a[0], b[0]);
   expect_tp_matches(whole, a, 1e-4);
+}
+
+TEST(TensorParallel, VocabShardsCoverTheVocabularyOnce) {
+  for (const int64_t vocab : {1024, 1001, 7}) {
+    for (const int size : {1, 2, 3, 4}) {
+      const int64_t stride = (vocab + size - 1) / size;
+      int64_t next = 0;
+      for (int rank = 0; rank < size; ++rank) {
+        const VocabShard v = vocab_shard(vocab, rank, size);
+        EXPECT_EQ(v.stride, stride);
+        EXPECT_EQ(v.first, next);
+        EXPECT_EQ(v.rows, rank + 1 < size ? stride : vocab - stride * rank) << vocab << "/" << size;
+        next += v.rows;
+      }
+      EXPECT_EQ(next, vocab);
+    }
+  }
+  // 5 rows over 4 ranks: shares of 2 leave the last rank none.
+  ModelConfig c = ModelConfig::load(source_path("tests/fixtures/deepseek_v32_tiny"));
+  c.vocab_size = 5;
+  try {
+    shard_config(c, 4);
+    FAIL() << "vocab 5 over 4 ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("vocab_size = 5"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(shard_config(c, 2));
+}
+
+TEST(TensorParallel, Fp8VocabShardsKeepWholeScaleBlocks) {
+  // [382, 128] e4m3, [3, 1] block scales, the last block 126 rows: over 3 ranks shares of
+  // 128 rows (the last 126) are views on whole blocks; over 2 (191 rows) refused by name.
+  const int64_t vocab = 382;
+  const std::vector<uint8_t> codes = [] {
+    std::vector<uint8_t> c = bytes(382 * 128, 9);
+    for (uint8_t& b : c) b &= 0x77;
+    return c;
+  }();
+  const std::vector<float> scales = {0.5f, 2.0f, 0.25f};
+  Weight w;
+  w.format = WeightFormat::kFp8Block;
+  w.dtype = DType::kE4M3;
+  w.rows = vocab;
+  w.cols = 128;
+  w.data = codes.data();
+  w.scales = scales.data();
+  w.scales_dtype = DType::kF32;
+  for (int rank = 0; rank < 3; ++rank) {
+    const VocabShard v = vocab_shard(vocab, rank, 3);
+    const Weight part = vocab_rows(w, v, "lm_head");
+    ASSERT_EQ(part.rows, v.rows);
+    part.check_layout();
+    for (int64_t r = 0; r < part.rows; ++r) {
+      ASSERT_EQ(row_of(part, r), row_of(w, v.first + r)) << rank << " row " << r;
+    }
+  }
+  try {
+    vocab_rows(w, vocab_shard(vocab, 1, 2), "language_model.lm_head");
+    FAIL() << "191-row FP8 vocabulary shares accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("language_model.lm_head"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("128"), std::string::npos) << e.what();
+  }
+}
+
+// deepseek_v32_tiny (heads and widths split over 2 and 4) with random bf16 weights and a
+// vocabulary of 1001 rows, which neither group size divides (shares of 501 / 251 rows).
+ModelConfig odd_vocab_config(bool tied) {
+  ModelConfig c = ModelConfig::load(source_path("tests/fixtures/deepseek_v32_tiny"));
+  c.vocab_size = 1001;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+// The prompt_for ids and the first and last id of every rank's share at TP 2 and TP 4.
+std::vector<int32_t> odd_vocab_prompt(const ModelConfig& c) {
+  std::vector<int32_t> p = prompt_for(c);
+  p.insert(p.begin() + 2, {0, 250, 251, 500, 501, 502, 752, 753, 1000});
+  return p;
+}
+
+TEST(TensorParallel, VocabShardsHoldTheirRowsAndOneNthOfTheBytes) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const ModelConfig c = odd_vocab_config(tied);
+    const RandomWeights source(c, 4);
+    const LoadedWeights whole = load_weights(c, source);
+    const int64_t whole_bytes =
+        whole.views.embed.storage_bytes() + (tied ? 0 : whole.views.lm_head.storage_bytes());
+    const int64_t row_bytes = (tied ? 1 : 2) * c.hidden_size * 2;  // one vocabulary row
+    ASSERT_EQ(whole_bytes, c.vocab_size * row_bytes);
+    // The memory plan's embedding + lm_head (what a vocabulary of 0 takes away).
+    ModelConfig no_vocab = c;
+    no_vocab.vocab_size = 0;
+    for (const int size : {2, 4}) {
+      const int64_t planned = estimate_weight_bytes_per_gpu(c, size).sharded -
+                              estimate_weight_bytes_per_gpu(no_vocab, size).sharded;
+      int64_t sum_bytes = 0;
+      for (int rank = 0; rank < size; ++rank) {
+        const RandomWeights rank_source(c, 4);  // the same tensors as `source` gave
+        LoadedWeights w = load_weights(c, rank_source);
+        shard_weights(c, rank, size, w);
+        const VocabShard v = vocab_shard(c.vocab_size, rank, size);
+        const ModelWeights& m = w.views;
+        ASSERT_EQ(m.embed.rows, v.rows);
+        ASSERT_EQ(m.lm_head.rows, v.rows);
+        if (tied) {
+          EXPECT_EQ(m.lm_head.data, m.embed.data);
+        }
+        for (const int64_t r : {int64_t{0}, v.rows - 1}) {
+          EXPECT_EQ(row_of(m.embed, r), row_of(whole.views.embed, v.first + r));
+          EXPECT_EQ(row_of(m.lm_head, r), row_of(whole.views.lm_head, v.first + r));
+        }
+        // ~1/N: bf16 rows of ceil(V / N) (the last share shorter), as the memory plan
+        // counts them.
+        const int64_t bytes = m.embed.storage_bytes() + (tied ? 0 : m.lm_head.storage_bytes());
+        EXPECT_EQ(bytes, v.rows * row_bytes);
+        EXPECT_LE(bytes * size, whole_bytes + size * row_bytes);  // < 1/N + one row
+        EXPECT_LE(bytes, planned);
+        if (rank == 0) {
+          EXPECT_EQ(bytes, planned);
+        }
+        sum_bytes += bytes;
+      }
+      EXPECT_EQ(sum_bytes, whole_bytes) << size << " ranks";
+    }
+  }
+}
+
+TEST(TensorParallel, OddVocabLogitsMatchTheWholeModelOnEveryRank) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied ? "tied" : "untied");
+    const ModelConfig c = odd_vocab_config(tied);
+    const std::vector<int32_t> prompt = odd_vocab_prompt(c);
+    const auto make = [&](const ModelOptions& o) {
+      return Model::create(c, std::make_unique<RandomWeights>(c, 5), o);
+    };
+    const std::vector<float> whole = run_ranks(1, false, make, prompt)[0];
+    ASSERT_EQ(whole.size(), (prompt.size() + 1) * 1001);
+    for (const int tp : {2, 4}) {
+      SCOPED_TRACE("tp " + std::to_string(tp));
+      // The same bits on every rank (the gathered logits), within tol of the whole model.
+      expect_tp_matches(whole, run_ranks(tp, false, make, prompt), 1e-4);
+    }
+  }
+}
+
+TEST(TensorParallel, OddVocabBatchInvariantLogitsAreBitwiseTheSameEveryRun) {
+  const ModelConfig c = odd_vocab_config(false);
+  const std::vector<int32_t> prompt = odd_vocab_prompt(c);
+  const auto make = [&](const ModelOptions& o) {
+    return Model::create(c, std::make_unique<RandomWeights>(c, 6), o);
+  };
+  const std::vector<float> whole = run_ranks(1, true, make, prompt)[0];
+  for (const int tp : {2, 4}) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    const std::vector<std::vector<float>> a = run_ranks(tp, true, make, prompt);
+    const std::vector<std::vector<float>> b = run_ranks(tp, true, make, prompt);
+    for (int r = 0; r < tp; ++r) {
+      ASSERT_EQ(a[r].size(), whole.size());
+      EXPECT_EQ(0, std::memcmp(a[r].data(), b[r].data(), a[r].size() * 4)) << "rank " << r;
+      EXPECT_EQ(0, std::memcmp(a[r].data(), a[0].data(), a[r].size() * 4)) << "rank " << r;
+    }
+    expect_tp_matches(whole, a, 1e-4);
+  }
 }
 
 TEST(TensorParallel, RefusesAShardThatSplitsAQuantizationGroup) {

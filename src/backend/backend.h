@@ -128,7 +128,7 @@ class Backend {
   virtual void linears(std::span<const LinearParams> ps) {
     for (const LinearParams& p : ps) linear(p);
   }
-  virtual void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) = 0;
+  virtual void embedding_lookup(const EmbeddingParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;
   virtual void attn_res_norm(const AttnResNormParams& p) = 0;

@@ -112,9 +112,7 @@ class CpuBackend final : public Backend {
   void synchronize() override {}
 
   void linear(const LinearParams& p) override { cpu::linear(p); }
-  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
-    cpu::embedding_lookup(table, ids, n, out);
-  }
+  void embedding_lookup(const EmbeddingParams& p) override { cpu::embedding_lookup(p); }
   void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
   void layer_norm(const LayerNormParams& p) override { cpu::layer_norm(p); }
   void attn_res_norm(const AttnResNormParams& p) override { cpu::attn_res_norm(p); }

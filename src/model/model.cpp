@@ -64,6 +64,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
              std::unique_ptr<Backend> backend)
     : full_config_(std::move(config)),
       config_(shard_config(full_config_, options.tp.size)),
+      vocab_(vocab_shard(full_config_.vocab_size, options.tp.rank, options.tp.size)),
       source_(std::move(source)),
       options_(options),
       backend_(std::move(backend)) {
@@ -455,7 +456,7 @@ const float* Model::forward_device(const DeviceBatch& batch, Workspace& ws,
   float* rows = ws.floats(num_rows * d);
   final_norm(last, num_rows, rows);
   float* logits = logits_out != nullptr ? logits_out : ws.floats(num_rows * config_.vocab_size);
-  linear_into(rows, num_rows, weights_.lm_head, logits);
+  lm_head(pass, rows, num_rows, logits);
   dump("logits", logits, num_rows, config_.vocab_size);
   return logits;
 }
@@ -501,7 +502,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
   float* bank = c.has_attn_res() ? pass.ws.floats(c.num_attn_res_snapshots() * t * d) : nullptr;
   hs.snapshots = bank;
   trace("embed");
-  backend_->embedding_lookup(weights_.embed, ids_dev, t, h);
+  embed(pass, ids_dev, t, h);
   dump("embed", h, t, d);
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
@@ -769,22 +770,6 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
     backend_->mlp(p);
   }
   tp_reduce(pass, out, t * c.hidden_size);
-}
-
-void Model::tp_reduce(Pass& pass, float* data, int64_t n) const {
-  const TensorParallel& tp = options_.tp;
-  if (tp.size == 1 || n == 0) return;
-  if (!options_.batch_invariant) {
-    tp.comm->all_reduce(data, n);
-    return;
-  }
-  // A fixed order whatever n is: ((p0 + p1) + p2) + ...
-  const Workspace::Mark mark = pass.ws.mark();
-  float* all = pass.ws.floats(n * tp.size);
-  tp.comm->all_gather(data, all, static_cast<size_t>(n) * 4);
-  backend_->copy(data, all, static_cast<size_t>(n) * 4);
-  for (int r = 1; r < tp.size; ++r) backend_->add(data, all + r * n, n);
-  pass.ws.rewind(mark);
 }
 
 }  // namespace hyserve

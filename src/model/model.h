@@ -306,6 +306,15 @@ class Model {
   std::vector<float*> project(Pass& pass, const float* x, int64_t num_tokens,
                               std::initializer_list<const Weight*> weights) const;
   void linear_into(const float* x, int64_t num_tokens, const Weight& w, float* y) const;
+  // h [T, D] = embed_tokens(ids [T]). Under TP each rank looks up the ids of its vocabulary
+  // rows (-0.0f rows for the others) and the rows are summed over the group: exact, one
+  // rank's term is the row, the others add nothing.
+  void embed(Pass& pass, const int32_t* ids, int64_t num_tokens, float* h) const;
+  // logits [rows, V] = lm_head(x [rows, D]). Under TP each rank computes the columns of its
+  // vocabulary rows, [rows, shard] in a block of rows * stride floats (the last rank's
+  // padded); the blocks are gathered [N][rows * stride] and placed at their columns of every
+  // row, so every rank holds the same logits.
+  void lm_head(Pass& pass, const float* x, int64_t rows, float* logits) const;
   // data[0..n) = its sum over the tensor-parallel ranks (a layer's partial output);
   // nothing on one rank. Batch-invariant: gathered and added in rank order.
   void tp_reduce(Pass& pass, float* data, int64_t n) const;
@@ -318,6 +327,7 @@ class Model {
 
   ModelConfig full_config_;               // the checkpoint's
   ModelConfig config_;                    // this rank's share (full_config_ on one rank)
+  VocabShard vocab_;                      // this rank's rows of embed_tokens and lm_head
   std::unique_ptr<TensorSource> source_;  // keeps the host tensors (mmaps) alive
   ModelOptions options_;
   std::unique_ptr<Backend> backend_;

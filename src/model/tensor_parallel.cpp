@@ -1,5 +1,6 @@
 #include "model/tensor_parallel.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -66,6 +67,34 @@ const char* format_name(const Weight& w) {
   return "?";
 }
 
+// Shares of n rows each (the last may be shorter) of a FP8 matrix must keep whole 128-row
+// scale blocks. Decided from n alone, so that every rank of the group refuses alike.
+void check_fp8_rows(const Weight& w, int64_t n, const std::string& what) {
+  if (w.format == WeightFormat::kFp8Block && n % Weight::kFp8BlockSize != 0) {
+    HYSERVE_THROW(CheckpointError, what, ": ", format_name(w), " rows split into ", n,
+                  " per rank, not a multiple of ", Weight::kFp8BlockSize);
+  }
+}
+
+// Rows [r0, r0 + n) of w: a view (FP8: r0 a multiple of 128).
+Weight row_range(const Weight& w, int64_t r0, int64_t n) {
+  Weight out = w;
+  out.rows = n;
+  const int64_t row_bytes = value_bytes(w, w.cols);
+  out.data = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
+  if (w.format == WeightFormat::kFp8Block) {
+    const int64_t block = Weight::kFp8BlockSize;
+    CHECK(r0 % block == 0, "FP8 rows from ", r0, " cut a scale block");
+    const int64_t scale_cols = (w.cols + block - 1) / block;
+    out.scales =
+        static_cast<const uint8_t*>(w.scales) + (r0 / block) * scale_cols * scale_elem_bytes(w);
+  } else if (w.format != WeightFormat::kDense) {
+    out.scales = static_cast<const uint8_t*>(w.scales) +
+                 r0 * (w.cols / scale_group(w)) * scale_elem_bytes(w);
+  }
+  return out;
+}
+
 }  // namespace
 
 Weight row_shard(const Weight& w, int rank, int size, const std::string& what) {
@@ -75,24 +104,25 @@ Weight row_shard(const Weight& w, int rank, int size, const std::string& what) {
                   " tensor-parallel ranks");
   }
   const int64_t n = w.rows / size;
-  const int64_t r0 = n * rank;
-  Weight out = w;
-  out.rows = n;
-  const int64_t row_bytes = value_bytes(w, w.cols);
-  out.data = static_cast<const uint8_t*>(w.data) + r0 * row_bytes;
-  if (w.format == WeightFormat::kFp8Block) {
-    if (n % Weight::kFp8BlockSize != 0) {
-      HYSERVE_THROW(CheckpointError, what, ": ", format_name(w), " rows split into ", n,
-                    " per rank, not a multiple of ", Weight::kFp8BlockSize);
-    }
-    const int64_t scale_cols = (w.cols + Weight::kFp8BlockSize - 1) / Weight::kFp8BlockSize;
-    out.scales = static_cast<const uint8_t*>(w.scales) +
-                 (r0 / Weight::kFp8BlockSize) * scale_cols * scale_elem_bytes(w);
-  } else if (w.format != WeightFormat::kDense) {
-    out.scales = static_cast<const uint8_t*>(w.scales) +
-                 r0 * (w.cols / scale_group(w)) * scale_elem_bytes(w);
-  }
-  return out;
+  check_fp8_rows(w, n, what);
+  return row_range(w, n * rank, n);
+}
+
+VocabShard vocab_shard(int64_t vocab_size, int rank, int size) {
+  CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
+  VocabShard v;
+  v.stride = (vocab_size + size - 1) / size;
+  v.first = std::min(vocab_size, v.stride * rank);
+  v.rows = std::min(vocab_size, v.first + v.stride) - v.first;
+  return v;
+}
+
+Weight vocab_rows(const Weight& w, const VocabShard& shard, const std::string& what) {
+  if (w.empty()) return w;
+  CHECK(shard.first >= 0 && shard.rows > 0 && shard.first + shard.rows <= w.rows, what,
+        ": vocabulary rows [", shard.first, ", ", shard.first + shard.rows, ") of ", w.rows);
+  if (shard.rows < w.rows) check_fp8_rows(w, shard.stride, what);
+  return row_range(w, shard.first, shard.rows);
 }
 
 Weight col_shard(const Weight& w, int rank, int size, std::deque<std::vector<uint8_t>>& owned,
@@ -187,6 +217,12 @@ ModelConfig shard_config(const ModelConfig& full, int tp_size) {
   if (any_kda) divide(c.linear_num_heads, "linear_attn_config.num_heads", tp_size);
   if (any_dense) divide(c.intermediate_size, "intermediate_size", tp_size);
   if (any_moe) divide(c.moe_intermediate_size, "moe_intermediate_size", tp_size);
+  // The vocabulary need not divide, but every rank must keep rows of it.
+  if (vocab_shard(c.vocab_size, tp_size - 1, tp_size).rows == 0) {
+    HYSERVE_THROW(ConfigError, "vocab_size = ", c.vocab_size, " leaves the last of ", tp_size,
+                  " tensor-parallel ranks no rows of the embedding (shares of ",
+                  vocab_shard(c.vocab_size, 0, tp_size).stride, " rows)");
+  }
   return c;
 }
 
@@ -195,6 +231,11 @@ void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w
   if (size == 1) return;
   const Slicer s{w, rank, size};
   const ModelConfig& c = full;
+  const VocabShard vocab = vocab_shard(c.vocab_size, rank, size);
+  ModelWeights& top = w.views;
+  top.embed = vocab_rows(top.embed, vocab, c.tensor_prefix + "model.embed_tokens");
+  top.lm_head = c.tie_word_embeddings ? top.embed
+                                      : vocab_rows(top.lm_head, vocab, c.tensor_prefix + "lm_head");
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     LayerWeights& lw = w.views.layers[l];
     const std::string p = "layer " + std::to_string(l) + " ";

@@ -24,6 +24,7 @@
 #include "gpu/test_weights.h"
 #include "kernels/linear/cuda.h"
 #include "kernels/linear/params.h"
+#include "model/tensor_parallel.h"
 
 namespace hyserve {
 namespace {
@@ -341,19 +342,34 @@ TEST(GpuEmbedding, MatchesCpuBitwiseAndMarksBadIdsNaN) {
       for (int i = 0; i < 61; ++i) ids.push_back(static_cast<int32_t>(rng() % s.rows));
       const auto n = static_cast<int64_t>(ids.size());
       std::vector<float> want(n * s.cols);
-      cpu::embedding_lookup(w.w, ids.data(), n, want.data());
+      cpu::embedding_lookup(EmbeddingParams{&w.w, ids.data(), want.data(), n, 0, s.rows});
       ids.push_back(static_cast<int32_t>(s.rows));  // out of range: a NaN row
       ids.push_back(-1);
       const cuda::DeviceBuffer dids = cuda::to_device(ids);
       cuda::DeviceBuffer out(ids.size() * s.cols * sizeof(float));
-      cuda::embedding_lookup(dw.view(), dids.as<int32_t>(), n + 2, out.as<float>(), stream.s);
+      const EmbeddingParams p{&dw.view(), dids.as<int32_t>(), out.as<float>(), n + 2, 0, s.rows};
+      cuda::embedding_lookup(p, stream.s);
       CUDA_CHECK(cudaStreamSynchronize(stream.s));
       const std::vector<float> got = cuda::to_host<float>(out, ids.size() * s.cols);
       EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * sizeof(float)));
       for (int64_t k = n * s.cols; k < static_cast<int64_t>(got.size()); ++k) {
         ASSERT_TRUE(std::isnan(got[k])) << "element " << k;
       }
-      cuda::embedding_lookup(dw.view(), dids.as<int32_t>(), 0, out.as<float>(), stream.s);
+      cuda::embedding_lookup({&dw.view(), dids.as<int32_t>(), out.as<float>(), 0, 0, s.rows},
+                             stream.s);
+      // Rank 1 of 2's share of the rows: the same as the CPU's, -0.0f rows for rank 0's ids.
+      const VocabShard v = vocab_shard(s.rows, 1, 2);
+      if (v.rows > 0 && (w.w.format != WeightFormat::kFp8Block || v.stride % 128 == 0)) {
+        const Weight half = vocab_rows(w.w, v, "embed");
+        const cuda::DeviceWeight dhalf = cuda::DeviceWeight::upload(half);
+        std::vector<float> want_half(n * s.cols);
+        cpu::embedding_lookup({&half, ids.data(), want_half.data(), n, v.first, s.rows});
+        cuda::embedding_lookup(
+            {&dhalf.view(), dids.as<int32_t>(), out.as<float>(), n, v.first, s.rows}, stream.s);
+        CUDA_CHECK(cudaStreamSynchronize(stream.s));
+        const std::vector<float> got_half = cuda::to_host<float>(out, n * s.cols);
+        EXPECT_EQ(0, std::memcmp(got_half.data(), want_half.data(), want_half.size() * 4));
+      }
     }
   }
 }

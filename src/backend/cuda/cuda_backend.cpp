@@ -149,9 +149,7 @@ class CudaBackend final : public Backend {
     const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
     cuda::linear(p, *blas_, scratch(need), need, stream_, linear_kernel());
   }
-  void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) override {
-    cuda::embedding_lookup(table, ids, n, out, stream_);
-  }
+  void embedding_lookup(const EmbeddingParams& p) override { cuda::embedding_lookup(p, stream_); }
   void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
   void layer_norm(const LayerNormParams& p) override { cuda::layer_norm(p, stream_); }
   void attn_res_norm(const AttnResNormParams& p) override { cuda::attn_res_norm(p, stream_); }

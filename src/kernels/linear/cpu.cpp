@@ -68,21 +68,33 @@ void linear(const LinearParams& p) {
   });
 }
 
-void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out) {
-  CHECK(n >= 0, "embedding_lookup: n ", n);
-  if (n == 0) return;
-  CHECK(ids != nullptr && out != nullptr, "embedding_lookup: null pointer");
+void embedding_lookup(const EmbeddingParams& p) {
+  CHECK(p.num_tokens >= 0, "embedding_lookup: n ", p.num_tokens);
+  if (p.num_tokens == 0) return;
+  CHECK(p.table != nullptr && p.ids != nullptr && p.out != nullptr,
+        "embedding_lookup: null pointer");
+  const Weight& table = *p.table;
   CHECK(!table.empty() && table.rows > 0 && table.cols > 0, "embedding_lookup: table shape [",
         table.rows, ", ", table.cols, "]");
-  for (int64_t i = 0; i < n; ++i) {
-    CHECK(ids[i] >= 0 && ids[i] < table.rows, "embedding_lookup: token id ", ids[i],
-          " at position ", i, " is outside the vocabulary [0, ", table.rows, ")");
+  CHECK(p.first_id >= 0 && p.first_id + table.rows <= p.vocab_size, "embedding_lookup: rows [",
+        p.first_id, ", ", p.first_id + table.rows, ") of a vocabulary of ", p.vocab_size);
+  for (int64_t i = 0; i < p.num_tokens; ++i) {
+    CHECK(p.ids[i] >= 0 && p.ids[i] < p.vocab_size, "embedding_lookup: token id ", p.ids[i],
+          " at position ", i, " is outside the vocabulary [0, ", p.vocab_size, ")");
   }
   const int64_t dim = table.cols;
   parallel_for(
-      n,
+      p.num_tokens,
       [&](int64_t begin, int64_t end) {
-        for (int64_t i = begin; i < end; ++i) table.dequantize_row(ids[i], out + i * dim);
+        for (int64_t i = begin; i < end; ++i) {
+          const int64_t row = p.ids[i] - p.first_id;
+          float* out = p.out + i * dim;
+          if (row >= 0 && row < table.rows) {
+            table.dequantize_row(row, out);
+          } else {
+            std::fill(out, out + dim, -0.0f);
+          }
+        }
       },
       16);
 }

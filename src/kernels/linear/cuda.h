@@ -82,9 +82,8 @@ size_t linears_workspace_bytes(std::span<const LinearParams> ps);
 // decision follows (the MoE router) and by tests.
 void linear_gemv(const LinearParams& p, cudaStream_t stream);
 
-// out[i] = table[ids[i]] decoded to fp32. The GPU cannot throw on a bad id: a row whose
-// id is outside [0, vocab) is filled with NaN (the CPU op throws).
-void embedding_lookup(const Weight& table /* [vocab, dim] */, const int32_t* ids /* [n] */,
-                      int64_t n, float* out /* [n, dim] */, cudaStream_t stream);
+// EmbeddingParams (kernels/linear/params.h). The GPU cannot throw on a bad id: a row
+// whose id is outside [0, vocab_size) is filled with NaN (the CPU op throws).
+void embedding_lookup(const EmbeddingParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

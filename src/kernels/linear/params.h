@@ -20,12 +20,25 @@ struct LinearParams {
   const float* bias = nullptr;  // [w->rows], or null
 };
 
-// out[i] = table[ids[i]], decoded to fp32. Throws naming the id when one is out of range.
+// out[i] = table[ids[i] - first_id] decoded to fp32, for a table holding the vocabulary
+// rows [first_id, first_id + table->rows) of vocab_size (a tensor-parallel rank's share,
+// model/tensor_parallel.h; the whole table: first_id 0, vocab_size table->rows). An id of
+// the vocabulary outside the table's rows gives a row of -0.0f: the zero whose sum with any
+// float x is exactly x (+0.0f + -0.0f = +0.0f), so that summing the ranks' rows is exact.
+struct EmbeddingParams {
+  const Weight* table = nullptr;  // [rows, dim]
+  const int32_t* ids = nullptr;   // [num_tokens], each in [0, vocab_size)
+  float* out = nullptr;           // [num_tokens, dim]
+  int64_t num_tokens = 0;
+  int64_t first_id = 0;
+  int64_t vocab_size = 0;  // >= first_id + table->rows
+};
+
 namespace cpu {
 
 void linear(const LinearParams& p);
-void embedding_lookup(const Weight& table /* [vocab, dim] */, const int32_t* ids /* [n] */,
-                      int64_t n, float* out /* [n, dim] */);
+// Throws naming the id when one is outside [0, vocab_size).
+void embedding_lookup(const EmbeddingParams& p);
 
 }  // namespace cpu
 }  // namespace hyserve

@@ -144,14 +144,19 @@ __global__ void add_bias_kernel(float* __restrict__ y, const float* __restrict__
   }
 }
 
+// One block per token: its row of the table, -0.0f for a vocabulary row another rank
+// holds, NaN for an id outside the vocabulary.
 template <WFmt F>
-__global__ void embedding_kernel(WRef w, const int32_t* __restrict__ ids, float* __restrict__ out) {
+__global__ void embedding_kernel(WRef w, const int32_t* __restrict__ ids, int64_t first_id,
+                                 int64_t vocab_size, float* __restrict__ out) {
   const int64_t i = blockIdx.x;
-  const int32_t id = ids[i];
+  const int64_t id = ids[i];
+  const int64_t row = id - first_id;
   float* o = out + i * w.cols;
-  const bool valid = id >= 0 && id < w.rows;
+  const bool valid = id >= 0 && id < vocab_size;
+  const bool here = row >= 0 && row < w.rows;
   for (int64_t k = threadIdx.x; k < w.cols; k += blockDim.x) {
-    o[k] = valid ? element<F>(w, id, k) : __uint_as_float(0x7fc00000u);
+    o[k] = !valid ? __uint_as_float(0x7fc00000u) : here ? element<F>(w, row, k) : -0.0f;
   }
 }
 
@@ -358,15 +363,18 @@ void linear(const LinearParams& p, const Blas& blas, void* workspace, size_t wor
   linears(std::span<const LinearParams>(&p, 1), blas, workspace, workspace_bytes, stream, kernel);
 }
 
-void embedding_lookup(const Weight& table, const int32_t* ids, int64_t n, float* out,
-                      cudaStream_t stream) {
-  CHECK(n >= 0, "embedding_lookup: n ", n);
-  if (n == 0) return;
-  CHECK(ids != nullptr && out != nullptr, "embedding_lookup: null pointer");
-  CHECK(n <= INT32_MAX, "embedding_lookup: n ", n, " over 2^31");
-  const WRef w = make_wref(table);
-  dispatch_format(weight_wfmt(table), [&]<WFmt F>() {
-    embedding_kernel<F><<<static_cast<unsigned>(n), kThreads, 0, stream>>>(w, ids, out);
+void embedding_lookup(const EmbeddingParams& p, cudaStream_t stream) {
+  CHECK(p.num_tokens >= 0, "embedding_lookup: n ", p.num_tokens);
+  if (p.num_tokens == 0) return;
+  CHECK(p.table != nullptr && p.ids != nullptr && p.out != nullptr,
+        "embedding_lookup: null pointer");
+  CHECK(p.num_tokens <= INT32_MAX, "embedding_lookup: n ", p.num_tokens, " over 2^31");
+  CHECK(p.first_id >= 0 && p.first_id + p.table->rows <= p.vocab_size, "embedding_lookup: rows [",
+        p.first_id, ", ", p.first_id + p.table->rows, ") of a vocabulary of ", p.vocab_size);
+  const WRef w = make_wref(*p.table);
+  dispatch_format(weight_wfmt(*p.table), [&]<WFmt F>() {
+    embedding_kernel<F><<<static_cast<unsigned>(p.num_tokens), kThreads, 0, stream>>>(
+        w, p.ids, p.first_id, p.vocab_size, p.out);
     CUDA_CHECK_LAUNCH();
   });
 }
