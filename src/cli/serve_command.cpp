@@ -3,9 +3,11 @@
 // refused, where argparse would take the last); runs until SIGINT / SIGTERM, then drains
 // in-flight requests.
 #include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -15,13 +17,19 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/worker_processes.h"
 #include "core/cuda/device_buffer.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
+#include "engine/tensor_parallel_group.h"
 #include "kv/cache_format.h"
 #include "kv/memory_plan.h"
 #include "model/config.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
+#include "parallel/make_communicator.h"
+#include "parallel/step_channel.h"
+#include "parallel/store.h"
 #include "server/no_tokenizer.h"
 #include "server/openai_server.h"
 #include "tokenizer/chat_template.h"
@@ -68,7 +76,25 @@ struct ServeArgs {
   bool enforce_eager = false;
   bool async_scheduling = false;  // the default; --no-async-scheduling turns it off
   bool no_async_scheduling = false;
+  // Several nodes (vLLM's flags): node_rank's processes are ranks [node_rank x L,
+  // (node_rank + 1) x L) of L = world / nnodes; rank 0 (node 0) serves the API and its
+  // TcpStore at master_addr:master_port is the rendezvous.
+  int64_t nnodes = 1;
+  int64_t node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  std::optional<int> master_port;  // single node: a free port when not given
+  bool headless = false;           // a node > 0: its workers only, no API server
 };
+
+// Where this process sits in a tensor-parallel group.
+struct GroupPlace {
+  int size = 1;
+  int rank = 0;
+  int local_size = 1;  // ranks per node
+  int local_rank = 0;
+};
+
+std::chrono::milliseconds distributed_timeout();
 
 // A refused flag: the message alone (it names the flag), no check text or source line.
 template <typename... Args>
@@ -195,6 +221,173 @@ MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, EngineConfig& ec
   return mp;
 }
 
+// The bound on every wait of the group on another rank (a collective, the rendezvous, a
+// send): $HYSERVE_DISTRIBUTED_TIMEOUT_S, default 120 s. Loading the weights is bounded
+// separately ($HYSERVE_LOAD_TIMEOUT_S, default 1800 s).
+std::chrono::milliseconds seconds_from_env(const char* name, int64_t fallback) {
+  const char* env = std::getenv(name);
+  if (env == nullptr || *env == '\0') return std::chrono::seconds(fallback);
+  const std::string text = env;
+  const bool digits = text.size() <= 6 && std::all_of(text.begin(), text.end(),
+                                                      [](char c) { return c >= '0' && c <= '9'; });
+  const int64_t seconds = digits ? std::stoll(text) : 0;
+  require(seconds >= 1, name, " must be a whole number of seconds >= 1, got '", text, "'");
+  return std::chrono::seconds(seconds);
+}
+
+std::chrono::milliseconds distributed_timeout() {
+  return seconds_from_env("HYSERVE_DISTRIBUTED_TIMEOUT_S", 120);
+}
+
+sigset_t block_stop_signals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+// The signal that came within `timeout`, or 0.
+int wait_signal(const sigset_t& signals, std::chrono::milliseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000) * 1000000L;
+  const int sig = sigtimedwait(&signals, nullptr, &ts);
+  return sig > 0 ? sig : 0;
+}
+
+// Sets key/rank to `value` and returns every rank's value once all have set theirs,
+// calling `poll` (which may throw) about every second while it waits.
+std::vector<int64_t> exchange(parallel::Store& store, const std::string& key, const GroupPlace& g,
+                              int64_t value, std::chrono::milliseconds timeout,
+                              const std::function<void()>& poll) {
+  store.set(str_cat(key, "/", g.rank), parallel::encode_counter(value));
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<int64_t> values;
+  for (int r = 0; r < g.size; ++r) {
+    const std::string k = str_cat(key, "/", r);
+    for (;;) {
+      try {
+        values.push_back(parallel::decode_counter(k, store.get(k, std::chrono::seconds(1))));
+        break;
+      } catch (const parallel::CommError&) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw parallel::CommError(str_cat("tensor parallel: rank ", r, " did not reach '", key,
+                                            "' within ", timeout.count() / 1000, " s"));
+        }
+        poll();
+      }
+    }
+  }
+  return values;
+}
+
+// A rank's model and engine config: its backend, the group's communicator, its shard of the
+// weights, the KV pool the whole group agrees on (the smallest rank's).
+struct RankModel {
+  std::unique_ptr<parallel::Communicator> comm;  // outlives the model, which uses it
+  std::unique_ptr<Model> model;
+  EngineConfig engine;
+  MemoryPlan memory;
+};
+
+RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const std::string& device,
+                    int64_t max_model_len, const GroupPlace& g, parallel::Store* store,
+                    const std::function<void()>& poll) {
+  const std::optional<LatentCacheDtype> latent_flag = parse_latent_cache_dtype(a.kv_cache_dtype);
+  const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
+  const ModelConfig config = ModelConfig::load(dir);
+  RankModel rm;
+  std::unique_ptr<Backend> backend = device == "cuda" ? make_cuda_backend(0) : make_cpu_backend();
+  ModelOptions mo;
+  mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
+  mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
+  mo.batch_invariant = a.batch_invariant;
+  if (g.size > 1) {
+    rm.comm = parallel::make_backend_communicator(*backend, *store, g.rank, g.size,
+                                                  distributed_timeout(), "tp");
+    mo.tp = {g.rank, g.size, rm.comm.get()};
+  }
+  rm.model = Model::load(dir, mo, std::move(backend));
+  // Ranks load at their own pace; the first collective waits for the slowest.
+  if (g.size > 1) {
+    exchange(*store, "loaded", g, 1, seconds_from_env("HYSERVE_LOAD_TIMEOUT_S", 1800), poll);
+  }
+
+  EngineConfig& ec = rm.engine;
+  ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.scheduler.max_num_seqs = a.max_num_seqs;
+  ec.scheduler.max_model_len = max_model_len;
+  // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
+  ec.enable_prefix_caching = !a.no_enable_prefix_caching;
+  rm.memory = plan_kv_pool(*rm.model, a, ec, device);
+  int64_t blocks = rm.memory.num_blocks;
+  if (g.size > 1) {
+    const std::vector<int64_t> all =
+        exchange(*store, "num_blocks", g, blocks, distributed_timeout(), poll);
+    blocks = *std::min_element(all.begin(), all.end());
+  }
+  ec.num_blocks = static_cast<int32_t>(blocks);
+  // The next step is scheduled while this one runs unless --no-async-scheduling.
+  ec.async_scheduling = !a.no_async_scheduling;
+  // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
+  if (device == "cuda" && !a.enforce_eager) {
+    ec.decode_graph_max_batch = std::min<int64_t>(ec.scheduler.max_num_seqs, 256);
+  }
+  ec = complete_engine_config(*rm.model, ec);
+  return rm;
+}
+
+// A rank > 0 (a process `serve` started, or a --headless node's): its shard, then the
+// plans of rank 0 until it says stop.
+int run_worker_rank(const ServeArgs& a, const std::filesystem::path& dir, const std::string& device,
+                    int64_t max_model_len, const GroupPlace& g, const WorkerPlace& place) {
+  const size_t colon = place.master.rfind(':');
+  const std::string host = place.master.substr(0, colon);
+  parallel::TcpStoreOptions so;
+  so.host = host;
+  so.port = std::stoi(place.master.substr(colon + 1));
+  so.connect_timeout = distributed_timeout();
+  so.timeout = distributed_timeout();
+  parallel::TcpStore store(so);
+  log::info("rank {} of {}: loading {} ({})", g.rank, g.size, dir.string(), device);
+  RankModel rm = load_rank(a, dir, device, max_model_len, g, &store, [] {});
+  const int port = static_cast<int>(parallel::decode_counter(
+      "step_channel_port", store.get("step_channel_port", distributed_timeout())));
+  parallel::WorkerChannel channel(host, port, g.rank, distributed_timeout());
+  log::info("rank {} of {}: ready ({} KV blocks)", g.rank, g.size, rm.engine.num_blocks);
+  run_tensor_parallel_worker(*rm.model, rm.engine, channel);
+  log::info("rank {} of {}: stopped", g.rank, g.size);
+  return 0;
+}
+
+// A --headless node: its ranks as worker processes, until they stop (or one fails, or a
+// signal comes).
+int run_headless_node(const ServeArgs& a, const GroupPlace& g, const std::string& device) {
+  const std::string master = str_cat(a.master_addr, ":", *a.master_port);
+  const sigset_t signals = block_stop_signals();
+  WorkerProcesses workers;
+  for (int i = 0; i < g.local_size; ++i) workers.spawn(g.rank + i, i, master, device == "cuda");
+  log::info("node {} of {} (headless): ranks {} .. {}, rendezvous at {}", a.node_rank, a.nnodes,
+            g.rank, g.rank + g.local_size - 1, master);
+  for (;;) {
+    if (const int sig = wait_signal(signals, std::chrono::milliseconds(200))) {
+      log::info("signal {}, stopping the workers", sig);
+      workers.terminate(std::chrono::seconds(10));
+      return 0;
+    }
+    while (const auto e = workers.poll_exit()) {
+      if (!e->ok) {
+        log::error("tensor parallel: {}; stopping this node's workers", e->what);
+        workers.terminate(std::chrono::seconds(5));
+        return 1;
+      }
+    }
+    if (workers.all_exited()) return 0;
+  }
+}
+
 int run_serve(const ServeArgs& a) {
   require(a.served_model_names.size() <= 1,
           "--served-model-name given more than once; give every name after one flag: ",
@@ -212,19 +405,31 @@ int run_serve(const ServeArgs& a) {
   cors.allowed_methods = parse_json_list("--allowed-methods", a.allowed_methods);
   cors.allowed_headers = parse_json_list("--allowed-headers", a.allowed_headers);
   cors.allow_credentials = a.allow_credentials;
-  CHECK(a.tensor_parallel_size == 1, "--tensor-parallel-size ", a.tensor_parallel_size,
-        ": this hyserve runs on one device (tensor parallelism is not built yet)");
-  CHECK(a.decode_context_parallel_size == 1, "--decode-context-parallel-size ",
-        a.decode_context_parallel_size, ": decode context parallelism is not built yet");
+  require(a.tensor_parallel_size >= 1 && a.tensor_parallel_size <= 1024,
+          "--tensor-parallel-size must be from 1 to 1024, got ", a.tensor_parallel_size);
+  require(a.decode_context_parallel_size == 1, "--decode-context-parallel-size ",
+          a.decode_context_parallel_size, ": decode context parallelism is not built yet");
+  require(a.nnodes >= 1 && a.tensor_parallel_size % a.nnodes == 0, "--nnodes ", a.nnodes,
+          " must divide --tensor-parallel-size ", a.tensor_parallel_size,
+          " (the same number of ranks on every node)");
+  require(a.node_rank >= 0 && a.node_rank < a.nnodes, "--node-rank ", a.node_rank,
+          " must be in [0, --nnodes ", a.nnodes, ")");
+  require(a.nnodes == 1 || a.master_port.has_value(), "--nnodes ", a.nnodes,
+          " needs --master-port (and --master-addr: node 0's address)");
+  require(!a.headless || a.node_rank > 0,
+          "--headless is for nodes > 0 (node 0 runs rank 0, which serves the API)");
+  require(a.headless || a.node_rank == 0, "--node-rank ", a.node_rank,
+          " runs workers only: add --headless (node 0 serves the API)");
+  require(!a.master_port || (*a.master_port >= 1 && *a.master_port <= 65535),
+          "--master-port must be from 1 to 65535");
   CHECK(a.speculative_config.empty(),
         "--speculative-config: speculative decoding is not built yet");
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   CHECK(!(a.async_scheduling && a.no_async_scheduling),
         "--async-scheduling and --no-async-scheduling contradict each other");
-  const std::optional<LatentCacheDtype> latent_flag = parse_latent_cache_dtype(a.kv_cache_dtype);
-  const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
-  CHECK(index_cache != IndexCacheDtype::kMxfp4,
+  parse_latent_cache_dtype(a.kv_cache_dtype);  // a bad value fails before anything loads
+  CHECK(parse_index_cache_dtype(a.index_cache_dtype) != IndexCacheDtype::kMxfp4,
         "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
   CHECK(a.gpu_memory_utilization > 0.0 && a.gpu_memory_utilization <= 1.0,
@@ -246,6 +451,30 @@ int run_serve(const ServeArgs& a) {
   // fails in a moment.
   const ModelConfig config = ModelConfig::load(dir);
   const int64_t max_model_len = resolve_max_model_len(a, config);
+
+  GroupPlace g;
+  g.size = static_cast<int>(a.tensor_parallel_size);
+  g.local_size = static_cast<int>(a.tensor_parallel_size / a.nnodes);
+  const std::optional<WorkerPlace> worker = worker_place_from_env();
+  if (worker) {
+    CHECK(worker->rank < g.size, "HYSERVE_TP_RANK ", worker->rank, " outside the group of ",
+          g.size);
+    g.rank = worker->rank;
+  } else {
+    g.rank = static_cast<int>(a.node_rank) * g.local_size;
+  }
+  g.local_rank = g.rank % g.local_size;
+  if (g.size > 1) {
+    shard_config(config, g.size);  // heads and widths that do not divide fail here, by name
+    if (device == "cuda" && !worker) {
+      require(device_count_or_zero() >= g.local_size, "--tensor-parallel-size ", g.size, " over ",
+              a.nnodes, " node(s) needs ", g.local_size, " GPUs on this node, ",
+              device_count_or_zero(), " visible");
+    }
+  }
+  if (worker) return run_worker_rank(a, dir, device, max_model_len, g, *worker);
+  if (a.headless) return run_headless_node(a, g, device);
+
   std::unique_ptr<Tokenizer> tokenizer;
   ChatTemplates templates;
   SpecialTokens special;
@@ -264,16 +493,31 @@ int run_serve(const ServeArgs& a) {
       templates.builtin = "deepseek_v32";
     special = load_special_tokens(dir);
   }
-  ModelOptions mo;
-  mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
-  mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
-  mo.batch_invariant = a.batch_invariant;
-  auto model = Model::load(dir, mo, device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
 
-  EngineConfig ec;
-  ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
-  ec.scheduler.max_num_seqs = a.max_num_seqs;
-  ec.scheduler.max_model_len = max_model_len;
+  // Tensor parallelism: the rendezvous, then a worker process per local GPU slot (the other
+  // nodes start theirs with --headless).
+  std::unique_ptr<parallel::TcpStore> store;
+  WorkerProcesses workers;
+  if (g.size > 1) {
+    parallel::TcpStoreOptions so;
+    so.host = a.nnodes > 1 ? "0.0.0.0" : a.master_addr;
+    so.port = a.master_port.value_or(0);
+    so.is_server = true;
+    so.timeout = distributed_timeout();
+    store = std::make_unique<parallel::TcpStore>(so);
+    const std::string master = str_cat(a.master_addr, ":", store->port());
+    for (int r = 1; r < g.local_size; ++r) workers.spawn(r, r, master, device == "cuda");
+    log::info("tensor parallel: {} ranks on {} node(s), rendezvous at {}", g.size, a.nnodes,
+              master);
+  }
+  const auto check_workers = [&] {
+    if (const auto e = workers.poll_exit()) {
+      throw Error(str_cat("tensor parallel: ", e->what, " while the group was starting"));
+    }
+  };
+  RankModel rm = load_rank(a, dir, device, max_model_len, g, store.get(), check_workers);
+  std::unique_ptr<Model> model = std::move(rm.model);
+  EngineConfig ec = rm.engine;
   // Generation stops at the config's EOS ids and at the tokenizer's eos_token (for Kimi
   // chat, <|im_end|>), as vLLM does.
   for (int64_t id : model->config().eos_token_ids)
@@ -281,16 +525,6 @@ int run_serve(const ServeArgs& a) {
   if (special.eos_token) {
     const int32_t id = tokenizer->token_id(*special.eos_token);
     if (id >= 0 && id < model->config().vocab_size) ec.scheduler.eos_token_ids.push_back(id);
-  }
-  // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
-  ec.enable_prefix_caching = !a.no_enable_prefix_caching;
-  const MemoryPlan memory = plan_kv_pool(*model, a, ec, device);
-  ec.num_blocks = static_cast<int32_t>(memory.num_blocks);
-  // The next step is scheduled while this one runs unless --no-async-scheduling.
-  ec.async_scheduling = !a.no_async_scheduling;
-  // Decode steps replay CUDA graphs (vLLM's default; --enforce-eager turns them off).
-  if (device == "cuda" && !a.enforce_eager) {
-    ec.decode_graph_max_batch = std::min<int64_t>(ec.scheduler.max_num_seqs, 256);
   }
   const int64_t num_blocks = ec.num_blocks;
   const CachePlan kv_plan = model->cache_plan(ec.min_block_size);
@@ -300,10 +534,22 @@ int run_serve(const ServeArgs& a) {
   log::info(
       "{} (max_model_len); workspace {:.2f} GiB reserved (score chunk sized for "
       "max_model_len)",
-      format_memory_summary(kv_plan, memory),
+      format_memory_summary(kv_plan, rm.memory),
       static_cast<double>(ec.workspace_bytes) / (1024.0 * 1024.0 * 1024.0));
   for (const std::string& line : model->kernel_plan()) log::info("kernel plan: {}", line);
+
+  // The workers' step channel: its port through the store.
+  std::unique_ptr<parallel::LeaderChannel> channel;
+  std::unique_ptr<LeaderLink> link;
+  if (g.size > 1) {
+    channel = std::make_unique<parallel::LeaderChannel>(a.nnodes > 1 ? "0.0.0.0" : a.master_addr, 0,
+                                                        distributed_timeout());
+    store->set("step_channel_port", parallel::encode_counter(channel->port()));
+    channel->accept_workers(g.size);
+    link = std::make_unique<LeaderLink>(*channel);
+  }
   Engine engine(std::move(model), ec);
+  if (link) engine.set_plan_sink(link.get());
   engine.start();
 
   OpenAIServerOptions so;
@@ -325,23 +571,41 @@ int run_serve(const ServeArgs& a) {
   OpenAIServer server(so, engine, *tokenizer, std::move(templates), std::move(special));
 
   // SIGINT / SIGTERM end the server; they are handled on this thread only.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = block_stop_signals();
   server.start();
   log::info(
-      "serving {} as '{}' on http://{}:{} (device {}, max_model_len {}, KV cache {} blocks of {} "
-      "tokens, prefix caching {})",
-      dir.string(), so.served_model_names[0], a.host, server.port(), device, max_model_len,
+      "serving {} as '{}' on http://{}:{} (device {}, tensor parallel {}, max_model_len {}, KV "
+      "cache {} blocks of {} tokens, prefix caching {})",
+      dir.string(), so.served_model_names[0], a.host, server.port(), device, g.size, max_model_len,
       num_blocks, block_size, ec.enable_prefix_caching ? "on" : "off");
-  int sig = 0;
-  sigwait(&signals, &sig);
-  log::info("signal {}, draining", sig);
+  // Until a signal; with workers, also until one of them fails: a worker that exits or
+  // reports an error, or a step that failed (a hung worker: the collective's timeout).
+  std::optional<std::string> failure;
+  for (;;) {
+    const int sig = wait_signal(signals, std::chrono::milliseconds(200));
+    if (sig > 0) {
+      log::info("signal {}, draining", sig);
+      break;
+    }
+    if (g.size == 1) continue;
+    // A worker's own report first (its error message), then how its process ended.
+    failure = channel->failure();
+    if (const auto e = workers.poll_exit()) {
+      failure = failure ? str_cat(*failure, "; ", e->what) : e->what;
+    }
+    if (!failure && !engine.alive()) {
+      failure = link->diagnose(std::chrono::seconds(2))
+                    .value_or("a step failed (the error above); the workers answered every step");
+    }
+    if (failure) break;
+  }
+  if (failure) log::error("tensor parallel: {}; the server stops", *failure);
   server.stop();
   engine.stop();
-  return 0;
+  if (link) link->stop();
+  workers.terminate(std::chrono::seconds(failure ? 5 : 60));
+  if (channel) channel->close(std::chrono::seconds(failure ? 1 : 30));
+  return failure ? 1 : 0;
 }
 
 }  // namespace
@@ -360,6 +624,15 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size)->capture_default_str();
   cmd->add_option("--decode-context-parallel-size", a->decode_context_parallel_size)
       ->capture_default_str();
+  cmd->add_option("--nnodes", a->nnodes, "nodes the tensor-parallel group spans")
+      ->capture_default_str();
+  cmd->add_option("--node-rank", a->node_rank, "this node's index (0: rank 0, the API server)")
+      ->capture_default_str();
+  cmd->add_option("--master-addr", a->master_addr, "node 0's address (the rendezvous)")
+      ->capture_default_str();
+  cmd->add_option("--master-port", a->master_port,
+                  "the rendezvous port on node 0 (default on one node: a free one)");
+  cmd->add_flag("--headless", a->headless, "a node > 0: run its workers, no API server");
   cmd->add_option("--max-model-len", a->max_model_len, "context length (default: the config's)");
   cmd->add_option("--max-num-seqs", a->max_num_seqs)->capture_default_str();
   cmd->add_option("--max-sequences-per-request", a->max_sequences_per_request,

@@ -387,9 +387,7 @@ void Engine::Impl::deliver(std::vector<Delivery>& out) {
   }
 }
 
-namespace {
-
-EngineConfig complete_config(const Model& model, EngineConfig config) {
+EngineConfig complete_engine_config(const Model& model, EngineConfig config) {
   const ModelConfig& mc = model.config();
   SchedulerConfig& sc = config.scheduler;
   if (sc.max_model_len == 0) sc.max_model_len = mc.max_position_embeddings;
@@ -420,6 +418,8 @@ EngineConfig complete_config(const Model& model, EngineConfig config) {
   return config;
 }
 
+namespace {
+
 KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
   KvCacheConfig kv =
       make_kv_cache_config(model.cache_plan(config.min_block_size), config.num_blocks);
@@ -432,7 +432,7 @@ KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
 }  // namespace
 
 Engine::Engine(std::unique_ptr<Model> model, EngineConfig config)
-    : model_(std::move(model)), config_(complete_config(*model_, std::move(config))) {
+    : model_(std::move(model)), config_(complete_engine_config(*model_, std::move(config))) {
   impl_ = std::make_unique<Impl>(*model_, config_, make_kv_config(*model_, config_));
 }
 
@@ -530,6 +530,10 @@ void Engine::set_observer(EngineObserver* observer) {
 
 void Engine::set_logits_observer(LogitsObserver fn) {
   impl_->runner.set_logits_observer(std::move(fn));
+}
+
+void Engine::set_plan_sink(PlanSink* sink) {
+  impl_->runner.set_plan_sink(sink);
 }
 
 const ModelRunner& Engine::runner() const {

@@ -48,6 +48,11 @@ struct EngineConfig {
   bool async_scheduling = false;
 };
 
+// The config an engine of this model runs with: max_model_len, vocab_size, eos ids and the
+// prefill chunk alignment from the model, num_blocks 0 made max_num_seqs full-length
+// requests' worth. Throws Error naming the field on a bad value.
+EngineConfig complete_engine_config(const Model& model, EngineConfig config);
+
 struct RequestOutput {
   std::string request_id;
   std::vector<OutputToken> new_tokens;  // tokens produced since the last output
@@ -134,6 +139,9 @@ class Engine {
   // Debugging: receives the raw logits row each sampled token is drawn from (a download per
   // row; `hyserve generate` hashes them). Set before the engine starts.
   void set_logits_observer(LogitsObserver fn);
+  // Tensor parallelism, rank 0: every step's plan goes to `sink` (the workers) first
+  // (ModelRunner::set_plan_sink). Before start().
+  void set_plan_sink(PlanSink* sink);
   // Any thread; null: none. Once it returns, the previous observer gets no more calls.
   void set_observer(EngineObserver* observer);
   // The model runner (its workspace, its decode step's graphs and uploads). Engine thread

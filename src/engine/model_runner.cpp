@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "parallel/communicator.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -73,11 +74,12 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   const auto seqs = static_cast<size_t>(config_.max_num_seqs);
   const auto vocab = static_cast<size_t>(vocab_);
   const auto words = static_cast<size_t>(token_mask_words(vocab_));
+  tokens_ = BackendBuffer(b, seqs * 4);  // a worker's: the sampled ids rank 0 broadcasts
+  if (!config_.samples) return;
   raw_ = BackendBuffer(b, seqs * vocab * 4);
   work_ = BackendBuffer(b, seqs * vocab * 4);
   weights_ = BackendBuffer(b, seqs * vocab * 4);
   options_ = BackendBuffer(b, seqs * sizeof(SamplingOptions));
-  tokens_ = BackendBuffer(b, seqs * 4);
   rows_ = BackendBuffer(b, seqs * 4);
   repetition_ = BackendBuffer(b, (seqs + 1) * 4);
   presence_ = BackendBuffer(b, (seqs + 1) * 4);
@@ -458,6 +460,10 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
 
 void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& scheduler) {
   CHECK(pending_.size() < 2, "model runner: a third step launched before the first is collected");
+  const TensorParallel& tp = model_.options().tp;
+  CHECK(config_.samples && (tp.size == 1 || (tp.rank == 0 && plan_sink_ != nullptr)),
+        "model runner: steps are launched on rank 0 of a tensor-parallel group, with a plan sink ",
+        "(this is rank ", tp.rank, " of ", tp.size, ")");
   Pending pending;
   pending.slot = static_cast<int>(num_launches_++ % 2);
   RunnerStepResult& result = pending.result;
@@ -465,7 +471,6 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   for (const std::string& id : scheduled.preempted_request_ids) {
     if (const auto it = requests_.find(id); it != requests_.end()) release_penalty_row(it->second);
   }
-  prepare_state_rows(scheduled);
 
   // The forward's inputs, one per scheduled request, at the scheduler's slots. An input
   // that is a placeholder (the last step samples it) names its row of tokens_.
@@ -538,33 +543,45 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Sampling& a, const Sampling& b) { return a.logprobs > b.logprobs; });
 
+  // Each forward's batch, and where it runs; placeholders of a forward that is not the
+  // decode step's are resolved on the host (waiting for the step before).
+  std::vector<PartRun> runs;
   for (int part = 0; part < num_parts; ++part) {
-    std::vector<SequenceInput> batch;
-    std::vector<size_t> index;  // into inputs
-    std::vector<int32_t> rows_of_batch;
-    bool batch_placeholder = false;
+    PartRun run;
     for (size_t i = 0; i < inputs.size(); ++i) {
       if (part_of[i] != part) continue;
-      batch.push_back(inputs[i]);
-      index.push_back(i);
-      rows_of_batch.push_back(source_rows[i]);
-      batch_placeholder = batch_placeholder || source_rows[i] >= 0;
+      run.batch.push_back(inputs[i]);
+      run.index.push_back(i);
+      run.rows_of_batch.push_back(source_rows[i]);
+      run.placeholder = run.placeholder || source_rows[i] >= 0;
     }
-    if (batch.empty()) continue;
-    const float* logits = nullptr;
-    if (decode_.accepts(batch)) {
-      logits = batch_placeholder ? decode_.run(batch, {tokens_.as<int32_t>(), rows_of_batch})
-                                 : decode_.run(batch);
-    } else {
-      for (size_t b = 0; b < batch.size(); ++b) {
-        if (rows_of_batch[b] < 0) continue;
-        const size_t i = index[b];
-        resolved[i].assign(batch[b].tokens.begin(), batch[b].tokens.end());
+    if (run.batch.empty()) continue;
+    run.decode = decode_.accepts(run.batch);
+    if (!run.decode) {
+      for (size_t b = 0; b < run.batch.size(); ++b) {
+        if (run.rows_of_batch[b] < 0) continue;
+        const size_t i = run.index[b];
+        resolved[i].assign(run.batch[b].tokens.begin(), run.batch[b].tokens.end());
         resolved[i].back() = pending_token(scheduled.requests[i].request_id);
-        batch[b].tokens = resolved[i];
+        run.batch[b].tokens = resolved[i];
+        run.rows_of_batch[b] = -1;
       }
-      logits = model_.forward_logits(batch, ws_);
+      run.placeholder = false;
     }
+    runs.push_back(std::move(run));
+  }
+  if (plan_sink_ != nullptr) {
+    plan_sink_->send(make_plan(scheduled, runs, static_cast<int32_t>(rows.size())));
+  }
+  prepare_state_rows(scheduled);
+
+  for (const PartRun& run : runs) {
+    const int part = part_of[run.index.front()];
+    const std::vector<size_t>& index = run.index;
+    const float* logits = !run.decode ? model_.forward_logits(run.batch, ws_)
+                          : run.placeholder
+                              ? decode_.run(run.batch, {tokens_.as<int32_t>(), run.rows_of_batch})
+                              : decode_.run(run.batch);
     // Prompt logprobs of the rows that asked, from this forward's logits.
     for (size_t i : index) {
       if (!inputs[i].all_logits) continue;
@@ -628,6 +645,7 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   }
   apply_logits_processors(rows, work);
   sample(rows, work);
+  broadcast_sampled(static_cast<int32_t>(rows.size()));
   HostSlot& slot = slots_[pending.slot];
   backend_.download_async(slot.tokens.data(), tokens_.data(), rows.size() * 4);
   result.bytes_downloaded += std::ssize(rows) * 4;
@@ -671,6 +689,119 @@ RunnerStepResult ModelRunner::collect() {
     result.requests[id].sampled = std::move(t);
   }
   return result;
+}
+
+StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<const PartRun> parts,
+                                int32_t num_sampled) {
+  StepPlan plan;
+  plan.step = ++num_plans_;
+  for (const auto* ids : {&scheduled.finished_request_ids, &scheduled.preempted_request_ids}) {
+    for (const std::string& id : *ids) {
+      if (plan_tables_.erase(id) > 0) plan.dropped.push_back(id);
+    }
+  }
+  for (const ScheduledRequest& s : scheduled.requests) {
+    if (!s.state_block) continue;
+    if (s.restore_state_from) {
+      plan.state_ops.push_back({*s.state_block, *s.restore_state_from});
+    } else if (s.start_position == 0) {
+      plan.state_ops.push_back({*s.state_block, -1});
+    }
+  }
+  for (const PartRun& run : parts) {
+    PlanPart part;
+    part.decode_step = run.decode;
+    for (size_t b = 0; b < run.batch.size(); ++b) {
+      const SequenceInput& in = run.batch[b];
+      PlanSequence q;
+      q.request_id = scheduled.requests[run.index[b]].request_id;
+      q.num_computed = in.num_computed;
+      q.state_block = in.state_block;
+      q.all_logits = in.all_logits;
+      q.prefill = in.prefill;
+      q.tokens.assign(in.tokens.begin(), in.tokens.end());
+      q.source_row = run.rows_of_batch[b];
+      q.slots.assign(in.slots.begin(), in.slots.end());
+      // Only what changed of the table the workers hold for this request.
+      std::vector<int32_t>& sent = plan_tables_[q.request_id];
+      const auto kept = std::mismatch(sent.begin(), sent.end(), in.blocks.begin(), in.blocks.end());
+      q.blocks_kept = kept.first - sent.begin();
+      q.new_blocks.assign(kept.second, in.blocks.end());
+      sent.assign(in.blocks.begin(), in.blocks.end());
+      part.sequences.push_back(std::move(q));
+    }
+    plan.parts.push_back(std::move(part));
+  }
+  for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
+    plan.snapshots.push_back({copy.state_block, copy.snapshot_block});
+  }
+  plan.num_sampled = num_sampled;
+  return plan;
+}
+
+void ModelRunner::broadcast_sampled(int32_t count) {
+  const TensorParallel& tp = model_.options().tp;
+  if (tp.size <= 1 || count == 0) return;
+  tp.comm->broadcast(tokens_.data(), static_cast<size_t>(count) * 4, 0);
+}
+
+void ModelRunner::run_plan(const StepPlan& plan) {
+  const TensorParallel& tp = model_.options().tp;
+  CHECK(tp.size > 1 && tp.rank > 0, "model runner: run_plan on rank ", tp.rank, " of ", tp.size);
+  for (const std::string& id : plan.dropped) plan_tables_.erase(id);
+  for (const PlanStateOp& op : plan.state_ops) {
+    if (op.source_block < 0) {
+      cache_.zero_block(op.state_block);
+    } else {
+      cache_.copy_block(op.state_block, op.source_block);
+    }
+  }
+  for (const PlanPart& part : plan.parts) {
+    std::vector<SequenceInput> batch;
+    std::vector<int32_t> rows;
+    bool placeholder = false;
+    for (const PlanSequence& q : part.sequences) {
+      std::vector<int32_t>& table = plan_tables_[q.request_id];
+      CHECK(q.blocks_kept <= std::ssize(table), "step plan ", plan.step, ": request ", q.request_id,
+            " keeps ", q.blocks_kept, " blocks of ", table.size());
+      table.resize(static_cast<size_t>(q.blocks_kept));
+      for (int32_t block : q.new_blocks) {
+        CHECK(block >= 0 && block < cache_.num_blocks(), "step plan ", plan.step, ": request ",
+              q.request_id, " names block ", block, " of ", cache_.num_blocks());
+      }
+      table.insert(table.end(), q.new_blocks.begin(), q.new_blocks.end());
+      SequenceInput in;
+      in.cache = &cache_;
+      in.blocks = table;
+      in.state_block = q.state_block;
+      in.num_computed = q.num_computed;
+      in.tokens = q.tokens;
+      in.slots = q.slots;
+      in.all_logits = q.all_logits;
+      in.prefill = q.prefill;
+      batch.push_back(in);
+      rows.push_back(q.source_row);
+      placeholder = placeholder || q.source_row >= 0;
+    }
+    if (part.decode_step) {
+      CHECK(decode_.accepts(batch), "step plan ", plan.step,
+            ": rank 0 ran a batch on the decode step that this rank's decode step refuses");
+      if (placeholder) {
+        decode_.run(batch, {tokens_.as<int32_t>(), rows});
+      } else {
+        decode_.run(batch);
+      }
+    } else {
+      CHECK(!placeholder, "step plan ", plan.step, ": a placeholder outside the decode step");
+      model_.forward_logits(batch, ws_);
+    }
+  }
+  for (const PlanSnapshot& s : plan.snapshots) cache_.copy_block(s.snapshot_block, s.state_block);
+  if (plan.num_sampled > 0) {
+    CHECK(plan.num_sampled <= config_.max_num_seqs, "step plan ", plan.step, ": ", plan.num_sampled,
+          " sampled ids, max_num_seqs is ", config_.max_num_seqs);
+    tp.comm->broadcast(tokens_.data(), static_cast<size_t>(plan.num_sampled) * 4, 0);
+  }
 }
 
 }  // namespace hyserve

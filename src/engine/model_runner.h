@@ -42,6 +42,7 @@
 
 #include "engine/decode_step.h"
 #include "engine/scheduler.h"
+#include "engine/step_plan.h"
 #include "guided/token_constraint.h"
 #include "model/model.h"
 #include "model/workspace.h"
@@ -68,6 +69,8 @@ struct ModelRunnerConfig {
   int64_t max_model_len = 4096;           // tokens of one sequence at most
   int64_t graph_max_batch = 0;            // CUDA graphs for decode batches up to this (0: none)
   size_t workspace_bytes = 0;             // the forward's workspace reserved to this at start
+  // false: a tensor-parallel worker's runner (run_plan only): no sampling buffers.
+  bool samples = true;
 };
 
 // One request's results of a step.
@@ -126,6 +129,14 @@ class ModelRunner {
 
   void set_logits_observer(LogitsObserver fn) { observer_ = std::move(fn); }
 
+  // Tensor parallelism, rank 0: each launched step's plan goes to `sink` (the workers)
+  // before rank 0 runs it, and the sampled ids are broadcast over the model's group after
+  // sampling. Not owned; set before the first step.
+  void set_plan_sink(PlanSink* sink) { plan_sink_ = sink; }
+  // Tensor parallelism, another rank: runs rank 0's plan of a step (the same forwards, state
+  // copies and collectives, in the same order), then receives the sampled ids.
+  void run_plan(const StepPlan& plan);
+
   // The forward's scratch (memory accounting) and the decode step (its graphs, its uploads).
   const Workspace& workspace() const { return ws_; }
   void freeze_workspace() { ws_.freeze(); }
@@ -177,6 +188,20 @@ class ModelRunner {
   LogprobParams run_logprobs(const float* logits, const int32_t* targets, int64_t count,
                              int32_t top_n);
 
+  // One forward of a launched step, decided before the plan goes out.
+  struct PartRun {
+    std::vector<SequenceInput> batch;
+    std::vector<size_t> index;           // into the step's inputs
+    std::vector<int32_t> rows_of_batch;  // placeholder rows, -1: none
+    bool placeholder = false;
+    bool decode = false;  // on the decode step
+  };
+  // The plan of a launched step for the workers (and rank 0's mirror of their tables).
+  StepPlan make_plan(const SchedulerOutput& scheduled, std::span<const PartRun> parts,
+                     int32_t num_sampled);
+  // Rank 0's sampled ids to every rank of the group (tensor parallelism).
+  void broadcast_sampled(int32_t count);
+
   const Model& model_;
   Backend& backend_;
   KvCache& cache_;
@@ -210,6 +235,11 @@ class ModelRunner {
   std::unordered_map<std::string, int32_t> last_rows_;
   int last_slot_ = 0;
   uint64_t last_fence_ = 0;
+  // Tensor parallelism: rank 0's sink and the block tables as the workers hold them (rank
+  // 0: as last sent; a worker: as received), by request.
+  PlanSink* plan_sink_ = nullptr;
+  uint64_t num_plans_ = 0;
+  std::unordered_map<std::string, std::vector<int32_t>> plan_tables_;
 };
 
 }  // namespace hyserve

@@ -1,5 +1,10 @@
 #include "parallel/make_communicator.h"
 
+#include "backend/backend.h"
+#if HYSERVE_WITH_NCCL
+#include "parallel/cuda/nccl_communicator.h"
+#endif
+
 #if HYSERVE_WITH_GLOO
 #include "parallel/gloo/gloo_communicator.h"
 #else
@@ -20,6 +25,21 @@ std::unique_ptr<Communicator> make_cpu_communicator(
     throw CommError(
         str_cat("a group of ", size, " ranks needs Gloo: hyserve was built without Gloo"));
   return make_single_rank_communicator();
+#endif
+}
+
+std::unique_ptr<Communicator> make_backend_communicator(Backend& backend, Store& store, int rank,
+                                                        int size, std::chrono::milliseconds timeout,
+                                                        const std::string& prefix) {
+  if (backend.kind() == DeviceKind::kCpu) {
+    return make_cpu_communicator(store, rank, size, timeout, prefix);
+  }
+#if HYSERVE_WITH_NCCL
+  return make_nccl_communicator(
+      store, rank, size, 0, static_cast<cudaStream_t>(backend.native_stream()), timeout, prefix);
+#else
+  if (size == 1) return make_cpu_communicator(store, rank, size, timeout, prefix);
+  throw CommError(str_cat("a group of ", size, " GPUs needs NCCL: hyserve was built without it"));
 #endif
 }
 

@@ -1,0 +1,69 @@
+#include "engine/tensor_parallel_group.h"
+
+#include <exception>
+
+#include "engine/model_runner.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace hyserve {
+
+void LeaderLink::send(const StepPlan& plan) {
+  channel_.send(encode_plan(plan));
+  last_step_ = plan.step;
+}
+
+void LeaderLink::stop() noexcept {
+  try {
+    StepPlan plan;
+    plan.step = last_step_ + 1;
+    plan.stop = true;
+    channel_.send(encode_plan(plan));
+  } catch (const std::exception& e) {
+    log::warn("tensor parallel: telling the workers to stop failed: {}", e.what());
+  }
+}
+
+std::optional<std::string> LeaderLink::diagnose(std::chrono::milliseconds grace) const {
+  if (auto f = channel_.failure()) return f;
+  const std::vector<int> behind = channel_.wait_acked(last_step_, grace);
+  if (auto f = channel_.failure()) return f;
+  if (behind.empty()) return std::nullopt;
+  std::string ranks;
+  for (int r : behind) ranks += str_cat(ranks.empty() ? "" : ", ", r);
+  return str_cat("rank(s) ", ranks, " did not finish step ", last_step_, " (hung or too slow)");
+}
+
+void run_tensor_parallel_worker(const Model& model, const EngineConfig& config,
+                                parallel::WorkerChannel& channel) {
+  const int rank = model.options().tp.rank;
+  try {
+    const std::unique_ptr<KvCache> cache =
+        model.new_cache(config.num_blocks, config.min_block_size);
+    ModelRunnerConfig rc;
+    rc.max_num_seqs = config.scheduler.max_num_seqs;
+    rc.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+    rc.max_model_len = config.scheduler.max_model_len;
+    rc.graph_max_batch = config.decode_graph_max_batch;
+    rc.workspace_bytes = config.workspace_bytes;
+    rc.samples = false;
+    ModelRunner runner(model, *cache, rc);
+    for (;;) {
+      const std::optional<parallel::Bytes> bytes = channel.receive();
+      if (!bytes) {
+        log::info("rank {}: the leader closed the step channel; exiting", rank);
+        break;
+      }
+      const StepPlan plan = decode_plan(*bytes);
+      if (plan.stop) break;
+      runner.run_plan(plan);
+      channel.ack(plan.step);
+    }
+    model.backend().synchronize();
+  } catch (const std::exception& e) {
+    channel.report_error(e.what());
+    throw;
+  }
+}
+
+}  // namespace hyserve

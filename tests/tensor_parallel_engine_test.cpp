@@ -1,0 +1,350 @@
+// The engine under tensor parallelism on the CPU backend: rank 0 schedules and samples,
+// the other ranks (threads here, each with its shard of the model, Gloo collectives) run
+// the plans rank 0 sends them over the step channel. Greedy outputs match one rank's
+// (where they differ, only at a near-tie of the top two logprobs: the partial sums add in
+// another order), batch-invariant mode is bitwise reproducible, and a worker that dies
+// mid-request fails the step within the timeout, naming its rank.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/model_runner.h"
+#include "engine/step_plan.h"
+#include "engine/tensor_parallel_group.h"
+#include "model/model.h"
+#include "parallel/make_communicator.h"
+#include "parallel/step_channel.h"
+#include "parallel/store.h"
+#include "random_prompt.h"
+#include "util/error.h"
+
+namespace hyserve {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+fs::path fixture(const std::string& rel) {
+  return fs::path(HYSERVE_SOURCE_DIR) / rel;
+}
+
+Request greedy_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  Request r;
+  r.id = std::move(id);
+  r.prompt_token_ids = std::move(prompt);
+  r.sampling_params.temperature = 0.0f;
+  r.sampling_params.max_tokens = max_tokens;
+  r.sampling_params.ignore_eos = true;
+  r.sampling_params.logprobs = 2;
+  return r;
+}
+
+struct Result {
+  std::vector<OutputToken> tokens;
+  std::string finish_reason;
+  int64_t num_cached_tokens = 0;
+};
+
+struct GroupRun {
+  std::map<std::string, Result> results;
+  bool alive = true;
+  std::optional<std::string> diagnosis;
+  std::vector<std::string> worker_errors;
+};
+
+struct GroupOptions {
+  fs::path dir;
+  int tp = 1;
+  bool batch_invariant = false;
+  bool async_scheduling = true;
+  bool prefix_caching = false;
+  // A worker that stops after this many plans (closing its channel and its communicator, as
+  // a killed process would); -1: none.
+  int die_after_plans = -1;
+  // And then takes the next plan without running it: rank 0 is left in a collective.
+  bool die_mid_step = false;
+};
+
+EngineConfig engine_config(const GroupOptions& g) {
+  EngineConfig c;
+  c.async_scheduling = g.async_scheduling;
+  c.scheduler.max_model_len = 256;
+  c.scheduler.max_num_batched_tokens = 64;  // prompts run as several chunks
+  c.scheduler.max_num_seqs = 4;
+  c.min_block_size = 16;
+  c.num_blocks = 96;
+  c.enable_prefix_caching = g.prefix_caching;
+  return c;
+}
+
+// Submits `batches` one after another (each batch's requests together) and runs them to
+// completion on a group of g.tp ranks.
+GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>>& batches) {
+  parallel::HashStore store;
+  parallel::LeaderChannel channel("127.0.0.1", 0, 20s);
+  GroupRun run;
+  run.worker_errors.resize(static_cast<size_t>(g.tp));
+  std::vector<std::thread> workers;
+  const auto load = [&](int rank, parallel::Communicator* comm) {
+    ModelOptions o;
+    o.batch_invariant = g.batch_invariant;
+    o.tp = {rank, g.tp, comm};
+    return Model::load(g.dir, o);
+  };
+  for (int rank = 1; rank < g.tp; ++rank) {
+    workers.emplace_back([&, rank] {
+      try {
+        auto comm = parallel::make_cpu_communicator(store, rank, g.tp, 5s, "tp");
+        const std::unique_ptr<Model> model = load(rank, comm.get());
+        const EngineConfig config = complete_engine_config(*model, engine_config(g));
+        parallel::WorkerChannel wc("127.0.0.1", channel.port(), rank, 10s);
+        if (rank == 1 && g.die_after_plans >= 0) {
+          // Runs a few plans, then goes away mid-request.
+          const auto cache = model->new_cache(config.num_blocks, config.min_block_size);
+          ModelRunnerConfig rc;
+          rc.max_num_seqs = config.scheduler.max_num_seqs;
+          rc.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
+          rc.max_model_len = config.scheduler.max_model_len;
+          rc.samples = false;
+          ModelRunner runner(*model, *cache, rc);
+          for (int i = 0; i < g.die_after_plans; ++i) {
+            const auto bytes = wc.receive();
+            ASSERT_TRUE(bytes.has_value());
+            const StepPlan plan = decode_plan(*bytes);
+            runner.run_plan(plan);
+            wc.ack(plan.step);
+          }
+          if (g.die_mid_step) {
+            ASSERT_TRUE(wc.receive().has_value());
+          }
+          return;  // the channel and the communicator close here
+        }
+        run_tensor_parallel_worker(*model, config, wc);
+      } catch (const std::exception& e) {
+        run.worker_errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  {
+    std::unique_ptr<parallel::Communicator> comm =
+        g.tp > 1 ? parallel::make_cpu_communicator(store, 0, g.tp, 5s, "tp") : nullptr;
+    Engine engine(load(0, comm.get()), engine_config(g));
+    LeaderLink link(channel);
+    if (g.tp > 1) {
+      channel.accept_workers(g.tp);
+      engine.set_plan_sink(&link);
+    }
+    for (const std::vector<Request>& batch : batches) {
+      for (const Request& r : batch) {
+        engine.add_request(r, [&run](const RequestOutput& o) {
+          Result& res = run.results[o.request_id];
+          res.tokens.insert(res.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
+          res.num_cached_tokens = o.num_cached_tokens;
+          if (o.finished) res.finish_reason = o.finish_reason;
+        });
+      }
+      for (int i = 0; i < 10000 && engine.step(); ++i) {
+      }
+    }
+    run.alive = engine.alive();
+    if (g.tp > 1) {
+      if (!run.alive) run.diagnosis = link.diagnose(2s);
+      link.stop();
+    }
+    engine.stop();
+  }
+  channel.close();
+  for (std::thread& t : workers) t.join();
+  return run;
+}
+
+std::vector<std::vector<Request>> workload(const ModelConfig& c, int num_requests) {
+  std::vector<Request> batch;
+  for (int i = 0; i < num_requests; ++i) {
+    batch.push_back(greedy_request(
+        str_cat("r", i),
+        test::random_prompt(5 + 37 * i, 300 + static_cast<uint32_t>(i), c.vocab_size), 10));
+  }
+  return {batch};
+}
+
+// TP's greedy tokens against one rank's: equal, or, at the first difference, a near-tie
+// of one rank's top two logprobs (the sequences part there). Logprobs of equal tokens
+// within tol.
+void expect_greedy_matches(const GroupRun& one, const GroupRun& tp, double tol) {
+  ASSERT_EQ(one.results.size(), tp.results.size());
+  for (const auto& [id, want] : one.results) {
+    SCOPED_TRACE(id);
+    const Result& got = tp.results.at(id);
+    EXPECT_EQ(got.finish_reason, "length");
+    ASSERT_EQ(got.tokens.size(), want.tokens.size());
+    for (size_t k = 0; k < want.tokens.size(); ++k) {
+      const OutputToken& a = want.tokens[k];
+      const OutputToken& b = got.tokens[k];
+      if (a.token != b.token) {
+        ASSERT_EQ(a.top_logprobs.size(), 2u);
+        EXPECT_EQ(a.top_logprobs[1].token, b.token) << "output " << k;
+        EXPECT_LE(a.top_logprobs[0].logprob - a.top_logprobs[1].logprob, 2 * tol)
+            << "output " << k << ": not a near-tie";
+        break;
+      }
+      EXPECT_NEAR(a.logprob, b.logprob, tol) << "output " << k;
+    }
+  }
+}
+
+void expect_no_worker_errors(const GroupRun& run) {
+  for (size_t r = 0; r < run.worker_errors.size(); ++r)
+    EXPECT_EQ(run.worker_errors[r], "") << "rank " << r;
+}
+
+struct EngineCase {
+  const char* dir;
+  int tp;
+};
+
+class TensorParallelEngine : public testing::TestWithParam<EngineCase> {};
+
+TEST_P(TensorParallelEngine, GreedyOutputsMatchOneRank) {
+  GroupOptions g;
+  g.dir = fixture(GetParam().dir);
+  const ModelConfig c = ModelConfig::load(g.dir);
+  const auto work = workload(c, 4);
+  const GroupRun one = run_group(g, work);
+  g.tp = GetParam().tp;
+  for (const bool async : {true, false}) {
+    SCOPED_TRACE(async ? "async scheduling" : "sync scheduling");
+    g.async_scheduling = async;
+    const GroupRun tp = run_group(g, work);
+    EXPECT_TRUE(tp.alive);
+    expect_no_worker_errors(tp);
+    expect_greedy_matches(one, tp, 1e-3);
+  }
+}
+
+TEST_P(TensorParallelEngine, PrefixHitsMatchMisses) {
+  // The same prompts twice, the second round served from the prefix cache (KDA snapshots
+  // restored on every rank): the same tokens as the first round.
+  GroupOptions g;
+  g.dir = fixture(GetParam().dir);
+  g.tp = GetParam().tp;
+  g.prefix_caching = true;
+  const ModelConfig c = ModelConfig::load(g.dir);
+  std::vector<std::vector<Request>> rounds = workload(c, 3);
+  rounds.push_back(rounds[0]);
+  for (Request& r : rounds[1]) r.id += "-again";
+  const GroupRun run = run_group(g, rounds);
+  EXPECT_TRUE(run.alive);
+  expect_no_worker_errors(run);
+  int64_t cached = 0;
+  for (const Request& r : rounds[0]) {
+    const Result& first = run.results.at(r.id);
+    const Result& again = run.results.at(r.id + "-again");
+    cached += again.num_cached_tokens;
+    ASSERT_EQ(first.tokens.size(), again.tokens.size());
+    for (size_t k = 0; k < first.tokens.size(); ++k) {
+      EXPECT_EQ(first.tokens[k].token, again.tokens[k].token) << r.id << " output " << k;
+    }
+  }
+  EXPECT_GT(cached, 0) << "no prefix hits";
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngine,
+                         testing::Values(EngineCase{"tests/fixtures/kimi_linear_tiny", 2},
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 2},
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4}),
+                         [](const testing::TestParamInfo<EngineCase>& p) {
+                           return fs::path(p.param.dir).filename().string() + "_tp" +
+                                  std::to_string(p.param.tp);
+                         });
+
+TEST(TensorParallelEngineInvariance, BatchInvariantLogprobsAreBitwiseAcrossBatches) {
+  // A request alone, then the same request beside others (other batch shapes, chunks,
+  // mixed prefill and decode): in batch-invariant mode its logprobs are the same bits.
+  GroupOptions g;
+  g.dir = fixture("tests/fixtures/kimi_linear_tiny");
+  g.tp = 2;
+  g.batch_invariant = true;
+  const ModelConfig c = ModelConfig::load(g.dir);
+  const std::vector<Request> four = workload(c, 4)[0];
+  const GroupRun alone = run_group(g, {{four[1]}});
+  const GroupRun together = run_group(g, {four});
+  expect_no_worker_errors(alone);
+  expect_no_worker_errors(together);
+  const Result& a = alone.results.at("r1");
+  const Result& b = together.results.at("r1");
+  ASSERT_EQ(a.tokens.size(), b.tokens.size());
+  for (size_t k = 0; k < a.tokens.size(); ++k) {
+    EXPECT_EQ(a.tokens[k].token, b.tokens[k].token) << k;
+    EXPECT_EQ(a.tokens[k].logprob, b.tokens[k].logprob) << k;
+  }
+}
+
+class TensorParallelEngineFailure : public testing::TestWithParam<bool> {};
+
+TEST_P(TensorParallelEngineFailure, AWorkerThatDiesFailsTheStepNamingItsRank) {
+  GroupOptions g;
+  g.dir = fixture("tests/fixtures/deepseek_v32_tiny");
+  g.tp = 2;
+  g.die_after_plans = 3;
+  g.die_mid_step = GetParam();
+  const ModelConfig c = ModelConfig::load(g.dir);
+  const auto start = std::chrono::steady_clock::now();
+  const GroupRun run = run_group(g, workload(c, 2));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  EXPECT_FALSE(run.alive);
+  for (const auto& [id, r] : run.results) EXPECT_EQ(r.finish_reason, "abort") << id;
+  EXPECT_EQ(run.results.size(), 2u);
+  ASSERT_TRUE(run.diagnosis.has_value());
+  EXPECT_NE(run.diagnosis->find("rank 1"), std::string::npos) << *run.diagnosis;
+}
+
+INSTANTIATE_TEST_SUITE_P(When, TensorParallelEngineFailure, testing::Values(false, true),
+                         [](const testing::TestParamInfo<bool>& p) {
+                           return p.param ? "InAStep" : "BetweenSteps";
+                         });
+
+TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
+  StepPlan p;
+  p.step = 7;
+  p.dropped = {"gone"};
+  p.state_ops = {{3, -1}, {4, 9}};
+  PlanPart part;
+  part.decode_step = true;
+  PlanSequence q;
+  q.request_id = "r0";
+  q.num_computed = 40;
+  q.state_block = 3;
+  q.tokens = {kPlaceholderToken};
+  q.source_row = 2;
+  q.slots = {1234};
+  q.blocks_kept = 2;
+  q.new_blocks = {17};
+  part.sequences = {q};
+  p.parts = {part};
+  p.snapshots = {{3, 11}};
+  p.num_sampled = 5;
+  const std::vector<uint8_t> bytes = encode_plan(p);
+  const StepPlan back = decode_plan(bytes);
+  EXPECT_EQ(encode_plan(back), bytes);
+  EXPECT_EQ(back.parts.at(0).sequences.at(0).new_blocks, std::vector<int32_t>{17});
+  EXPECT_EQ(back.state_ops.at(1).source_block, 9);
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    const std::vector<uint8_t> truncated(bytes.begin(), bytes.begin() + static_cast<long>(cut));
+    EXPECT_THROW(decode_plan(truncated), Error) << "cut at " << cut;
+  }
+  std::vector<uint8_t> longer = bytes;
+  longer.push_back(0);
+  EXPECT_THROW(decode_plan(longer), Error);
+}
+
+}  // namespace
+}  // namespace hyserve
