@@ -231,6 +231,16 @@ void TimingBackend::mul(float* y, const float* x, int64_t n) {
   timed("mul", 12.0 * n, n, [&] { inner_->mul(y, x, n); });
 }
 
+void TimingBackend::dcp_localize(const DcpLocalizeParams& p) {
+  timed("dcp_localize", 32.0 * p.n, 0, [&] { inner_->dcp_localize(p); });
+}
+
+void TimingBackend::attention_merge(const AttentionMergeParams& p) {
+  const double bytes = 4.0 * (p.num_parts + 1) * p.rows * (p.width + 1);
+  timed("attention_merge", bytes, 2 * p.num_parts * p.rows * p.width,
+        [&] { inner_->attention_merge(p); });
+}
+
 void TimingBackend::round_bf16(const RoundBf16Params& p) {
   timed("round_bf16", 6.0 * p.n, 1.0 * p.n, [&] { inner_->round_bf16(p); });
 }

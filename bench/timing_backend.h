@@ -90,6 +90,8 @@ class TimingBackend final : public Backend {
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override;
   void mul(float* y, const float* x, int64_t n) override;
+  void dcp_localize(const DcpLocalizeParams& p) override;
+  void attention_merge(const AttentionMergeParams& p) override;
   void quantize_e4m3(const QuantizeE4m3Params& p) override;
   void round_bf16(const RoundBf16Params& p) override;
   void mla_absorb_q(const MlaAbsorbParams& p) override;

@@ -63,6 +63,7 @@ struct GroupRun {
 struct GroupOptions {
   fs::path dir;
   int tp = 1;
+  int dcp = 1;  // decode context parallelism: groups of dcp consecutive ranks
   bool batch_invariant = false;
   bool async_scheduling = true;
   bool prefix_caching = false;
@@ -93,10 +94,18 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
   GroupRun run;
   run.worker_errors.resize(static_cast<size_t>(g.tp));
   std::vector<std::thread> workers;
+  // Keeps each rank's DCP communicator alive as long as its model.
+  std::vector<std::unique_ptr<parallel::Communicator>> dcp_comms(static_cast<size_t>(g.tp));
   const auto load = [&](int rank, parallel::Communicator* comm) {
     ModelOptions o;
     o.batch_invariant = g.batch_invariant;
     o.tp = {rank, g.tp, comm};
+    if (g.dcp > 1) {
+      auto& dc = dcp_comms[static_cast<size_t>(rank)];
+      dc = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 5s,
+                                           "dcp" + std::to_string(rank / g.dcp));
+      o.dcp = {rank % g.dcp, g.dcp, dc.get()};
+    }
     return Model::load(g.dir, o);
   };
   for (int rank = 1; rank < g.tp; ++rank) {
@@ -209,6 +218,7 @@ void expect_no_worker_errors(const GroupRun& run) {
 struct EngineCase {
   const char* dir;
   int tp;
+  int dcp = 1;
 };
 
 class TensorParallelEngine : public testing::TestWithParam<EngineCase> {};
@@ -220,6 +230,7 @@ TEST_P(TensorParallelEngine, GreedyOutputsMatchOneRank) {
   const auto work = workload(c, 4);
   const GroupRun one = run_group(g, work);
   g.tp = GetParam().tp;
+  g.dcp = GetParam().dcp;
   for (const bool async : {true, false}) {
     SCOPED_TRACE(async ? "async scheduling" : "sync scheduling");
     g.async_scheduling = async;
@@ -236,9 +247,11 @@ TEST_P(TensorParallelEngine, PrefixHitsMatchMisses) {
   GroupOptions g;
   g.dir = fixture(GetParam().dir);
   g.tp = GetParam().tp;
+  g.dcp = GetParam().dcp;
   g.prefix_caching = true;
   const ModelConfig c = ModelConfig::load(g.dir);
-  std::vector<std::vector<Request>> rounds = workload(c, 3);
+  // Up to 153 tokens: past a block of 128 positions (64 x DCP 2).
+  std::vector<std::vector<Request>> rounds = workload(c, 5);
   rounds.push_back(rounds[0]);
   for (Request& r : rounds[1]) r.id += "-again";
   const GroupRun run = run_group(g, rounds);
@@ -260,10 +273,14 @@ TEST_P(TensorParallelEngine, PrefixHitsMatchMisses) {
 INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngine,
                          testing::Values(EngineCase{"tests/fixtures/kimi_linear_tiny", 2},
                                          EngineCase{"tests/fixtures/deepseek_v32_tiny", 2},
-                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4}),
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4},
+                                         EngineCase{"tests/fixtures/kimi_linear_tiny", 2, 2},
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4, 2}),
                          [](const testing::TestParamInfo<EngineCase>& p) {
                            return fs::path(p.param.dir).filename().string() + "_tp" +
-                                  std::to_string(p.param.tp);
+                                  std::to_string(p.param.tp) +
+                                  (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "");
                          });
 
 TEST(TensorParallelEngineInvariance, BatchInvariantLogprobsAreBitwiseAcrossBatches) {

@@ -14,8 +14,10 @@
 #include <span>
 
 #include "core/weight.h"
+#include "kernels/attention_merge/params.h"
 #include "kernels/cache/params.h"
 #include "kernels/dsa/params.h"
+#include "kernels/elementwise/params.h"
 #include "kernels/indexer/params.h"
 #include "kernels/kda/params.h"
 #include "kernels/latent/params.h"
@@ -162,6 +164,12 @@ class Backend {
                        int64_t rows, int64_t width) = 0;
   // Writes rows into their slots of a paged cache (kernels/cache/params.h).
   virtual void scatter_rows(const ScatterRowsParams& p) = 0;
+
+  // Decode context parallelism: a rank's causal positions and cache slots
+  // (kernels/elementwise/params.h), the log-sum-exp merge of partial attention results
+  // (kernels/attention_merge/params.h).
+  virtual void dcp_localize(const DcpLocalizeParams& p) = 0;
+  virtual void attention_merge(const AttentionMergeParams& p) = 0;
 
   // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h).
   virtual void mul(float* y, const float* x, int64_t n) = 0;  // y *= x

@@ -10,6 +10,7 @@
 #include <sys/mman.h>
 
 #include "backend/backend.h"
+#include "kernels/attention_merge/cpu.h"
 #include "kernels/cache/cpu.h"
 #include "kernels/dsa/cpu.h"
 #include "kernels/elementwise/cpu.h"
@@ -166,6 +167,8 @@ class CpuBackend final : public Backend {
   void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
   void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
   void mul(float* y, const float* x, int64_t n) override { cpu::mul(MulParams{y, x, n}); }
+  void dcp_localize(const DcpLocalizeParams& p) override { cpu::dcp_localize(p); }
+  void attention_merge(const AttentionMergeParams& p) override { cpu::attention_merge(p); }
   void scatter_rows(const ScatterRowsParams& p) override { cpu::scatter_rows(p); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {

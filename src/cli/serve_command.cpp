@@ -286,7 +286,8 @@ std::vector<int64_t> exchange(parallel::Store& store, const std::string& key, co
 // A rank's model and engine config: its backend, the group's communicator, its shard of the
 // weights, the KV pool the whole group agrees on (the smallest rank's).
 struct RankModel {
-  std::unique_ptr<parallel::Communicator> comm;  // outlives the model, which uses it
+  std::unique_ptr<parallel::Communicator> comm;  // outlive the model, which uses them
+  std::unique_ptr<parallel::Communicator> dcp_comm;
   std::unique_ptr<Model> model;
   EngineConfig engine;
   MemoryPlan memory;
@@ -308,6 +309,13 @@ RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const 
     rm.comm = parallel::make_backend_communicator(*backend, *store, g.rank, g.size,
                                                   distributed_timeout(), "tp");
     mo.tp = {g.rank, g.size, rm.comm.get()};
+  }
+  // DCP groups: consecutive ranks of the TP group, each caching every W-th position.
+  const int dcp = static_cast<int>(a.decode_context_parallel_size);
+  if (dcp > 1) {
+    rm.dcp_comm = parallel::make_backend_communicator(
+        *backend, *store, g.rank % dcp, dcp, distributed_timeout(), str_cat("dcp", g.rank / dcp));
+    mo.dcp = {g.rank % dcp, dcp, rm.dcp_comm.get()};
   }
   rm.model = Model::load(dir, mo, std::move(backend));
   // Ranks load at their own pace; the first collective waits for the slowest.
@@ -407,8 +415,11 @@ int run_serve(const ServeArgs& a) {
   cors.allow_credentials = a.allow_credentials;
   require(a.tensor_parallel_size >= 1 && a.tensor_parallel_size <= 1024,
           "--tensor-parallel-size must be from 1 to 1024, got ", a.tensor_parallel_size);
-  require(a.decode_context_parallel_size == 1, "--decode-context-parallel-size ",
-          a.decode_context_parallel_size, ": decode context parallelism is not built yet");
+  require(a.decode_context_parallel_size >= 1 &&
+              a.tensor_parallel_size % a.decode_context_parallel_size == 0,
+          "--decode-context-parallel-size ", a.decode_context_parallel_size,
+          " must divide --tensor-parallel-size ", a.tensor_parallel_size,
+          " (DCP groups are made of the TP group's ranks, as in vLLM)");
   require(a.nnodes >= 1 && a.tensor_parallel_size % a.nnodes == 0, "--nnodes ", a.nnodes,
           " must divide --tensor-parallel-size ", a.tensor_parallel_size,
           " (the same number of ranks on every node)");
@@ -528,7 +539,7 @@ int run_serve(const ServeArgs& a) {
   }
   const int64_t num_blocks = ec.num_blocks;
   const CachePlan kv_plan = model->cache_plan(ec.min_block_size);
-  const int64_t block_size = kv_plan.block_size;
+  const int64_t block_size = kv_plan.tokens_per_block();
   // The budget, as vLLM logs it: what the pool holds and how many full-length requests fit;
   // then which kernels each layer runs.
   log::info(

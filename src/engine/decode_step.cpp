@@ -131,7 +131,8 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
   CHECK(source.rows.empty() || std::ssize(source.rows) == num_seqs,
         "decode step: ", source.rows.size(), " token source rows for ", num_seqs, " sequences");
   bool gather = false;
-  const int64_t bs = cache_.plan().block_size;
+  // One block id covers block_size * dcp positions (position p at local slot p / dcp).
+  const int64_t bs = cache_.plan().block_size, dcp = cache_.plan().options.dcp;
   const bool has_state = cache_.plan().kda_state_rows > 0;
   for (int64_t i = 0; i < rows; ++i) {
     if (i >= num_seqs) {
@@ -150,14 +151,15 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
     CHECK(sources[i] >= 0 || (in.tokens[0] >= 0 && in.tokens[0] < vocab), "decode step: token id ",
           in.tokens[0], " of sequence ", i, " is outside the vocabulary [0, ", vocab, ")");
     gather = gather || sources[i] >= 0;
-    CHECK(in.num_computed >= 0 && std::ssize(in.blocks) * bs > in.num_computed,
+    CHECK(in.num_computed >= 0 && std::ssize(in.blocks) * bs * dcp > in.num_computed,
           "decode step: ", in.blocks.size(), " blocks cannot hold position ", in.num_computed,
           " of sequence ", i);
     CHECK(!has_state || (in.state_block >= 0 && in.state_block < pad_), "decode step: KDA state ",
           "block ", in.state_block, " of sequence ", i, " outside the pool");
     set_table_row(i, in.blocks);
     pos[i] = in.num_computed;
-    slots[i] = in.slots.empty() ? slot_index(in.blocks.data(), bs, in.num_computed) : in.slots[0];
+    slots[i] =
+        in.slots.empty() ? slot_index(in.blocks.data(), bs, in.num_computed / dcp) : in.slots[0];
     ids[i] = sources[i] >= 0 ? 0 : in.tokens[0];
     seq_lens[i] = static_cast<int32_t>(in.num_computed + 1);
     state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;

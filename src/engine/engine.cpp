@@ -399,17 +399,18 @@ EngineConfig complete_engine_config(const Model& model, EngineConfig config) {
   }
   CHECK(config.min_block_size >= 1 && (config.min_block_size & (config.min_block_size - 1)) == 0,
         "min_block_size must be a power of two, got ", config.min_block_size);
-  CHECK(
-      !model.options().batch_invariant ||
-          model.cache_plan(config.min_block_size).block_size % model.prefill_chunk_alignment() == 0,
-      "batch-invariant mode on a KDA model needs blocks of a multiple of ",
-      model.prefill_chunk_alignment(),
-      " tokens (KDA prefill chunks) so that a prefix hit ends on a chunk boundary");
+  CHECK(!model.options().batch_invariant ||
+            model.cache_plan(config.min_block_size).tokens_per_block() %
+                    model.prefill_chunk_alignment() ==
+                0,
+        "batch-invariant mode on a KDA model needs blocks of a multiple of ",
+        model.prefill_chunk_alignment(),
+        " tokens (KDA prefill chunks) so that a prefix hit ends on a chunk boundary");
   CHECK(config.num_blocks >= 0, "num_blocks must be >= 0, got ", config.num_blocks);
   CHECK(sc.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", sc.max_num_seqs);
   if (config.num_blocks == 0) {
-    const int64_t block_size = model.cache_plan(config.min_block_size).block_size;
-    const int64_t per_seq = (sc.max_model_len + block_size - 1) / block_size;
+    const int64_t per_seq =
+        model.cache_plan(config.min_block_size).blocks_for_tokens(sc.max_model_len);
     const int64_t blocks = sc.max_num_seqs * per_seq + sc.max_num_seqs;
     CHECK(blocks <= std::numeric_limits<int32_t>::max(), "engine: ", blocks,
           " KV blocks do not fit an int32; set num_blocks");

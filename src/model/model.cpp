@@ -48,10 +48,12 @@ size_t weight_data_bytes(const Weight& w) {
   return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
 }
 
-// Cache slot of new token j of a sequence: the caller's slot mapping, or from its blocks.
-int64_t slot_of(const SequenceInput& in, size_t j, int64_t block_size) {
+// Cache slot of new token j of a sequence on the rank that stores it: the caller's slot
+// mapping, or from its blocks (position p at local slot p / dcp, kv/block_table.h).
+int64_t slot_of(const SequenceInput& in, size_t j, const CachePlan& plan) {
   if (!in.slots.empty()) return in.slots[j];
-  return slot_index(in.blocks.data(), block_size, in.num_computed + static_cast<int64_t>(j));
+  return slot_index(in.blocks.data(), plan.block_size,
+                    (in.num_computed + static_cast<int64_t>(j)) / plan.options.dcp);
 }
 
 }  // namespace
@@ -87,8 +89,23 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   CHECK(tp.size == 1 ||
             (tp.comm != nullptr && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
         "tensor parallelism: rank ", tp.rank, " of ", tp.size, " needs its group's communicator");
+  const ContextParallel& dcp = options_.dcp;
+  if (dcp.size > 1) {
+    CHECK(tp.size % dcp.size == 0 && dcp.rank == tp.rank % dcp.size && dcp.comm != nullptr &&
+              dcp.comm->size() == dcp.size && dcp.comm->rank() == dcp.rank,
+          "decode context parallelism: rank ", dcp.rank, " of ", dcp.size,
+          " needs its group's communicator inside a tensor-parallel group of a multiple of ",
+          dcp.size, " (tp rank ", tp.rank, " of ", tp.size, ")");
+    CHECK(latent != LatentCacheDtype::kFp8,
+          "--decode-context-parallel-size: the FP8 latent's DSA kernels do not split the "
+          "context yet; use --kv-cache-dtype bf16 or fp32");
+    CHECK(!config_.has_indexer() || backend_->kind() == DeviceKind::kCpu,
+          "--decode-context-parallel-size: the DSA indexer's exact top-k merge runs on the CPU "
+          "backend only so far (this ",
+          config_.model_type_name, " model has an indexer)");
+  }
   host_weights_ = load_weights(full_config_, *source_);
-  shard_weights(full_config_, tp.rank, tp.size, host_weights_);
+  shard_weights(full_config_, tp.rank, tp.size, host_weights_, dcp.size);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.
@@ -123,6 +140,8 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   }
   cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
+  cache_options_.tp = tp.size;
+  cache_options_.dcp = dcp.size;
   backend_->set_batch_invariant(options_.batch_invariant);
 }
 
@@ -147,7 +166,8 @@ std::unique_ptr<Model> Model::create(ModelConfig config, std::unique_ptr<TensorS
 CachePlan Model::cache_plan(int64_t min_block_size) const {
   CachePlanOptions o = cache_options_;
   o.min_block_size = min_block_size;
-  return plan_cache(config_.cache_spec(), o);
+  // The whole model's spec at the group's tp and dcp: the rank's KDA heads, its positions.
+  return plan_cache(full_config_.cache_spec(), o);
 }
 
 std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_size) const {
@@ -330,12 +350,12 @@ void Model::check_input(const SequenceInput& in, size_t i) const {
         in.slots.size(), " slots for ", in.tokens.size(), " tokens");
   const CachePlan& plan = in.cache->plan();
   CHECK(plan.options.latent == cache_options_.latent &&
-            plan.options.index == cache_options_.index && plan.options.tp == 1 &&
-            plan.options.dcp == 1 &&
+            plan.options.index == cache_options_.index && plan.options.tp == cache_options_.tp &&
+            plan.options.dcp == cache_options_.dcp &&
             static_cast<int64_t>(plan.pages.size()) == c.num_mla_layers() &&
             static_cast<int64_t>(plan.kda_pages.size()) == c.num_kda_layers(),
         "sequence ", i, ": its KV cache was made for another model or cache format");
-  const int64_t bs = plan.block_size;
+  const int64_t bs = plan.tokens_per_block();
   const int64_t end = in.num_computed + static_cast<int64_t>(in.tokens.size());
   CHECK(in.num_computed >= 0 && static_cast<int64_t>(in.blocks.size()) * bs >= end, "sequence ", i,
         ": ", in.blocks.size(), " blocks of ", bs, " tokens cannot hold ", end, " tokens");
@@ -367,11 +387,10 @@ const float* Model::forward_logits(std::span<const SequenceInput> batch, Workspa
   for (size_t i = 0; i < batch.size(); ++i) {
     const SequenceInput& in = batch[i];
     check_input(in, i);
-    const int64_t bs = in.cache->plan().block_size;
     for (size_t j = 0; j < in.tokens.size(); ++j) {
       ids.push_back(in.tokens[j]);
       pos.push_back(in.num_computed + static_cast<int64_t>(j));
-      slots.push_back(slot_of(in, j, bs));
+      slots.push_back(slot_of(in, j, in.cache->plan()));
     }
     table_offset.push_back(static_cast<int64_t>(tables.size()));
     tables.insert(tables.end(), in.blocks.begin(), in.blocks.end());
@@ -504,6 +523,16 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
   trace("embed");
   embed(pass, ids_dev, t, h);
   dump("embed", h, t, d);
+  // Decode context parallelism: this rank's causal bounds, and its slots (only the tokens it
+  // stores are written).
+  if (options_.dcp.size > 1) {
+    int64_t* local_pos = pass.ws.longs(t);
+    int64_t* local_slots = pass.ws.longs(t);
+    backend_->dcp_localize(
+        {pos_dev, slots_dev, t, options_.dcp.rank, options_.dcp.size, local_pos, local_slots});
+    pass.dcp_pos = local_pos;
+    slots_dev = local_slots;
+  }
 
   for (int64_t layer = 0; layer < c.num_hidden_layers; ++layer) {
     const LayerWeights& lw = weights_.layers[layer];

@@ -59,6 +59,8 @@ struct ModelOptions {
   // with the local config (config()); each layer's partial output is summed over the
   // group by tp.comm (in rank order in batch-invariant mode). size 1: the whole model.
   TensorParallel tp;
+  // Decode context parallelism within the TP group (model/tensor_parallel.h): size 1 off.
+  ContextParallel dcp;
 };
 
 // One sequence's part of a batch.
@@ -236,6 +238,9 @@ class Model {
   struct Pass {
     Workspace& ws;
     BatchedDecode decode;
+    // Decode context parallelism: [T] each token's causal bound among this rank's keys
+    // (kernels/elementwise/params.h DcpLocalizeParams); null without it.
+    const int64_t* dcp_pos = nullptr;
   };
 
   // Attention of one layer over the whole batch: x = rms(h) [T, D] -> out [T, D].
@@ -281,6 +286,15 @@ class Model {
                          int64_t num_tokens, const int64_t* pos, const int64_t* slots,
                          std::span<const SequenceSlice> seqs) const;
   // Part 2, the generic path: the selected past positions [T, index_topk] (-1 padded).
+  // Decode context parallelism (model/tensor_parallel.h): this rank's keys among
+  // num_positions positions; the merge of the partial attention results of the group's
+  // heads [T, W * h, dv] (with their lse) into this rank's heads' o [T, h, dv]; the exact
+  // global top-k of the indexer's local selections (host memory).
+  int64_t local_keys(int64_t num_positions) const;
+  void merge_partials(Pass& pass, const float* oa, const float* lse, int64_t t, int64_t h,
+                      int64_t dv, float* o) const;
+  void merge_selection(const float* scores, int64_t num_keys, int64_t rows, int64_t k,
+                       int32_t* selected) const;
   int32_t* index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t num_tokens,
                         const int64_t* pos, std::span<const SequenceSlice> seqs) const;
   // MLA over the fp32 or bf16 latent (kernels/mla): dense, or over the indexer's top-k.

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/order_key.h"
 #include "model/model.h"
+#include "parallel/topk_merge.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -117,12 +119,36 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
+  // Decode context parallelism: this rank attends with its group's heads (ha) over its own
+  // positions; causal bounds among them (cpos), key counts local_keys().
+  const ContextParallel& dcp = options_.dcp;
+  const int64_t world = dcp.size;
+  const int64_t ha = h * world;
+  const int64_t* cpos = world > 1 ? pass.dcp_pos : pos;
 
   // DSA indexer: top-k past positions per token.
   const int32_t* topk = nullptr;
   if (c.has_indexer()) {
     const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
-    topk = index_select(pass, layer, iq, t, pos, seqs);
+    topk = index_select(pass, layer, iq, t, cpos, seqs);
+  }
+
+  // The group's queries [T, ha, dqk] (rank r's heads at [r * h, (r + 1) * h)), and room for
+  // the partial outputs and their log-sum-exp.
+  const float* qa = q;
+  float* oa = o;
+  float* lse = nullptr;
+  if (world > 1) {
+    float* gathered = pass.ws.floats(world * t * h * dqk);
+    dcp.comm->all_gather(q, gathered, static_cast<size_t>(t * h * dqk) * 4);
+    float* all = pass.ws.floats(t * ha * dqk);
+    for (int64_t r = 0; r < world; ++r) {
+      backend_->copy_2d(all + r * h * dqk, ha * dqk, gathered + r * t * h * dqk, h * dqk, t,
+                        h * dqk);
+    }
+    qa = all;
+    oa = pass.ws.floats(t * ha * dv);
+    lse = pass.ws.floats(t * ha);
   }
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
@@ -131,7 +157,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed) {
     MlaAttentionParams p;
-    p.q = q + offset * h * dqk;
+    p.q = qa + offset * ha * dqk;
     if (options_.latent_cache == LatentCacheDtype::kBf16) {
       p.latent_bf16 = reinterpret_cast<const uint16_t*>(cache.latent_page(layer));
     } else {
@@ -140,13 +166,14 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     p.latent_pages = pages;
     p.table_stride = table_stride;
     p.kv_b = &w.kv_b_proj;
-    p.q_pos = pos + offset;
+    p.q_pos = cpos + offset;
     p.topk = topk ? topk + offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
-    p.out = o + offset * h * dv;
+    p.out = oa + offset * ha * dv;
+    p.lse = lse ? lse + offset * ha : nullptr;
     p.num_tokens = n;
     p.num_keys = num_keys;
-    p.num_heads = h;
+    p.num_heads = ha;
     p.dn = dn;
     p.dr = dr;
     p.dv = dv;
@@ -155,15 +182,48 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     backend_->mla_attention(p, absorbed);
   };
   if (pass.decode.cache != nullptr) {
-    attend(0, t, pass.decode.max_keys, *pass.decode.cache,
+    attend(0, t, local_keys(pass.decode.max_keys), *pass.decode.cache,
            pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride,
            /*absorbed=*/true);
   } else {
     for (const SequenceSlice& sq : seqs) {
-      attend(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0,
-             /*absorbed=*/sq.n == 1);
+      attend(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
+             sq.cache->pages(sq.blocks), 0, /*absorbed=*/sq.n == 1);
     }
   }
+  if (world > 1) merge_partials(pass, oa, lse, t, h, dv, o);
+}
+
+int64_t Model::local_keys(int64_t num_positions) const {
+  const ContextParallel& dcp = options_.dcp;
+  if (dcp.size == 1) return num_positions;
+  return num_positions > dcp.rank ? (num_positions - dcp.rank + dcp.size - 1) / dcp.size : 0;
+}
+
+void Model::merge_partials(Pass& pass, const float* oa, const float* lse, int64_t t, int64_t h,
+                           int64_t dv, float* o) const {
+  // Rank r's heads of every rank's partial results go to rank r (all-to-all), which merges
+  // them in rank order: [T, W * h, dv] -> W blocks [T, h, dv] -> [W, T, h, dv] received.
+  const ContextParallel& dcp = options_.dcp;
+  const int64_t world = dcp.size, ha = h * world;
+  float* send_o = pass.ws.floats(world * t * h * dv);
+  float* send_l = pass.ws.floats(world * t * h);
+  for (int64_t r = 0; r < world; ++r) {
+    backend_->copy_2d(send_o + r * t * h * dv, h * dv, oa + r * h * dv, ha * dv, t, h * dv);
+    backend_->copy_2d(send_l + r * t * h, h, lse + r * h, ha, t, h);
+  }
+  float* parts = pass.ws.floats(world * t * h * dv);
+  float* lses = pass.ws.floats(world * t * h);
+  dcp.comm->all_to_all(send_o, parts, static_cast<size_t>(t * h * dv) * 4);
+  dcp.comm->all_to_all(send_l, lses, static_cast<size_t>(t * h) * 4);
+  AttentionMergeParams m;
+  m.parts = parts;
+  m.lses = lses;
+  m.num_parts = world;
+  m.rows = t * h;
+  m.width = dv;
+  m.out = o;
+  backend_->attention_merge(m);
 }
 
 Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
@@ -262,18 +322,55 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
         backend_->indexer_scores(p);
       }
       backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
+      if (options_.dcp.size > 1) merge_selection(scores, num_keys, m, k, selected + b * k);
     }
     pass.ws.rewind(mark);
   };
   if (pass.decode.cache != nullptr) {
-    select(0, t, pass.decode.max_keys, *pass.decode.cache,
+    select(0, t, local_keys(pass.decode.max_keys), *pass.decode.cache,
            pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride);
   } else {
     for (const SequenceSlice& sq : seqs) {
-      select(sq.offset, sq.n, sq.num_computed + sq.n, *sq.cache, sq.cache->pages(sq.blocks), 0);
+      select(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
+             sq.cache->pages(sq.blocks), 0);
     }
   }
   return selected;
+}
+
+void Model::merge_selection(const float* scores, int64_t num_keys, int64_t rows, int64_t k,
+                            int32_t* selected) const {
+  // Each row's local top-k (ascending positions, -1 padded) with its scores, in the merge's
+  // order; the global top-k's local positions back in ascending order. Host memory: the
+  // CPU backend (the constructor refuses this path on others).
+  std::vector<parallel::LocalCandidates> local(static_cast<size_t>(rows));
+  for (int64_t i = 0; i < rows; ++i) {
+    parallel::LocalCandidates& lc = local[static_cast<size_t>(i)];
+    std::vector<int32_t> picked;
+    for (int64_t j = 0; j < k && selected[i * k + j] >= 0; ++j)
+      picked.push_back(selected[i * k + j]);
+    const float* row = scores + i * num_keys;
+    std::sort(picked.begin(), picked.end(), [&](int32_t a, int32_t b) {
+      return float_rank_key(row[a], a) > float_rank_key(row[b], b);
+    });
+    for (int32_t p : picked) {
+      lc.scores.push_back(row[p]);
+      lc.positions.push_back(p);
+    }
+  }
+  const std::vector<std::vector<int32_t>> chosen =
+      parallel::merge_topk(*options_.dcp.comm, local, k);
+  for (int64_t i = 0; i < rows; ++i) {
+    const parallel::LocalCandidates& lc = local[static_cast<size_t>(i)];
+    std::vector<int32_t> mine;
+    for (int32_t j : chosen[static_cast<size_t>(i)]) {
+      mine.push_back(static_cast<int32_t>(lc.positions[static_cast<size_t>(j)]));
+    }
+    std::sort(mine.begin(), mine.end());
+    for (int64_t j = 0; j < k; ++j) {
+      selected[i * k + j] = j < std::ssize(mine) ? mine[static_cast<size_t>(j)] : -1;
+    }
+  }
 }
 
 std::vector<std::string> Model::kernel_plan() const {

@@ -226,8 +226,10 @@ ModelConfig shard_config(const ModelConfig& full, int tp_size) {
   return c;
 }
 
-void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w) {
+void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp) {
   CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
+  CHECK(dcp >= 1 && size % dcp == 0, "decode context parallel size ", dcp,
+        " must divide the tensor-parallel size ", size);
   if (size == 1) return;
   const Slicer s{w, rank, size};
   const ModelConfig& c = full;
@@ -261,7 +263,8 @@ void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w
       MlaWeights& a = lw.mla;
       a.q_proj = s.rows(a.q_proj, p + "q_proj");
       a.q_b_proj = s.rows(a.q_b_proj, p + "q_b_proj");
-      a.kv_b_proj = s.rows(a.kv_b_proj, p + "kv_b_proj");
+      // The DCP group's heads: a rank attends with every head of its group.
+      a.kv_b_proj = row_shard(a.kv_b_proj, rank / dcp, size / dcp, p + "kv_b_proj");
       a.g_proj = s.rows(a.g_proj, p + "g_proj");
       a.o_proj = s.cols(a.o_proj, p + "o_proj");
     }

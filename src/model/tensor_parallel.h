@@ -40,6 +40,21 @@ struct TensorParallel {
   parallel::Communicator* comm = nullptr;
 };
 
+// Decode context parallelism (DESIGN.md "Parallelism"): the TP group's ranks in groups of
+// `size` consecutive ranks (size divides the TP size); rank `rank` of its group (the TP
+// rank % size) caches the positions p with p % size == rank (the cache plan's layout,
+// kv/block_table.h). Each MLA layer gathers the group's query heads, attends with all of
+// them over the rank's own positions, and the partial outputs meet again by log-sum-exp
+// (each rank keeps its heads'); DSA layers merge the indexer's top-k exactly
+// (parallel/topk_merge.h). KDA layers are as under TP (heads split). kv_b_proj is kept for
+// the group's heads (1 / (tp / size) of it).
+struct ContextParallel {
+  int rank = 0;
+  int size = 1;
+  // The DCP group's collectives (size > 1); not owned.
+  parallel::Communicator* comm = nullptr;
+};
+
 // The config a rank runs: heads and intermediate widths divided by tp.size (vocab_size
 // stays the whole vocabulary: the logits are). Throws ConfigError naming the field when one
 // does not divide, or when vocab_size is too small to give every rank rows.
@@ -74,6 +89,7 @@ Weight col_shard(const Weight& w, int rank, int size, std::deque<std::vector<uin
 // checkpoint where the share is contiguous, copies kept in w.owned_bytes otherwise).
 // Throws CheckpointError naming the tensor when a quantized format's blocks do not
 // align with the cut (FP8 blocks of 128, MXFP4 / INT4 groups of 32).
-void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w);
+// dcp: the DCP group size (kv_b_proj is cut for the group's heads: tp / dcp shares).
+void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp = 1);
 
 }  // namespace hyserve

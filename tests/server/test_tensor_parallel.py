@@ -11,6 +11,7 @@ last bits).
 
 import concurrent.futures as cf
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -92,10 +93,13 @@ def one_rank(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("name,model,tp", [("dsv32", DSV32, 2), ("dsv32", DSV32, 4),
-                                           ("kimi_linear", KIMI_LINEAR, 2)])
-def test_tensor_parallel_completions_match_one_rank(one_rank, tmp_path, name, model, tp):
-    srv = start_server(tmp_path, [*COMMON, "--tensor-parallel-size", str(tp)], model_dir=model)
+@pytest.mark.parametrize("name,model,tp,dcp", [("dsv32", DSV32, 2, 1), ("dsv32", DSV32, 4, 1),
+                                               ("kimi_linear", KIMI_LINEAR, 2, 1),
+                                               ("dsv32", DSV32, 2, 2), ("dsv32", DSV32, 4, 2),
+                                               ("kimi_linear", KIMI_LINEAR, 2, 2)])
+def test_tensor_parallel_completions_match_one_rank(one_rank, tmp_path, name, model, tp, dcp):
+    srv = start_server(tmp_path, [*COMMON, "--tensor-parallel-size", str(tp),
+                                  "--decode-context-parallel-size", str(dcp)], model_dir=model)
     try:
         assert len(children_of(srv.proc.pid)) == tp - 1
         for want, prompt in zip(one_rank[name], PROMPTS):
@@ -185,6 +189,32 @@ def test_a_failed_worker_stops_the_server_naming_its_rank(tmp_path, how):
             pass
 
 
+def kv_cache_line(log_path):
+    """(blocks, tokens per block) from the server's "KV cache N blocks of M tokens"."""
+    m = re.search(r"KV cache (\d+) blocks of (\d+) tokens", log_tail(log_path))
+    assert m, log_tail(log_path)
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_context_parallel_holds_dcp_times_the_tokens(tmp_path):
+    """Same KV bytes per rank: under DCP 2 every block id covers twice the positions."""
+    budget = ["--kv-cache-memory-bytes", str(4 << 20)]
+    lines = []
+    for dcp in (1, 2):
+        (tmp_path / f"dcp{dcp}").mkdir()
+        srv = start_server(tmp_path / f"dcp{dcp}", [*COMMON, *budget, "--tensor-parallel-size",
+                                                     "2", "--decode-context-parallel-size",
+                                                     str(dcp)], model_dir=DSV32)
+        try:
+            completion(srv, PROMPTS[2], max_tokens=2)
+            lines.append(kv_cache_line(srv.log_path))
+        finally:
+            srv.stop()
+    (tp_blocks, tp_tokens), (dcp_blocks, dcp_tokens) = lines
+    assert dcp_blocks == tp_blocks
+    assert dcp_tokens == 2 * tp_tokens
+
+
 def run_refused(args, model=DSV32):
     r = subprocess.run([str(binary_path()), "serve", str(model), *args], capture_output=True,
                        text=True, timeout=60, env=server_environment())
@@ -205,3 +235,5 @@ def test_bad_group_flags_are_refused_before_loading():
     # 2 attention heads do not split 4 ways... nor 3: named by the config field.
     out = run_refused([*COMMON, "--tensor-parallel-size", "3"])
     assert "divisible by the tensor-parallel size 3" in out, out
+    assert "must divide --tensor-parallel-size 2" in run_refused(
+        [*COMMON, "--tensor-parallel-size", "2", "--decode-context-parallel-size", "4"])

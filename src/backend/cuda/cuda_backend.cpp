@@ -14,6 +14,7 @@
 
 #include "backend/backend.h"
 #include "core/cuda/device_buffer.h"
+#include "kernels/attention_merge/cuda.h"
 #include "kernels/cache/cuda.h"
 #include "kernels/dsa/cuda.h"
 #include "kernels/elementwise/cuda.h"
@@ -223,6 +224,10 @@ class CudaBackend final : public Backend {
   void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
   void scale(float* x, float s, int64_t n) override { cuda::scale(ScaleParams{x, n, s}, stream_); }
   void mul(float* y, const float* x, int64_t n) override { cuda::mul(MulParams{y, x, n}, stream_); }
+  void dcp_localize(const DcpLocalizeParams& p) override { cuda::dcp_localize(p, stream_); }
+  void attention_merge(const AttentionMergeParams& p) override {
+    cuda::attention_merge(p, stream_);
+  }
   void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {

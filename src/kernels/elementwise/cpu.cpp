@@ -68,4 +68,14 @@ void mul(const MulParams& p) {
   for_each_index(p.n, [&](int64_t i) { p.y[i] *= p.x[i]; });
 }
 
+void dcp_localize(const DcpLocalizeParams& p) {
+  CHECK(p.n >= 0 && p.size >= 1 && p.rank >= 0 && p.rank < p.size, "dcp_localize: n ", p.n,
+        ", rank ", p.rank, " of ", p.size);
+  for (int64_t i = 0; i < p.n; ++i) {
+    const int64_t pos = p.pos[i];
+    p.local_pos[i] = pos >= p.rank ? (pos - p.rank) / p.size : -1;
+    p.local_slot[i] = pos % p.size == p.rank ? p.slots[i] : -1;
+  }
+}
+
 }  // namespace hyserve::cpu

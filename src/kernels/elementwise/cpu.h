@@ -11,5 +11,6 @@ void silu_mul(const SiluMulParams& p);
 void sigmoid(const SigmoidParams& p);
 void scale(const ScaleParams& p);
 void mul(const MulParams& p);
+void dcp_localize(const DcpLocalizeParams& p);
 
 }  // namespace hyserve::cpu

@@ -14,5 +14,6 @@ void silu_mul(const SiluMulParams& p, cudaStream_t stream);
 void sigmoid(const SigmoidParams& p, cudaStream_t stream);
 void scale(const ScaleParams& p, cudaStream_t stream);
 void mul(const MulParams& p, cudaStream_t stream);
+void dcp_localize(const DcpLocalizeParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

@@ -49,4 +49,20 @@ struct MulParams {
   int64_t n = 0;
 };
 
+// Decode context parallelism (model/tensor_parallel.h ContextParallel): rank `rank` of
+// `size` caches position p iff p % size == rank, at the scheduler's slot; its keys are the
+// positions rank, rank + size, ... (local key j is position j * size + rank), so a query at
+// position p sees its local keys 0 .. (p - rank) / size (none when p < rank):
+//   local_pos[i]   = pos[i] >= rank ? (pos[i] - rank) / size : -1
+//   local_slot[i]  = pos[i] % size == rank ? slots[i] : -1
+struct DcpLocalizeParams {
+  const int64_t* pos = nullptr;    // [n]
+  const int64_t* slots = nullptr;  // [n]
+  int64_t n = 0;
+  int64_t rank = 0;
+  int64_t size = 1;
+  int64_t* local_pos = nullptr;   // [n]
+  int64_t* local_slot = nullptr;  // [n]
+};
+
 }  // namespace hyserve

@@ -42,6 +42,15 @@ struct Mul {
   __device__ void operator()(int64_t i) const { p.y[i] *= p.x[i]; }
 };
 
+struct DcpLocalize {
+  DcpLocalizeParams p;
+  __device__ void operator()(int64_t i) const {
+    const int64_t pos = p.pos[i];
+    p.local_pos[i] = pos >= p.rank ? (pos - p.rank) / p.size : -1;
+    p.local_slot[i] = pos % p.size == p.rank ? p.slots[i] : -1;
+  }
+};
+
 template <typename Fn>
 __global__ void for_each_kernel(int64_t n, Fn fn) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -100,6 +109,13 @@ void mul(const MulParams& p, cudaStream_t stream) {
   if (p.n == 0) return;
   CHECK(p.y != nullptr && p.x != nullptr, "mul: null pointer");
   launch(p.n, stream, Mul{p});
+}
+
+void dcp_localize(const DcpLocalizeParams& p, cudaStream_t stream) {
+  CHECK(p.n >= 0 && p.size >= 1 && p.rank >= 0 && p.rank < p.size, "dcp_localize: n ", p.n,
+        ", rank ", p.rank, " of ", p.size);
+  if (p.n == 0) return;
+  launch(p.n, stream, DcpLocalize{p});
 }
 
 }  // namespace hyserve::cuda

@@ -1,0 +1,218 @@
+#include "parallel/topk_merge.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+
+#include "core/order_key.h"
+#include "util/error.h"
+
+namespace hyserve::parallel {
+namespace {
+
+void check_local(std::span<const LocalCandidates> local, int64_t k) {
+  CHECK(k >= 1, "top-k merge: k ", k);
+  for (size_t r = 0; r < local.size(); ++r) {
+    const LocalCandidates& c = local[r];
+    CHECK(c.scores.size() == c.positions.size() && std::ssize(c.scores) <= k, "top-k merge: row ",
+          r, " has ", c.scores.size(), " scores, ", c.positions.size(), " positions, k ", k);
+  }
+}
+
+// Selects the k largest of `keys` (unique); returns their indices into keys.
+std::vector<size_t> top_k_of(const std::vector<uint64_t>& keys, int64_t k) {
+  std::vector<size_t> order(keys.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto take = std::min<size_t>(order.size(), static_cast<size_t>(k));
+  std::partial_sort(order.begin(), order.begin() + static_cast<long>(take), order.end(),
+                    [&](size_t a, size_t b) { return keys[a] > keys[b]; });
+  order.resize(take);
+  return order;
+}
+
+// Exact selection from every rank's full lists as 64-bit keys: the indices of `rank`'s.
+// all[r * k + i]: rank r's i-th key (count[r] valid).
+std::vector<int32_t> select_exact(const uint64_t* all, const std::vector<int64_t>& count, int64_t k,
+                                  int rank) {
+  std::vector<uint64_t> keys;
+  std::vector<std::pair<int, int32_t>> owner;
+  for (size_t r = 0; r < count.size(); ++r) {
+    for (int64_t i = 0; i < count[r]; ++i) {
+      keys.push_back(all[static_cast<int64_t>(r) * k + i]);
+      owner.emplace_back(static_cast<int>(r), static_cast<int32_t>(i));
+    }
+  }
+  std::vector<int32_t> mine;
+  for (size_t j : top_k_of(keys, k)) {
+    if (owner[j].first == rank) mine.push_back(owner[j].second);
+  }
+  std::sort(mine.begin(), mine.end());
+  return mine;
+}
+
+uint64_t rank_key(const LocalCandidates& c, size_t i, int rank, int world) {
+  return float_rank_key(c.scores[i], c.positions[i] * world + rank);
+}
+
+}  // namespace
+
+int64_t merge_candidates(int64_t k, int world) {
+  return std::min<int64_t>(k, (3 * k + 2 * world - 1) / (2 * world));
+}
+
+std::vector<std::vector<int32_t>> merge_topk(Communicator& comm,
+                                             std::span<const LocalCandidates> local, int64_t k,
+                                             TopkMergeStats* stats) {
+  check_local(local, k);
+  const int world = comm.size(), me = comm.rank();
+  const auto rows = static_cast<int64_t>(local.size());
+  const int64_t c = merge_candidates(k, world);
+  const int64_t stride = c + 1;  // [n_local, keys...]
+
+  // Round 1: the best c order keys and the count of each row.
+  std::vector<uint32_t> send(static_cast<size_t>(rows * stride), 0);
+  for (int64_t row = 0; row < rows; ++row) {
+    const LocalCandidates& lc = local[static_cast<size_t>(row)];
+    uint32_t* out = send.data() + row * stride;
+    out[0] = static_cast<uint32_t>(lc.scores.size());
+    const int64_t n = std::min<int64_t>(c, std::ssize(lc.scores));
+    for (int64_t i = 0; i < n; ++i) out[1 + i] = float_order_key(lc.scores[static_cast<size_t>(i)]);
+  }
+  std::vector<uint32_t> all(send.size() * static_cast<size_t>(world));
+  comm.all_gather(send.data(), all.data(), send.size() * 4);
+  const auto at = [&](int r, int64_t row) { return all.data() + (r * rows + row) * stride; };
+
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(rows));
+  std::vector<int64_t> resend;
+  std::vector<uint32_t> keys;
+  for (int64_t row = 0; row < rows; ++row) {
+    keys.clear();
+    for (int r = 0; r < world; ++r) {
+      const uint32_t* in = at(r, row);
+      const int64_t n = std::min<int64_t>(c, in[0]);
+      keys.insert(keys.end(), in + 1, in + 1 + n);
+    }
+    // T: the k-th largest key; with fewer than k keys sent, every key sent is in.
+    const bool all_in = std::ssize(keys) <= k;
+    uint32_t threshold = 0;
+    if (!all_in) {
+      std::nth_element(keys.begin(), keys.begin() + (k - 1), keys.end(), std::greater<>());
+      threshold = keys[static_cast<size_t>(k - 1)];
+    }
+    int64_t num_above = 0, num_tied = 0;
+    int tied_ranks = 0, tied_rank = -1;
+    bool undecided = false;
+    for (int r = 0; r < world; ++r) {
+      const uint32_t* in = at(r, row);
+      const int64_t n_local = in[0];
+      const int64_t n = std::min<int64_t>(c, n_local);
+      // Unsent keys of r are <= its c-th: they matter when that one is in.
+      if (n_local > c && in[c] >= threshold) undecided = true;
+      int64_t tied = 0;
+      for (int64_t i = 0; i < n && !all_in; ++i) {
+        num_above += in[1 + i] > threshold ? 1 : 0;
+        tied += in[1 + i] == threshold ? 1 : 0;
+      }
+      num_tied += tied;
+      if (tied > 0) {
+        ++tied_ranks;
+        tied_rank = r;
+      }
+    }
+    // Ties at T cut by k across ranks: the positions decide, which round 1 does not carry.
+    const int64_t slots = k - num_above;
+    const bool all_tied_in = num_tied <= slots;
+    if (!all_in && !all_tied_in && tied_ranks > 1) undecided = true;
+    if (undecided) {
+      resend.push_back(row);
+      continue;
+    }
+    // Decided: keys above T, and of the keys at T the first `slots` (one rank's: its list
+    // is in position order among equal scores).
+    const uint32_t* in = at(me, row);
+    const int64_t n = std::min<int64_t>(c, in[0]);
+    int64_t tied_taken = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const uint32_t key = in[1 + i];
+      const bool take =
+          all_in || key > threshold ||
+          (key == threshold && (all_tied_in || (tied_rank == me && tied_taken++ < slots)));
+      if (take) selected[static_cast<size_t>(row)].push_back(static_cast<int32_t>(i));
+    }
+  }
+
+  // Round 2: every rank's full list of the undecided rows, as unique 64-bit keys.
+  const auto num_resend = static_cast<int64_t>(resend.size());
+  if (stats != nullptr) {
+    stats->rows += rows;
+    stats->resent_rows += num_resend;
+    stats->bytes_sent += rows * stride * 4 + num_resend * k * 8;
+    stats->bytes_received += world * (rows * stride * 4 + num_resend * k * 8);
+  }
+  if (num_resend == 0) return selected;
+  std::vector<uint64_t> send2(static_cast<size_t>(num_resend * k), 0);
+  for (int64_t j = 0; j < num_resend; ++j) {
+    const LocalCandidates& lc = local[static_cast<size_t>(resend[static_cast<size_t>(j)])];
+    for (size_t i = 0; i < lc.scores.size(); ++i)
+      send2[static_cast<size_t>(j * k) + i] = rank_key(lc, i, me, world);
+  }
+  std::vector<uint64_t> all2(send2.size() * static_cast<size_t>(world));
+  comm.all_gather(send2.data(), all2.data(), send2.size() * 8);
+  std::vector<uint64_t> rows_keys(static_cast<size_t>(world * k));
+  for (int64_t j = 0; j < num_resend; ++j) {
+    const int64_t row = resend[static_cast<size_t>(j)];
+    std::vector<int64_t> count(static_cast<size_t>(world));
+    for (int r = 0; r < world; ++r) {
+      count[static_cast<size_t>(r)] = std::min<int64_t>(k, at(r, row)[0]);
+      std::memcpy(rows_keys.data() + r * k, all2.data() + (r * num_resend + j) * k,
+                  static_cast<size_t>(k) * 8);
+    }
+    selected[static_cast<size_t>(row)] = select_exact(rows_keys.data(), count, k, me);
+  }
+  return selected;
+}
+
+std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
+                                                     std::span<const LocalCandidates> local,
+                                                     int64_t k, TopkMergeStats* stats) {
+  check_local(local, k);
+  const int world = comm.size(), me = comm.rank();
+  const auto rows = static_cast<int64_t>(local.size());
+  // [score fp32 | position int32] per entry, position -1 past the row's list.
+  std::vector<uint32_t> send(static_cast<size_t>(rows * k * 2), 0);
+  for (int64_t row = 0; row < rows; ++row) {
+    const LocalCandidates& lc = local[static_cast<size_t>(row)];
+    uint32_t* out = send.data() + row * k * 2;
+    for (int64_t i = 0; i < k; ++i) {
+      const bool valid = i < std::ssize(lc.scores);
+      out[2 * i] = valid ? std::bit_cast<uint32_t>(lc.scores[static_cast<size_t>(i)]) : 0;
+      out[2 * i + 1] =
+          valid ? static_cast<uint32_t>(lc.positions[static_cast<size_t>(i)] * world + me)
+                : 0xffffffffu;
+    }
+  }
+  std::vector<uint32_t> all(send.size() * static_cast<size_t>(world));
+  comm.all_gather(send.data(), all.data(), send.size() * 4);
+  if (stats != nullptr) {
+    stats->rows += rows;
+    stats->bytes_sent += rows * k * 8;
+    stats->bytes_received += world * rows * k * 8;
+  }
+  std::vector<std::vector<int32_t>> selected(static_cast<size_t>(rows));
+  std::vector<uint64_t> keys(static_cast<size_t>(world * k));
+  for (int64_t row = 0; row < rows; ++row) {
+    std::vector<int64_t> count(static_cast<size_t>(world), 0);
+    for (int r = 0; r < world; ++r) {
+      const uint32_t* in = all.data() + (r * rows + row) * k * 2;
+      for (int64_t i = 0; i < k && in[2 * i + 1] != 0xffffffffu; ++i) {
+        keys[static_cast<size_t>(r * k + i)] =
+            float_rank_key(std::bit_cast<float>(in[2 * i]), in[2 * i + 1]);
+        ++count[static_cast<size_t>(r)];
+      }
+    }
+    selected[static_cast<size_t>(row)] = select_exact(keys.data(), count, k, me);
+  }
+  return selected;
+}
+
+}  // namespace hyserve::parallel
