@@ -375,6 +375,40 @@ TEST(Moe, BatchInvariantAndInPlace) {
   }
 }
 
+TEST(Moe, ExpertParallelRanksSumToTheWholeMoe) {
+  // 6 experts over 2 and 3 ranks: each rank runs its experts only (the others' slots add
+  // nothing); the ranks' outputs sum to the whole MoE's within float reassociation.
+  std::mt19937 rng(44);
+  const MoeCase c{65, 7, 6, 63, 3, false};
+  const MoeData m = make_moe(c, rng);
+  std::vector<float> whole(c.num_tokens * c.hidden);
+  run_moe(c, m, m.x.data(), c.num_tokens, m.ids.data(), m.weights.data(), whole.data());
+  for (const int64_t ranks : {2, 3}) {
+    const int64_t count = c.num_experts / ranks;
+    std::vector<float> sum(whole.size(), 0.0f), y(whole.size());
+    for (int64_t r = 0; r < ranks; ++r) {
+      moe({.x = m.x.data(),
+           .num_tokens = c.num_tokens,
+           .hidden = c.hidden,
+           .experts = m.experts.data() + r * count,
+           .num_experts = count,
+           .expert_ids = m.ids.data(),
+           .expert_weights = m.weights.data(),
+           .top_k = c.top_k,
+           .y = y.data(),
+           .act = {},
+           .local_experts_only = true,
+           .expert_offset = r * count});
+      for (size_t i = 0; i < y.size(); ++i) sum[i] += y[i];
+    }
+    double scale = 0;
+    for (float v : whole) scale = std::max(scale, std::fabs(static_cast<double>(v)));
+    for (size_t i = 0; i < whole.size(); ++i) {
+      ASSERT_NEAR(sum[i], whole[i], 1e-5 * scale) << ranks << " ranks, element " << i;
+    }
+  }
+}
+
 TEST(Moe, RejectsOutOfRangeExpertId) {
   std::mt19937 rng(43);
   const MoeCase c{3, 7, 5, 2, 1, false};

@@ -467,3 +467,89 @@ TEST(TensorParallel, RefusesAShardThatSplitsAQuantizationGroup) {
 
 }  // namespace
 }  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+// Expert parallelism: whole routed experts by index (E / N per rank), the shared experts
+// and everything else as under TP; the MoE's partial sums meet in the same all-reduce.
+class ExpertParallel : public testing::TestWithParam<TpCase> {};
+
+TEST_P(ExpertParallel, LogitsMatchTheWholeModelOnEveryRank) {
+  const std::filesystem::path dir = source_path(GetParam().dir);
+  const ModelConfig c = ModelConfig::load(dir);
+  const std::vector<int32_t> prompt = prompt_for(c);
+  const auto whole_model = [&](const ModelOptions& o) { return Model::load(dir, o); };
+  const auto ep_model = [&](const ModelOptions& o) {
+    ModelOptions ep = o;
+    ep.expert_parallel = true;
+    return Model::load(dir, ep);
+  };
+  const std::vector<float> whole = run_ranks(1, false, whole_model, prompt)[0];
+  for (const int tp : GetParam().sizes) {
+    SCOPED_TRACE("tp " + std::to_string(tp));
+    expect_tp_matches(whole, run_ranks(tp, false, ep_model, prompt), 1e-4);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, ExpertParallel,
+                         testing::Values(TpCase{"tests/fixtures/kimi_linear_tiny", {2}},
+                                         TpCase{"tests/fixtures/deepseek_v32_tiny", {2, 4}}),
+                         [](const testing::TestParamInfo<TpCase>& p) {
+                           return std::filesystem::path(p.param.dir).filename().string();
+                         });
+
+TEST(ExpertParallelLatentMoe, KimiK3MatchesTheWholeModelAndIsBitwiseRepeatable) {
+  // The latent MoE's MXFP4 experts whole on their ranks (any width), shared experts split.
+  ModelConfig c = ModelConfig::load(source_path("models/tiny-kimi-k3"));
+  c.moe_intermediate_size = 64;
+  const std::vector<int32_t> prompt = prompt_for(c);
+  const auto make = [&](const ModelOptions& o) {
+    ModelOptions ep = o;
+    ep.expert_parallel = o.tp.size > 1;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 9), ep);
+  };
+  const std::vector<float> whole = run_ranks(1, false, make, prompt)[0];
+  expect_tp_matches(whole, run_ranks(2, false, make, prompt), 1e-4);
+  const std::vector<std::vector<float>> a = run_ranks(2, true, make, prompt);
+  const std::vector<std::vector<float>> b = run_ranks(2, true, make, prompt);
+  EXPECT_EQ(0, std::memcmp(a[0].data(), b[0].data(), a[0].size() * 4));
+}
+
+TEST(ExpertParallelConfig, KeepsExpertWidthsAndNeedsExpertsToDivide) {
+  ModelConfig c = ModelConfig::load(source_path("tests/fixtures/deepseek_v32_tiny"));
+  const ModelConfig ep = shard_config(c, 4, true);
+  EXPECT_EQ(ep.moe_intermediate_size, c.moe_intermediate_size);
+  EXPECT_EQ(ep.num_attention_heads * 4, c.num_attention_heads);
+  EXPECT_EQ(expert_shard(16, 3, 4).first, 12);
+  EXPECT_EQ(expert_shard(16, 3, 4).count, 4);
+  // A rank keeps its experts whole, the others' not at all; the shared experts split.
+  const RandomWeights source(c, 5);
+  const LoadedWeights whole = load_weights(c, source);
+  for (int rank = 0; rank < 4; ++rank) {
+    const RandomWeights rank_source(c, 5);  // the same tensors as `source` gave
+    LoadedWeights w = load_weights(c, rank_source);
+    shard_weights(c, rank, 4, w, 1, true);
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      if (!c.is_moe(l)) continue;
+      const MoeWeights& m = w.views.layers[l].moe;
+      ASSERT_EQ(std::ssize(m.experts), 4);
+      for (int64_t e = 0; e < 4; ++e) {
+        const MlpWeights& want = whole.views.layers[l].moe.experts[rank * 4 + e];
+        EXPECT_EQ(m.experts[e].gate.rows, c.moe_intermediate_size);
+        EXPECT_EQ(row_of(m.experts[e].down, 1), row_of(want.down, 1));  // that very expert
+      }
+      EXPECT_EQ(m.shared.gate.rows * 4, whole.views.layers[l].moe.shared.gate.rows);
+    }
+  }
+  c.num_experts = 6;
+  try {
+    shard_config(c, 4, true);
+    FAIL() << "6 experts over 4 ranks accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_routed_experts"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace hyserve

@@ -49,6 +49,7 @@ struct ServeArgs {
   std::vector<std::vector<std::string>> served_model_names;
   int64_t tensor_parallel_size = 1;
   int64_t decode_context_parallel_size = 1;
+  bool enable_expert_parallel = false;   // whole routed experts per rank instead of slices
   std::optional<int64_t> max_model_len;  // none: the config's max_position_embeddings
   int64_t max_num_seqs = 256;
   int64_t max_sequences_per_request = 1024;  // prompts x n of one request
@@ -305,6 +306,7 @@ RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const 
   mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
   mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
   mo.batch_invariant = a.batch_invariant;
+  mo.expert_parallel = a.enable_expert_parallel;
   if (g.size > 1) {
     rm.comm = parallel::make_backend_communicator(*backend, *store, g.rank, g.size,
                                                   distributed_timeout(), "tp");
@@ -476,7 +478,8 @@ int run_serve(const ServeArgs& a) {
   }
   g.local_rank = g.rank % g.local_size;
   if (g.size > 1) {
-    shard_config(config, g.size);  // heads and widths that do not divide fail here, by name
+    // Heads, widths or experts that do not divide fail here, by name.
+    shard_config(config, g.size, a.enable_expert_parallel);
     if (device == "cuda" && !worker) {
       require(device_count_or_zero() >= g.local_size, "--tensor-parallel-size ", g.size, " over ",
               a.nnodes, " node(s) needs ", g.local_size, " GPUs on this node, ",
@@ -635,6 +638,9 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_option("--tensor-parallel-size", a->tensor_parallel_size)->capture_default_str();
   cmd->add_option("--decode-context-parallel-size", a->decode_context_parallel_size)
       ->capture_default_str();
+  cmd->add_flag("--enable-expert-parallel", a->enable_expert_parallel,
+                "routed experts whole on their ranks (E / tensor-parallel size each) instead of "
+                "a slice of every expert on every rank");
   cmd->add_option("--nnodes", a->nnodes, "nodes the tensor-parallel group spans")
       ->capture_default_str();
   cmd->add_option("--node-rank", a->node_rank, "this node's index (0: rank 0, the API server)")

@@ -65,7 +65,7 @@ std::string Model::layer_name(int64_t layer, const char* what) {
 Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
              std::unique_ptr<Backend> backend)
     : full_config_(std::move(config)),
-      config_(shard_config(full_config_, options.tp.size)),
+      config_(shard_config(full_config_, options.tp.size, options.expert_parallel)),
       vocab_(vocab_shard(full_config_.vocab_size, options.tp.rank, options.tp.size)),
       source_(std::move(source)),
       options_(options),
@@ -105,7 +105,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
           config_.model_type_name, " model has an indexer)");
   }
   host_weights_ = load_weights(full_config_, *source_);
-  shard_weights(full_config_, tp.rank, tp.size, host_weights_, dcp.size);
+  shard_weights(full_config_, tp.rank, tp.size, host_weights_, dcp.size, options_.expert_parallel);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.
@@ -752,7 +752,11 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   m.num_tokens = t;
   m.hidden = c.hidden_size;
   m.experts = lw.moe.experts.data();
-  m.num_experts = c.num_experts;
+  m.num_experts = static_cast<int64_t>(lw.moe.experts.size());
+  if (options_.expert_parallel && options_.tp.size > 1) {
+    m.local_experts_only = true;
+    m.expert_offset = expert_shard(c.num_experts, options_.tp.rank, options_.tp.size).first;
+  }
   m.expert_ids = ids;
   m.expert_weights = weights;
   m.top_k = k;

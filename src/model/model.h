@@ -61,6 +61,10 @@ struct ModelOptions {
   TensorParallel tp;
   // Decode context parallelism within the TP group (model/tensor_parallel.h): size 1 off.
   ContextParallel dcp;
+  // Expert parallelism within the TP group (vLLM's --enable-expert-parallel): each rank
+  // keeps E / tp whole routed experts instead of 1 / tp of every one; the MoE's partial
+  // sums meet in the same all-reduce.
+  bool expert_parallel = false;
 };
 
 // One sequence's part of a batch.

@@ -204,7 +204,14 @@ struct Slicer {
 
 }  // namespace
 
-ModelConfig shard_config(const ModelConfig& full, int tp_size) {
+ExpertShard expert_shard(int64_t num_experts, int rank, int size) {
+  CHECK(size >= 1 && rank >= 0 && rank < size && num_experts % size == 0, "expert shard of rank ",
+        rank, " of ", size, " over ", num_experts, " experts");
+  const int64_t count = num_experts / size;
+  return {count * rank, count};
+}
+
+ModelConfig shard_config(const ModelConfig& full, int tp_size, bool expert_parallel) {
   CHECK(tp_size >= 1, "tensor-parallel size ", tp_size);
   ModelConfig c = full;
   if (tp_size == 1) return c;
@@ -216,7 +223,15 @@ ModelConfig shard_config(const ModelConfig& full, int tp_size) {
   if (any_mla) divide(c.num_attention_heads, "num_attention_heads", tp_size);
   if (any_kda) divide(c.linear_num_heads, "linear_attn_config.num_heads", tp_size);
   if (any_dense) divide(c.intermediate_size, "intermediate_size", tp_size);
-  if (any_moe) divide(c.moe_intermediate_size, "moe_intermediate_size", tp_size);
+  if (any_moe && expert_parallel) {
+    if (c.num_experts % tp_size != 0) {
+      HYSERVE_THROW(ConfigError, "n_routed_experts = ", c.num_experts,
+                    " is not divisible by the tensor-parallel size ", tp_size,
+                    " (--enable-expert-parallel puts whole experts on ranks)");
+    }
+  } else if (any_moe) {
+    divide(c.moe_intermediate_size, "moe_intermediate_size", tp_size);
+  }
   // The vocabulary need not divide, but every rank must keep rows of it.
   if (vocab_shard(c.vocab_size, tp_size - 1, tp_size).rows == 0) {
     HYSERVE_THROW(ConfigError, "vocab_size = ", c.vocab_size, " leaves the last of ", tp_size,
@@ -226,7 +241,8 @@ ModelConfig shard_config(const ModelConfig& full, int tp_size) {
   return c;
 }
 
-void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp) {
+void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp,
+                   bool expert_parallel) {
   CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
   CHECK(dcp >= 1 && size % dcp == 0, "decode context parallel size ", dcp,
         " must divide the tensor-parallel size ", size);
@@ -270,8 +286,15 @@ void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w
     }
     if (c.is_moe(l)) {
       MoeWeights& m = lw.moe;
-      for (size_t e = 0; e < m.experts.size(); ++e) {
-        s.mlp(m.experts[e], p + "experts." + std::to_string(e));
+      if (expert_parallel) {
+        // Whole experts, by index: the rank's [first, first + count).
+        const ExpertShard es = expert_shard(static_cast<int64_t>(m.experts.size()), rank, size);
+        m.experts = std::vector<MlpWeights>(m.experts.begin() + es.first,
+                                            m.experts.begin() + es.first + es.count);
+      } else {
+        for (size_t e = 0; e < m.experts.size(); ++e) {
+          s.mlp(m.experts[e], p + "experts." + std::to_string(e));
+        }
       }
       if (m.has_shared) s.mlp(m.shared, p + "shared_experts");
     } else {

@@ -58,7 +58,17 @@ struct ContextParallel {
 // The config a rank runs: heads and intermediate widths divided by tp.size (vocab_size
 // stays the whole vocabulary: the logits are). Throws ConfigError naming the field when one
 // does not divide, or when vocab_size is too small to give every rank rows.
-ModelConfig shard_config(const ModelConfig& full, int tp_size);
+// expert_parallel: routed experts stay whole (moe_intermediate_size undivided) and go to
+// ranks by index instead: n_routed_experts must divide by tp_size (ConfigError naming it).
+ModelConfig shard_config(const ModelConfig& full, int tp_size, bool expert_parallel = false);
+
+// Expert parallelism: rank r of N keeps routed experts [first, first + count) of E,
+// count = E / N.
+struct ExpertShard {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+ExpertShard expert_shard(int64_t num_experts, int rank, int size);
 
 // Rows [rank * n, (rank + 1) * n) of w, n = w.rows / size: a view into w. FP8 shares must
 // be whole 128-row scale blocks. Throws CheckpointError naming `what` otherwise.
@@ -90,6 +100,8 @@ Weight col_shard(const Weight& w, int rank, int size, std::deque<std::vector<uin
 // Throws CheckpointError naming the tensor when a quantized format's blocks do not
 // align with the cut (FP8 blocks of 128, MXFP4 / INT4 groups of 32).
 // dcp: the DCP group size (kv_b_proj is cut for the group's heads: tp / dcp shares).
-void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp = 1);
+// expert_parallel: the rank's routed experts whole (expert_shard), the rest dropped.
+void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp = 1,
+                   bool expert_parallel = false);
 
 }  // namespace hyserve

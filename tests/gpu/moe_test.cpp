@@ -273,6 +273,55 @@ TEST(GpuMoe, FewTokensPerExpertMatchCpuEveryFormat) {
   }
 }
 
+// Expert parallelism: ids are shifted by the rank's first expert and those outside its
+// experts skipped, on the GPU as on the CPU (here: experts [2, 10) of the router's ids, so
+// ids 0 and 1 belong to another rank).
+TEST(GpuMoe, ExpertParallelSkipsOtherRanksExperts) {
+  REQUIRE_GPU();
+  const Experts e = make_experts(8, 64, 96, Format::kBF16, 77);
+  for (int64_t tokens : {1, 5, 65}) {
+    SCOPED_TRACE(tokens);
+    const int64_t top_k = 3;
+    const std::vector<float> x = test::random_floats(tokens * 64, 500 + tokens);
+    const Routing r = random_routing(tokens, top_k, 8, 600 + tokens);
+    std::vector<float> want(tokens * 64);
+    cpu::moe({.x = x.data(),
+              .num_tokens = tokens,
+              .hidden = 64,
+              .experts = e.host_w.data(),
+              .num_experts = 8,
+              .expert_ids = r.ids.data(),
+              .expert_weights = r.weights.data(),
+              .top_k = top_k,
+              .y = want.data(),
+              .act = {},
+              .local_experts_only = true,
+              .expert_offset = 2});
+    Stream stream;
+    cuda::Blas blas(stream.s);
+    const cuda::DeviceBuffer dx = cuda::to_device(x);
+    cuda::DeviceBuffer dy(x.size() * 4);
+    const cuda::DeviceBuffer ids = cuda::to_device(r.ids);
+    const cuda::DeviceBuffer weights = cuda::to_device(r.weights);
+    cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e.table, nullptr, tokens, top_k));
+    cuda::moe({.x = dx.as<float>(),
+               .num_tokens = tokens,
+               .hidden = 64,
+               .num_experts = 8,
+               .expert_ids = ids.as<int32_t>(),
+               .expert_weights = weights.as<float>(),
+               .top_k = top_k,
+               .y = dy.as<float>(),
+               .act = {},
+               .local_experts_only = true,
+               .expert_offset = 2},
+              e.table, blas, ws.data(), ws.size(), stream.s, false);
+    CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    const std::vector<float> got = cuda::to_host<float>(dy, static_cast<size_t>(tokens * 64));
+    EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want) + 1e-6f, 1e-2f));
+  }
+}
+
 TEST(GpuMoe, ManyTokensPerExpertUseTensorCoresEveryFormat) {
   REQUIRE_GPU();
   uint64_t seed = 10000;

@@ -93,13 +93,18 @@ def one_rank(tmp_path_factory):
     return runs
 
 
-@pytest.mark.parametrize("name,model,tp,dcp", [("dsv32", DSV32, 2, 1), ("dsv32", DSV32, 4, 1),
-                                               ("kimi_linear", KIMI_LINEAR, 2, 1),
-                                               ("dsv32", DSV32, 2, 2), ("dsv32", DSV32, 4, 2),
-                                               ("kimi_linear", KIMI_LINEAR, 2, 2)])
-def test_tensor_parallel_completions_match_one_rank(one_rank, tmp_path, name, model, tp, dcp):
+@pytest.mark.parametrize("name,model,tp,dcp,ep", [
+    ("dsv32", DSV32, 2, 1, False), ("dsv32", DSV32, 4, 1, False),
+    ("kimi_linear", KIMI_LINEAR, 2, 1, False),
+    ("dsv32", DSV32, 2, 2, False), ("dsv32", DSV32, 4, 2, False),
+    ("kimi_linear", KIMI_LINEAR, 2, 2, False),
+    ("dsv32", DSV32, 4, 1, True), ("kimi_linear", KIMI_LINEAR, 2, 2, True)])
+def test_tensor_parallel_completions_match_one_rank(one_rank, tmp_path, name, model, tp, dcp,
+                                                    ep):
     srv = start_server(tmp_path, [*COMMON, "--tensor-parallel-size", str(tp),
-                                  "--decode-context-parallel-size", str(dcp)], model_dir=model)
+                                  "--decode-context-parallel-size", str(dcp),
+                                  *(["--enable-expert-parallel"] if ep else [])],
+                       model_dir=model)
     try:
         assert len(children_of(srv.proc.pid)) == tp - 1
         for want, prompt in zip(one_rank[name], PROMPTS):

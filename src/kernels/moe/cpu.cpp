@@ -115,19 +115,29 @@ void moe(const MoeParams& p) {
   for (int64_t e = 0; e < p.num_experts; ++e) check_mlp_weights(p.experts[e], p.hidden);
   if (p.shared != nullptr) check_mlp_weights(*p.shared, p.hidden);
   const int64_t num_slots = p.num_tokens * p.top_k;
+  // The slot's expert among p.experts, -1 when another rank has it.
+  std::vector<int64_t> local(static_cast<size_t>(num_slots));
   for (int64_t s = 0; s < num_slots; ++s) {
-    CHECK(p.expert_ids[s] >= 0 && p.expert_ids[s] < p.num_experts, "moe: expert id ",
-          p.expert_ids[s], " of token ", s / p.top_k, " not in [0, ", p.num_experts, ")");
+    const int64_t e = p.expert_ids[s] - p.expert_offset;
+    const bool mine = e >= 0 && e < p.num_experts;
+    CHECK(mine || (p.local_experts_only && p.expert_ids[s] >= 0), "moe: expert id ",
+          p.expert_ids[s], " of token ", s / p.top_k, " not in [", p.expert_offset, ", ",
+          p.expert_offset + p.num_experts, ")");
+    local[static_cast<size_t>(s)] = mine ? e : -1;
   }
   const int64_t hidden = p.hidden;
 
   // Slots (t * top_k + i) bucketed by expert, in token order within a bucket.
   std::vector<int64_t> bucket_start(p.num_experts + 1, 0);
-  for (int64_t s = 0; s < num_slots; ++s) ++bucket_start[p.expert_ids[s] + 1];
+  for (int64_t s = 0; s < num_slots; ++s) {
+    if (local[s] >= 0) ++bucket_start[local[s] + 1];
+  }
   std::partial_sum(bucket_start.begin(), bucket_start.end(), bucket_start.begin());
-  std::vector<int64_t> slots(num_slots);
+  std::vector<int64_t> slots(bucket_start.back());
   std::vector<int64_t> fill(bucket_start.begin(), bucket_start.end() - 1);
-  for (int64_t s = 0; s < num_slots; ++s) slots[fill[p.expert_ids[s]]++] = s;
+  for (int64_t s = 0; s < num_slots; ++s) {
+    if (local[s] >= 0) slots[fill[local[s]]++] = s;
+  }
 
   std::vector<float> slot_out(num_slots * hidden);  // [T * top_k, hidden]: expert(x[t])
   std::vector<float> expert_x;                      // [tokens of e, hidden]
@@ -168,6 +178,7 @@ void moe(const MoeParams& p) {
       float* y = p.y + t * hidden;
       std::fill(y, y + hidden, 0.0f);
       for (int64_t i = 0; i < p.top_k; ++i) {
+        if (local[t * p.top_k + i] < 0) continue;
         const float w = p.expert_weights[t * p.top_k + i];
         const float* out = slot_out.data() + (t * p.top_k + i) * hidden;
         for (int64_t d = 0; d < hidden; ++d) y[d] += w * out[d];

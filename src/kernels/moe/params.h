@@ -45,6 +45,11 @@ struct MoeParams {
   const MlpWeights* shared = nullptr;  // the shared experts as one MLP, or null
   float* y = nullptr;                  // [num_tokens, hidden]; may equal x
   GatedActivation act;                 // of every expert and the shared MLP
+  // Expert parallelism: `experts` are the router's experts [expert_offset, expert_offset +
+  // num_experts) only, and a slot whose id is outside them adds nothing (another rank has
+  // its expert). false: every id must be one of the experts.
+  bool local_experts_only = false;
+  int64_t expert_offset = 0;
 };
 
 namespace cpu {

@@ -103,10 +103,10 @@ __device__ __forceinline__ WRef with_expert(WRef w, const ExpertPtrs& e, int i) 
 }
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
-                             int64_t num_experts, int32_t* __restrict__ counts) {
+                             int64_t num_experts, int32_t offset, int32_t* __restrict__ counts) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < num_slots;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t e = ids[s];
+    const int32_t e = ids[s] - offset;
     if (e >= 0 && e < num_experts) atomicAdd(counts + e, 1);
   }
 }
@@ -143,10 +143,11 @@ __global__ void __launch_bounds__(kScanThreads)
 }
 
 __global__ void fill_kernel(const int32_t* __restrict__ ids, int64_t num_slots, int64_t num_experts,
-                            int32_t* __restrict__ cursor, int32_t* __restrict__ sorted_slots) {
+                            int32_t offset, int32_t* __restrict__ cursor,
+                            int32_t* __restrict__ sorted_slots) {
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < num_slots;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t e = ids[s];
+    const int32_t e = ids[s] - offset;
     if (e >= 0 && e < num_experts) sorted_slots[atomicAdd(cursor + e, 1)] = static_cast<int32_t>(s);
   }
 }
@@ -310,13 +311,14 @@ __global__ void __launch_bounds__(kMmaThreads)
 __global__ void combine_kernel(const int32_t* __restrict__ ids, const float* __restrict__ weights,
                                const float* __restrict__ slot_out,
                                const float* __restrict__ shared_out, int64_t top_k,
-                               int64_t num_experts, int64_t hidden, float* __restrict__ y) {
+                               int64_t num_experts, int32_t offset, int64_t hidden,
+                               float* __restrict__ y) {
   const int64_t t = blockIdx.x;
   for (int64_t d = threadIdx.x; d < hidden; d += blockDim.x) {
     float acc = 0.0f;
     for (int64_t i = 0; i < top_k; ++i) {
       const int64_t slot = t * top_k + i;
-      const int32_t e = ids[slot];
+      const int32_t e = ids[slot] - offset;
       if (e >= 0 && e < num_experts) {
         acc = __fadd_rn(acc, __fmul_rn(weights[slot], slot_out[slot * hidden + d]));
       }
@@ -414,13 +416,16 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   float* shared_out = p.shared != nullptr ? reinterpret_cast<float*>(at(lay.shared_out)) : nullptr;
 
   CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(p.num_experts) * 4, stream));
+  CHECK(p.expert_offset >= 0 && p.expert_offset <= INT32_MAX, "moe: expert offset ",
+        p.expert_offset);
+  const auto offset = static_cast<int32_t>(p.expert_offset);
   count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
-                                                             counts);
+                                                             offset, counts);
   CUDA_CHECK_LAUNCH();
   scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, cursor, active);
   CUDA_CHECK_LAUNCH();
   fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
-                                                            cursor, sorted_slots);
+                                                            offset, cursor, sorted_slots);
   CUDA_CHECK_LAUNCH();
 
   const MlpWeights& l = experts.layout();
@@ -510,7 +515,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
         batch_invariant ? LinearKernel::kBatchInvariant : LinearKernel::kAuto);
   }
   combine_kernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(
-      p.expert_ids, p.expert_weights, slot_out, shared_out, p.top_k, p.num_experts, p.hidden, p.y);
+      p.expert_ids, p.expert_weights, slot_out, shared_out, p.top_k, p.num_experts, offset,
+      p.hidden, p.y);
   CUDA_CHECK_LAUNCH();
 }
 
