@@ -35,7 +35,8 @@ struct RankRun {
 
 // A group of tp ranks, DCP groups of dcp consecutive ranks (dcp 1: plain TP).
 std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp,
-                               const std::vector<int32_t>& prompt, bool batch_invariant = false) {
+                               const std::vector<int32_t>& prompt, bool batch_invariant = false,
+                               int64_t token_sharded = 0) {
   parallel::HashStore store;
   std::vector<RankRun> runs(static_cast<size_t>(tp));
   std::vector<std::string> errors(static_cast<size_t>(tp));
@@ -48,6 +49,7 @@ std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp
         ModelOptions o;
         o.batch_invariant = batch_invariant;
         o.tp = {rank, tp, tp_comm.get()};
+        o.token_sharded_prefill = token_sharded;
         if (dcp > 1) {
           dcp_comm = parallel::make_cpu_communicator(store, rank % dcp, dcp, 60s,
                                                      "dcp" + std::to_string(rank / dcp));
@@ -135,6 +137,37 @@ TEST(ContextParallelInvariance, BatchInvariantRunsAreBitwiseRepeatable) {
   ASSERT_EQ(a[0].logits.size(), b[0].logits.size());
   EXPECT_EQ(std::memcmp(a[0].logits.data(), b[0].logits.data(), a[0].logits.size() * 4), 0);
 }
+
+// Token-sharded prefill: each rank runs the indexer and the attention of its 2 of 2N pieces of
+// the prompt with every head; the same per-(query, head) arithmetic as head-sharded prefill,
+// so the logits are the same bits (the decode step after it is head-sharded in both).
+class TokenShardedPrefill : public testing::TestWithParam<DcpCase> {};
+
+TEST_P(TokenShardedPrefill, EqualsHeadShardedPrefillBitwise) {
+  const DcpCase k = GetParam();
+  const std::filesystem::path dir = fixture(k.dir);
+  const ModelConfig c = ModelConfig::load(dir);
+  for (const int n : {37, 5, 3}) {  // 3 tokens over 2N = 8 pieces: some ranks get none
+    SCOPED_TRACE(n);
+    const std::vector<int32_t> prompt = prompt_for(c, n);
+    const std::vector<RankRun> heads = run_group(dir, k.tp, 1, prompt);
+    const std::vector<RankRun> tokens = run_group(dir, k.tp, 1, prompt, false, 1);
+    ASSERT_EQ(heads[0].logits.size(), tokens[0].logits.size());
+    EXPECT_EQ(
+        std::memcmp(heads[0].logits.data(), tokens[0].logits.data(), heads[0].logits.size() * 4),
+        0);
+    expect_matches(heads, tokens, 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, TokenShardedPrefill,
+                         testing::Values(DcpCase{"tests/fixtures/deepseek_v32_tiny", 2, 1},
+                                         DcpCase{"tests/fixtures/deepseek_v32_tiny", 4, 1},
+                                         DcpCase{"tests/fixtures/kimi_linear_tiny", 2, 1}),
+                         [](const testing::TestParamInfo<DcpCase>& p) {
+                           return std::filesystem::path(p.param.dir).filename().string() + "_tp" +
+                                  std::to_string(p.param.tp);
+                         });
 
 TEST(ContextParallelConfig, RefusesAGroupThatDoesNotDivideTheTpGroup) {
   parallel::HashStore store;

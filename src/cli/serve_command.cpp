@@ -50,6 +50,7 @@ struct ServeArgs {
   int64_t tensor_parallel_size = 1;
   int64_t decode_context_parallel_size = 1;
   bool enable_expert_parallel = false;   // whole routed experts per rank instead of slices
+  int64_t token_sharded_prefill = 0;     // forwards of >= this many tokens shard tokens (0: off)
   std::optional<int64_t> max_model_len;  // none: the config's max_position_embeddings
   int64_t max_num_seqs = 256;
   int64_t max_sequences_per_request = 1024;  // prompts x n of one request
@@ -307,6 +308,7 @@ RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const 
   mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
   mo.batch_invariant = a.batch_invariant;
   mo.expert_parallel = a.enable_expert_parallel;
+  mo.token_sharded_prefill = a.token_sharded_prefill;
   if (g.size > 1) {
     rm.comm = parallel::make_backend_communicator(*backend, *store, g.rank, g.size,
                                                   distributed_timeout(), "tp");
@@ -422,6 +424,11 @@ int run_serve(const ServeArgs& a) {
           "--decode-context-parallel-size ", a.decode_context_parallel_size,
           " must divide --tensor-parallel-size ", a.tensor_parallel_size,
           " (DCP groups are made of the TP group's ranks, as in vLLM)");
+  require(a.token_sharded_prefill >= 0, "--token-sharded-prefill must be >= 0, got ",
+          a.token_sharded_prefill);
+  require(a.token_sharded_prefill == 0 || a.decode_context_parallel_size == 1,
+          "--token-sharded-prefill with --decode-context-parallel-size: the gathered-context "
+          "form is not built yet");
   require(a.nnodes >= 1 && a.tensor_parallel_size % a.nnodes == 0, "--nnodes ", a.nnodes,
           " must divide --tensor-parallel-size ", a.tensor_parallel_size,
           " (the same number of ranks on every node)");
@@ -641,6 +648,10 @@ std::function<int()> add_serve_command(CLI::App& app) {
   cmd->add_flag("--enable-expert-parallel", a->enable_expert_parallel,
                 "routed experts whole on their ranks (E / tensor-parallel size each) instead of "
                 "a slice of every expert on every rank");
+  cmd->add_option("--token-sharded-prefill", a->token_sharded_prefill,
+                  "tensor parallel: prefill steps of at least this many tokens run each MLA "
+                  "layer's indexer and attention on 1/N of the tokens with every head (0: off)")
+      ->capture_default_str();
   cmd->add_option("--nnodes", a->nnodes, "nodes the tensor-parallel group spans")
       ->capture_default_str();
   cmd->add_option("--node-rank", a->node_rank, "this node's index (0: rank 0, the API server)")

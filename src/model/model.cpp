@@ -99,13 +99,24 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     CHECK(latent != LatentCacheDtype::kFp8,
           "--decode-context-parallel-size: the FP8 latent's DSA kernels do not split the "
           "context yet; use --kv-cache-dtype bf16 or fp32");
+    CHECK(options_.token_sharded_prefill == 0,
+          "token-sharded prefill with decode context parallelism (the gathered-context form) "
+          "is not built yet");
     CHECK(!config_.has_indexer() || backend_->kind() == DeviceKind::kCpu,
           "--decode-context-parallel-size: the DSA indexer's exact top-k merge runs on the CPU "
           "backend only so far (this ",
           config_.model_type_name, " model has an indexer)");
   }
+  CHECK(options_.token_sharded_prefill >= 0, "token_sharded_prefill ",
+        options_.token_sharded_prefill);
+  if (options_.token_sharded_prefill > 0 && tp.size > 1) {
+    CHECK(latent != LatentCacheDtype::kFp8,
+          "token-sharded prefill: the FP8 latent's DSA kernels do not take it yet; use "
+          "--kv-cache-dtype bf16 or fp32");
+  }
   host_weights_ = load_weights(full_config_, *source_);
-  shard_weights(full_config_, tp.rank, tp.size, host_weights_, dcp.size, options_.expert_parallel);
+  shard_weights(full_config_, tp.rank, tp.size, host_weights_, kv_b_ranks(),
+                options_.expert_parallel);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.

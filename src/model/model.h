@@ -65,6 +65,12 @@ struct ModelOptions {
   // keeps E / tp whole routed experts instead of 1 / tp of every one; the MoE's partial
   // sums meet in the same all-reduce.
   bool expert_parallel = false;
+  // Token-sharded prefill (DESIGN.md "Parallelism"), TP > 1: a forward of at least this many
+  // tokens (prefill, not a batched decode) runs each MLA layer's indexer and attention with
+  // every head on 1 / N of the tokens (each sequence cut into 2N pieces, rank r taking pieces
+  // r and 2N - 1 - r), two all-to-alls turning (all tokens, h heads) into (its tokens, all
+  // heads) and back; kv_b_proj is kept whole. 0: off (heads split in every forward).
+  int64_t token_sharded_prefill = 0;
 };
 
 // One sequence's part of a batch.
@@ -295,6 +301,16 @@ class Model {
   // heads [T, W * h, dv] (with their lse) into this rank's heads' o [T, h, dv]; the exact
   // global top-k of the indexer's local selections (host memory).
   int64_t local_keys(int64_t num_positions) const;
+  // kv_b_proj for this rank's own heads (a view of what the rank keeps: its heads, the DCP
+  // group's, or with token-sharded prefill all of them).
+  Weight own_kv_b(const MlaWeights& w) const;
+  // The ranks whose heads kv_b_proj is kept for: 1, the DCP group, or the TP group.
+  int kv_b_ranks() const;
+  bool token_sharded(const Pass& pass, int64_t t) const;
+  // Attention of a token-sharded prefill forward (latent_attention's other form).
+  void token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                               const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
+                               std::span<const SequenceSlice> seqs, float* o) const;
   void merge_partials(Pass& pass, const float* oa, const float* lse, int64_t t, int64_t h,
                       int64_t dv, float* o) const;
   void merge_selection(const float* scores, int64_t num_keys, int64_t rows, int64_t k,

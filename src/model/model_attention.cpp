@@ -6,6 +6,7 @@
 
 #include "core/order_key.h"
 #include "model/model.h"
+#include "model/tensor_parallel.h"
 #include "parallel/topk_merge.h"
 #include "util/error.h"
 
@@ -125,6 +126,12 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   const int64_t world = dcp.size;
   const int64_t ha = h * world;
   const int64_t* cpos = world > 1 ? pass.dcp_pos : pos;
+  if (token_sharded(pass, t)) {
+    token_sharded_attention(pass, layer, x, q_in, q, t, pos, slots, seqs, o);
+    return;
+  }
+  // The kv_b rows of the heads this rank attends with: its own, or its DCP group's.
+  const Weight kv_b = world > 1 ? w.kv_b_proj : own_kv_b(w);
 
   // DSA indexer: top-k past positions per token.
   const int32_t* topk = nullptr;
@@ -165,7 +172,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     }
     p.latent_pages = pages;
     p.table_stride = table_stride;
-    p.kv_b = &w.kv_b_proj;
+    p.kv_b = &kv_b;
     p.q_pos = cpos + offset;
     p.topk = topk ? topk + offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
@@ -224,6 +231,174 @@ void Model::merge_partials(Pass& pass, const float* oa, const float* lse, int64_
   m.width = dv;
   m.out = o;
   backend_->attention_merge(m);
+}
+
+int Model::kv_b_ranks() const {
+  if (options_.token_sharded_prefill > 0 && options_.tp.size > 1) return options_.tp.size;
+  return options_.dcp.size;
+}
+
+Weight Model::own_kv_b(const MlaWeights& w) const {
+  const int ranks = kv_b_ranks();
+  if (ranks == 1) return w.kv_b_proj;
+  return row_shard(w.kv_b_proj, options_.tp.rank % ranks, ranks, "kv_b_proj");
+}
+
+bool Model::token_sharded(const Pass& pass, int64_t t) const {
+  return options_.tp.size > 1 && options_.token_sharded_prefill > 0 &&
+         pass.decode.cache == nullptr && t >= options_.token_sharded_prefill;
+}
+
+namespace {
+
+// A run of consecutive tokens of one sequence: batch rows [row, row + n), the sequence's
+// tokens [begin, begin + n) of its slice.
+struct TokenPiece {
+  size_t seq = 0;
+  int64_t begin = 0;
+  int64_t n = 0;
+  int64_t row = 0;
+};
+
+// Rank r's pieces: each sequence cut into 2N near-equal pieces, r taking pieces r and
+// 2N - 1 - r (causal balance: an early and a late one), in batch order.
+std::vector<TokenPiece> token_pieces(std::span<const SequenceSlice> seqs, int rank, int size) {
+  std::vector<TokenPiece> out;
+  const int64_t parts = 2 * static_cast<int64_t>(size);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceSlice& sq = seqs[i];
+    for (const int64_t k : {static_cast<int64_t>(rank), parts - 1 - rank}) {
+      const int64_t begin = sq.n * k / parts, end = sq.n * (k + 1) / parts;
+      if (end > begin) out.push_back({i, begin, end - begin, sq.offset + begin});
+    }
+  }
+  return out;
+}
+
+int64_t count_tokens(const std::vector<TokenPiece>& pieces) {
+  int64_t n = 0;
+  for (const TokenPiece& p : pieces) n += p.n;
+  return n;
+}
+
+}  // namespace
+
+void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                                    const float* q, int64_t t, const int64_t* pos,
+                                    const int64_t* slots, std::span<const SequenceSlice> seqs,
+                                    float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const TensorParallel& tp = options_.tp;
+  const int64_t n_ranks = tp.size;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, ha = h * n_ranks;
+  // Every rank's pieces (the same on every rank), blocks of the largest share.
+  std::vector<std::vector<TokenPiece>> pieces(static_cast<size_t>(n_ranks));
+  int64_t block = 1;
+  for (int r = 0; r < tp.size; ++r) {
+    pieces[static_cast<size_t>(r)] = token_pieces(seqs, r, tp.size);
+    block = std::max(block, count_tokens(pieces[static_cast<size_t>(r)]));
+  }
+  const std::vector<TokenPiece>& mine = pieces[static_cast<size_t>(tp.rank)];
+  const int64_t m = count_tokens(mine);
+
+  // The index keys of every token go to the cache (each rank keeps them all); the indexer's
+  // queries of this rank's tokens, with their positions and one slice per piece.
+  const int32_t* topk = nullptr;
+  std::vector<SequenceSlice> local;
+  int64_t* local_pos = pass.ws.longs(std::max<int64_t>(m, 1));
+  {
+    int64_t at = 0;
+    for (const TokenPiece& p : mine) {
+      SequenceSlice s = seqs[p.seq];
+      s.offset = at;
+      s.n = p.n;
+      s.num_computed = seqs[p.seq].num_computed + p.begin;
+      local.push_back(s);
+      backend_->copy(local_pos + at, pos + p.row, static_cast<size_t>(p.n) * 8);
+      at += p.n;
+    }
+  }
+  const auto gather_rows = [&](const float* src, int64_t width) {
+    float* dst = pass.ws.floats(std::max<int64_t>(m, 1) * width);
+    int64_t at = 0;
+    for (const TokenPiece& p : mine) {
+      backend_->copy(dst + at * width, src + p.row * width, static_cast<size_t>(p.n * width) * 4);
+      at += p.n;
+    }
+    return dst;
+  };
+  if (c.has_indexer()) {
+    const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
+    const IndexQuery mine_iq{gather_rows(iq.q, c.index_n_heads * c.index_head_dim),
+                             gather_rows(iq.head_weights, c.index_n_heads)};
+    topk = index_select(pass, layer, mine_iq, m, local_pos, local);
+  }
+
+  // (all tokens, h heads) -> (this rank's tokens, all heads): block j of the send buffer is
+  // rank j's tokens with this rank's heads.
+  float* send = pass.ws.floats(n_ranks * block * h * dqk);
+  float* recv = pass.ws.floats(n_ranks * block * h * dqk);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    int64_t at = 0;
+    for (const TokenPiece& p : pieces[static_cast<size_t>(j)]) {
+      backend_->copy(send + (j * block + at) * h * dqk, q + p.row * h * dqk,
+                     static_cast<size_t>(p.n * h * dqk) * 4);
+      at += p.n;
+    }
+  }
+  tp.comm->all_to_all(send, recv, static_cast<size_t>(block * h * dqk) * 4);
+  float* qa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dqk);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    backend_->copy_2d(qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk);
+  }
+
+  // Attention of this rank's tokens with every head, piece by piece, in the form the
+  // head-sharded forward gives each sequence (absorbed for one-token sequences).
+  float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
+  for (size_t k = 0; k < local.size(); ++k) {
+    const SequenceSlice& sq = local[k];
+    MlaAttentionParams p;
+    p.q = qa + sq.offset * ha * dqk;
+    if (options_.latent_cache == LatentCacheDtype::kBf16) {
+      p.latent_bf16 = reinterpret_cast<const uint16_t*>(sq.cache->latent_page(layer));
+    } else {
+      p.latent = sq.cache->latent_page(layer);
+    }
+    p.latent_pages = sq.cache->pages(sq.blocks);
+    p.kv_b = &w.kv_b_proj;
+    p.q_pos = local_pos + sq.offset;
+    p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
+    p.topk_width = topk ? c.index_topk : 0;
+    p.out = oa + sq.offset * ha * dv;
+    p.num_tokens = sq.n;
+    p.num_keys = sq.num_computed + sq.n;
+    p.num_heads = ha;
+    p.dn = dn;
+    p.dr = dr;
+    p.dv = dv;
+    p.kv_lora = kv;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    backend_->mla_attention(p, /*absorbed=*/seqs[mine[k].seq].n == 1);
+  }
+
+  // Back: block j of the send buffer is this rank's tokens with rank j's heads; block i
+  // received is rank i's tokens with this rank's heads, placed at their rows of o.
+  float* send_o = pass.ws.floats(n_ranks * block * h * dv);
+  float* recv_o = pass.ws.floats(n_ranks * block * h * dv);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    backend_->copy_2d(send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv);
+  }
+  tp.comm->all_to_all(send_o, recv_o, static_cast<size_t>(block * h * dv) * 4);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    int64_t at = 0;
+    for (const TokenPiece& p : pieces[static_cast<size_t>(i)]) {
+      backend_->copy(o + p.row * h * dv, recv_o + (i * block + at) * h * dv,
+                     static_cast<size_t>(p.n * h * dv) * 4);
+      at += p.n;
+    }
+  }
 }
 
 Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
@@ -467,7 +642,8 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, H, kv], q_pe [T, H, dr].
   float* q_lat = pass.ws.floats(t * h * kv);
   float* q_pe = pass.ws.floats(t * h * dr);
-  backend_->mla_absorb_q({q, &w.kv_b_proj, q_lat, q_pe, t, h, dn, dr, dv, kv});
+  const Weight kv_b = own_kv_b(w);
+  backend_->mla_absorb_q({q, &kv_b, q_lat, q_pe, t, h, dn, dr, dv, kv});
   float* o_lat = pass.ws.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
   float* lse = pass.ws.floats(t * h);
 
@@ -545,7 +721,7 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   }
   dump(layer_name(layer, "attn_latent"), o_lat, t, h * kv);
   // o = W_UV o_lat per head.
-  backend_->mla_project_uv({o_lat, &w.kv_b_proj, o, t, h, dn, dv, kv});
+  backend_->mla_project_uv({o_lat, &kv_b, o, t, h, dn, dv, kv});
 }
 
 }  // namespace hyserve

@@ -98,12 +98,14 @@ def one_rank(tmp_path_factory):
     ("kimi_linear", KIMI_LINEAR, 2, 1, False),
     ("dsv32", DSV32, 2, 2, False), ("dsv32", DSV32, 4, 2, False),
     ("kimi_linear", KIMI_LINEAR, 2, 2, False),
-    ("dsv32", DSV32, 4, 1, True), ("kimi_linear", KIMI_LINEAR, 2, 2, True)])
+    ("dsv32", DSV32, 4, 1, True), ("kimi_linear", KIMI_LINEAR, 2, 2, True),
+    ("dsv32", DSV32, 2, 1, "token-sharded"), ("kimi_linear", KIMI_LINEAR, 2, 1, "token-sharded")])
 def test_tensor_parallel_completions_match_one_rank(one_rank, tmp_path, name, model, tp, dcp,
                                                     ep):
     srv = start_server(tmp_path, [*COMMON, "--tensor-parallel-size", str(tp),
                                   "--decode-context-parallel-size", str(dcp),
-                                  *(["--enable-expert-parallel"] if ep else [])],
+                                  *(["--token-sharded-prefill", "16"] if ep == "token-sharded"
+                                    else ["--enable-expert-parallel"] if ep else [])],
                        model_dir=model)
     try:
         assert len(children_of(srv.proc.pid)) == tp - 1
