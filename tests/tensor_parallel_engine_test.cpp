@@ -56,6 +56,7 @@ struct Result {
 struct GroupRun {
   std::map<std::string, Result> results;
   bool alive = true;
+  int64_t num_preemptions = 0;
   std::optional<std::string> diagnosis;
   std::vector<std::string> worker_errors;
 };
@@ -72,6 +73,7 @@ struct GroupOptions {
   int die_after_plans = -1;
   // And then takes the next plan without running it: rank 0 is left in a collective.
   bool die_mid_step = false;
+  int32_t num_blocks = 96;  // few: requests are preempted and recomputed
 };
 
 EngineConfig engine_config(const GroupOptions& g) {
@@ -81,7 +83,7 @@ EngineConfig engine_config(const GroupOptions& g) {
   c.scheduler.max_num_batched_tokens = 64;  // prompts run as several chunks
   c.scheduler.max_num_seqs = 4;
   c.min_block_size = 16;
-  c.num_blocks = 96;
+  c.num_blocks = g.num_blocks;
   c.enable_prefix_caching = g.prefix_caching;
   return c;
 }
@@ -164,6 +166,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
       }
     }
     run.alive = engine.alive();
+    run.num_preemptions = engine.stats().num_preemptions;
     if (g.tp > 1) {
       if (!run.alive) run.diagnosis = link.diagnose(2s);
       link.stop();
@@ -282,6 +285,28 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngine,
                                   std::to_string(p.param.tp) +
                                   (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "");
                          });
+
+TEST(TensorParallelEnginePreemption, PreemptedRequestsRecomputeOnEveryRank) {
+  // A pool too small for four requests at once: some are preempted (their tables dropped on
+  // the workers too) and recomputed; the outputs are still one rank's with the same pool.
+  GroupOptions g;
+  g.dir = fixture("tests/fixtures/deepseek_v32_tiny");
+  g.num_blocks = 9;
+  const ModelConfig c = ModelConfig::load(g.dir);
+  const auto work = workload(c, 4);
+  const GroupRun one = run_group(g, work);
+  g.tp = 2;
+  for (const int dcp : {1, 2}) {
+    SCOPED_TRACE("dcp " + std::to_string(dcp));
+    g.dcp = dcp;
+    g.num_blocks = dcp == 1 ? 9 : 5;  // blocks of twice the positions under DCP 2
+    const GroupRun tp = run_group(g, work);
+    EXPECT_TRUE(tp.alive);
+    expect_no_worker_errors(tp);
+    EXPECT_GT(tp.num_preemptions, 0);
+    expect_greedy_matches(one, tp, 1e-3);
+  }
+}
 
 TEST(TensorParallelEngineInvariance, BatchInvariantLogprobsAreBitwiseAcrossBatches) {
   // A request alone, then the same request beside others (other batch shapes, chunks,
