@@ -307,6 +307,10 @@ class Model {
   // The ranks whose heads kv_b_proj is kept for: 1, the DCP group, or the TP group.
   int kv_b_ranks() const;
   bool token_sharded(const Pass& pass, int64_t t) const;
+  // The fields of MLA attention over `cache`'s latents that depend on the layer alone (the
+  // caller sets the queries, positions, pages, selection and outputs); kv_b must outlive it.
+  MlaAttentionParams mla_params(int64_t layer, const KvCache& cache, const Weight& kv_b,
+                                int64_t heads) const;
   // Attention of a token-sharded prefill forward (latent_attention's other form).
   void token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
                                const float* q, int64_t t, const int64_t* pos, const int64_t* slots,

@@ -119,7 +119,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr;
+  const int64_t dv = c.v_head_dim, dqk = dn + dr;
   // Decode context parallelism: this rank attends with its group's heads (ha) over its own
   // positions; causal bounds among them (cpos), key counts local_keys().
   const ContextParallel& dcp = options_.dcp;
@@ -163,16 +163,10 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed) {
-    MlaAttentionParams p;
+    MlaAttentionParams p = mla_params(layer, cache, kv_b, ha);
     p.q = qa + offset * ha * dqk;
-    if (options_.latent_cache == LatentCacheDtype::kBf16) {
-      p.latent_bf16 = reinterpret_cast<const uint16_t*>(cache.latent_page(layer));
-    } else {
-      p.latent = cache.latent_page(layer);
-    }
     p.latent_pages = pages;
     p.table_stride = table_stride;
-    p.kv_b = &kv_b;
     p.q_pos = cpos + offset;
     p.topk = topk ? topk + offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
@@ -180,12 +174,6 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     p.lse = lse ? lse + offset * ha : nullptr;
     p.num_tokens = n;
     p.num_keys = num_keys;
-    p.num_heads = ha;
-    p.dn = dn;
-    p.dr = dr;
-    p.dv = dv;
-    p.kv_lora = kv;
-    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
     backend_->mla_attention(p, absorbed);
   };
   if (pass.decode.cache != nullptr) {
@@ -231,6 +219,25 @@ void Model::merge_partials(Pass& pass, const float* oa, const float* lse, int64_
   m.width = dv;
   m.out = o;
   backend_->attention_merge(m);
+}
+
+MlaAttentionParams Model::mla_params(int64_t layer, const KvCache& cache, const Weight& kv_b,
+                                     int64_t heads) const {
+  const ModelConfig& c = config_;
+  MlaAttentionParams p;
+  if (options_.latent_cache == LatentCacheDtype::kBf16) {
+    p.latent_bf16 = reinterpret_cast<const uint16_t*>(cache.latent_page(layer));
+  } else {
+    p.latent = cache.latent_page(layer);
+  }
+  p.kv_b = &kv_b;
+  p.num_heads = heads;
+  p.dn = c.qk_nope_head_dim;
+  p.dr = c.qk_rope_head_dim;
+  p.dv = c.v_head_dim;
+  p.kv_lora = c.kv_lora_rank;
+  p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+  return p;
 }
 
 int Model::kv_b_ranks() const {
@@ -292,7 +299,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   const TensorParallel& tp = options_.tp;
   const int64_t n_ranks = tp.size;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, dqk = dn + dr, ha = h * n_ranks;
+  const int64_t dv = c.v_head_dim, dqk = dn + dr, ha = h * n_ranks;
   // Every rank's pieces (the same on every rank), blocks of the largest share.
   std::vector<std::vector<TokenPiece>> pieces(static_cast<size_t>(n_ranks));
   int64_t block = 1;
@@ -359,27 +366,15 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
   for (size_t k = 0; k < local.size(); ++k) {
     const SequenceSlice& sq = local[k];
-    MlaAttentionParams p;
+    MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);
     p.q = qa + sq.offset * ha * dqk;
-    if (options_.latent_cache == LatentCacheDtype::kBf16) {
-      p.latent_bf16 = reinterpret_cast<const uint16_t*>(sq.cache->latent_page(layer));
-    } else {
-      p.latent = sq.cache->latent_page(layer);
-    }
     p.latent_pages = sq.cache->pages(sq.blocks);
-    p.kv_b = &w.kv_b_proj;
     p.q_pos = local_pos + sq.offset;
     p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
     p.out = oa + sq.offset * ha * dv;
     p.num_tokens = sq.n;
     p.num_keys = sq.num_computed + sq.n;
-    p.num_heads = ha;
-    p.dn = dn;
-    p.dr = dr;
-    p.dv = dv;
-    p.kv_lora = kv;
-    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
     backend_->mla_attention(p, /*absorbed=*/seqs[mine[k].seq].n == 1);
   }
 
