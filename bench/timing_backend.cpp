@@ -221,6 +221,10 @@ void TimingBackend::scatter_rows(const ScatterRowsParams& p) {
   timed("scatter_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
         [&] { inner_->scatter_rows(p); });
 }
+void TimingBackend::gather_rows(const GatherRowsParams& p) {
+  timed("gather_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
+        [&] { inner_->gather_rows(p); });
+}
 void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
                             int64_t rows, int64_t width) {
   timed("copy_2d", 8.0 * rows * width, 0,
@@ -239,6 +243,27 @@ void TimingBackend::attention_merge(const AttentionMergeParams& p) {
   const double bytes = 4.0 * (p.num_parts + 1) * p.rows * (p.width + 1);
   timed("attention_merge", bytes, 2 * p.num_parts * p.rows * p.width,
         [&] { inner_->attention_merge(p); });
+}
+
+// The merge steps' bytes: the row's top-k lists and messages they read and write.
+void TimingBackend::topk_merge_pack(const TopkMergeParams& p) {
+  timed("topk_merge_pack", p.rows * (16.0 * p.k + 4.0 * p.candidates), 0,
+        [&] { inner_->topk_merge_pack(p); });
+}
+
+void TimingBackend::topk_merge_decide(const TopkMergeParams& p) {
+  timed("topk_merge_decide", p.rows * (4.0 * p.world * (p.candidates + 1) + 20.0 * p.k), 0,
+        [&] { inner_->topk_merge_decide(p); });
+}
+
+void TimingBackend::topk_merge_resend_pack(const TopkMergeParams& p) {
+  timed("topk_merge_resend_pack", 16.0 * p.num_resend * p.k, 0,
+        [&] { inner_->topk_merge_resend_pack(p); });
+}
+
+void TimingBackend::topk_merge_resend_decide(const TopkMergeParams& p) {
+  timed("topk_merge_resend_decide", p.num_resend * (8.0 * p.world * p.k + 20.0 * p.k), 0,
+        [&] { inner_->topk_merge_resend_decide(p); });
 }
 
 void TimingBackend::round_bf16(const RoundBf16Params& p) {

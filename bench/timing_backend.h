@@ -87,11 +87,16 @@ class TimingBackend final : public Backend {
   void sigmoid(float* x, int64_t n) override;
   void scale(float* x, float s, int64_t n) override;
   void scatter_rows(const ScatterRowsParams& p) override;
+  void gather_rows(const GatherRowsParams& p) override;
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override;
   void mul(float* y, const float* x, int64_t n) override;
   void dcp_localize(const DcpLocalizeParams& p) override;
   void attention_merge(const AttentionMergeParams& p) override;
+  void topk_merge_pack(const TopkMergeParams& p) override;
+  void topk_merge_decide(const TopkMergeParams& p) override;
+  void topk_merge_resend_pack(const TopkMergeParams& p) override;
+  void topk_merge_resend_decide(const TopkMergeParams& p) override;
   void quantize_e4m3(const QuantizeE4m3Params& p) override;
   void round_bf16(const RoundBf16Params& p) override;
   void mla_absorb_q(const MlaAbsorbParams& p) override;

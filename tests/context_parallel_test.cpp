@@ -3,19 +3,29 @@
 // it equal TP's (same group, no DCP) within float summation-order error, the same bits on
 // every rank. The DSA indexer's top-k goes through the exact merge, so a DSA model selects
 // exactly TP's keys; the difference is the log-sum-exp merge of the partial attentions.
+// Token-sharded prefill steps under DCP attend over the group's gathered context instead:
+// the same bits as token-sharded prefill without DCP, and a scratch budget that holds them.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
+#include "dsa_model_util.h"
+#include "kv/kv_cache.h"
 #include "model/model.h"
+#include "model/random_weights.h"
 #include "model/tensor_parallel.h"
+#include "model/workspace.h"
 #include "parallel/make_communicator.h"
 #include "parallel/store.h"
 
@@ -33,8 +43,11 @@ struct RankRun {
   int64_t tokens_per_block = 0;  // of the rank's cache
 };
 
+// Makes a rank's model from its options (the checkpoint of a directory, or random weights).
+using MakeModel = std::function<std::unique_ptr<Model>(const ModelOptions&)>;
+
 // A group of tp ranks, DCP groups of dcp consecutive ranks (dcp 1: plain TP).
-std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp,
+std::vector<RankRun> run_group(const MakeModel& make, int tp, int dcp,
                                const std::vector<int32_t>& prompt, bool batch_invariant = false,
                                int64_t token_sharded = 0) {
   parallel::HashStore store;
@@ -55,7 +68,7 @@ std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp
                                                      "dcp" + std::to_string(rank / dcp));
           o.dcp = {rank % dcp, dcp, dcp_comm.get()};
         }
-        std::unique_ptr<Model> model = Model::load(dir, o);
+        std::unique_ptr<Model> model = make(o);
         SequenceState s = model->new_sequence();
         RankRun& run = runs[static_cast<size_t>(rank)];
         run.tokens_per_block = s.cache->plan().tokens_per_block();
@@ -71,6 +84,13 @@ std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp
   for (std::thread& t : threads) t.join();
   for (int rank = 0; rank < tp; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << rank;
   return runs;
+}
+
+std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp,
+                               const std::vector<int32_t>& prompt, bool batch_invariant = false,
+                               int64_t token_sharded = 0) {
+  return run_group([&](const ModelOptions& o) { return Model::load(dir, o); }, tp, dcp, prompt,
+                   batch_invariant, token_sharded);
 }
 
 std::vector<int32_t> prompt_for(const ModelConfig& c, int n) {
@@ -129,6 +149,35 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, ContextParallel,
                                   std::to_string(p.param.tp) + "_dcp" + std::to_string(p.param.dcp);
                          });
 
+// The FP8 latent (the DSA kernels' path) on the DSA-shaped tiny model (dsa_model_util.h):
+// the group's queries absorbed, the generic indexer with the exact merge, the sparse kernel
+// over the rank's pages, the partial o_lat merged in the latent space; the fused DSA decode
+// step is not used under DCP (its top-k would be local).
+class ContextParallelFp8 : public testing::TestWithParam<DcpCase> {};
+
+TEST_P(ContextParallelFp8, LogitsMatchTensorParallel) {
+  const DcpCase k = GetParam();
+  const ModelConfig c = test::dsa_config(k.dir);
+  const MakeModel make = [&](const ModelOptions& options) {
+    ModelOptions o = options;
+    o.indexer_fp8 = true;
+    o.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
+  };
+  // Longer than the top-8: the merge decides.
+  const std::vector<int32_t> prompt = prompt_for(c, 29);
+  expect_matches(run_group(make, k.tp, 1, prompt), run_group(make, k.tp, k.dcp, prompt), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Groups, ContextParallelFp8,
+                         testing::Values(DcpCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
+                                         DcpCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
+                                         DcpCase{"tests/fixtures/deepseek_v32_tiny", 4, 4}),
+                         [](const testing::TestParamInfo<DcpCase>& p) {
+                           return "tp" + std::to_string(p.param.tp) + "_dcp" +
+                                  std::to_string(p.param.dcp);
+                         });
+
 TEST(ContextParallelInvariance, BatchInvariantRunsAreBitwiseRepeatable) {
   const std::filesystem::path dir = fixture("tests/fixtures/deepseek_v32_tiny");
   const std::vector<int32_t> prompt = prompt_for(ModelConfig::load(dir), 30);
@@ -168,6 +217,297 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TokenShardedPrefill,
                            return std::filesystem::path(p.param.dir).filename().string() + "_tp" +
                                   std::to_string(p.param.tp);
                          });
+
+// Token-sharded prefill with decode context parallelism attends over the gathered context:
+// every sequence's latents and index keys all-gathered from the DCP group into position
+// order, so the indexer and the attention see what token-sharded prefill without DCP sees
+// in its replicated cache, and the logits are the same bits. Decode steps after it keep
+// DCP's merged form (kv_b_proj for the group's heads, a view of the whole one).
+struct GroupOptions {
+  int tp = 1;
+  int dcp = 1;
+  int64_t token_sharded = 0;
+  bool indexer_fp8 = false;
+  LatentCacheDtype latent = LatentCacheDtype::kFp32;
+};
+
+// One forward of a run: (sequence, new tokens) pairs, run as one batch.
+using Step = std::vector<std::pair<int, int>>;
+
+struct StepsRun {
+  std::vector<float> prefill;  // every step's logits (all positions), in order
+  std::vector<float> decode;   // then one decode step of each sequence, in turn
+  // DCP: the same decode steps by a model without token-sharded prefill (DCP's merged
+  // prefill and decode), over copies of the caches the run's prefill wrote.
+  std::vector<float> plain_decode;
+};
+
+SequenceState copy_state(const Model& model, const SequenceState& s) {
+  SequenceState c;
+  c.cache = std::make_unique<KvCache>(model.backend(), s.cache->plan(), s.cache->num_blocks());
+  std::memcpy(c.cache->base(), s.cache->base(), s.cache->num_bytes());
+  c.blocks = s.blocks;
+  c.state_block = s.state_block;
+  c.num_tokens = s.num_tokens;
+  return c;
+}
+
+std::vector<StepsRun> run_steps(const std::filesystem::path& dir, const GroupOptions& g,
+                                const std::vector<Step>& steps) {
+  parallel::HashStore store;
+  const ModelConfig config = ModelConfig::load(dir);
+  std::vector<int32_t> prompts[2] = {prompt_for(config, 64), {}};
+  for (int i = 0; i < 64; ++i) {
+    prompts[1].push_back((i * 31 + 5) % static_cast<int32_t>(config.vocab_size));
+  }
+  std::vector<StepsRun> runs(static_cast<size_t>(g.tp));
+  std::vector<std::string> errors(static_cast<size_t>(g.tp));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < g.tp; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto tp_comm = parallel::make_cpu_communicator(store, rank, g.tp, 60s, "tp");
+        std::unique_ptr<parallel::Communicator> dcp_comm;
+        ModelOptions o;
+        o.tp = {rank, g.tp, tp_comm.get()};
+        o.token_sharded_prefill = g.token_sharded;
+        o.indexer_fp8 = g.indexer_fp8;
+        o.latent_cache = g.latent;
+        if (g.dcp > 1) {
+          dcp_comm = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 60s,
+                                                     "dcp" + std::to_string(rank / g.dcp));
+          o.dcp = {rank % g.dcp, g.dcp, dcp_comm.get()};
+        }
+        std::unique_ptr<Model> model = Model::load(dir, o);
+        StepsRun& run = runs[static_cast<size_t>(rank)];
+        std::vector<SequenceState> seqs;
+        for (int i = 0; i < 2; ++i) seqs.push_back(model->new_sequence());
+        Workspace ws(&model->backend());
+        std::vector<float> logits;
+        for (const Step& step : steps) {
+          std::vector<SequenceInput> batch;
+          for (const auto& [i, n] : step) {
+            SequenceState& st = seqs[static_cast<size_t>(i)];
+            const std::span<const int32_t> tokens(prompts[i].data() + st.num_tokens,
+                                                  static_cast<size_t>(n));
+            batch.push_back(model->prepare(st, tokens, true));
+            batch.back().prefill = true;
+          }
+          model->forward(batch, logits, ws);
+          run.prefill.insert(run.prefill.end(), logits.begin(), logits.end());
+          for (const auto& [i, n] : step) seqs[static_cast<size_t>(i)].num_tokens += n;
+        }
+        std::unique_ptr<Model> plain;
+        if (g.dcp > 1) {
+          o.token_sharded_prefill = 0;
+          plain = Model::load(dir, o);
+        }
+        for (int i = 0; i < 2; ++i) {
+          SequenceState& st = seqs[static_cast<size_t>(i)];
+          if (st.num_tokens == 0) continue;
+          const std::vector<int32_t> next = {prompts[i][static_cast<size_t>(st.num_tokens)]};
+          if (plain) {
+            SequenceState copy = copy_state(*plain, st);
+            plain->forward(next, copy, logits);
+            run.plain_decode.insert(run.plain_decode.end(), logits.begin(), logits.end());
+          }
+          model->forward(next, st, logits);
+          run.decode.insert(run.decode.end(), logits.begin(), logits.end());
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < g.tp; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << rank;
+  return runs;
+}
+
+testing::AssertionResult same_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) {
+    return testing::AssertionFailure() << a.size() << " against " << b.size() << " values";
+  }
+  if (a.empty()) return testing::AssertionFailure() << "no values";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::memcmp(&a[i], &b[i], 4) != 0) {
+      return testing::AssertionFailure() << "value " << i << ": " << a[i] << " against " << b[i];
+    }
+  }
+  return testing::AssertionSuccess();
+}
+
+double max_relative_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    max_abs = std::max(max_abs, std::fabs(static_cast<double>(a[i])));
+    max_diff = std::max(max_diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+  }
+  return max_abs > 0 ? max_diff / max_abs : 1.0;
+}
+
+struct GatheredCase {
+  const char* dir;
+  int tp;
+  int dcp;
+  bool indexer_fp8;
+  LatentCacheDtype latent;
+};
+
+class GatheredContextPrefill : public testing::TestWithParam<GatheredCase> {};
+
+TEST_P(GatheredContextPrefill, EqualsTokenShardedPrefillWithoutDcpBitwise) {
+  const GatheredCase k = GetParam();
+  const std::filesystem::path dir = fixture(k.dir);
+  const GroupOptions without{k.tp, 1, 1, k.indexer_fp8, k.latent};
+  const GroupOptions with{k.tp, k.dcp, 1, k.indexer_fp8, k.latent};
+  // One prompt; a prompt in two chunks (the second over a cached prefix of 20); a few tokens
+  // over 2N pieces (ranks without a piece) continued; a batch of two sequences, one of them
+  // continuing its prefix, the other fresh.
+  const std::vector<std::vector<Step>> cases = {
+      {{{0, 37}}}, {{{0, 20}}, {{0, 17}}}, {{{0, 3}}, {{0, 6}}}, {{{0, 11}}, {{0, 9}, {1, 14}}}};
+  for (size_t i = 0; i < cases.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << "case " << i);
+    const std::vector<StepsRun> want = run_steps(dir, without, cases[i]);
+    const std::vector<StepsRun> got = run_steps(dir, with, cases[i]);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_TRUE(same_floats(got[r].prefill, want[0].prefill)) << "rank " << r;
+      // The decode after it is DCP's own, bit for bit, and within DCP's tolerance of TP's.
+      EXPECT_TRUE(same_floats(got[r].decode, got[r].plain_decode)) << "rank " << r;
+      EXPECT_LE(max_relative_diff(want[0].decode, got[r].decode), 1e-4) << "rank " << r;
+    }
+  }
+}
+
+// Steps below the threshold keep DCP's merged prefill between token-sharded ones: the logits
+// stay within DCP's tolerance of the same steps without DCP.
+TEST_P(GatheredContextPrefill, ShortStepsBetweenKeepTheMergedForm) {
+  const GatheredCase k = GetParam();
+  const std::filesystem::path dir = fixture(k.dir);
+  const std::vector<Step> steps = {{{0, 20}}, {{0, 5}}, {{0, 12}}};
+  const std::vector<StepsRun> want = run_steps(dir, {k.tp, 1, 10, k.indexer_fp8, k.latent}, steps);
+  const std::vector<StepsRun> got =
+      run_steps(dir, {k.tp, k.dcp, 10, k.indexer_fp8, k.latent}, steps);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(got[0].prefill.size(), want[0].prefill.size());
+  // The first step is token-sharded in both: the same bits.
+  const auto first = static_cast<std::ptrdiff_t>(20 * ModelConfig::load(dir).vocab_size);
+  EXPECT_TRUE(same_floats({got[0].prefill.begin(), got[0].prefill.begin() + first},
+                          {want[0].prefill.begin(), want[0].prefill.begin() + first}));
+  EXPECT_LE(max_relative_diff(want[0].prefill, got[0].prefill), 1e-4);
+  EXPECT_LE(max_relative_diff(want[0].decode, got[0].decode), 1e-4);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoints, GatheredContextPrefill,
+    testing::Values(
+        GatheredCase{"tests/fixtures/deepseek_v32_tiny", 2, 2, false, LatentCacheDtype::kFp32},
+        GatheredCase{"tests/fixtures/deepseek_v32_tiny", 4, 2, false, LatentCacheDtype::kFp32},
+        GatheredCase{"tests/fixtures/deepseek_v32_tiny", 4, 4, false, LatentCacheDtype::kFp32},
+        GatheredCase{"tests/fixtures/deepseek_v32_tiny", 2, 2, true, LatentCacheDtype::kBf16},
+        GatheredCase{"tests/fixtures/kimi_linear_tiny", 2, 2, false, LatentCacheDtype::kFp32},
+        GatheredCase{"tests/fixtures/kimi_linear_tiny", 2, 2, false, LatentCacheDtype::kBf16}),
+    [](const testing::TestParamInfo<GatheredCase>& p) {
+      return std::filesystem::path(p.param.dir).filename().string() + "_tp" +
+             std::to_string(p.param.tp) + "_dcp" + std::to_string(p.param.dcp) +
+             (p.param.indexer_fp8 ? "_fp8keys" : "") +
+             (p.param.latent == LatentCacheDtype::kBf16 ? "_bf16" : "");
+    });
+
+// The gathered context of one sequence of the longest context is counted in the scratch
+// budget (Model::context_transient_bytes), on top of the indexer's score chunk, and only
+// where the gathered form runs.
+TEST(GatheredContextPrefillBudget, ContextTransientCountsTheGatheredContext) {
+  const std::filesystem::path dir = fixture("tests/fixtures/deepseek_v32_tiny");
+  const ModelConfig c = ModelConfig::load(dir);
+  constexpr int64_t kContext = 1000;
+  int64_t bytes[3] = {0, 0, 0};  // TP 2 with token-sharded prefill; + DCP 2; DCP 2 alone
+  parallel::HashStore store;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto tp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "tp");
+        auto dcp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "dcp");
+        for (int i = 0; i < 3; ++i) {
+          ModelOptions o;
+          o.tp = {rank, 2, tp_comm.get()};
+          o.token_sharded_prefill = i < 2 ? 1 : 0;
+          if (i > 0) o.dcp = {rank, 2, dcp_comm.get()};
+          const auto model = Model::load(dir, o);
+          if (rank == 0) bytes[i] = model->context_transient_bytes(kContext);
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << rank;
+  const int64_t scores = 256 * kContext * 4;
+  EXPECT_EQ(bytes[0], scores);
+  EXPECT_EQ(bytes[2], scores);
+  // fp32 latents and index keys of every position, with the all-gather's buffers.
+  const int64_t row = (c.kv_lora_rank + c.qk_rope_head_dim + c.index_head_dim) * 4;
+  EXPECT_GE(bytes[1] - scores, kContext * row);
+  EXPECT_LE(bytes[1] - scores, 3 * kContext * row);
+}
+
+// As `hyserve serve` plans the scratch (tests/memory_budget_test.cpp): a warm-up step of
+// kStep fresh tokens plus context_transient_bytes of the longest context, reserved at once,
+// holds gathered-context prefill steps up to that context and the decode step after them;
+// without the context term the same steps grow it. A model without an indexer, so that the
+// gathered context is the whole term (no score chunk).
+TEST(GatheredContextPrefillBudget, ReservedScratchHoldsStepsUpToTheLongestContext) {
+  const std::filesystem::path dir = fixture("tests/fixtures/kimi_linear_tiny");
+  constexpr int64_t kStep = 256, kContext = 8192;
+  parallel::HashStore store;
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto tp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "tp");
+        auto dcp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "dcp");
+        ModelOptions o;
+        o.tp = {rank, 2, tp_comm.get()};
+        o.dcp = {rank, 2, dcp_comm.get()};
+        o.token_sharded_prefill = 1;
+        const auto model = Model::load(dir, o);
+        ASSERT_FALSE(model->config().has_indexer());
+        std::vector<float> logits;
+        SequenceState warm = model->new_sequence();
+        model->forward(std::vector<int32_t>(kStep, 5), warm, logits);
+        const size_t profiled = warm.workspace->capacity_bytes();
+        const auto transient = static_cast<size_t>(model->context_transient_bytes(kContext));
+        EXPECT_GT(transient, 0u);
+        for (const bool with_term : {true, false}) {
+          SequenceState s = model->new_sequence(kContext);
+          s.workspace = std::make_unique<Workspace>(&model->backend());
+          s.workspace->reserve(profiled + (with_term ? transient : 0));
+          const size_t reserved = s.workspace->capacity_bytes();
+          for (int64_t done = 0; done < kContext - 1; done += kStep) {
+            const auto n = static_cast<size_t>(std::min(kStep, kContext - 1 - done));
+            model->forward(std::vector<int32_t>(n, 7), s, logits);
+          }
+          model->forward(std::vector<int32_t>{9}, s, logits);
+          if (with_term) {
+            EXPECT_EQ(s.workspace->capacity_bytes(), reserved) << "rank " << rank;
+            EXPECT_EQ(s.workspace->num_blocks(), 1u) << "rank " << rank;
+          } else {
+            EXPECT_GT(s.workspace->capacity_bytes(), reserved) << "rank " << rank;
+          }
+        }
+      } catch (const std::exception& e) {
+        errors[static_cast<size_t>(rank)] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(errors[static_cast<size_t>(rank)], "") << rank;
+}
 
 TEST(ContextParallelConfig, RefusesAGroupThatDoesNotDivideTheTpGroup) {
   parallel::HashStore store;

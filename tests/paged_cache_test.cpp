@@ -1,8 +1,8 @@
 // The packed block cache as the model uses it: scatter_rows writes each row where
-// kv/block_table.h's independent address arithmetic says, KvCache's pages and state rows
-// are those addresses for real configs, its row operations touch exactly one row, and the
-// CPU MLA attention and indexer scores read paged rows in shuffled blocks to the same bits
-// as contiguous ones.
+// kv/block_table.h's independent address arithmetic says, gather_rows reads rows back from
+// there, KvCache's pages and state rows are those addresses for real configs, its row
+// operations touch exactly one row, and the CPU MLA attention and indexer scores read paged
+// rows in shuffled blocks to the same bits as contiguous ones.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -129,6 +129,72 @@ TEST(PagedCache, ScatterRowsRefusesBadArguments) {
   // No rows: nothing is read, null pointers are fine.
   EXPECT_NO_THROW(
       cpu::scatter_rows({.num_rows = 0, .row_bytes = 4, .block_size = 1, .block_stride_bytes = 4}));
+}
+
+// gather_rows reads back what scatter_rows wrote: rows [0, n) of a sequence in shuffled
+// blocks (PagedPool, written by hand) come out in order, packed or strided (the other bytes
+// of the strided buffer untouched), and from contiguous rows as well.
+TEST(PagedCache, GatherRowsReadsWhereTheBlockTableSays) {
+  uint32_t seed = 40;
+  for (const int64_t row_bytes : {4, 33, 132, 2304}) {
+    for (const int64_t bs : {1, 64}) {
+      for (const int64_t n : {int64_t{1}, bs + 5, 2 * bs + 9}) {
+        SCOPED_TRACE(testing::Message()
+                     << row_bytes << " B rows, block_size " << bs << ", " << n << " rows");
+        PagedPool pool(n, bs, bs * row_bytes, ++seed);
+        const auto rows = random_bytes(static_cast<size_t>(n * row_bytes), ++seed);
+        pool.write(rows.data(), n, row_bytes);
+        for (const int64_t stride : {row_bytes, 3 * row_bytes + 1}) {
+          std::vector<uint8_t> out(static_cast<size_t>(n * stride), 0x5a);
+          std::vector<uint8_t> want = out;
+          for (int64_t i = 0; i < n; ++i) {
+            std::memcpy(&want[i * stride], &rows[i * row_bytes], static_cast<size_t>(row_bytes));
+          }
+          cpu::gather_rows({.src = pool.page<uint8_t>(pool.bytes.data()),
+                            .src_pages = pool.pages(pool.block_table.data()),
+                            .dst = out.data(),
+                            .num_rows = n,
+                            .row_bytes = row_bytes,
+                            .dst_stride_bytes = stride});
+          EXPECT_TRUE(same_bytes(out, want)) << "paged, dst stride " << stride;
+          std::vector<uint8_t> flat(want.size(), 0x5a);
+          cpu::gather_rows({.src = rows.data(),
+                            .dst = flat.data(),
+                            .num_rows = n,
+                            .row_bytes = row_bytes,
+                            .dst_stride_bytes = stride});
+          EXPECT_TRUE(same_bytes(flat, want)) << "contiguous, dst stride " << stride;
+        }
+      }
+    }
+  }
+}
+
+TEST(PagedCache, GatherRowsRefusesBadArguments) {
+  std::vector<uint8_t> src(4096), dst(64);
+  const std::vector<int32_t> table = {0, 1};
+  const GatherRowsParams ok{.src = src.data(),
+                            .src_pages = {table.data(), 4, 128},
+                            .dst = dst.data(),
+                            .num_rows = 2,
+                            .row_bytes = 32,
+                            .dst_stride_bytes = 32};
+  EXPECT_NO_THROW(cpu::gather_rows(ok));
+  auto with = [&](auto change) {
+    GatherRowsParams p = ok;
+    change(p);
+    return p;
+  };
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.src_pages.block_stride_bytes = 127; })),
+               InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.src_pages.block_size = 0; })),
+               InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.dst_stride_bytes = 31; })), InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.src = nullptr; })), InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.dst = nullptr; })), InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.row_bytes = 0; })), InvalidArgument);
+  EXPECT_THROW(cpu::gather_rows(with([](auto& p) { p.num_rows = -1; })), InvalidArgument);
+  EXPECT_NO_THROW(cpu::gather_rows({.num_rows = 0, .row_bytes = 4, .dst_stride_bytes = 4}));
 }
 
 struct NamedConfig {

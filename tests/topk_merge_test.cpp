@@ -1,7 +1,8 @@
 // The exact top-k merge of decode context parallelism against one top-k over every rank's
 // keys (ranks as threads, Gloo): random scores, a skew that puts most of the top-k on one
 // rank (the resend path), heavy ties across ranks, rows shorter than k; and the bytes it
-// moves against the generic merge.
+// moves against the generic merge. The same cases through the backend ops
+// (kernels/topk_merge, the model's path) on the CPU backend, against both.
 #include "parallel/topk_merge.h"
 
 #include <gtest/gtest.h>
@@ -16,17 +17,20 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/order_key.h"
 #include "parallel/make_communicator.h"
 #include "parallel/store.h"
+#include "topk_merge_util.h"
 
 namespace hyserve::parallel {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Scores of every global position of each row.
-using Rows = std::vector<std::vector<float>>;
+using test::random_rows;
+using test::reference_topk;
+using test::Rows;
 
 // Rank r's local top-k of each row: positions p % world == r, sorted by the tie rule.
 std::vector<LocalCandidates> local_topk(const Rows& rows, int rank, int world, int64_t k) {
@@ -47,17 +51,6 @@ std::vector<LocalCandidates> local_topk(const Rows& rows, int rank, int world, i
     out.push_back(std::move(c));
   }
   return out;
-}
-
-std::set<int64_t> reference_topk(const std::vector<float>& scores, int64_t k) {
-  std::vector<int64_t> all(scores.size());
-  for (size_t p = 0; p < all.size(); ++p) all[p] = static_cast<int64_t>(p);
-  std::sort(all.begin(), all.end(), [&](int64_t a, int64_t b) {
-    return float_rank_key(scores[static_cast<size_t>(a)], a) >
-           float_rank_key(scores[static_cast<size_t>(b)], b);
-  });
-  if (std::ssize(all) > k) all.resize(static_cast<size_t>(k));
-  return {all.begin(), all.end()};
 }
 
 struct MergeRun {
@@ -111,18 +104,6 @@ void expect_exact(const Rows& rows, const MergeRun& run, int64_t k) {
   }
 }
 
-Rows random_rows(const std::vector<int64_t>& lengths, uint32_t seed,
-                 const std::function<float(std::mt19937&, int64_t)>& score) {
-  std::mt19937 rng(seed);
-  Rows rows;
-  for (int64_t n : lengths) {
-    std::vector<float> s(static_cast<size_t>(n));
-    for (int64_t p = 0; p < n; ++p) s[static_cast<size_t>(p)] = score(rng, p);
-    rows.push_back(std::move(s));
-  }
-  return rows;
-}
-
 int64_t total_resent(const MergeRun& run) {
   return run.stats.empty() ? 0 : run.stats[0].resent_rows;
 }
@@ -165,6 +146,49 @@ TEST_P(TopkMerge, TiesAcrossRanksAreBrokenByTheLowerPosition) {
   // All equal (zero scores, as relu gives): the k lowest positions.
   const Rows zeros = random_rows({300}, 1, [](std::mt19937&, int64_t) { return 0.0f; });
   expect_exact(zeros, run_merge(zeros, world, k, false), k);
+}
+
+// The backend ops (CPU) on the same cases: the single-rank top-k, the same rows resent as
+// the host merge, and each rank's share equal to the host merge's.
+void expect_steps_exact(const Rows& rows, int world, int64_t k, int64_t want_resent = -1) {
+  const std::unique_ptr<Backend> cpu = make_cpu_backend();
+  const test::MergeStepsRun steps = test::run_merge_steps(*cpu, rows, world, k);
+  const MergeRun host = run_merge(rows, world, k, false);
+  for (size_t row = 0; row < rows.size(); ++row) {
+    EXPECT_EQ(steps.selected[row], reference_topk(rows[row], k)) << "row " << row;
+    EXPECT_EQ(steps.selected[row], host.selected[row]) << "row " << row;
+  }
+  EXPECT_EQ(steps.resent_rows, total_resent(host));
+  // The generic form: every row resent, the same shares.
+  const test::MergeStepsRun generic = test::run_merge_steps(*cpu, rows, world, k, true);
+  EXPECT_EQ(generic.resent_rows, std::ssize(rows));
+  EXPECT_EQ(generic.per_rank, steps.per_rank);
+  if (want_resent >= 0) {
+    EXPECT_EQ(steps.resent_rows, want_resent);
+  }
+}
+
+TEST_P(TopkMerge, BackendStepsMatchOneTopk) {
+  const int world = GetParam();
+  std::normal_distribution<float> normal;
+  std::uniform_real_distribution<float> u(0.0f, 1.0f);
+  std::uniform_int_distribution<int> level(0, 3);
+  for (const int64_t k : {1, 7, 64}) {
+    SCOPED_TRACE(testing::Message() << "k " << k);
+    expect_steps_exact(random_rows({0, 1, 5, 63, 64, 65, 200, 1000, 3000}, 7,
+                                   [&](std::mt19937& g, int64_t) { return normal(g); }),
+                       world, k);
+    expect_steps_exact(random_rows({2000, 2000, 500}, 11,
+                                   [&](std::mt19937& g, int64_t p) {
+                                     return u(g) + (p % world == 0 ? 10.0f : 0.0f);
+                                   }),
+                       world, k, parallel::merge_candidates(k, world) < k ? 3 : 0);
+    expect_steps_exact(random_rows({100, 400, 1500}, 13,
+                                   [&](std::mt19937& g, int64_t) { return 0.5f * level(g); }),
+                       world, k);
+    expect_steps_exact(random_rows({300}, 1, [](std::mt19937&, int64_t) { return 0.0f; }), world,
+                       k);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(World, TopkMerge, testing::Values(2, 4, 8));

@@ -15,6 +15,7 @@
 
 #include "core/weight.h"
 #include "kernels/attention_merge/params.h"
+#include "kernels/topk_merge/params.h"
 #include "kernels/cache/params.h"
 #include "kernels/dsa/params.h"
 #include "kernels/elementwise/params.h"
@@ -164,12 +165,20 @@ class Backend {
                        int64_t rows, int64_t width) = 0;
   // Writes rows into their slots of a paged cache (kernels/cache/params.h).
   virtual void scatter_rows(const ScatterRowsParams& p) = 0;
+  // Reads a sequence's rows of a paged cache into a contiguous buffer (the same params.h).
+  virtual void gather_rows(const GatherRowsParams& p) = 0;
 
   // Decode context parallelism: a rank's causal positions and cache slots
   // (kernels/elementwise/params.h), the log-sum-exp merge of partial attention results
   // (kernels/attention_merge/params.h).
   virtual void dcp_localize(const DcpLocalizeParams& p) = 0;
   virtual void attention_merge(const AttentionMergeParams& p) = 0;
+  // The steps of the DSA indexer's exact top-k merge, between the communicator's
+  // all_gathers (kernels/topk_merge/params.h).
+  virtual void topk_merge_pack(const TopkMergeParams& p) = 0;
+  virtual void topk_merge_decide(const TopkMergeParams& p) = 0;
+  virtual void topk_merge_resend_pack(const TopkMergeParams& p) = 0;
+  virtual void topk_merge_resend_decide(const TopkMergeParams& p) = 0;
 
   // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h).
   virtual void mul(float* y, const float* x, int64_t n) = 0;  // y *= x

@@ -21,6 +21,7 @@
 #include "kernels/mla/cpu.h"
 #include "kernels/rope/cpu.h"
 #include "kernels/sampling/cpu.h"
+#include "kernels/topk_merge/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -169,7 +170,14 @@ class CpuBackend final : public Backend {
   void mul(float* y, const float* x, int64_t n) override { cpu::mul(MulParams{y, x, n}); }
   void dcp_localize(const DcpLocalizeParams& p) override { cpu::dcp_localize(p); }
   void attention_merge(const AttentionMergeParams& p) override { cpu::attention_merge(p); }
+  void topk_merge_pack(const TopkMergeParams& p) override { cpu::topk_merge_pack(p); }
+  void topk_merge_decide(const TopkMergeParams& p) override { cpu::topk_merge_decide(p); }
+  void topk_merge_resend_pack(const TopkMergeParams& p) override { cpu::topk_merge_resend_pack(p); }
+  void topk_merge_resend_decide(const TopkMergeParams& p) override {
+    cpu::topk_merge_resend_decide(p);
+  }
   void scatter_rows(const ScatterRowsParams& p) override { cpu::scatter_rows(p); }
+  void gather_rows(const GatherRowsParams& p) override { cpu::gather_rows(p); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
     for (int64_t r = 0; r < rows; ++r)

@@ -426,9 +426,6 @@ int run_serve(const ServeArgs& a) {
           " (DCP groups are made of the TP group's ranks, as in vLLM)");
   require(a.token_sharded_prefill >= 0, "--token-sharded-prefill must be >= 0, got ",
           a.token_sharded_prefill);
-  require(a.token_sharded_prefill == 0 || a.decode_context_parallel_size == 1,
-          "--token-sharded-prefill with --decode-context-parallel-size: the gathered-context "
-          "form is not built yet");
   require(a.nnodes >= 1 && a.tensor_parallel_size % a.nnodes == 0, "--nnodes ", a.nnodes,
           " must divide --tensor-parallel-size ", a.tensor_parallel_size,
           " (the same number of ranks on every node)");

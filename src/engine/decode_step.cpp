@@ -34,6 +34,7 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
         "decode step: max_batch ", config_.max_batch, ", max_context ", config_.max_context,
         ", graph_max_batch ", config_.graph_max_batch);
   config_.graph_max_batch = std::min(config_.graph_max_batch, config_.max_batch);
+  if (!model_.decode_capturable()) config_.graph_max_batch = 0;
   width_ = cache_.plan().blocks_for_tokens(config_.max_context);
   pad_ = cache_.scratch_block();
   const auto rows = static_cast<size_t>(config_.max_batch);

@@ -39,7 +39,8 @@ namespace hyserve {
 struct DecodeStepConfig {
   int64_t max_batch = 256;      // sequences of one step at most
   int64_t max_context = 4096;   // tokens of one sequence at most (the table width)
-  int64_t graph_max_batch = 0;  // graphs for batches up to this (0: eager only)
+  int64_t graph_max_batch = 0;  // graphs for batches up to this (0: eager only; also 0
+                                // when the model cannot be captured: decode_capturable)
 };
 
 class DecodeStep {

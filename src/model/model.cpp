@@ -96,16 +96,6 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
           "decode context parallelism: rank ", dcp.rank, " of ", dcp.size,
           " needs its group's communicator inside a tensor-parallel group of a multiple of ",
           dcp.size, " (tp rank ", tp.rank, " of ", tp.size, ")");
-    CHECK(latent != LatentCacheDtype::kFp8,
-          "--decode-context-parallel-size: the FP8 latent's DSA kernels do not split the "
-          "context yet; use --kv-cache-dtype bf16 or fp32");
-    CHECK(options_.token_sharded_prefill == 0,
-          "token-sharded prefill with decode context parallelism (the gathered-context form) "
-          "is not built yet");
-    CHECK(!config_.has_indexer() || backend_->kind() == DeviceKind::kCpu,
-          "--decode-context-parallel-size: the DSA indexer's exact top-k merge runs on the CPU "
-          "backend only so far (this ",
-          config_.model_type_name, " model has an indexer)");
   }
   CHECK(options_.token_sharded_prefill >= 0, "token_sharded_prefill ",
         options_.token_sharded_prefill);
@@ -186,7 +176,8 @@ std::unique_ptr<KvCache> Model::new_cache(int64_t num_blocks, int64_t min_block_
 }
 
 int64_t Model::context_transient_bytes(int64_t max_context) const {
-  return config_.has_indexer() ? kIndexerQueryChunk * max_context * 4 : 0;
+  const int64_t scores = config_.has_indexer() ? kIndexerQueryChunk * max_context * 4 : 0;
+  return scores + gathered_context_bytes(max_context);
 }
 
 void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context) const {

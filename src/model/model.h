@@ -13,6 +13,7 @@
 // growing cache for tests, `hyserve generate` and benchmarks.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -70,6 +71,12 @@ struct ModelOptions {
   // every head on 1 / N of the tokens (each sequence cut into 2N pieces, rank r taking pieces
   // r and 2N - 1 - r), two all-to-alls turning (all tokens, h heads) into (its tokens, all
   // heads) and back; kv_b_proj is kept whole. 0: off (heads split in every forward).
+  // With decode context parallelism (dcp.size W > 1) such a forward attends over the
+  // gathered context instead: each layer, every sequence's latents and index keys (written
+  // by their owners first) are all-gathered within the DCP group into one contiguous
+  // workspace buffer in position order (model_token_sharded.cpp), so the indexer and the
+  // attention see the whole context as without DCP: no top-k or log-sum-exp merge, the same
+  // bits as W = 1. Decode steps and shorter prefills keep DCP's merged form.
   int64_t token_sharded_prefill = 0;
 };
 
@@ -164,9 +171,11 @@ class Model {
   // min_block_size as in CachePlanOptions.
   CachePlan cache_plan(int64_t min_block_size = 64) const;
   std::unique_ptr<KvCache> new_cache(int64_t num_blocks, int64_t min_block_size = 64) const;
-  // Bytes of the one transient buffer of a forward whose size grows with the context
-  // rather than the step's tokens: the indexer's score chunk, [256 queries, max_context]
-  // fp32 (0 without indexer). Memory planning adds it to a profiled step.
+  // Bytes of the transient buffers of a forward whose size grows with the context rather
+  // than the step's tokens: the indexer's score chunk, [256 queries, max_context] fp32 (0
+  // without indexer), and with token-sharded prefill under decode context parallelism the
+  // gathered context of one sequence (latents and index keys of max_context positions, with
+  // the all-gather's buffers). Memory planning adds it to a profiled step.
   int64_t context_transient_bytes(int64_t max_context) const;
   // Grows the backend's op scratch memory to what a DSA decode step of up to max_batch
   // sequences of up to max_context tokens takes (FP8 latent and keys: the indexer scores
@@ -196,6 +205,9 @@ class Model {
   // same model may run any number of forwards over different workspaces and caches.
   const float* forward_device(const DeviceBatch& batch, Workspace& ws,
                               float* logits_out = nullptr) const;
+  // Whether a decode forward can be captured in a CUDA graph: not when it reads a value
+  // back mid-forward (the DSA top-k merge of decode context parallelism).
+  bool decode_capturable() const;
   // The same as forward_logits, with the logits copied to the host (in batch-invariant mode
   // a mixed batch runs as two forwards).
   void forward(std::span<const SequenceInput> batch, std::vector<float>& logits,
@@ -301,9 +313,10 @@ class Model {
   // heads [T, W * h, dv] (with their lse) into this rank's heads' o [T, h, dv]; the exact
   // global top-k of the indexer's local selections (host memory).
   int64_t local_keys(int64_t num_positions) const;
-  // kv_b_proj for this rank's own heads (a view of what the rank keeps: its heads, the DCP
-  // group's, or with token-sharded prefill all of them).
-  Weight own_kv_b(const MlaWeights& w) const;
+  // kv_b_proj for the heads of the `ranks` consecutive TP ranks this rank is one of (1: its
+  // own heads; the DCP size: its DCP group's), a view of what the rank keeps: its heads, the
+  // DCP group's, or with token-sharded prefill all of them.
+  Weight own_kv_b(const MlaWeights& w, int ranks = 1) const;
   // The ranks whose heads kv_b_proj is kept for: 1, the DCP group, or the TP group.
   int kv_b_ranks() const;
   bool token_sharded(const Pass& pass, int64_t t) const;
@@ -311,13 +324,45 @@ class Model {
   // caller sets the queries, positions, pages, selection and outputs); kv_b must outlive it.
   MlaAttentionParams mla_params(int64_t layer, const KvCache& cache, const Weight& kv_b,
                                 int64_t heads) const;
-  // Attention of a token-sharded prefill forward (latent_attention's other form).
+  // Attention of a token-sharded prefill forward (latent_attention's other form;
+  // model_token_sharded.cpp).
   void token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
                                const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
                                std::span<const SequenceSlice> seqs, float* o) const;
+  // Where a token-sharded prefill reads one sequence's rows of a layer (positions in their
+  // global order): its cache pages, or with decode context parallelism the group's rows
+  // gathered into the workspace, contiguous [num_computed + n (rounded up to W), row].
+  struct ContextRows {
+    const void* latent = nullptr;         // fp32 or bf16, as the cache's latent
+    const void* index_keys = nullptr;     // fp32 keys or FP8 codes (models with an indexer)
+    const float* index_scales = nullptr;  // FP8 keys' scales
+    PagedRows pages;                      // the sequence's block table, or contiguous
+  };
+  ContextRows cache_context(const SequenceSlice& sq, int64_t layer) const;
+  // Each rank's local rows [0, ceil(S / W)) of every kind (Backend::gather_rows), all-gathered
+  // over the DCP group, interleaved into position order (rank d's local row j is position
+  // j * W + d). A collective: every rank of the group calls it for the same sequences.
+  ContextRows gather_context(Pass& pass, int64_t layer, const SequenceSlice& sq) const;
+  // Bytes per position of each kind the gathered context holds (latent, index keys, FP8
+  // index scales; 0: none), and its peak workspace bytes for a context of num_positions.
+  std::array<int64_t, 3> context_row_bytes() const;
+  int64_t gathered_context_bytes(int64_t num_positions) const;
+  // The indexer's causal top-k [n, index_topk] of queries iq rows [offset, offset + n) over
+  // num_keys keys of ctx (its pages per query with table_stride > 0), scored in chunks of
+  // kIndexerQueryChunk queries (a bounded buffer); merge: DCP's exact merge of each chunk
+  // (ctx is the rank's share), not when ctx is the whole context.
+  void select_in_context(Pass& pass, const IndexQuery& iq, int64_t offset, int64_t n,
+                         const int64_t* pos, int64_t num_keys, const ContextRows& ctx,
+                         int64_t table_stride, bool merge, int32_t* selected) const;
   void merge_partials(Pass& pass, const float* oa, const float* lse, int64_t t, int64_t h,
                       int64_t dv, float* o) const;
-  void merge_selection(const float* scores, int64_t num_keys, int64_t rows, int64_t k,
+  // Decode context parallelism: the DCP group's queries [T, W * h, dq], rank r's heads at
+  // [r * h, (r + 1) * h), from this rank's [T, h, dq].
+  const float* group_queries(Pass& pass, const float* q, int64_t t, int64_t h, int64_t dq) const;
+  // Decode context parallelism: replaces each row's local top-k by this rank's share of
+  // the group's exact top-k (kernels/topk_merge/params.h), in backend memory. When a row
+  // needs round 2 it reads a count back (a host sync: no decode graphs with DCP + DSA).
+  void merge_selection(Pass& pass, const float* scores, int64_t num_keys, int64_t rows, int64_t k,
                        int32_t* selected) const;
   int32_t* index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t num_tokens,
                         const int64_t* pos, std::span<const SequenceSlice> seqs) const;

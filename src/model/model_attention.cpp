@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/order_key.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
 #include "parallel/topk_merge.h"
@@ -131,7 +130,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     return;
   }
   // The kv_b rows of the heads this rank attends with: its own, or its DCP group's.
-  const Weight kv_b = world > 1 ? w.kv_b_proj : own_kv_b(w);
+  const Weight kv_b = own_kv_b(w, static_cast<int>(world));
 
   // DSA indexer: top-k past positions per token.
   const int32_t* topk = nullptr;
@@ -146,14 +145,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   float* oa = o;
   float* lse = nullptr;
   if (world > 1) {
-    float* gathered = pass.ws.floats(world * t * h * dqk);
-    dcp.comm->all_gather(q, gathered, static_cast<size_t>(t * h * dqk) * 4);
-    float* all = pass.ws.floats(t * ha * dqk);
-    for (int64_t r = 0; r < world; ++r) {
-      backend_->copy_2d(all + r * h * dqk, ha * dqk, gathered + r * t * h * dqk, h * dqk, t,
-                        h * dqk);
-    }
-    qa = all;
+    qa = group_queries(pass, q, t, h, dqk);
     oa = pass.ws.floats(t * ha * dv);
     lse = pass.ws.floats(t * ha);
   }
@@ -245,155 +237,12 @@ int Model::kv_b_ranks() const {
   return options_.dcp.size;
 }
 
-Weight Model::own_kv_b(const MlaWeights& w) const {
-  const int ranks = kv_b_ranks();
-  if (ranks == 1) return w.kv_b_proj;
-  return row_shard(w.kv_b_proj, options_.tp.rank % ranks, ranks, "kv_b_proj");
-}
-
-bool Model::token_sharded(const Pass& pass, int64_t t) const {
-  return options_.tp.size > 1 && options_.token_sharded_prefill > 0 &&
-         pass.decode.cache == nullptr && t >= options_.token_sharded_prefill;
-}
-
-namespace {
-
-// A run of consecutive tokens of one sequence: batch rows [row, row + n), the sequence's
-// tokens [begin, begin + n) of its slice.
-struct TokenPiece {
-  size_t seq = 0;
-  int64_t begin = 0;
-  int64_t n = 0;
-  int64_t row = 0;
-};
-
-// Rank r's pieces: each sequence cut into 2N near-equal pieces, r taking pieces r and
-// 2N - 1 - r (causal balance: an early and a late one), in batch order.
-std::vector<TokenPiece> token_pieces(std::span<const SequenceSlice> seqs, int rank, int size) {
-  std::vector<TokenPiece> out;
-  const int64_t parts = 2 * static_cast<int64_t>(size);
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const SequenceSlice& sq = seqs[i];
-    for (const int64_t k : {static_cast<int64_t>(rank), parts - 1 - rank}) {
-      const int64_t begin = sq.n * k / parts, end = sq.n * (k + 1) / parts;
-      if (end > begin) out.push_back({i, begin, end - begin, sq.offset + begin});
-    }
-  }
-  return out;
-}
-
-int64_t count_tokens(const std::vector<TokenPiece>& pieces) {
-  int64_t n = 0;
-  for (const TokenPiece& p : pieces) n += p.n;
-  return n;
-}
-
-}  // namespace
-
-void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
-                                    const float* q, int64_t t, const int64_t* pos,
-                                    const int64_t* slots, std::span<const SequenceSlice> seqs,
-                                    float* o) const {
-  const ModelConfig& c = config_;
-  const MlaWeights& w = weights_.layers[layer].mla;
-  const TensorParallel& tp = options_.tp;
-  const int64_t n_ranks = tp.size;
-  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, dqk = dn + dr, ha = h * n_ranks;
-  // Every rank's pieces (the same on every rank), blocks of the largest share.
-  std::vector<std::vector<TokenPiece>> pieces(static_cast<size_t>(n_ranks));
-  int64_t block = 1;
-  for (int r = 0; r < tp.size; ++r) {
-    pieces[static_cast<size_t>(r)] = token_pieces(seqs, r, tp.size);
-    block = std::max(block, count_tokens(pieces[static_cast<size_t>(r)]));
-  }
-  const std::vector<TokenPiece>& mine = pieces[static_cast<size_t>(tp.rank)];
-  const int64_t m = count_tokens(mine);
-
-  // The index keys of every token go to the cache (each rank keeps them all); the indexer's
-  // queries of this rank's tokens, with their positions and one slice per piece.
-  const int32_t* topk = nullptr;
-  std::vector<SequenceSlice> local;
-  int64_t* local_pos = pass.ws.longs(std::max<int64_t>(m, 1));
-  {
-    int64_t at = 0;
-    for (const TokenPiece& p : mine) {
-      SequenceSlice s = seqs[p.seq];
-      s.offset = at;
-      s.n = p.n;
-      s.num_computed = seqs[p.seq].num_computed + p.begin;
-      local.push_back(s);
-      backend_->copy(local_pos + at, pos + p.row, static_cast<size_t>(p.n) * 8);
-      at += p.n;
-    }
-  }
-  const auto gather_rows = [&](const float* src, int64_t width) {
-    float* dst = pass.ws.floats(std::max<int64_t>(m, 1) * width);
-    int64_t at = 0;
-    for (const TokenPiece& p : mine) {
-      backend_->copy(dst + at * width, src + p.row * width, static_cast<size_t>(p.n * width) * 4);
-      at += p.n;
-    }
-    return dst;
-  };
-  if (c.has_indexer()) {
-    const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
-    const IndexQuery mine_iq{gather_rows(iq.q, c.index_n_heads * c.index_head_dim),
-                             gather_rows(iq.head_weights, c.index_n_heads)};
-    topk = index_select(pass, layer, mine_iq, m, local_pos, local);
-  }
-
-  // (all tokens, h heads) -> (this rank's tokens, all heads): block j of the send buffer is
-  // rank j's tokens with this rank's heads.
-  float* send = pass.ws.floats(n_ranks * block * h * dqk);
-  float* recv = pass.ws.floats(n_ranks * block * h * dqk);
-  for (int64_t j = 0; j < n_ranks; ++j) {
-    int64_t at = 0;
-    for (const TokenPiece& p : pieces[static_cast<size_t>(j)]) {
-      backend_->copy(send + (j * block + at) * h * dqk, q + p.row * h * dqk,
-                     static_cast<size_t>(p.n * h * dqk) * 4);
-      at += p.n;
-    }
-  }
-  tp.comm->all_to_all(send, recv, static_cast<size_t>(block * h * dqk) * 4);
-  float* qa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dqk);
-  for (int64_t i = 0; i < n_ranks; ++i) {
-    backend_->copy_2d(qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk);
-  }
-
-  // Attention of this rank's tokens with every head, piece by piece, in the form the
-  // head-sharded forward gives each sequence (absorbed for one-token sequences).
-  float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
-  for (size_t k = 0; k < local.size(); ++k) {
-    const SequenceSlice& sq = local[k];
-    MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);
-    p.q = qa + sq.offset * ha * dqk;
-    p.latent_pages = sq.cache->pages(sq.blocks);
-    p.q_pos = local_pos + sq.offset;
-    p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
-    p.topk_width = topk ? c.index_topk : 0;
-    p.out = oa + sq.offset * ha * dv;
-    p.num_tokens = sq.n;
-    p.num_keys = sq.num_computed + sq.n;
-    backend_->mla_attention(p, /*absorbed=*/seqs[mine[k].seq].n == 1);
-  }
-
-  // Back: block j of the send buffer is this rank's tokens with rank j's heads; block i
-  // received is rank i's tokens with this rank's heads, placed at their rows of o.
-  float* send_o = pass.ws.floats(n_ranks * block * h * dv);
-  float* recv_o = pass.ws.floats(n_ranks * block * h * dv);
-  for (int64_t j = 0; j < n_ranks; ++j) {
-    backend_->copy_2d(send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv);
-  }
-  tp.comm->all_to_all(send_o, recv_o, static_cast<size_t>(block * h * dv) * 4);
-  for (int64_t i = 0; i < n_ranks; ++i) {
-    int64_t at = 0;
-    for (const TokenPiece& p : pieces[static_cast<size_t>(i)]) {
-      backend_->copy(o + p.row * h * dv, recv_o + (i * block + at) * h * dv,
-                     static_cast<size_t>(p.n * h * dv) * 4);
-      at += p.n;
-    }
-  }
+Weight Model::own_kv_b(const MlaWeights& w, int ranks) const {
+  // The rank keeps the heads of the `held` ranks around it; this rank's `ranks` of them are
+  // share (rank % held) / ranks.
+  const int held = kv_b_ranks();
+  if (ranks == held) return w.kv_b_proj;
+  return row_shard(w.kv_b_proj, options_.tp.rank % held / ranks, held / ranks, "kv_b_proj");
 }
 
 Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
@@ -450,97 +299,54 @@ Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, 
 
 int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t t,
                              const int64_t* pos, std::span<const SequenceSlice> seqs) const {
-  const ModelConfig& c = config_;
-  const int64_t hi = c.index_n_heads, di = c.index_head_dim;
-  const float* qi = iq.q;
-  const float* hw = iq.head_weights;
-  const int64_t k = c.index_topk;
+  const int64_t k = config_.index_topk;
   int32_t* selected = pass.ws.ints(t * k);
-  // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`, scored in
-  // chunks (a bounded buffer), keeping the causal top-k.
-  auto select = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
-                    PagedRows pages, int64_t table_stride) {
-    const Workspace::Mark mark = pass.ws.mark();
-    const int64_t chunk = std::min(n, kIndexerQueryChunk);
-    float* scores = pass.ws.floats(chunk * num_keys);
-    for (int64_t b = offset; b < offset + n; b += chunk) {
-      const int64_t m = std::min(chunk, offset + n - b);
-      const PagedRows chunk_pages = pages.for_query(b - offset, table_stride);
-      // The fields both scorers share: queries b .. b + m against the cache's keys.
-      const auto fill = [&](auto& p) {
-        p.q = qi + b * hi * di;
-        p.k_pages = chunk_pages;
-        p.table_stride = table_stride;
-        p.head_weights = hw + b * hi;
-        p.q_pos = pos + b;
-        p.scores = scores;
-        p.num_tokens = m;
-        p.num_keys = num_keys;
-        p.num_heads = hi;
-        p.head_dim = di;
-      };
-      if (options_.indexer_fp8) {
-        IndexerFp8CacheScoreParams p;
-        fill(p);
-        p.k_fp8 = cache.index_page(layer);
-        p.k_scales = cache.index_scale_page(layer);
-        backend_->indexer_scores_fp8_cache(p);
-      } else {
-        IndexerScoreParams p;
-        fill(p);
-        p.k = reinterpret_cast<const float*>(cache.index_page(layer));
-        backend_->indexer_scores(p);
-      }
-      backend_->causal_topk(scores, pos + b, m, num_keys, k, selected + b * k);
-      if (options_.dcp.size > 1) merge_selection(scores, num_keys, m, k, selected + b * k);
-    }
-    pass.ws.rewind(mark);
+  const bool merge = options_.dcp.size > 1;
+  const auto keys_of = [&](const KvCache& cache, PagedRows pages) {
+    ContextRows ctx;
+    ctx.index_keys = cache.index_page(layer);
+    ctx.index_scales = options_.indexer_fp8 ? cache.index_scale_page(layer) : nullptr;
+    ctx.pages = pages;
+    return ctx;
   };
   if (pass.decode.cache != nullptr) {
-    select(0, t, local_keys(pass.decode.max_keys), *pass.decode.cache,
-           pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride);
+    const KvCache& cache = *pass.decode.cache;
+    select_in_context(pass, iq, 0, t, pos, local_keys(pass.decode.max_keys),
+                      keys_of(cache, cache.pages(pass.decode.tables)), pass.decode.table_stride,
+                      merge, selected);
   } else {
     for (const SequenceSlice& sq : seqs) {
-      select(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
-             sq.cache->pages(sq.blocks), 0);
+      select_in_context(pass, iq, sq.offset, sq.n, pos, local_keys(sq.num_computed + sq.n),
+                        keys_of(*sq.cache, sq.cache->pages(sq.blocks)), 0, merge,
+                        selected + sq.offset * k);
     }
   }
   return selected;
 }
 
-void Model::merge_selection(const float* scores, int64_t num_keys, int64_t rows, int64_t k,
-                            int32_t* selected) const {
-  // Each row's local top-k (ascending positions, -1 padded) with its scores, in the merge's
-  // order; the global top-k's local positions back in ascending order. Host memory: the
-  // CPU backend (the constructor refuses this path on others).
-  std::vector<parallel::LocalCandidates> local(static_cast<size_t>(rows));
-  for (int64_t i = 0; i < rows; ++i) {
-    parallel::LocalCandidates& lc = local[static_cast<size_t>(i)];
-    std::vector<int32_t> picked;
-    for (int64_t j = 0; j < k && selected[i * k + j] >= 0; ++j)
-      picked.push_back(selected[i * k + j]);
-    const float* row = scores + i * num_keys;
-    std::sort(picked.begin(), picked.end(), [&](int32_t a, int32_t b) {
-      return float_rank_key(row[a], a) > float_rank_key(row[b], b);
-    });
-    for (int32_t p : picked) {
-      lc.scores.push_back(row[p]);
-      lc.positions.push_back(p);
-    }
-  }
-  const std::vector<std::vector<int32_t>> chosen =
-      parallel::merge_topk(*options_.dcp.comm, local, k);
-  for (int64_t i = 0; i < rows; ++i) {
-    const parallel::LocalCandidates& lc = local[static_cast<size_t>(i)];
-    std::vector<int32_t> mine;
-    for (int32_t j : chosen[static_cast<size_t>(i)]) {
-      mine.push_back(static_cast<int32_t>(lc.positions[static_cast<size_t>(j)]));
-    }
-    std::sort(mine.begin(), mine.end());
-    for (int64_t j = 0; j < k; ++j) {
-      selected[i * k + j] = j < std::ssize(mine) ? mine[static_cast<size_t>(j)] : -1;
-    }
-  }
+void Model::merge_selection(Pass& pass, const float* scores, int64_t num_keys, int64_t rows,
+                            int64_t k, int32_t* selected) const {
+  const int world = options_.dcp.size;
+  const Workspace::Mark mark = pass.ws.mark();
+  TopkMergeParams p;
+  p.scores = scores;
+  p.num_keys = num_keys;
+  p.selected = selected;
+  p.rows = rows;
+  p.k = k;
+  p.candidates = parallel::merge_candidates(k, world);
+  p.rank = options_.dcp.rank;
+  p.world = world;
+  const int64_t stride = p.candidates + 1;
+  p.sorted = reinterpret_cast<uint64_t*>(pass.ws.longs(rows * k));
+  p.send = reinterpret_cast<uint32_t*>(pass.ws.ints(rows * stride));
+  p.take = pass.ws.ints(rows);
+  p.num_undecided = pass.ws.ints(1);
+  p.send2 = reinterpret_cast<uint64_t*>(pass.ws.longs(rows * k));
+  auto* gathered = reinterpret_cast<uint32_t*>(pass.ws.ints(world * rows * stride));
+  auto* gathered2 = reinterpret_cast<uint64_t*>(pass.ws.longs(world * rows * k));
+  parallel::merge_topk_steps(*backend_, *options_.dcp.comm, p, gathered, gathered2);
+  pass.ws.rewind(mark);
 }
 
 std::vector<std::string> Model::kernel_plan() const {
@@ -604,11 +410,17 @@ std::vector<std::string> Model::kernel_plan() const {
   return lines;
 }
 
+bool Model::decode_capturable() const {
+  return options_.dcp.size == 1 || !config_.has_indexer();
+}
+
 bool Model::use_dsa_decode() const {
   const ModelConfig& c = config_;
-  return options_.dsa_decode_ops && options_.latent_cache == LatentCacheDtype::kFp8 &&
-         options_.indexer_fp8 && c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 &&
-         c.index_n_heads <= 64 && c.index_topk <= kDsaMaxTopk;
+  // Not under DCP: the fused step's top-k would be the rank's own, not the group's.
+  return options_.dsa_decode_ops && options_.dcp.size == 1 &&
+         options_.latent_cache == LatentCacheDtype::kFp8 && options_.indexer_fp8 &&
+         c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 && c.index_n_heads <= 64 &&
+         c.index_topk <= kDsaMaxTopk;
 }
 
 DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {
@@ -633,14 +445,20 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, kv = c.kv_lora_rank, k = c.index_topk;
   const auto softmax_scale = static_cast<float>(c.mla_softmax_scale());
+  // Decode context parallelism, as in latent_attention: the group's heads (ha) over this
+  // rank's positions (causal bounds cpos, key counts local_keys), merged by log-sum-exp in
+  // the latent space (W_UV is linear) before this rank's heads go through W_UV.
+  const int64_t world = options_.dcp.size, ha = h * world;
+  const int64_t* cpos = world > 1 ? pass.dcp_pos : pos;
+  const float* qa = world > 1 ? group_queries(pass, q, t, h, dn + dr) : q;
 
-  // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, H, kv], q_pe [T, H, dr].
-  float* q_lat = pass.ws.floats(t * h * kv);
-  float* q_pe = pass.ws.floats(t * h * dr);
-  const Weight kv_b = own_kv_b(w);
-  backend_->mla_absorb_q({q, &kv_b, q_lat, q_pe, t, h, dn, dr, dv, kv});
-  float* o_lat = pass.ws.floats(t * h * kv);  // [T, H, kv] softmax(logit) @ c
-  float* lse = pass.ws.floats(t * h);
+  // Absorbed form (MODEL.md §2.6): q_lat = q_nope W_UK [T, Ha, kv], q_pe [T, Ha, dr].
+  float* q_lat = pass.ws.floats(t * ha * kv);
+  float* q_pe = pass.ws.floats(t * ha * dr);
+  const Weight kv_b_group = own_kv_b(w, static_cast<int>(world));
+  backend_->mla_absorb_q({qa, &kv_b_group, q_lat, q_pe, t, ha, dn, dr, dv, kv});
+  float* o_lat = pass.ws.floats(t * ha * kv);  // [T, Ha, kv] softmax(logit) @ c
+  float* lse = pass.ws.floats(t * ha);
 
   const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
   if (pass.decode.cache != nullptr && use_dsa_decode()) {
@@ -667,17 +485,18 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
     p.lse = lse;
     backend_->dsa_decode(p);
   } else {
-    // The generic indexer's positions, turned into slots; every token a sparse-MLA
-    // request of one query (seq_lens = position + 1). The sparse kernel reads the slots
-    // and seq_lens only; block_tables is the sequence's own table, for the checks.
-    const int32_t* topk = index_select(pass, layer, iq, t, pos, seqs);
+    // The generic indexer's positions (this rank's share of the group's top-k under DCP),
+    // turned into slots; every token a sparse-MLA request of one query (seq_lens =
+    // position + 1, local). The sparse kernel reads the slots and seq_lens only;
+    // block_tables is the sequence's own table, for the checks.
+    const int32_t* topk = index_select(pass, layer, iq, t, cpos, seqs);
     int32_t* topk_slots = pass.ws.ints(t * k);
     int32_t* seq_lens = pass.ws.ints(t);
     auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
                       int64_t table_stride, int64_t max_blocks, int64_t max_context) {
       DsaQuerySlotsParams s;
       s.positions = topk + offset * k;
-      s.q_pos = pos + offset;
+      s.q_pos = cpos + offset;
       s.block_table = table;
       s.table_stride = table_stride;
       s.block_size = cache.block_size();
@@ -692,31 +511,50 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
         DsaMlaParams p;
         p.cache = dsa_cache(cache, layer);
         p.batch = {rows, seq_lens + b, m, max_blocks, 1, max_context};
-        p.q_lat = q_lat + b * h * kv;
-        p.q_pe = q_pe + b * h * dr;
+        p.q_lat = q_lat + b * ha * kv;
+        p.q_pe = q_pe + b * ha * dr;
         p.slots = topk_slots + b * k;
         p.topk_width = k;
-        p.num_heads = h;
+        p.num_heads = ha;
         p.softmax_scale = softmax_scale;
-        p.o_lat = o_lat + b * h * kv;
-        p.lse = lse + b * h;
+        p.o_lat = o_lat + b * ha * kv;
+        p.lse = lse + b * ha;
         backend_->dsa_mla_decode(p);
       }
     };
     if (pass.decode.cache != nullptr) {
       attend(0, t, *pass.decode.cache, pass.decode.tables, pass.decode.table_stride,
-             pass.decode.table_stride, pass.decode.max_keys);
+             pass.decode.table_stride, local_keys(pass.decode.max_keys));
     } else {
       for (const SequenceSlice& sq : seqs) {
         const int64_t keys = sq.num_computed + sq.n;
         attend(sq.offset, sq.n, *sq.cache, sq.blocks, 0, sq.cache->plan().blocks_for_tokens(keys),
-               keys);
+               local_keys(keys));
       }
     }
   }
-  dump(layer_name(layer, "attn_latent"), o_lat, t, h * kv);
-  // o = W_UV o_lat per head.
-  backend_->mla_project_uv({o_lat, &kv_b, o, t, h, dn, dv, kv});
+  float* o_own = o_lat;
+  if (world > 1) {
+    o_own = pass.ws.floats(t * h * kv);
+    merge_partials(pass, o_lat, lse, t, h, kv, o_own);
+  }
+  dump(layer_name(layer, "attn_latent"), o_own, t, h * kv);
+  // o = W_UV o_lat per head (this rank's).
+  const Weight kv_b = own_kv_b(w);
+  backend_->mla_project_uv({o_own, &kv_b, o, t, h, dn, dv, kv});
+}
+
+const float* Model::group_queries(Pass& pass, const float* q, int64_t t, int64_t h,
+                                  int64_t dq) const {
+  const ContextParallel& dcp = options_.dcp;
+  const int64_t world = dcp.size, ha = h * world;
+  float* gathered = pass.ws.floats(world * t * h * dq);
+  dcp.comm->all_gather(q, gathered, static_cast<size_t>(t * h * dq) * 4);
+  float* all = pass.ws.floats(t * ha * dq);
+  for (int64_t r = 0; r < world; ++r) {
+    backend_->copy_2d(all + r * h * dq, ha * dq, gathered + r * t * h * dq, h * dq, t, h * dq);
+  }
+  return all;
 }
 
 }  // namespace hyserve

@@ -47,7 +47,8 @@ struct TensorParallel {
 // them over the rank's own positions, and the partial outputs meet again by log-sum-exp
 // (each rank keeps its heads'); DSA layers merge the indexer's top-k exactly
 // (parallel/topk_merge.h). KDA layers are as under TP (heads split). kv_b_proj is kept for
-// the group's heads (1 / (tp / size) of it).
+// the group's heads (1 / (tp / size) of it; whole with token-sharded prefill, whose steps
+// attend over the group's gathered context instead, model.h).
 struct ContextParallel {
   int rank = 0;
   int size = 1;

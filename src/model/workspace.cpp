@@ -6,7 +6,6 @@
 
 namespace hyserve {
 namespace {
-constexpr size_t kAlign = 256;
 constexpr size_t kMinBlock = size_t{1} << 20;
 }  // namespace
 
@@ -23,7 +22,7 @@ void Workspace::rewind(Mark m) {
 }
 
 void* Workspace::take(size_t num_bytes) {
-  const size_t need = (num_bytes + kAlign - 1) / kAlign * kAlign;
+  const size_t need = (num_bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
   while (current_ < blocks_.size()) {
     if (offset_ + need <= blocks_[current_].size()) {
       void* p = static_cast<char*>(blocks_[current_].data()) + offset_;

@@ -15,6 +15,9 @@ namespace hyserve {
 
 class Workspace {
  public:
+  // Every take is rounded up to a multiple of this (its address stays aligned to it).
+  static constexpr size_t kAlignBytes = 256;
+
   explicit Workspace(Backend* backend) : backend_(backend) {}
 
   struct Mark {

@@ -4,6 +4,7 @@
 #include <bit>
 #include <cstring>
 
+#include "backend/backend.h"
 #include "core/order_key.h"
 #include "util/error.h"
 
@@ -213,6 +214,36 @@ std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
     selected[static_cast<size_t>(row)] = select_exact(keys.data(), count, k, me);
   }
   return selected;
+}
+
+int64_t merge_topk_steps(Backend& backend, Communicator& comm, TopkMergeParams p,
+                         uint32_t* gathered, uint64_t* gathered2, TopkMergeStats* stats) {
+  CHECK(comm.size() == p.world && comm.rank() == p.rank, "top-k merge: rank ", p.rank, " of ",
+        p.world, " on a communicator of rank ", comm.rank(), " of ", comm.size());
+  const int64_t stride = p.candidates + 1;
+  p.gathered = gathered;
+  p.gathered2 = gathered2;
+  backend.topk_merge_pack(p);
+  if (!p.resend_all) comm.all_gather(p.send, gathered, static_cast<size_t>(p.rows * stride) * 4);
+  backend.topk_merge_decide(p);
+  int32_t undecided = 0;
+  backend.download(&undecided, p.num_undecided, sizeof(undecided));
+  CHECK(undecided >= 0 && undecided <= p.rows, "top-k merge: ", undecided, " undecided rows of ",
+        p.rows);
+  if (undecided > 0) {
+    p.num_resend = undecided;
+    backend.topk_merge_resend_pack(p);
+    comm.all_gather(p.send2, gathered2, static_cast<size_t>(undecided * p.k) * 8);
+    backend.topk_merge_resend_decide(p);
+  }
+  if (stats != nullptr) {
+    const int64_t sent = (p.resend_all ? 0 : p.rows * stride * 4) + undecided * p.k * 8;
+    stats->rows += p.rows;
+    stats->resent_rows += p.resend_all ? 0 : undecided;
+    stats->bytes_sent += sent;
+    stats->bytes_received += p.world * sent;
+  }
+  return undecided;
 }
 
 }  // namespace hyserve::parallel

@@ -23,7 +23,12 @@
 #include <span>
 #include <vector>
 
+#include "kernels/topk_merge/params.h"
 #include "parallel/communicator.h"
+
+namespace hyserve {
+class Backend;
+}
 
 namespace hyserve::parallel {
 
@@ -55,5 +60,14 @@ std::vector<std::vector<int32_t>> merge_topk(Communicator& comm,
 std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
                                                      std::span<const LocalCandidates> local,
                                                      int64_t k, TopkMergeStats* stats = nullptr);
+
+// The merge as the model runs it, in backend memory (kernels/topk_merge/params.h): the
+// backend's steps with comm's all_gathers between them. p's inputs and scratch are set
+// except gathered / gathered2, given here writable: gathered [world, rows, c + 1] uint32,
+// gathered2 and p.send2 sized for every row ([world, rows, k] and [rows, k] uint64), so
+// the memory a step takes does not depend on its data. Reads the number of undecided
+// rows back (a host sync). Returns the rows resent; p.resend_all gives the generic merge.
+int64_t merge_topk_steps(Backend& backend, Communicator& comm, TopkMergeParams p,
+                         uint32_t* gathered, uint64_t* gathered2, TopkMergeStats* stats = nullptr);
 
 }  // namespace hyserve::parallel

@@ -1,7 +1,7 @@
-// The CUDA kernels on the packed block cache: scatter_rows writes the same bytes as the
-// CPU op (every word-size path: 16-, 4- and 1-byte aligned rows, padding slots), and MLA
-// attention and the indexer scores read latents and keys in shuffled blocks (block table
-// in device memory) to the same bits as from a contiguous array.
+// The CUDA kernels on the packed block cache: scatter_rows writes and gather_rows reads the
+// same bytes as the CPU ops (every word-size path: 16-, 4- and 1-byte aligned rows, padding
+// slots), and MLA attention and the indexer scores read latents and keys in shuffled blocks
+// (block table in device memory) to the same bits as from a contiguous array.
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -100,6 +100,76 @@ TEST(GpuPagedCache, ScatterRowsRefusesBadArguments) {
   p.block_stride_bytes = 128;
   p.dst = nullptr;
   EXPECT_THROW(cuda::scatter_rows(p, nullptr), InvalidArgument);
+}
+
+// gather_rows (the cache read of DCP's gathered context) equals the CPU op bytewise on every
+// word-size path: rows of 2304 and 160 bytes from a 16-aligned page into packed or 16-byte
+// strided buffers take the 16-byte path, 132 and 4 (or a 4-aligned page) the 4-byte path,
+// 33 the byte path; from shuffled blocks (block table in device memory) and from contiguous
+// rows, the bytes between strided rows untouched.
+TEST(GpuPagedCache, GatherRowsEqualsCpuBytewise) {
+  REQUIRE_GPU();
+  uint32_t seed = 70;
+  for (const int64_t row_bytes : {4, 33, 132, 160, 2304}) {
+    for (const int64_t bs : {1, 64}) {
+      for (const int64_t page_offset : {256, 132}) {
+        const int64_t n = 2 * bs + 9;
+        const int64_t stride = (page_offset + bs * row_bytes + 64 + 255) / 256 * 256;
+        const std::vector<int32_t> table = [&] {
+          std::vector<int32_t> ids(static_cast<size_t>((n + bs - 1) / bs + 2));
+          std::iota(ids.begin(), ids.end(), 0);
+          std::shuffle(ids.begin(), ids.end(), std::mt19937(seed));
+          return ids;
+        }();
+        const std::vector<uint8_t> pool =
+            random_bytes(static_cast<size_t>(std::ssize(table) * stride), ++seed);
+        const std::vector<uint8_t> flat_rows =
+            random_bytes(static_cast<size_t>(n * row_bytes), ++seed);
+        const DeviceBuffer d_pool = to_device(pool), d_table = to_device(table),
+                           d_flat = to_device(flat_rows);
+        for (const int64_t dst_stride : {row_bytes, row_bytes + 16}) {
+          for (const bool paged : {true, false}) {
+            SCOPED_TRACE(testing::Message() << row_bytes << " B rows, block_size " << bs
+                                            << ", page offset " << page_offset << ", dst stride "
+                                            << dst_stride << (paged ? ", paged" : ", contiguous"));
+            std::vector<uint8_t> want = random_bytes(static_cast<size_t>(n * dst_stride), ++seed);
+            DeviceBuffer d_out = to_device(want);
+            GatherRowsParams p{
+                .src = paged ? pool.data() + page_offset : flat_rows.data(),
+                .src_pages = paged ? PagedRows{table.data(), bs, stride} : PagedRows{},
+                .dst = want.data(),
+                .num_rows = n,
+                .row_bytes = row_bytes,
+                .dst_stride_bytes = dst_stride};
+            cpu::gather_rows(p);
+            p.src = paged ? d_pool.as<uint8_t>() + page_offset : d_flat.as<uint8_t>();
+            if (paged) p.src_pages.block_table = d_table.as<int32_t>();
+            p.dst = d_out.data();
+            cuda::gather_rows(p, nullptr);
+            p.num_rows = 0;  // no rows: a no-op
+            cuda::gather_rows(p, nullptr);
+            sync();
+            EXPECT_TRUE(same_bytes(to_host<uint8_t>(d_out, want.size()), want));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuPagedCache, GatherRowsRefusesBadArguments) {
+  REQUIRE_GPU();
+  DeviceBuffer src(4096), table(8), dst(64);
+  GatherRowsParams p{.src = src.data(),
+                     .src_pages = {table.as<int32_t>(), 4, 127},
+                     .dst = dst.data(),
+                     .num_rows = 2,
+                     .row_bytes = 32,
+                     .dst_stride_bytes = 32};
+  EXPECT_THROW(cuda::gather_rows(p, nullptr), InvalidArgument);  // stride < a page
+  p.src_pages.block_stride_bytes = 128;
+  p.dst_stride_bytes = 16;
+  EXPECT_THROW(cuda::gather_rows(p, nullptr), InvalidArgument);  // rows overlap
 }
 
 struct MlaSizes {

@@ -29,6 +29,7 @@
 #include "kernels/norm/cuda.h"
 #include "kernels/rope/cuda.h"
 #include "kernels/sampling/cuda.h"
+#include "kernels/topk_merge/cuda.h"
 #include "util/cuda_check.h"
 
 namespace hyserve {
@@ -228,7 +229,16 @@ class CudaBackend final : public Backend {
   void attention_merge(const AttentionMergeParams& p) override {
     cuda::attention_merge(p, stream_);
   }
+  void topk_merge_pack(const TopkMergeParams& p) override { cuda::topk_merge_pack(p, stream_); }
+  void topk_merge_decide(const TopkMergeParams& p) override { cuda::topk_merge_decide(p, stream_); }
+  void topk_merge_resend_pack(const TopkMergeParams& p) override {
+    cuda::topk_merge_resend_pack(p, stream_);
+  }
+  void topk_merge_resend_decide(const TopkMergeParams& p) override {
+    cuda::topk_merge_resend_decide(p, stream_);
+  }
   void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
+  void gather_rows(const GatherRowsParams& p) override { cuda::gather_rows(p, stream_); }
   void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
                int64_t width) override {
     if (rows == 0 || width == 0) return;

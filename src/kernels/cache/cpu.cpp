@@ -19,4 +19,14 @@ void scatter_rows(const ScatterRowsParams& p) {
   }
 }
 
+void gather_rows(const GatherRowsParams& p) {
+  check_gather_rows(p);
+  const auto* src = static_cast<const char*>(p.src);
+  auto* dst = static_cast<char*>(p.dst);
+  for (int64_t i = 0; i < p.num_rows; ++i) {
+    std::memcpy(dst + i * p.dst_stride_bytes, src + p.src_pages.byte_offset(i, p.row_bytes),
+                static_cast<size_t>(p.row_bytes));
+  }
+}
+
 }  // namespace hyserve::cpu

@@ -1,4 +1,4 @@
-// CPU cache write (params.h).
+// CPU cache write and read (params.h).
 #pragma once
 
 #include "kernels/cache/params.h"
@@ -6,5 +6,6 @@
 namespace hyserve::cpu {
 
 void scatter_rows(const ScatterRowsParams& p);
+void gather_rows(const GatherRowsParams& p);
 
 }  // namespace hyserve::cpu

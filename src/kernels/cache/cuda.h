@@ -1,5 +1,5 @@
-// CUDA cache write (params.h); pointers are device pointers. Capturable in a CUDA graph:
-// the slots are read on the device.
+// CUDA cache write and read (params.h); pointers are device pointers. Capturable in a CUDA
+// graph: the slots and block tables are read on the device.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -9,5 +9,6 @@
 namespace hyserve::cuda {
 
 void scatter_rows(const ScatterRowsParams& p, cudaStream_t stream);
+void gather_rows(const GatherRowsParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

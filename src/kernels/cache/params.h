@@ -5,9 +5,17 @@
 //
 // A negative slot skips its row (padding rows of a captured batch). Bytes are copied as
 // they are; converting to the cache dtype happens before (e.g. quantize_fp8_ue8m0).
+//
+// And its reverse, the cache read of decode context parallelism's gathered context: rows
+// [0, n) of one sequence's pages (or of contiguous rows) copied out, row i to a strided
+// contiguous buffer:
+//
+//   src + src_pages.byte_offset(i, row_bytes)  ->  dst + i * dst_stride_bytes
 #pragma once
 
 #include <cstdint>
+
+#include "core/paged.h"
 
 namespace hyserve {
 
@@ -19,6 +27,16 @@ struct ScatterRowsParams {
   int64_t row_bytes = 0;           // > 0
   int64_t block_size = 0;          // slots per block, > 0
   int64_t block_stride_bytes = 0;  // the pool's row size
+};
+
+struct GatherRowsParams {
+  const void* src = nullptr;     // page of block 0 (pool base + the layer's page offset)
+  PagedRows src_pages{};         // the sequence's block table (backend memory); default:
+                                 // contiguous [n, row_bytes] rows at src
+  void* dst = nullptr;           // row i at dst + i * dst_stride_bytes
+  int64_t num_rows = 0;          // n >= 0
+  int64_t row_bytes = 0;         // > 0
+  int64_t dst_stride_bytes = 0;  // >= row_bytes (row_bytes: packed rows)
 };
 
 }  // namespace hyserve

@@ -1,0 +1,308 @@
+// Model's token-sharded prefill (DESIGN.md "Parallelism", docs/DECISIONS.md): each MLA
+// layer's indexer and attention run with every head on this rank's pieces of the tokens,
+// over the whole context of each sequence. Without decode context parallelism that context
+// is the (replicated) cache; with it, each sequence's rows are gathered from the DCP group
+// into the workspace first (gather_context), so the arithmetic and its bits are those of
+// W = 1. Member functions of Model (model.h), kept apart from the head-sharded attention
+// in model_attention.cpp.
+//
+// The gathered context of a sequence of S = num_computed + n positions, W ranks, c =
+// ceil(S / W) local rows each (rank d's local row j is position j * W + d; rows of
+// positions >= S are never read):
+//
+//   send (rank d)   | local rows 0 .. c-1 of its pages |                  [c, row]
+//   all-gathered    | rank 0's c rows | rank 1's | ... | rank W-1's |     [W, c, row]
+//   context         | pos 0 | pos 1 | ... | pos W-1 | pos W | ...   |     [c * W, row]
+#include <algorithm>
+
+#include "model/model.h"
+#include "parallel/communicator.h"
+#include "util/error.h"
+
+namespace hyserve {
+
+bool Model::token_sharded(const Pass& pass, int64_t t) const {
+  return options_.tp.size > 1 && options_.token_sharded_prefill > 0 &&
+         pass.decode.cache == nullptr && t >= options_.token_sharded_prefill;
+}
+
+namespace {
+
+// A run of consecutive tokens of one sequence: batch rows [row, row + n), the sequence's
+// tokens [begin, begin + n) of its slice.
+struct TokenPiece {
+  size_t seq = 0;
+  int64_t begin = 0;
+  int64_t n = 0;
+  int64_t row = 0;
+};
+
+// Rank r's pieces: each sequence cut into 2N near-equal pieces, r taking pieces r and
+// 2N - 1 - r (causal balance: an early and a late one), in batch order.
+std::vector<TokenPiece> token_pieces(std::span<const SequenceSlice> seqs, int rank, int size) {
+  std::vector<TokenPiece> out;
+  const int64_t parts = 2 * static_cast<int64_t>(size);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const SequenceSlice& sq = seqs[i];
+    for (const int64_t k : {static_cast<int64_t>(rank), parts - 1 - rank}) {
+      const int64_t begin = sq.n * k / parts, end = sq.n * (k + 1) / parts;
+      if (end > begin) out.push_back({i, begin, end - begin, sq.offset + begin});
+    }
+  }
+  return out;
+}
+
+int64_t count_tokens(const std::vector<TokenPiece>& pieces) {
+  int64_t n = 0;
+  for (const TokenPiece& p : pieces) n += p.n;
+  return n;
+}
+
+}  // namespace
+
+void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
+                                    const float* q, int64_t t, const int64_t* pos,
+                                    const int64_t* slots, std::span<const SequenceSlice> seqs,
+                                    float* o) const {
+  const ModelConfig& c = config_;
+  const MlaWeights& w = weights_.layers[layer].mla;
+  const TensorParallel& tp = options_.tp;
+  const int64_t n_ranks = tp.size;
+  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dqk = dn + dr, ha = h * n_ranks;
+  // Every rank's pieces (the same on every rank), blocks of the largest share.
+  std::vector<std::vector<TokenPiece>> pieces(static_cast<size_t>(n_ranks));
+  int64_t block = 1;
+  for (int r = 0; r < tp.size; ++r) {
+    pieces[static_cast<size_t>(r)] = token_pieces(seqs, r, tp.size);
+    block = std::max(block, count_tokens(pieces[static_cast<size_t>(r)]));
+  }
+  const std::vector<TokenPiece>& mine = pieces[static_cast<size_t>(tp.rank)];
+  const int64_t m = count_tokens(mine);
+
+  // The index keys of every token go to the cache (the positions this rank stores); the
+  // indexer's queries of this rank's tokens, with their positions and one slice per piece.
+  int32_t* topk = nullptr;
+  std::vector<SequenceSlice> local;
+  int64_t* local_pos = pass.ws.longs(std::max<int64_t>(m, 1));
+  {
+    int64_t at = 0;
+    for (const TokenPiece& p : mine) {
+      SequenceSlice s = seqs[p.seq];
+      s.offset = at;
+      s.n = p.n;
+      s.num_computed = seqs[p.seq].num_computed + p.begin;
+      local.push_back(s);
+      backend_->copy(local_pos + at, pos + p.row, static_cast<size_t>(p.n) * 8);
+      at += p.n;
+    }
+  }
+  const auto my_rows = [&](const float* src, int64_t width) {
+    float* dst = pass.ws.floats(std::max<int64_t>(m, 1) * width);
+    int64_t at = 0;
+    for (const TokenPiece& p : mine) {
+      backend_->copy(dst + at * width, src + p.row * width, static_cast<size_t>(p.n * width) * 4);
+      at += p.n;
+    }
+    return dst;
+  };
+  IndexQuery mine_iq{nullptr, nullptr};
+  if (c.has_indexer()) {
+    const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
+    mine_iq = {my_rows(iq.q, c.index_n_heads * c.index_head_dim),
+               my_rows(iq.head_weights, c.index_n_heads)};
+    topk = pass.ws.ints(std::max<int64_t>(m, 1) * c.index_topk);
+  }
+
+  // (all tokens, h heads) -> (this rank's tokens, all heads): block j of the send buffer is
+  // rank j's tokens with this rank's heads.
+  float* send = pass.ws.floats(n_ranks * block * h * dqk);
+  float* recv = pass.ws.floats(n_ranks * block * h * dqk);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    int64_t at = 0;
+    for (const TokenPiece& p : pieces[static_cast<size_t>(j)]) {
+      backend_->copy(send + (j * block + at) * h * dqk, q + p.row * h * dqk,
+                     static_cast<size_t>(p.n * h * dqk) * 4);
+      at += p.n;
+    }
+  }
+  tp.comm->all_to_all(send, recv, static_cast<size_t>(block * h * dqk) * 4);
+  float* qa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dqk);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    backend_->copy_2d(qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk);
+  }
+
+  // Sequence by sequence (its context, gathered under DCP, is live for its pieces only):
+  // the indexer's top-k and the attention of this rank's tokens with every head, piece by
+  // piece, in the form the head-sharded forward gives each sequence (absorbed for one-token
+  // sequences).
+  float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const Workspace::Mark mark = pass.ws.mark();
+    const ContextRows ctx = options_.dcp.size > 1 ? gather_context(pass, layer, seqs[i])
+                                                  : cache_context(seqs[i], layer);
+    for (size_t k = 0; k < local.size(); ++k) {
+      if (mine[k].seq != i) continue;
+      const SequenceSlice& sq = local[k];
+      const int64_t num_keys = sq.num_computed + sq.n;
+      if (topk != nullptr) {
+        select_in_context(pass, mine_iq, sq.offset, sq.n, local_pos, num_keys, ctx, 0,
+                          /*merge=*/false, topk + sq.offset * c.index_topk);
+      }
+      MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);
+      if (p.latent_bf16 != nullptr) {
+        p.latent_bf16 = static_cast<const uint16_t*>(ctx.latent);
+      } else {
+        p.latent = static_cast<const float*>(ctx.latent);
+      }
+      p.latent_pages = ctx.pages;
+      p.q = qa + sq.offset * ha * dqk;
+      p.q_pos = local_pos + sq.offset;
+      p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
+      p.topk_width = topk ? c.index_topk : 0;
+      p.out = oa + sq.offset * ha * dv;
+      p.num_tokens = sq.n;
+      p.num_keys = num_keys;
+      backend_->mla_attention(p, /*absorbed=*/seqs[i].n == 1);
+    }
+    pass.ws.rewind(mark);
+  }
+
+  // Back: block j of the send buffer is this rank's tokens with rank j's heads; block i
+  // received is rank i's tokens with this rank's heads, placed at their rows of o.
+  float* send_o = pass.ws.floats(n_ranks * block * h * dv);
+  float* recv_o = pass.ws.floats(n_ranks * block * h * dv);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    backend_->copy_2d(send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv);
+  }
+  tp.comm->all_to_all(send_o, recv_o, static_cast<size_t>(block * h * dv) * 4);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    int64_t at = 0;
+    for (const TokenPiece& p : pieces[static_cast<size_t>(i)]) {
+      backend_->copy(o + p.row * h * dv, recv_o + (i * block + at) * h * dv,
+                     static_cast<size_t>(p.n * h * dv) * 4);
+      at += p.n;
+    }
+  }
+}
+
+Model::ContextRows Model::cache_context(const SequenceSlice& sq, int64_t layer) const {
+  const KvCache& cache = *sq.cache;
+  ContextRows ctx;
+  ctx.latent = cache.latent_page(layer);
+  if (config_.has_indexer()) {
+    ctx.index_keys = cache.index_page(layer);
+    if (options_.indexer_fp8) ctx.index_scales = cache.index_scale_page(layer);
+  }
+  ctx.pages = cache.pages(sq.blocks);
+  return ctx;
+}
+
+Model::ContextRows Model::gather_context(Pass& pass, int64_t layer, const SequenceSlice& sq) const {
+  const ContextParallel& dcp = options_.dcp;
+  const int64_t world = dcp.size;
+  const int64_t local_rows = (sq.num_computed + sq.n + world - 1) / world;
+  const ContextRows own = cache_context(sq, layer);
+  const CachePlan& plan = sq.cache->plan();
+  const CachePage& page = plan.page(layer);
+  const int64_t row_bytes[3] = {page.latent_bytes / plan.block_size, page.index_code_bytes,
+                                page.index_scale_bytes};
+  const void* pages[3] = {own.latent, own.index_keys, own.index_scales};
+  void* out[3] = {nullptr, nullptr, nullptr};
+  for (int kind = 0; kind < 3; ++kind) {
+    if (pages[kind] != nullptr) out[kind] = pass.ws.bytes(local_rows * world * row_bytes[kind]);
+  }
+  for (int kind = 0; kind < 3; ++kind) {
+    if (pages[kind] == nullptr) continue;
+    const int64_t rb = row_bytes[kind];
+    const Workspace::Mark mark = pass.ws.mark();
+    uint8_t* send = pass.ws.bytes(local_rows * rb);
+    uint8_t* recv = pass.ws.bytes(world * local_rows * rb);
+    GatherRowsParams g;
+    g.src = pages[kind];
+    g.src_pages = own.pages;
+    g.dst = send;
+    g.num_rows = local_rows;
+    g.row_bytes = rb;
+    g.dst_stride_bytes = rb;
+    backend_->gather_rows(g);
+    dcp.comm->all_gather(send, recv, static_cast<size_t>(local_rows * rb));
+    // Rank r's local row j is position j * W + r: every W-th row of the context from r.
+    for (int64_t r = 0; r < world; ++r) {
+      g.src = recv + r * local_rows * rb;
+      g.src_pages = {};
+      g.dst = static_cast<uint8_t*>(out[kind]) + r * rb;
+      g.dst_stride_bytes = world * rb;
+      backend_->gather_rows(g);
+    }
+    pass.ws.rewind(mark);
+  }
+  return {out[0], out[1], static_cast<const float*>(out[2]), PagedRows{}};
+}
+
+std::array<int64_t, 3> Model::context_row_bytes() const {
+  const CachePlan plan = cache_plan();
+  if (plan.pages.empty()) return {0, 0, 0};
+  const CachePage& page = plan.pages.front();
+  return {page.latent_bytes / plan.block_size, page.index_code_bytes, page.index_scale_bytes};
+}
+
+int64_t Model::gathered_context_bytes(int64_t num_positions) const {
+  const int64_t world = options_.dcp.size;
+  if (world == 1 || options_.token_sharded_prefill == 0 || options_.tp.size == 1) return 0;
+  // The context of every kind, live through the layer's attention, and the send and receive
+  // buffers of one kind at a time; each take may be rounded up to the workspace's alignment.
+  const int64_t local_rows = (num_positions + world - 1) / world;
+  constexpr auto kAlign = static_cast<int64_t>(Workspace::kAlignBytes);
+  int64_t live = 0, transient = 0;
+  for (const int64_t rb : context_row_bytes()) {
+    if (rb == 0) continue;
+    live += local_rows * world * rb + kAlign;
+    transient = std::max(transient, (local_rows + world * local_rows) * rb + 2 * kAlign);
+  }
+  return live + transient;
+}
+
+void Model::select_in_context(Pass& pass, const IndexQuery& iq, int64_t offset, int64_t n,
+                              const int64_t* pos, int64_t num_keys, const ContextRows& ctx,
+                              int64_t table_stride, bool merge, int32_t* selected) const {
+  const ModelConfig& c = config_;
+  const int64_t hi = c.index_n_heads, di = c.index_head_dim, k = c.index_topk;
+  const Workspace::Mark mark = pass.ws.mark();
+  const int64_t chunk = std::min(n, kIndexerQueryChunk);
+  float* scores = pass.ws.floats(chunk * num_keys);
+  for (int64_t b = 0; b < n; b += chunk) {
+    const int64_t m = std::min(chunk, n - b);
+    const int64_t row = offset + b;
+    // The fields both scorers share: queries row .. row + m against the context's keys.
+    const auto fill = [&](auto& p) {
+      p.q = iq.q + row * hi * di;
+      p.k_pages = ctx.pages.for_query(b, table_stride);
+      p.table_stride = table_stride;
+      p.head_weights = iq.head_weights + row * hi;
+      p.q_pos = pos + row;
+      p.scores = scores;
+      p.num_tokens = m;
+      p.num_keys = num_keys;
+      p.num_heads = hi;
+      p.head_dim = di;
+    };
+    if (options_.indexer_fp8) {
+      IndexerFp8CacheScoreParams p;
+      fill(p);
+      p.k_fp8 = static_cast<const uint8_t*>(ctx.index_keys);
+      p.k_scales = ctx.index_scales;
+      backend_->indexer_scores_fp8_cache(p);
+    } else {
+      IndexerScoreParams p;
+      fill(p);
+      p.k = static_cast<const float*>(ctx.index_keys);
+      backend_->indexer_scores(p);
+    }
+    backend_->causal_topk(scores, pos + row, m, num_keys, k, selected + b * k);
+    if (merge) merge_selection(pass, scores, num_keys, m, k, selected + b * k);
+  }
+  pass.ws.rewind(mark);
+}
+
+}  // namespace hyserve
