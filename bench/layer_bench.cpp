@@ -32,6 +32,7 @@
 #include "model/random_weights.h"
 #include "model/workspace.h"
 #include "peaks.h"
+#include "slice.h"
 #include "timing_backend.h"
 #include "util/cuda_check.h"
 
@@ -213,10 +214,7 @@ int run(int argc, char** argv) {
     std::printf("%s\n", j.dump().c_str());
   }
 
-  ModelConfig c = ModelConfig::load(config_path);
-  c.num_hidden_layers = 2;
-  c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
-  c.mlp_kinds = {MlpKind::kDense, MlpKind::kMoe};
+  const ModelConfig c = bench::layer_slice(ModelConfig::load(config_path));
   auto timing_owner = std::make_unique<TimingBackend>(make_cuda_backend(0));
   TimingBackend& timing = *timing_owner;
   ModelOptions options;

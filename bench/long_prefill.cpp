@@ -35,6 +35,7 @@
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "peaks.h"
+#include "slice.h"
 #include "timing_backend.h"
 #include "util/cuda_check.h"
 
@@ -71,10 +72,7 @@ int run(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   CHECK(prompt_tokens >= 1 && chunk >= 64 && output_tokens >= 1, "bad sizes");
 
-  ModelConfig c = ModelConfig::load(config_path);
-  c.num_hidden_layers = 2;
-  c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
-  c.mlp_kinds = {MlpKind::kDense, MlpKind::kMoe};
+  const ModelConfig c = bench::layer_slice(ModelConfig::load(config_path));
   const int64_t max_model_len = prompt_tokens + output_tokens;
 
   auto timing_owner = std::make_unique<TimingBackend>(make_cuda_backend(0));

@@ -47,6 +47,7 @@
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "peaks.h"
+#include "slice.h"
 
 namespace hyserve::bench {
 namespace {
@@ -173,10 +174,7 @@ struct Args {
 
 std::unique_ptr<Model> make_model(const Args& a) {
   if (!a.config.empty()) {
-    ModelConfig c = ModelConfig::load(a.config);
-    c.num_hidden_layers = 2;
-    c.layer_kinds = {LayerKind::kKda, LayerKind::kMla};
-    c.mlp_kinds = {MlpKind::kDense, MlpKind::kMoe};
+    const ModelConfig c = bench::layer_slice(ModelConfig::load(a.config));
     ModelOptions options;
     options.indexer_fp8 = true;
     options.latent_cache = LatentCacheDtype::kFp8;
