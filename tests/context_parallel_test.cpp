@@ -218,6 +218,26 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TokenShardedPrefill,
                                   std::to_string(p.param.tp);
                          });
 
+// Over the FP8 latent (the DSA kernels' absorbed form): every head's queries absorbed with
+// the whole kv_b_proj on the rank's tokens, the sparse kernel over the cache; the same bits
+// as the head-sharded DSA prefill.
+TEST(TokenShardedPrefillFp8, EqualsHeadShardedPrefillBitwise) {
+  const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
+  const MakeModel make = [&](const ModelOptions& options) {
+    ModelOptions o = options;
+    o.indexer_fp8 = true;
+    o.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
+  };
+  for (const int tp : {2, 4}) {
+    for (const int n : {37, 3}) {
+      SCOPED_TRACE(testing::Message() << "tp " << tp << ", " << n << " tokens");
+      const std::vector<int32_t> prompt = prompt_for(c, n);
+      expect_matches(run_group(make, tp, 1, prompt), run_group(make, tp, 1, prompt, false, 1), 0.0);
+    }
+  }
+}
+
 // Token-sharded prefill with decode context parallelism attends over the gathered context:
 // every sequence's latents and index keys all-gathered from the DCP group into position
 // order, so the indexer and the attention see what token-sharded prefill without DCP sees

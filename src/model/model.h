@@ -375,6 +375,23 @@ class Model {
   void dsa_attention(Pass& pass, int64_t layer, const float* x, const float* q_in, const float* q,
                      int64_t num_tokens, const int64_t* pos, const int64_t* slots,
                      std::span<const SequenceSlice> seqs, float* o) const;
+  // Queries of the DSA kernels' sparse attention: rows [T] of each array (heads per row).
+  struct SparseQueries {
+    const int32_t* topk;   // [T, index_topk] positions (-1 padded)
+    const int64_t* q_pos;  // [T] causal bounds among the cache's positions
+    const float* q_lat;    // [T, heads, kv_lora] absorbed queries
+    const float* q_pe;     // [T, heads, dr]
+    float* o_lat;          // [T, heads, kv_lora] out
+    float* lse;            // [T, heads] out
+    int64_t heads;
+    int32_t* slots;     // [T, index_topk] scratch
+    int32_t* seq_lens;  // [T] scratch
+  };
+  // Rows [offset, offset + n) of q over `cache` through `table` (per row with table_stride
+  // > 0): the top-k positions turned into slots, then the sparse MLA over the FP8 latent.
+  void dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, int64_t n,
+                  const KvCache& cache, const int32_t* table, int64_t table_stride,
+                  int64_t max_blocks, int64_t max_context) const;
   // Whether decode batches run Backend::dsa_decode (see ModelOptions::dsa_decode_ops).
   bool use_dsa_decode() const;
   // One layer's view of a cache for the DSA kernels.

@@ -490,37 +490,11 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
     // position + 1, local). The sparse kernel reads the slots and seq_lens only;
     // block_tables is the sequence's own table, for the checks.
     const int32_t* topk = index_select(pass, layer, iq, t, cpos, seqs);
-    int32_t* topk_slots = pass.ws.ints(t * k);
-    int32_t* seq_lens = pass.ws.ints(t);
+    const SparseQueries sparse{
+        topk, cpos, q_lat, q_pe, o_lat, lse, ha, pass.ws.ints(t * k), pass.ws.ints(t)};
     auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
                       int64_t table_stride, int64_t max_blocks, int64_t max_context) {
-      DsaQuerySlotsParams s;
-      s.positions = topk + offset * k;
-      s.q_pos = cpos + offset;
-      s.block_table = table;
-      s.table_stride = table_stride;
-      s.block_size = cache.block_size();
-      s.num_tokens = n;
-      s.topk = k;
-      s.slots = topk_slots + offset * k;
-      s.seq_lens = seq_lens + offset;
-      backend_->dsa_query_slots(s);
-      for (int64_t b = offset; b < offset + n; b += kDsaQueryChunk) {
-        const int64_t m = std::min(kDsaQueryChunk, offset + n - b);
-        const int32_t* rows = table + (table_stride > 0 ? (b - offset) * table_stride : 0);
-        DsaMlaParams p;
-        p.cache = dsa_cache(cache, layer);
-        p.batch = {rows, seq_lens + b, m, max_blocks, 1, max_context};
-        p.q_lat = q_lat + b * ha * kv;
-        p.q_pe = q_pe + b * ha * dr;
-        p.slots = topk_slots + b * k;
-        p.topk_width = k;
-        p.num_heads = ha;
-        p.softmax_scale = softmax_scale;
-        p.o_lat = o_lat + b * ha * kv;
-        p.lse = lse + b * ha;
-        backend_->dsa_mla_decode(p);
-      }
+      dsa_sparse(layer, sparse, offset, n, cache, table, table_stride, max_blocks, max_context);
     };
     if (pass.decode.cache != nullptr) {
       attend(0, t, *pass.decode.cache, pass.decode.tables, pass.decode.table_stride,
@@ -542,6 +516,40 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   // o = W_UV o_lat per head (this rank's).
   const Weight kv_b = own_kv_b(w);
   backend_->mla_project_uv({o_own, &kv_b, o, t, h, dn, dv, kv});
+}
+
+void Model::dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, int64_t n,
+                       const KvCache& cache, const int32_t* table, int64_t table_stride,
+                       int64_t max_blocks, int64_t max_context) const {
+  const ModelConfig& c = config_;
+  const int64_t kv = c.kv_lora_rank, dr = c.qk_rope_head_dim, k = c.index_topk, ha = q.heads;
+  DsaQuerySlotsParams s;
+  s.positions = q.topk + offset * k;
+  s.q_pos = q.q_pos + offset;
+  s.block_table = table;
+  s.table_stride = table_stride;
+  s.block_size = cache.block_size();
+  s.num_tokens = n;
+  s.topk = k;
+  s.slots = q.slots + offset * k;
+  s.seq_lens = q.seq_lens + offset;
+  backend_->dsa_query_slots(s);
+  for (int64_t b = offset; b < offset + n; b += kDsaQueryChunk) {
+    const int64_t m = std::min(kDsaQueryChunk, offset + n - b);
+    const int32_t* rows = table + (table_stride > 0 ? (b - offset) * table_stride : 0);
+    DsaMlaParams p;
+    p.cache = dsa_cache(cache, layer);
+    p.batch = {rows, q.seq_lens + b, m, max_blocks, 1, max_context};
+    p.q_lat = q.q_lat + b * ha * kv;
+    p.q_pe = q.q_pe + b * ha * dr;
+    p.slots = q.slots + b * k;
+    p.topk_width = k;
+    p.num_heads = ha;
+    p.softmax_scale = static_cast<float>(c.mla_softmax_scale());
+    p.o_lat = q.o_lat + b * ha * kv;
+    p.lse = q.lse + b * ha;
+    backend_->dsa_mla_decode(p);
+  }
 }
 
 const float* Model::group_queries(Pass& pass, const float* q, int64_t t, int64_t h,

@@ -137,6 +137,25 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   // piece, in the form the head-sharded forward gives each sequence (absorbed for one-token
   // sequences).
   float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
+  // The FP8 latent: the DSA kernels' absorbed form over the cache (every head's queries
+  // absorbed with the whole kv_b_proj; W_UV after the last piece).
+  const bool fp8 = options_.latent_cache == LatentCacheDtype::kFp8;
+  SparseQueries sparse{};
+  if (fp8) {
+    const int64_t kv = c.kv_lora_rank, rows = std::max<int64_t>(m, 1);
+    float* q_lat = pass.ws.floats(rows * ha * kv);
+    float* q_pe = pass.ws.floats(rows * ha * dr);
+    backend_->mla_absorb_q({qa, &w.kv_b_proj, q_lat, q_pe, m, ha, dn, dr, dv, kv});
+    sparse = {topk,
+              local_pos,
+              q_lat,
+              q_pe,
+              pass.ws.floats(rows * ha * kv),
+              pass.ws.floats(rows * ha),
+              ha,
+              pass.ws.ints(rows * c.index_topk),
+              pass.ws.ints(rows)};
+  }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Workspace::Mark mark = pass.ws.mark();
     const ContextRows ctx = options_.dcp.size > 1 ? gather_context(pass, layer, seqs[i])
@@ -148,6 +167,11 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
       if (topk != nullptr) {
         select_in_context(pass, mine_iq, sq.offset, sq.n, local_pos, num_keys, ctx, 0,
                           /*merge=*/false, topk + sq.offset * c.index_topk);
+      }
+      if (fp8) {
+        dsa_sparse(layer, sparse, sq.offset, sq.n, *sq.cache, sq.blocks, 0,
+                   sq.cache->plan().blocks_for_tokens(num_keys), num_keys);
+        continue;
       }
       MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);
       if (p.latent_bf16 != nullptr) {
@@ -166,6 +190,10 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
       backend_->mla_attention(p, /*absorbed=*/seqs[i].n == 1);
     }
     pass.ws.rewind(mark);
+  }
+
+  if (fp8) {
+    backend_->mla_project_uv({sparse.o_lat, &w.kv_b_proj, oa, m, ha, dn, dv, c.kv_lora_rank});
   }
 
   // Back: block j of the send buffer is this rank's tokens with rank j's heads; block i
