@@ -219,8 +219,8 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TokenShardedPrefill,
                          });
 
 // Over the FP8 latent (the DSA kernels' absorbed form): every head's queries absorbed with
-// the whole kv_b_proj on the rank's tokens, the sparse kernel over the cache; the same bits
-// as the head-sharded DSA prefill.
+// the whole kv_b_proj on the rank's tokens, the sparse kernel over the cache (or, with DCP,
+// over the gathered context); the same bits as the head-sharded DSA prefill.
 TEST(TokenShardedPrefillFp8, EqualsHeadShardedPrefillBitwise) {
   const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
   const MakeModel make = [&](const ModelOptions& options) {
@@ -233,7 +233,16 @@ TEST(TokenShardedPrefillFp8, EqualsHeadShardedPrefillBitwise) {
     for (const int n : {37, 3}) {
       SCOPED_TRACE(testing::Message() << "tp " << tp << ", " << n << " tokens");
       const std::vector<int32_t> prompt = prompt_for(c, n);
-      expect_matches(run_group(make, tp, 1, prompt), run_group(make, tp, 1, prompt, false, 1), 0.0);
+      const std::vector<RankRun> tokens = run_group(make, tp, 1, prompt, false, 1);
+      expect_matches(run_group(make, tp, 1, prompt), tokens, 0.0);
+      // With DCP 2, the gathered context in the DSA kernels' page form: the prompt's logits
+      // the same bits, the decode step after it (DCP's merged form) within 1e-4.
+      const std::vector<RankRun> gathered = run_group(make, tp, 2, prompt, false, 1);
+      const size_t prompt_logits = static_cast<size_t>(n) * static_cast<size_t>(c.vocab_size);
+      ASSERT_EQ(gathered[0].logits.size(), tokens[0].logits.size());
+      EXPECT_EQ(std::memcmp(gathered[0].logits.data(), tokens[0].logits.data(), prompt_logits * 4),
+                0);
+      expect_matches(tokens, gathered, 1e-4);
     }
   }
 }

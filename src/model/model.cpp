@@ -100,10 +100,6 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   CHECK(options_.token_sharded_prefill >= 0, "token_sharded_prefill ",
         options_.token_sharded_prefill);
   if (options_.token_sharded_prefill > 0 && tp.size > 1) {
-    CHECK(latent != LatentCacheDtype::kFp8 || dcp.size == 1,
-          "token-sharded prefill with decode context parallelism over the FP8 latent: the "
-          "DSA kernels do not read the gathered context yet; use --kv-cache-dtype bf16 or "
-          "fp32, or leave out --token-sharded-prefill");
     CHECK(latent != LatentCacheDtype::kFp8 || config_.num_attention_heads * tp.size <= 128,
           "token-sharded prefill over the FP8 latent attends with all ",
           config_.num_attention_heads * tp.size,

@@ -387,11 +387,12 @@ class Model {
     int32_t* slots;     // [T, index_topk] scratch
     int32_t* seq_lens;  // [T] scratch
   };
-  // Rows [offset, offset + n) of q over `cache` through `table` (per row with table_stride
-  // > 0): the top-k positions turned into slots, then the sparse MLA over the FP8 latent.
-  void dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, int64_t n,
-                  const KvCache& cache, const int32_t* table, int64_t table_stride,
-                  int64_t max_blocks, int64_t max_context) const;
+  // Rows [offset, offset + n) of q over a layer's FP8 latent pages `cache` through `table`
+  // (per row with table_stride > 0): the top-k positions turned into slots, then the sparse
+  // MLA.
+  void dsa_sparse(const DsaCache& cache, const SparseQueries& q, int64_t offset, int64_t n,
+                  const int32_t* table, int64_t table_stride, int64_t max_blocks,
+                  int64_t max_context) const;
   // Whether decode batches run Backend::dsa_decode (see ModelOptions::dsa_decode_ops).
   bool use_dsa_decode() const;
   // One layer's view of a cache for the DSA kernels.

@@ -440,6 +440,10 @@ DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {
 void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
                           const float* q, int64_t t, const int64_t* pos, const int64_t* slots,
                           std::span<const SequenceSlice> seqs, float* o) const {
+  if (token_sharded(pass, t)) {
+    token_sharded_attention(pass, layer, x, q_in, q, t, pos, slots, seqs, o);
+    return;
+  }
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
@@ -494,7 +498,8 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
         topk, cpos, q_lat, q_pe, o_lat, lse, ha, pass.ws.ints(t * k), pass.ws.ints(t)};
     auto attend = [&](int64_t offset, int64_t n, const KvCache& cache, const int32_t* table,
                       int64_t table_stride, int64_t max_blocks, int64_t max_context) {
-      dsa_sparse(layer, sparse, offset, n, cache, table, table_stride, max_blocks, max_context);
+      dsa_sparse(dsa_cache(cache, layer), sparse, offset, n, table, table_stride, max_blocks,
+                 max_context);
     };
     if (pass.decode.cache != nullptr) {
       attend(0, t, *pass.decode.cache, pass.decode.tables, pass.decode.table_stride,
@@ -518,9 +523,9 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   backend_->mla_project_uv({o_own, &kv_b, o, t, h, dn, dv, kv});
 }
 
-void Model::dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, int64_t n,
-                       const KvCache& cache, const int32_t* table, int64_t table_stride,
-                       int64_t max_blocks, int64_t max_context) const {
+void Model::dsa_sparse(const DsaCache& cache, const SparseQueries& q, int64_t offset, int64_t n,
+                       const int32_t* table, int64_t table_stride, int64_t max_blocks,
+                       int64_t max_context) const {
   const ModelConfig& c = config_;
   const int64_t kv = c.kv_lora_rank, dr = c.qk_rope_head_dim, k = c.index_topk, ha = q.heads;
   DsaQuerySlotsParams s;
@@ -528,7 +533,7 @@ void Model::dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, in
   s.q_pos = q.q_pos + offset;
   s.block_table = table;
   s.table_stride = table_stride;
-  s.block_size = cache.block_size();
+  s.block_size = cache.block_size;
   s.num_tokens = n;
   s.topk = k;
   s.slots = q.slots + offset * k;
@@ -538,7 +543,7 @@ void Model::dsa_sparse(int64_t layer, const SparseQueries& q, int64_t offset, in
     const int64_t m = std::min(kDsaQueryChunk, offset + n - b);
     const int32_t* rows = table + (table_stride > 0 ? (b - offset) * table_stride : 0);
     DsaMlaParams p;
-    p.cache = dsa_cache(cache, layer);
+    p.cache = cache;
     p.batch = {rows, q.seq_lens + b, m, max_blocks, 1, max_context};
     p.q_lat = q.q_lat + b * ha * kv;
     p.q_pe = q.q_pe + b * ha * dr;

@@ -14,6 +14,7 @@
 //   all-gathered    | rank 0's c rows | rank 1's | ... | rank W-1's |     [W, c, row]
 //   context         | pos 0 | pos 1 | ... | pos W-1 | pos W | ...   |     [c * W, row]
 #include <algorithm>
+#include <vector>
 
 #include "model/model.h"
 #include "parallel/communicator.h"
@@ -168,9 +169,29 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
         select_in_context(pass, mine_iq, sq.offset, sq.n, local_pos, num_keys, ctx, 0,
                           /*merge=*/false, topk + sq.offset * c.index_topk);
       }
-      if (fp8) {
-        dsa_sparse(layer, sparse, sq.offset, sq.n, *sq.cache, sq.blocks, 0,
+      if (fp8 && options_.dcp.size == 1) {
+        dsa_sparse(dsa_cache(*sq.cache, layer), sparse, sq.offset, sq.n, sq.blocks, 0,
                    sq.cache->plan().blocks_for_tokens(num_keys), num_keys);
+        continue;
+      }
+      if (fp8) {
+        // The gathered latent as pages of the DSA kernels' form: blocks of the cache's
+        // block size, one 576-byte row per position, an identity block table.
+        CHECK(context_row_bytes()[0] == kDsaLatentDim, "gathered FP8 latent rows of ",
+              context_row_bytes()[0], " bytes");
+        DsaCache view = dsa_cache(*sq.cache, layer);
+        const int64_t bs = view.block_size, blocks = (num_keys + bs - 1) / bs;
+        view.pool = static_cast<const uint8_t*>(ctx.latent);
+        view.row_bytes = bs * kDsaLatentDim;
+        view.latent_offset = 0;
+        view.index_offset = 0;
+        view.num_blocks = blocks;
+        std::vector<int32_t> identity(static_cast<size_t>(blocks));
+        for (int64_t b = 0; b < blocks; ++b)
+          identity[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+        int32_t* table = pass.ws.ints(blocks);
+        backend_->upload(table, identity.data(), identity.size() * 4);
+        dsa_sparse(view, sparse, sq.offset, sq.n, table, 0, blocks, num_keys);
         continue;
       }
       MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);

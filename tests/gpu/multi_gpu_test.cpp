@@ -199,6 +199,27 @@ TEST(MultiGpu, TokenShardedPrefillEqualsHeadShardedBitwise) {
   }
 }
 
+TEST(MultiGpu, TokenShardedPrefillOverTheFp8LatentMatchesHeadSharded) {
+  REQUIRE_GPUS(2);
+  // The DSA kernels attend with every head on the rank's tokens (token-sharded) or with the
+  // rank's heads on every token: the sparse kernel tiles the heads by their count, so the
+  // two may round differently (rel 1e-3); with DCP 2 the gathered context gives the prompt's
+  // logits of token-sharded prefill without DCP, the same bits.
+  const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
+  const MakeModel make = [&](ModelOptions o, std::unique_ptr<Backend> b) {
+    o.indexer_fp8 = true;
+    o.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(b));
+  };
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 45; ++i) prompt.push_back((i * 53 + 11) % static_cast<int32_t>(c.vocab_size));
+  const std::vector<std::vector<float>> tokens = run_model(make, 2, 1, prompt, 1);
+  expect_close(run_model(make, 2, 1, prompt)[0], tokens, 1e-3);
+  const std::vector<std::vector<float>> gathered = run_model(make, 2, 2, prompt, 1);
+  ASSERT_EQ(gathered[0].size(), tokens[0].size());
+  EXPECT_EQ(std::memcmp(gathered[0].data(), tokens[0].data(), prompt.size() * c.vocab_size * 4), 0);
+}
+
 TEST(MultiGpu, TopkMergeOverNcclResendsSkewedRowsExactly) {
   REQUIRE_GPUS(2);
   const int world = std::min(cuda::device_count(), 8);
