@@ -64,7 +64,8 @@ struct GroupRun {
 struct GroupOptions {
   fs::path dir;
   int tp = 1;
-  int dcp = 1;  // decode context parallelism: groups of dcp consecutive ranks
+  int dcp = 1;                // decode context parallelism: groups of dcp consecutive ranks
+  int64_t token_sharded = 0;  // ModelOptions::token_sharded_prefill
   bool batch_invariant = false;
   bool async_scheduling = true;
   bool prefix_caching = false;
@@ -102,6 +103,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
     ModelOptions o;
     o.batch_invariant = g.batch_invariant;
     o.tp = {rank, g.tp, comm};
+    o.token_sharded_prefill = g.token_sharded;
     if (g.dcp > 1) {
       auto& dc = dcp_comms[static_cast<size_t>(rank)];
       dc = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 5s,
@@ -222,6 +224,7 @@ struct EngineCase {
   const char* dir;
   int tp;
   int dcp = 1;
+  int64_t token_sharded = 0;  // prefill steps of at least this many tokens (0: off)
 };
 
 class TensorParallelEngine : public testing::TestWithParam<EngineCase> {};
@@ -234,6 +237,7 @@ TEST_P(TensorParallelEngine, GreedyOutputsMatchOneRank) {
   const GroupRun one = run_group(g, work);
   g.tp = GetParam().tp;
   g.dcp = GetParam().dcp;
+  g.token_sharded = GetParam().token_sharded;
   for (const bool async : {true, false}) {
     SCOPED_TRACE(async ? "async scheduling" : "sync scheduling");
     g.async_scheduling = async;
@@ -251,6 +255,7 @@ TEST_P(TensorParallelEngine, PrefixHitsMatchMisses) {
   g.dir = fixture(GetParam().dir);
   g.tp = GetParam().tp;
   g.dcp = GetParam().dcp;
+  g.token_sharded = GetParam().token_sharded;
   g.prefix_caching = true;
   const ModelConfig c = ModelConfig::load(g.dir);
   // Up to 153 tokens: past a block of 128 positions (64 x DCP 2).
@@ -279,11 +284,17 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngine,
                                          EngineCase{"tests/fixtures/deepseek_v32_tiny", 4},
                                          EngineCase{"tests/fixtures/kimi_linear_tiny", 2, 2},
                                          EngineCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
-                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4, 2}),
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
+                                         // Token-sharded prefill steps (chunks of 16 or more
+                                         // tokens), with DCP the gathered-context form.
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, 16},
+                                         EngineCase{"tests/fixtures/deepseek_v32_tiny", 2, 2, 16},
+                                         EngineCase{"tests/fixtures/kimi_linear_tiny", 2, 2, 16}),
                          [](const testing::TestParamInfo<EngineCase>& p) {
                            return fs::path(p.param.dir).filename().string() + "_tp" +
                                   std::to_string(p.param.tp) +
-                                  (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "");
+                                  (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "") +
+                                  (p.param.token_sharded > 0 ? "_token_sharded" : "");
                          });
 
 TEST(TensorParallelEnginePreemption, PreemptedRequestsRecomputeOnEveryRank) {
