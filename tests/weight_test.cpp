@@ -210,3 +210,33 @@ TEST(Weight, RejectsBadRowsAndLayouts) {
 
 }  // namespace
 }  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+// The bytes each format's matrix and scales take (what the backends copy).
+TEST(Weight, DataAndScaleBytesPerFormat) {
+  Weight w;
+  w.rows = 300;
+  w.cols = 256;
+  w.dtype = DType::kBF16;
+  EXPECT_EQ(w.data_bytes(), 300 * 256 * 2);
+  EXPECT_EQ(w.scale_bytes(), 0);
+  w.format = WeightFormat::kFp8Block;
+  w.dtype = DType::kE4M3;
+  w.scales_dtype = DType::kF32;
+  EXPECT_EQ(w.data_bytes(), 300 * 256);
+  EXPECT_EQ(w.scale_bytes(), 3 * 2 * 4);  // ceil(300 / 128) x 256 / 128 blocks
+  w.format = WeightFormat::kMxfp4;
+  w.scales_dtype = DType::kE8M0;
+  EXPECT_EQ(w.data_bytes(), 300 * 128);
+  EXPECT_EQ(w.scale_bytes(), 300 * 8);
+  w.format = WeightFormat::kInt4;
+  w.scales_dtype = DType::kBF16;
+  EXPECT_EQ(w.data_bytes(), 300 * 128);
+  EXPECT_EQ(w.scale_bytes(), 300 * 8 * 2);
+  EXPECT_EQ(w.storage_bytes(), w.data_bytes() + w.scale_bytes());
+}
+
+}  // namespace
+}  // namespace hyserve

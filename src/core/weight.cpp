@@ -111,17 +111,30 @@ void Weight::dequantize_row(int64_t r, float* out) const {
   }
 }
 
-int64_t Weight::storage_bytes() const {
+int64_t Weight::data_bytes() const {
   switch (format) {
     case WeightFormat::kDense:
       return rows * cols * dtype_size(dtype);
     case WeightFormat::kFp8Block:
-      return rows * cols + ceil_div(rows, kFp8BlockSize) * ceil_div(cols, kFp8BlockSize) *
-                               dtype_size(scales_dtype);
+      return rows * cols;
     case WeightFormat::kMxfp4:
-      return rows * cols / 2 + rows * ceil_div(cols, kMxfp4BlockSize);
     case WeightFormat::kInt4:
-      return rows * cols / 2 + rows * (cols / kInt4GroupSize) * dtype_size(scales_dtype);
+      return rows * cols / 2;
+  }
+  return 0;
+}
+
+int64_t Weight::scale_bytes() const {
+  switch (format) {
+    case WeightFormat::kDense:
+      return 0;
+    case WeightFormat::kFp8Block:
+      return ceil_div(rows, kFp8BlockSize) * ceil_div(cols, kFp8BlockSize) *
+             dtype_size(scales_dtype);
+    case WeightFormat::kMxfp4:
+      return rows * ceil_div(cols, kMxfp4BlockSize);
+    case WeightFormat::kInt4:
+      return rows * (cols / kInt4GroupSize) * dtype_size(scales_dtype);
   }
   return 0;
 }

@@ -40,8 +40,10 @@ struct Weight {
   // Throws naming what is wrong unless data, dtype, scales and shape fit the format.
   void check_layout() const;
   void dequantize_row(int64_t r, float* out) const;
-  // Bytes the matrix and its scales occupy.
-  int64_t storage_bytes() const;
+  // Bytes the matrix and its scales occupy: data_bytes() + scale_bytes() (0 for dense).
+  int64_t data_bytes() const;
+  int64_t scale_bytes() const;
+  int64_t storage_bytes() const { return data_bytes() + scale_bytes(); }
 };
 
 }  // namespace hyserve

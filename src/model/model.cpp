@@ -26,28 +26,6 @@ RopeTable make_rope_table(const ModelConfig& c) {
   return RopeTable::yarn(c.qk_rope_head_dim, c.rope.theta, y);
 }
 
-size_t weight_scale_bytes(const Weight& w) {
-  switch (w.format) {
-    case WeightFormat::kDense:
-      return 0;
-    case WeightFormat::kFp8Block:
-      return static_cast<size_t>(((w.rows + 127) / 128) * ((w.cols + 127) / 128) *
-                                 dtype_size(w.scales_dtype));
-    case WeightFormat::kMxfp4:
-      return static_cast<size_t>(w.rows * (w.cols / 32));
-    case WeightFormat::kInt4:
-      return static_cast<size_t>(w.rows * (w.cols / Weight::kInt4GroupSize) *
-                                 dtype_size(w.scales_dtype));
-  }
-  return 0;
-}
-
-size_t weight_data_bytes(const Weight& w) {
-  if (w.format == WeightFormat::kMxfp4 || w.format == WeightFormat::kInt4)
-    return static_cast<size_t>(w.rows * w.cols / 2);
-  return static_cast<size_t>(w.rows * w.cols * dtype_size(w.dtype));
-}
-
 // Cache slot of new token j of a sequence on the rank that stores it: the caller's slot
 // mapping, or from its blocks (position p at local slot p / dcp, kv/block_table.h).
 int64_t slot_of(const SequenceInput& in, size_t j, const CachePlan& plan) {
@@ -115,11 +93,11 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     for_each_tensor(
         weights_,
         [&](Weight& w) {
-          BackendBuffer data(backend_.get(), weight_data_bytes(w));
+          BackendBuffer data(backend_.get(), static_cast<size_t>(w.data_bytes()));
           backend_->upload(data.data(), w.data, data.size());
           w.data = data.data();
           weight_buffers_.push_back(std::move(data));
-          if (const size_t sb = weight_scale_bytes(w)) {
+          if (const auto sb = static_cast<size_t>(w.scale_bytes())) {
             BackendBuffer scales(backend_.get(), sb);
             backend_->upload(scales.data(), w.scales, sb);
             w.scales = scales.data();

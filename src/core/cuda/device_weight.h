@@ -24,8 +24,4 @@ class DeviceWeight {
   Weight view_;
 };
 
-// Bytes of the matrix alone and of its scales alone (zero for dense weights).
-int64_t weight_data_bytes(const Weight& w);
-int64_t weight_scales_bytes(const Weight& w);
-
 }  // namespace hyserve::cuda
