@@ -199,97 +199,82 @@ void collectives(const Args& a) {
 void merge(const Args& a) {
   const int world = a.ranks;
   const int64_t rows = a.rows, k = a.topk, local_keys = a.context / world;
-  const int64_t c = parallel::merge_candidates(k, world), stride = c + 1;
-  run_ranks(a, 1,
-            [&](int rank, std::unique_ptr<Backend>& owned, parallel::Communicator& comm,
-                parallel::Communicator*) {
-              Backend& backend = *owned;
-              // This rank's scores of its keys and their top-k (ascending, -1 padded), as the
-              // indexer's causal_topk leaves them.
-              std::mt19937 rng(static_cast<uint32_t>(17 + rank));
-              std::normal_distribution<float> normal;
-              std::vector<float> scores(static_cast<size_t>(rows * local_keys));
-              for (float& x : scores) x = normal(rng);
-              std::vector<int32_t> topk(static_cast<size_t>(rows * k), -1);
-              std::vector<int32_t> order(static_cast<size_t>(local_keys));
-              for (int64_t row = 0; row < rows; ++row) {
-                const float* sc = scores.data() + row * local_keys;
-                for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
-                const auto keep = static_cast<size_t>(std::min(k, local_keys));
-                std::partial_sort(order.begin(), order.begin() + static_cast<long>(keep),
-                                  order.end(), [&](int32_t x, int32_t y) {
-                                    return float_rank_key(sc[x], x) > float_rank_key(sc[y], y);
-                                  });
-                std::sort(order.begin(), order.begin() + static_cast<long>(keep));
-                std::copy(order.begin(), order.begin() + static_cast<long>(keep),
-                          topk.begin() + row * k);
-              }
-              const auto buffer = [&](int64_t bytes) {
-                return BackendBuffer(&backend, static_cast<size_t>(std::max<int64_t>(bytes, 8)));
-              };
-              BackendBuffer d_scores = buffer(rows * local_keys * 4), d_topk = buffer(rows * k * 4),
-                            selected = buffer(rows * k * 4), sorted = buffer(rows * k * 8),
-                            send = buffer(rows * stride * 4),
-                            gathered = buffer(world * rows * stride * 4), take = buffer(rows * 4),
-                            undecided = buffer(4), send2 = buffer(rows * k * 8),
-                            gathered2 = buffer(world * rows * k * 8);
-              backend.upload(d_scores.data(), scores.data(), scores.size() * 4);
-              backend.upload(d_topk.data(), topk.data(), topk.size() * 4);
-              TopkMergeParams p;
-              p.scores = d_scores.as<float>();
-              p.num_keys = local_keys;
-              p.selected = static_cast<int32_t*>(selected.data());
-              p.rows = rows;
-              p.k = k;
-              p.candidates = c;
-              p.rank = rank;
-              p.world = world;
-              p.sorted = static_cast<uint64_t*>(sorted.data());
-              p.send = static_cast<uint32_t*>(send.data());
-              p.take = static_cast<int32_t*>(take.data());
-              p.num_undecided = static_cast<int32_t*>(undecided.data());
-              p.send2 = static_cast<uint64_t*>(send2.data());
-              std::vector<int32_t> exact_out;
-              for (const bool exact : {true, false}) {
-                p.resend_all = !exact;
-                parallel::TopkMergeStats stats;
-                // The local top-k again before each run (the steps replace it).
-                const auto reset = [&] {
-                  backend.copy_2d(reinterpret_cast<float*>(p.selected), k, d_topk.as<float>(), k,
-                                  rows, k);
-                };
-                const double seconds = time_it(
-                    comm, backend,
-                    [&] {
-                      stats = {};
-                      parallel::merge_topk_steps(backend, comm, p,
-                                                 static_cast<uint32_t*>(gathered.data()),
-                                                 static_cast<uint64_t*>(gathered2.data()), &stats);
-                    },
-                    reset);
-                // Both forms select the same keys.
-                std::vector<int32_t> out(static_cast<size_t>(rows * k));
-                backend.download(out.data(), p.selected, out.size() * 4);
-                if (exact) {
-                  exact_out = out;
-                } else {
-                  CHECK(out == exact_out, "rank ", rank, ": the exact and generic merges differ");
-                }
-                if (rank != 0) continue;
-                print({{"bench", "merge"},
-                       {"merge", exact ? "exact" : "generic"},
-                       {"device", a.device},
-                       {"ranks", a.ranks},
-                       {"rows", a.rows},
-                       {"context", a.context},
-                       {"topk", a.topk},
-                       {"bytes_sent_per_rank", stats.bytes_sent},
-                       {"bytes_per_row_per_rank", static_cast<double>(stats.bytes_sent) / a.rows},
-                       {"resent_rows", stats.resent_rows},
-                       {"time_us", seconds * 1e6},
-                       {"transport", a.device == "cuda" ? "nccl" : "gloo"}});
-              }
-            });
+  run_ranks(
+      a, 1,
+      [&](int rank, std::unique_ptr<Backend>& owned, parallel::Communicator& comm,
+          parallel::Communicator*) {
+        Backend& backend = *owned;
+        // This rank's scores of its keys and their top-k (ascending, -1 padded), as the
+        // indexer's causal_topk leaves them.
+        std::mt19937 rng(static_cast<uint32_t>(17 + rank));
+        std::normal_distribution<float> normal;
+        std::vector<float> scores(static_cast<size_t>(rows * local_keys));
+        for (float& x : scores) x = normal(rng);
+        std::vector<int32_t> topk(static_cast<size_t>(rows * k), -1);
+        std::vector<int32_t> order(static_cast<size_t>(local_keys));
+        for (int64_t row = 0; row < rows; ++row) {
+          const float* sc = scores.data() + row * local_keys;
+          for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int32_t>(i);
+          const auto keep = static_cast<size_t>(std::min(k, local_keys));
+          std::partial_sort(order.begin(), order.begin() + static_cast<long>(keep), order.end(),
+                            [&](int32_t x, int32_t y) {
+                              return float_rank_key(sc[x], x) > float_rank_key(sc[y], y);
+                            });
+          std::sort(order.begin(), order.begin() + static_cast<long>(keep));
+          std::copy(order.begin(), order.begin() + static_cast<long>(keep), topk.begin() + row * k);
+        }
+        const auto buffer = [&](size_t bytes) {
+          return BackendBuffer(&backend, std::max<size_t>(bytes, 8));
+        };
+        BackendBuffer d_scores = buffer(scores.size() * 4), d_topk = buffer(topk.size() * 4),
+                      selected = buffer(topk.size() * 4);
+        backend.upload(d_scores.data(), scores.data(), scores.size() * 4);
+        backend.upload(d_topk.data(), topk.data(), topk.size() * 4);
+        TopkMergeParams p = parallel::topk_merge_params(d_scores.as<float>(), local_keys,
+                                                        static_cast<int32_t*>(selected.data()),
+                                                        rows, k, rank, world);
+        BackendBuffer scratch_buffer = buffer(parallel::merge_scratch_bytes(p));
+        const parallel::MergeScratch scratch =
+            parallel::bind_merge_scratch(p, scratch_buffer.data());
+        std::vector<int32_t> exact_out;
+        for (const bool exact : {true, false}) {
+          p.resend_all = !exact;
+          parallel::TopkMergeStats stats;
+          // The local top-k again before each run (the steps replace it).
+          const auto reset = [&] {
+            backend.copy_2d(reinterpret_cast<float*>(p.selected), k, d_topk.as<float>(), k, rows,
+                            k);
+          };
+          const double seconds = time_it(
+              comm, backend,
+              [&] {
+                stats = {};
+                parallel::merge_topk_steps(backend, comm, p, scratch, &stats);
+              },
+              reset);
+          // Both forms select the same keys.
+          std::vector<int32_t> out(static_cast<size_t>(rows * k));
+          backend.download(out.data(), p.selected, out.size() * 4);
+          if (exact) {
+            exact_out = out;
+          } else {
+            CHECK(out == exact_out, "rank ", rank, ": the exact and generic merges differ");
+          }
+          if (rank != 0) continue;
+          print({{"bench", "merge"},
+                 {"merge", exact ? "exact" : "generic"},
+                 {"device", a.device},
+                 {"ranks", a.ranks},
+                 {"rows", a.rows},
+                 {"context", a.context},
+                 {"topk", a.topk},
+                 {"bytes_sent_per_rank", stats.bytes_sent},
+                 {"bytes_per_row_per_rank", static_cast<double>(stats.bytes_sent) / a.rows},
+                 {"resent_rows", stats.resent_rows},
+                 {"time_us", seconds * 1e6},
+                 {"transport", a.device == "cuda" ? "nccl" : "gloo"}});
+        }
+      });
 }
 
 void kv_tokens(const Args& a) {

@@ -93,6 +93,16 @@ std::vector<RankRun> run_group(const std::filesystem::path& dir, int tp, int dcp
                    batch_invariant, token_sharded);
 }
 
+// The DSA kernels' shapes (dsa_model_util.h) with random weights: FP8 latent and index keys.
+MakeModel fp8_dsa_model(const ModelConfig& c) {
+  return [c](const ModelOptions& options) {
+    ModelOptions o = options;
+    o.indexer_fp8 = true;
+    o.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
+  };
+}
+
 std::vector<int32_t> prompt_for(const ModelConfig& c, int n) {
   std::vector<int32_t> p;
   for (int i = 0; i < n; ++i) p.push_back((i * 53 + 11) % static_cast<int32_t>(c.vocab_size));
@@ -158,12 +168,7 @@ class ContextParallelFp8 : public testing::TestWithParam<DcpCase> {};
 TEST_P(ContextParallelFp8, LogitsMatchTensorParallel) {
   const DcpCase k = GetParam();
   const ModelConfig c = test::dsa_config(k.dir);
-  const MakeModel make = [&](const ModelOptions& options) {
-    ModelOptions o = options;
-    o.indexer_fp8 = true;
-    o.latent_cache = LatentCacheDtype::kFp8;
-    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
-  };
+  const MakeModel make = fp8_dsa_model(c);
   // Longer than the top-8: the merge decides.
   const std::vector<int32_t> prompt = prompt_for(c, 29);
   expect_matches(run_group(make, k.tp, 1, prompt), run_group(make, k.tp, k.dcp, prompt), 1e-4);
@@ -223,12 +228,7 @@ INSTANTIATE_TEST_SUITE_P(Checkpoints, TokenShardedPrefill,
 // over the gathered context); the same bits as the head-sharded DSA prefill.
 TEST(TokenShardedPrefillFp8, EqualsHeadShardedPrefillBitwise) {
   const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
-  const MakeModel make = [&](const ModelOptions& options) {
-    ModelOptions o = options;
-    o.indexer_fp8 = true;
-    o.latent_cache = LatentCacheDtype::kFp8;
-    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o);
-  };
+  const MakeModel make = fp8_dsa_model(c);
   for (const int tp : {2, 4}) {
     for (const int n : {37, 3}) {
       SCOPED_TRACE(testing::Message() << "tp " << tp << ", " << n << " tokens");

@@ -53,93 +53,93 @@ inline std::set<int64_t> reference_topk(const std::vector<float>& scores, int64_
   return {all.begin(), all.end()};
 }
 
+// Rank r's scores of its keys (positions p % world == r at local p / world, every row
+// num_keys wide) and its local top-k as causal_topk leaves it (ascending, -1 padded).
+struct RankInputs {
+  int64_t num_keys = 1;
+  std::vector<float> scores;      // [rows, num_keys]
+  std::vector<int32_t> selected;  // [rows, k]
+};
+
+inline RankInputs rank_inputs(const Rows& rows, int rank, int world, int64_t k) {
+  RankInputs in;
+  for (const auto& r : rows) {
+    in.num_keys = std::max<int64_t>(in.num_keys, (std::ssize(r) + world - 1) / world);
+  }
+  const auto num_rows = std::ssize(rows);
+  in.scores.assign(static_cast<size_t>(num_rows * in.num_keys), 0.0f);
+  in.selected.assign(static_cast<size_t>(num_rows * k), -1);
+  for (int64_t row = 0; row < num_rows; ++row) {
+    const std::vector<float>& s = rows[static_cast<size_t>(row)];
+    std::vector<int64_t> mine;
+    for (int64_t p = rank; p < std::ssize(s); p += world) {
+      in.scores[static_cast<size_t>(row * in.num_keys + p / world)] = s[static_cast<size_t>(p)];
+      mine.push_back(p / world);
+    }
+    sort_by_rank(mine, s, world, rank);
+    if (std::ssize(mine) > k) mine.resize(static_cast<size_t>(k));
+    std::sort(mine.begin(), mine.end());
+    for (size_t i = 0; i < mine.size(); ++i) {
+      in.selected[static_cast<size_t>(row * k) + i] = static_cast<int32_t>(mine[i]);
+    }
+  }
+  return in;
+}
+
 struct MergeStepsRun {
   std::vector<std::set<int64_t>> selected;     // per row, global positions from every rank
   std::vector<std::vector<int32_t>> per_rank;  // each rank's selected [rows, k]
   int64_t resent_rows = 0;
 };
 
-// The merge steps on `b` (host or device memory) for every rank of `world`.
-// resend_all: the generic merge (every row through round 2).
+// The merge steps on `b` (host or device memory) for every rank of `world`; resend_all: the
+// generic merge (every row through round 2).
 inline MergeStepsRun run_merge_steps(Backend& b, const Rows& rows, int world, int64_t k,
                                      bool resend_all = false) {
   const auto num_rows = std::ssize(rows);
-  const int64_t c = parallel::merge_candidates(k, world), stride = c + 1;
-  int64_t num_keys = 1;
-  for (const auto& r : rows)
-    num_keys = std::max<int64_t>(num_keys, (std::ssize(r) + world - 1) / world);
-  const auto buffer = [&](size_t bytes) { return BackendBuffer(&b, std::max<size_t>(bytes, 8)); };
   struct Rank {
-    BackendBuffer scores, selected, sorted, send, take, undecided, send2;
+    BackendBuffer scores, selected, scratch;
     TopkMergeParams p;
+    parallel::MergeScratch s;
   };
   std::vector<Rank> ranks(static_cast<size_t>(world));
-  const size_t rk = static_cast<size_t>(num_rows * k);
-  BackendBuffer gathered = buffer(static_cast<size_t>(world * num_rows * stride) * 4);
-  BackendBuffer gathered2 = buffer(static_cast<size_t>(world) * rk * 8);
   for (int r = 0; r < world; ++r) {
     Rank& rank = ranks[static_cast<size_t>(r)];
-    // Local scores and the local top-k as causal_topk gives it (ascending, -1 padded).
-    std::vector<float> scores(static_cast<size_t>(num_rows * num_keys), 0.0f);
-    std::vector<int32_t> selected(rk, -1);
-    for (int64_t row = 0; row < num_rows; ++row) {
-      const std::vector<float>& s = rows[static_cast<size_t>(row)];
-      std::vector<int64_t> mine;
-      for (int64_t p = r; p < std::ssize(s); p += world) {
-        scores[static_cast<size_t>(row * num_keys + p / world)] = s[static_cast<size_t>(p)];
-        mine.push_back(p / world);
-      }
-      sort_by_rank(mine, s, world, r);
-      if (std::ssize(mine) > k) mine.resize(static_cast<size_t>(k));
-      std::sort(mine.begin(), mine.end());
-      for (size_t i = 0; i < mine.size(); ++i)
-        selected[static_cast<size_t>(row * k) + i] = static_cast<int32_t>(mine[i]);
-    }
-    rank.scores = buffer(scores.size() * 4);
-    rank.selected = buffer(rk * 4);
-    b.upload(rank.scores.data(), scores.data(), scores.size() * 4);
-    b.upload(rank.selected.data(), selected.data(), rk * 4);
-    rank.sorted = buffer(rk * 8);
-    rank.send = buffer(static_cast<size_t>(num_rows * stride) * 4);
-    rank.take = buffer(static_cast<size_t>(num_rows) * 4);
-    rank.undecided = buffer(4);
-    rank.send2 = buffer(rk * 8);
-    TopkMergeParams& p = rank.p;
-    p.scores = static_cast<const float*>(rank.scores.data());
-    p.num_keys = num_keys;
-    p.selected = static_cast<int32_t*>(rank.selected.data());
-    p.rows = num_rows;
-    p.k = k;
-    p.candidates = c;
-    p.rank = r;
-    p.world = world;
-    p.sorted = static_cast<uint64_t*>(rank.sorted.data());
-    p.send = static_cast<uint32_t*>(rank.send.data());
-    p.gathered = static_cast<const uint32_t*>(gathered.data());
-    p.take = static_cast<int32_t*>(rank.take.data());
-    p.num_undecided = static_cast<int32_t*>(rank.undecided.data());
-    p.send2 = static_cast<uint64_t*>(rank.send2.data());
-    p.gathered2 = static_cast<const uint64_t*>(gathered2.data());
-    p.resend_all = resend_all;
+    const RankInputs in = rank_inputs(rows, r, world, k);
+    rank.scores = BackendBuffer(&b, std::max<size_t>(in.scores.size() * 4, 8));
+    rank.selected = BackendBuffer(&b, std::max<size_t>(in.selected.size() * 4, 8));
+    b.upload(rank.scores.data(), in.scores.data(), in.scores.size() * 4);
+    b.upload(rank.selected.data(), in.selected.data(), in.selected.size() * 4);
+    rank.p = parallel::topk_merge_params(static_cast<const float*>(rank.scores.data()), in.num_keys,
+                                         static_cast<int32_t*>(rank.selected.data()), num_rows, k,
+                                         r, world);
+    rank.p.resend_all = resend_all;
+    rank.scratch = BackendBuffer(&b, parallel::merge_scratch_bytes(rank.p));
+    rank.s = parallel::bind_merge_scratch(rank.p, rank.scratch.data());
+    rank.p.gathered = rank.s.gathered;
+    rank.p.gathered2 = rank.s.gathered2;
   }
-  // all_gather: rank r's message at [r * bytes, (r + 1) * bytes).
-  const auto all_gather = [&](BackendBuffer& dst, size_t bytes, auto&& src_of) {
-    std::vector<uint8_t> all(static_cast<size_t>(world) * bytes), one(bytes);
+  // all_gather: rank r's message at [r * bytes, (r + 1) * bytes) of every rank's buffer.
+  const auto all_gather = [&](size_t bytes, auto&& src_of, auto&& dst_of) {
+    std::vector<uint8_t> all(static_cast<size_t>(world) * bytes);
     for (int r = 0; r < world; ++r) {
-      b.download(one.data(), src_of(ranks[static_cast<size_t>(r)]), bytes);
-      std::memcpy(all.data() + static_cast<size_t>(r) * bytes, one.data(), bytes);
+      b.download(all.data() + static_cast<size_t>(r) * bytes, src_of(ranks[static_cast<size_t>(r)]),
+                 bytes);
     }
-    b.upload(dst.data(), all.data(), all.size());
+    for (Rank& r : ranks) b.upload(dst_of(r), all.data(), all.size());
   };
+  const auto stride = static_cast<size_t>(ranks[0].p.candidates + 1);
   for (Rank& r : ranks) b.topk_merge_pack(r.p);
-  all_gather(gathered, static_cast<size_t>(num_rows * stride) * 4,
-             [](Rank& r) { return r.send.data(); });
+  all_gather(
+      static_cast<size_t>(num_rows) * stride * 4, [](Rank& r) { return r.p.send; },
+      [](Rank& r) { return r.s.gathered; });
   MergeStepsRun run;
   for (Rank& r : ranks) b.topk_merge_decide(r.p);
   std::vector<int32_t> undecided(static_cast<size_t>(world));
-  for (int r = 0; r < world; ++r)
-    b.download(&undecided[static_cast<size_t>(r)], ranks[static_cast<size_t>(r)].undecided.data(),
+  for (int r = 0; r < world; ++r) {
+    b.download(&undecided[static_cast<size_t>(r)], ranks[static_cast<size_t>(r)].p.num_undecided,
                4);
+  }
   for (int32_t u : undecided) EXPECT_EQ(u, undecided[0]) << "ranks disagree on round 2";
   run.resent_rows = undecided[0];
   if (run.resent_rows > 0) {
@@ -147,14 +147,16 @@ inline MergeStepsRun run_merge_steps(Backend& b, const Rows& rows, int world, in
       r.p.num_resend = run.resent_rows;
       b.topk_merge_resend_pack(r.p);
     }
-    all_gather(gathered2, static_cast<size_t>(run.resent_rows * k) * 8,
-               [](Rank& r) { return r.send2.data(); });
+    all_gather(
+        static_cast<size_t>(run.resent_rows * k) * 8, [](Rank& r) { return r.p.send2; },
+        [](Rank& r) { return r.s.gathered2; });
     for (Rank& r : ranks) b.topk_merge_resend_decide(r.p);
   }
   run.selected.resize(rows.size());
+  const size_t rk = static_cast<size_t>(num_rows * k);
   for (int r = 0; r < world; ++r) {
     std::vector<int32_t> sel(rk);
-    b.download(sel.data(), ranks[static_cast<size_t>(r)].selected.data(), rk * 4);
+    b.download(sel.data(), ranks[static_cast<size_t>(r)].p.selected, rk * 4);
     for (int64_t row = 0; row < num_rows; ++row) {
       int32_t last = -1;
       bool padded = false;

@@ -326,26 +326,12 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
 
 void Model::merge_selection(Pass& pass, const float* scores, int64_t num_keys, int64_t rows,
                             int64_t k, int32_t* selected) const {
-  const int world = options_.dcp.size;
   const Workspace::Mark mark = pass.ws.mark();
-  TopkMergeParams p;
-  p.scores = scores;
-  p.num_keys = num_keys;
-  p.selected = selected;
-  p.rows = rows;
-  p.k = k;
-  p.candidates = parallel::merge_candidates(k, world);
-  p.rank = options_.dcp.rank;
-  p.world = world;
-  const int64_t stride = p.candidates + 1;
-  p.sorted = reinterpret_cast<uint64_t*>(pass.ws.longs(rows * k));
-  p.send = reinterpret_cast<uint32_t*>(pass.ws.ints(rows * stride));
-  p.take = pass.ws.ints(rows);
-  p.num_undecided = pass.ws.ints(1);
-  p.send2 = reinterpret_cast<uint64_t*>(pass.ws.longs(rows * k));
-  auto* gathered = reinterpret_cast<uint32_t*>(pass.ws.ints(world * rows * stride));
-  auto* gathered2 = reinterpret_cast<uint64_t*>(pass.ws.longs(world * rows * k));
-  parallel::merge_topk_steps(*backend_, *options_.dcp.comm, p, gathered, gathered2);
+  TopkMergeParams p = parallel::topk_merge_params(scores, num_keys, selected, rows, k,
+                                                  options_.dcp.rank, options_.dcp.size);
+  const parallel::MergeScratch scratch = parallel::bind_merge_scratch(
+      p, pass.ws.bytes(static_cast<int64_t>(parallel::merge_scratch_bytes(p))));
+  parallel::merge_topk_steps(*backend_, *options_.dcp.comm, p, scratch);
   pass.ws.rewind(mark);
 }
 

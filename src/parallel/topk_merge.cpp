@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
+#include <vector>
 
 #include "backend/backend.h"
 #include "core/order_key.h"
@@ -214,6 +215,59 @@ std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
     selected[static_cast<size_t>(row)] = select_exact(keys.data(), count, k, me);
   }
   return selected;
+}
+
+TopkMergeParams topk_merge_params(const float* scores, int64_t num_keys, int32_t* selected,
+                                  int64_t rows, int64_t k, int rank, int world) {
+  TopkMergeParams p;
+  p.scores = scores;
+  p.num_keys = num_keys;
+  p.selected = selected;
+  p.rows = rows;
+  p.k = k;
+  p.candidates = merge_candidates(k, world);
+  p.rank = rank;
+  p.world = world;
+  return p;
+}
+
+namespace {
+
+// The scratch pieces in order, bytes each: sorted, send, take, num_undecided, send2,
+// gathered, gathered2.
+std::vector<size_t> scratch_pieces(const TopkMergeParams& p) {
+  const auto rows = static_cast<size_t>(p.rows), k = static_cast<size_t>(p.k);
+  const auto stride = static_cast<size_t>(p.candidates + 1), world = static_cast<size_t>(p.world);
+  return {
+      rows * k * 8,        rows * stride * 4, rows * 4, 4, rows * k * 8, world * rows * stride * 4,
+      world * rows * k * 8};
+}
+
+size_t aligned(size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+size_t merge_scratch_bytes(const TopkMergeParams& p) {
+  size_t total = 0;
+  for (size_t bytes : scratch_pieces(p)) total += aligned(bytes);
+  return total;
+}
+
+MergeScratch bind_merge_scratch(TopkMergeParams& p, void* scratch) {
+  std::vector<void*> at;
+  auto* next = static_cast<uint8_t*>(scratch);
+  for (size_t bytes : scratch_pieces(p)) {
+    at.push_back(next);
+    next += aligned(bytes);
+  }
+  p.sorted = static_cast<uint64_t*>(at[0]);
+  p.send = static_cast<uint32_t*>(at[1]);
+  p.take = static_cast<int32_t*>(at[2]);
+  p.num_undecided = static_cast<int32_t*>(at[3]);
+  p.send2 = static_cast<uint64_t*>(at[4]);
+  return {static_cast<uint32_t*>(at[5]), static_cast<uint64_t*>(at[6])};
 }
 
 int64_t merge_topk_steps(Backend& backend, Communicator& comm, TopkMergeParams p,

@@ -61,6 +61,21 @@ std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
                                                      std::span<const LocalCandidates> local,
                                                      int64_t k, TopkMergeStats* stats = nullptr);
 
+// p for `rows` rows of this rank's scores and local top-k (selected, in place), k, rank r of
+// world: the inputs and the candidate count set, no scratch yet.
+TopkMergeParams topk_merge_params(const float* scores, int64_t num_keys, int32_t* selected,
+                                  int64_t rows, int64_t k, int rank, int world);
+
+// The merge's scratch for p's rows (round 2's buffers for every row), in one block of
+// backend memory: its size, and p's pointers into it (256-byte aligned pieces) with the
+// gathered buffers merge_topk_steps takes.
+struct MergeScratch {
+  uint32_t* gathered = nullptr;
+  uint64_t* gathered2 = nullptr;
+};
+size_t merge_scratch_bytes(const TopkMergeParams& p);
+MergeScratch bind_merge_scratch(TopkMergeParams& p, void* scratch);
+
 // The merge as the model runs it, in backend memory (kernels/topk_merge/params.h): the
 // backend's steps with comm's all_gathers between them. p's inputs and scratch are set
 // except gathered / gathered2, given here writable: gathered [world, rows, c + 1] uint32,
@@ -69,5 +84,9 @@ std::vector<std::vector<int32_t>> merge_topk_generic(Communicator& comm,
 // rows back (a host sync). Returns the rows resent; p.resend_all gives the generic merge.
 int64_t merge_topk_steps(Backend& backend, Communicator& comm, TopkMergeParams p,
                          uint32_t* gathered, uint64_t* gathered2, TopkMergeStats* stats = nullptr);
+inline int64_t merge_topk_steps(Backend& backend, Communicator& comm, const TopkMergeParams& p,
+                                const MergeScratch& s, TopkMergeStats* stats = nullptr) {
+  return merge_topk_steps(backend, comm, p, s.gathered, s.gathered2, stats);
+}
 
 }  // namespace hyserve::parallel

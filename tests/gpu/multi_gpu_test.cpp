@@ -120,6 +120,15 @@ std::vector<std::vector<float>> run_model(const MakeModel& make, int tp, int dcp
   return logits;
 }
 
+// The DSA kernels' shapes (dsa_model_util.h) with random weights: FP8 latent and index keys.
+MakeModel fp8_dsa_model(const ModelConfig& c) {
+  return [c](ModelOptions o, std::unique_ptr<Backend> b) {
+    o.indexer_fp8 = true;
+    o.latent_cache = LatentCacheDtype::kFp8;
+    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(b));
+  };
+}
+
 std::vector<int32_t> prompt_for(const std::filesystem::path& dir, int n) {
   const ModelConfig c = ModelConfig::load(dir);
   std::vector<int32_t> p;
@@ -176,11 +185,7 @@ TEST(MultiGpu, DecodeContextParallelOverTheFp8LatentMatchesTensorParallel) {
   // The DSA kernels' shapes (dsa_model_util.h): FP8 latent and index keys, the generic
   // indexer path and the top-k merge under DCP.
   const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
-  const MakeModel make = [&](ModelOptions o, std::unique_ptr<Backend> b) {
-    o.indexer_fp8 = true;
-    o.latent_cache = LatentCacheDtype::kFp8;
-    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(b));
-  };
+  const MakeModel make = fp8_dsa_model(c);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 37; ++i) prompt.push_back((i * 53 + 11) % static_cast<int32_t>(c.vocab_size));
   expect_close(run_model(make, 2, 1, prompt)[0], run_model(make, 2, 2, prompt), 1e-3);
@@ -206,11 +211,7 @@ TEST(MultiGpu, TokenShardedPrefillOverTheFp8LatentMatchesHeadSharded) {
   // two may round differently (rel 1e-3); with DCP 2 the gathered context gives the prompt's
   // logits of token-sharded prefill without DCP, the same bits.
   const ModelConfig c = test::dsa_config("tests/fixtures/deepseek_v32_tiny");
-  const MakeModel make = [&](ModelOptions o, std::unique_ptr<Backend> b) {
-    o.indexer_fp8 = true;
-    o.latent_cache = LatentCacheDtype::kFp8;
-    return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(b));
-  };
+  const MakeModel make = fp8_dsa_model(c);
   std::vector<int32_t> prompt;
   for (int i = 0; i < 45; ++i) prompt.push_back((i * 53 + 11) % static_cast<int32_t>(c.vocab_size));
   const std::vector<std::vector<float>> tokens = run_model(make, 2, 1, prompt, 1);
@@ -239,53 +240,20 @@ TEST(MultiGpu, TopkMergeOverNcclResendsSkewedRowsExactly) {
   const test::MergeStepsRun want = test::run_merge_steps(*cpu, rows, world, k);
   ASSERT_EQ(want.resent_rows, 2);
   const auto num_rows = std::ssize(rows);
-  const int64_t c = parallel::merge_candidates(k, world), stride = c + 1;
-  int64_t num_keys = 1;
-  for (const auto& r : rows)
-    num_keys = std::max<int64_t>(num_keys, (std::ssize(r) + world - 1) / world);
   std::vector<std::vector<int32_t>> got(static_cast<size_t>(world));
   run_ranks(world, 1,
             [&](int rank, std::unique_ptr<Backend> b, parallel::Communicator& comm,
                 parallel::Communicator*) {
-              // This rank's scores and local top-k, as the CPU driver builds them.
-              std::vector<float> scores(static_cast<size_t>(num_rows * num_keys), 0.0f);
-              std::vector<int32_t> selected(static_cast<size_t>(num_rows * k), -1);
-              for (int64_t row = 0; row < num_rows; ++row) {
-                const std::vector<float>& s = rows[static_cast<size_t>(row)];
-                std::vector<int64_t> mine;
-                for (int64_t p = rank; p < std::ssize(s); p += world) {
-                  scores[static_cast<size_t>(row * num_keys + p / world)] =
-                      s[static_cast<size_t>(p)];
-                  mine.push_back(p / world);
-                }
-                test::sort_by_rank(mine, s, world, rank);
-                if (std::ssize(mine) > k) mine.resize(static_cast<size_t>(k));
-                std::sort(mine.begin(), mine.end());
-                for (size_t i = 0; i < mine.size(); ++i)
-                  selected[static_cast<size_t>(row * k) + i] = static_cast<int32_t>(mine[i]);
-              }
-              const cuda::DeviceBuffer d_scores = cuda::to_device(scores);
-              const cuda::DeviceBuffer d_selected = cuda::to_device(selected);
-              cuda::DeviceBuffer sorted(num_rows * k * 8), send(num_rows * stride * 4),
-                  gathered(world * num_rows * stride * 4), take(num_rows * 4), undecided(4),
-                  send2(num_rows * k * 8), gathered2(world * num_rows * k * 8);
-              TopkMergeParams p;
-              p.scores = d_scores.as<float>();
-              p.num_keys = num_keys;
-              p.selected = d_selected.as<int32_t>();
-              p.rows = num_rows;
-              p.k = k;
-              p.candidates = c;
-              p.rank = rank;
-              p.world = world;
-              p.sorted = sorted.as<uint64_t>();
-              p.send = send.as<uint32_t>();
-              p.take = take.as<int32_t>();
-              p.num_undecided = undecided.as<int32_t>();
-              p.send2 = send2.as<uint64_t>();
-              EXPECT_EQ(parallel::merge_topk_steps(*b, comm, p, gathered.as<uint32_t>(),
-                                                   gathered2.as<uint64_t>()),
-                        2);
+              const test::RankInputs in = test::rank_inputs(rows, rank, world, k);
+              const cuda::DeviceBuffer d_scores = cuda::to_device(in.scores);
+              const cuda::DeviceBuffer d_selected = cuda::to_device(in.selected);
+              TopkMergeParams p =
+                  parallel::topk_merge_params(d_scores.as<float>(), in.num_keys,
+                                              d_selected.as<int32_t>(), num_rows, k, rank, world);
+              cuda::DeviceBuffer scratch_buffer(parallel::merge_scratch_bytes(p));
+              const parallel::MergeScratch scratch =
+                  parallel::bind_merge_scratch(p, scratch_buffer.data());
+              EXPECT_EQ(parallel::merge_topk_steps(*b, comm, p, scratch), 2);
               std::vector<int32_t>& out = got[static_cast<size_t>(rank)];
               out.resize(static_cast<size_t>(num_rows * k));
               b->download(out.data(), p.selected, out.size() * 4);
