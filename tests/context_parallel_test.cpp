@@ -28,6 +28,7 @@
 #include "model/workspace.h"
 #include "parallel/make_communicator.h"
 #include "parallel/store.h"
+#include "util/error.h"
 
 namespace hyserve {
 namespace {
@@ -41,6 +42,7 @@ std::filesystem::path fixture(const std::string& rel) {
 struct RankRun {
   std::vector<float> logits;     // prompt (all positions) then one decode step
   int64_t tokens_per_block = 0;  // of the rank's cache
+  std::vector<std::string> kernel_plan;
 };
 
 // Makes a rank's model from its options (the checkpoint of a directory, or random weights).
@@ -72,6 +74,7 @@ std::vector<RankRun> run_group(const MakeModel& make, int tp, int dcp,
         SequenceState s = model->new_sequence();
         RankRun& run = runs[static_cast<size_t>(rank)];
         run.tokens_per_block = s.cache->plan().tokens_per_block();
+        run.kernel_plan = model->kernel_plan();
         model->forward(prompt, s, run.logits, true);
         std::vector<float> next;
         model->forward(std::vector<int32_t>{prompt[2]}, s, next, false);
@@ -171,7 +174,21 @@ TEST_P(ContextParallelFp8, LogitsMatchTensorParallel) {
   const MakeModel make = fp8_dsa_model(c);
   // Longer than the top-8: the merge decides.
   const std::vector<int32_t> prompt = prompt_for(c, 29);
-  expect_matches(run_group(make, k.tp, 1, prompt), run_group(make, k.tp, k.dcp, prompt), 1e-4);
+  const std::vector<RankRun> dcp = run_group(make, k.tp, k.dcp, prompt);
+  expect_matches(run_group(make, k.tp, 1, prompt), dcp, 1e-4);
+  // The kernel plan says so: the split, the merge, and no fused DSA decode step.
+  bool parallel_line = false;
+  for (const std::string& line : dcp[0].kernel_plan) {
+    if (line.find("MLA") != std::string::npos) {
+      EXPECT_NE(line.find("fused DSA decode step not under DCP"), std::string::npos) << line;
+    }
+    if (line.starts_with("parallel:")) {
+      parallel_line = true;
+      EXPECT_NE(line.find(str_cat("DCP ", k.dcp)), std::string::npos) << line;
+      EXPECT_NE(line.find("exact top-k merge"), std::string::npos) << line;
+    }
+  }
+  EXPECT_TRUE(parallel_line);
 }
 
 INSTANTIATE_TEST_SUITE_P(Groups, ContextParallelFp8,

@@ -358,6 +358,7 @@ std::vector<std::string> Model::kernel_plan() const {
     }
     if (use_dsa_decode()) return s + "decode: fused DSA decode step; prefill: DSA kernels)";
     std::string why = !options_.dsa_decode_ops ? "turned off"
+                      : options_.dcp.size > 1  ? "not under DCP (its top-k would be the rank's own)"
                       : !options_.indexer_fp8
                           ? "needs FP8 index keys"
                           : str_cat("index heads ", c.index_n_heads, " x ", c.index_head_dim,
@@ -392,6 +393,23 @@ std::vector<std::string> Model::kernel_plan() const {
       i = j + 1;
     }
     lines.push_back(str_cat(layers.size() == 1 ? "layer " : "layers ", list, ": ", ops));
+  }
+  // Parallelism, when there is any: how the MLA layers split their work.
+  const TensorParallel& tp = options_.tp;
+  if (tp.size > 1) {
+    std::string s = str_cat("parallel: TP rank ", tp.rank, " of ", tp.size,
+                            options_.expert_parallel ? ", whole experts per rank" : "");
+    if (options_.dcp.size > 1) {
+      s += str_cat("; DCP ", options_.dcp.size, " (every ", options_.dcp.size,
+                   "th position per rank, log-sum-exp merge",
+                   c.has_indexer() ? ", exact top-k merge, decode without graphs" : "", ")");
+    }
+    if (options_.token_sharded_prefill > 0) {
+      s +=
+          str_cat("; prefill steps of >= ", options_.token_sharded_prefill, " tokens token-sharded",
+                  options_.dcp.size > 1 ? " over the gathered context" : "");
+    }
+    lines.push_back(s);
   }
   return lines;
 }
