@@ -10,6 +10,8 @@
 #include <unordered_set>
 #include <vector>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
@@ -346,9 +348,18 @@ TEST(TokenizerRegex, RefusesConstructsPcre2ReadsDifferently) {
   EXPECT_NO_THROW(SplitRegex(R"([]a[:alpha:]]+)"));
 }
 
+// The folder of this test's edited tokenizer.json: its own per test and process, so tests
+// run in parallel (ctest -j) never read each other's file.
+fs::path tokenizer_json_dir() {
+  return fs::temp_directory_path() /
+         ("hyserve_tokenizer_json_test_" +
+          std::string(testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+          std::to_string(getpid()));
+}
+
 // A copy of deepseek/tokenizer.json with `edit` applied, in a fresh folder.
 fs::path edited_tokenizer_json(const std::function<void(json&)>& edit) {
-  const fs::path dir = fs::temp_directory_path() / "hyserve_tokenizer_json_test";
+  const fs::path dir = tokenizer_json_dir();
   fs::remove_all(dir);
   fs::create_directories(dir);
   json root = read_json(kFixtures / "deepseek/tokenizer.json");
@@ -419,7 +430,7 @@ TEST(TokenizerJson, RefusesUnsupportedComponentsByName) {
       EXPECT_NE(message.find(part), std::string::npos) << message;
     }
   }
-  fs::remove_all(fs::temp_directory_path() / "hyserve_tokenizer_json_test");
+  fs::remove_all(tokenizer_json_dir());
 }
 
 TEST(TokenizerLoad, ErrorsNameTheFileAndLine) {
