@@ -15,7 +15,6 @@
 
 #include "core/weight.h"
 #include "kernels/attention_merge/params.h"
-#include "kernels/topk_merge/params.h"
 #include "kernels/cache/params.h"
 #include "kernels/dsa/params.h"
 #include "kernels/elementwise/params.h"
@@ -30,6 +29,7 @@
 #include "kernels/norm/params.h"
 #include "kernels/rope/params.h"
 #include "kernels/sampling/params.h"
+#include "kernels/topk_merge/params.h"
 #include "util/error.h"
 
 namespace hyserve {
