@@ -338,7 +338,8 @@ class Model {
     const float* index_scales = nullptr;  // FP8 keys' scales
     PagedRows pages;                      // the sequence's block table, or contiguous
   };
-  ContextRows cache_context(const SequenceSlice& sq, int64_t layer) const;
+  // A layer's rows of `cache` through `pages` (a sequence's table, or a decode batch's).
+  ContextRows cache_context(const KvCache& cache, PagedRows pages, int64_t layer) const;
   // Each rank's local rows [0, ceil(S / W)) of every kind (Backend::gather_rows), all-gathered
   // over the DCP group, interleaved into position order (rank d's local row j is position
   // j * W + d). A collective: every rank of the group calls it for the same sequences.

@@ -302,22 +302,15 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
   const int64_t k = config_.index_topk;
   int32_t* selected = pass.ws.ints(t * k);
   const bool merge = options_.dcp.size > 1;
-  const auto keys_of = [&](const KvCache& cache, PagedRows pages) {
-    ContextRows ctx;
-    ctx.index_keys = cache.index_page(layer);
-    ctx.index_scales = options_.indexer_fp8 ? cache.index_scale_page(layer) : nullptr;
-    ctx.pages = pages;
-    return ctx;
-  };
   if (pass.decode.cache != nullptr) {
     const KvCache& cache = *pass.decode.cache;
     select_in_context(pass, iq, 0, t, pos, local_keys(pass.decode.max_keys),
-                      keys_of(cache, cache.pages(pass.decode.tables)), pass.decode.table_stride,
-                      merge, selected);
+                      cache_context(cache, cache.pages(pass.decode.tables), layer),
+                      pass.decode.table_stride, merge, selected);
   } else {
     for (const SequenceSlice& sq : seqs) {
       select_in_context(pass, iq, sq.offset, sq.n, pos, local_keys(sq.num_computed + sq.n),
-                        keys_of(*sq.cache, sq.cache->pages(sq.blocks)), 0, merge,
+                        cache_context(*sq.cache, sq.cache->pages(sq.blocks), layer), 0, merge,
                         selected + sq.offset * k);
     }
   }
@@ -400,8 +393,8 @@ std::vector<std::string> Model::kernel_plan() const {
     std::string s = str_cat("parallel: TP rank ", tp.rank, " of ", tp.size,
                             options_.expert_parallel ? ", whole experts per rank" : "");
     if (options_.dcp.size > 1) {
-      s += str_cat("; DCP ", options_.dcp.size, " (every ", options_.dcp.size,
-                   "th position per rank, log-sum-exp merge",
+      s += str_cat("; DCP ", options_.dcp.size, " (position p on rank p % ", options_.dcp.size,
+                   ", log-sum-exp merge",
                    c.has_indexer() ? ", exact top-k merge, decode without graphs" : "", ")");
     }
     if (options_.token_sharded_prefill > 0) {

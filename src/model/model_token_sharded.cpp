@@ -159,8 +159,10 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   }
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Workspace::Mark mark = pass.ws.mark();
-    const ContextRows ctx = options_.dcp.size > 1 ? gather_context(pass, layer, seqs[i])
-                                                  : cache_context(seqs[i], layer);
+    const ContextRows ctx =
+        options_.dcp.size > 1
+            ? gather_context(pass, layer, seqs[i])
+            : cache_context(*seqs[i].cache, seqs[i].cache->pages(seqs[i].blocks), layer);
     for (size_t k = 0; k < local.size(); ++k) {
       if (mine[k].seq != i) continue;
       const SequenceSlice& sq = local[k];
@@ -235,15 +237,15 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   }
 }
 
-Model::ContextRows Model::cache_context(const SequenceSlice& sq, int64_t layer) const {
-  const KvCache& cache = *sq.cache;
+Model::ContextRows Model::cache_context(const KvCache& cache, PagedRows pages,
+                                        int64_t layer) const {
   ContextRows ctx;
   ctx.latent = cache.latent_page(layer);
   if (config_.has_indexer()) {
     ctx.index_keys = cache.index_page(layer);
     if (options_.indexer_fp8) ctx.index_scales = cache.index_scale_page(layer);
   }
-  ctx.pages = cache.pages(sq.blocks);
+  ctx.pages = pages;
   return ctx;
 }
 
@@ -251,7 +253,7 @@ Model::ContextRows Model::gather_context(Pass& pass, int64_t layer, const Sequen
   const ContextParallel& dcp = options_.dcp;
   const int64_t world = dcp.size;
   const int64_t local_rows = (sq.num_computed + sq.n + world - 1) / world;
-  const ContextRows own = cache_context(sq, layer);
+  const ContextRows own = cache_context(*sq.cache, sq.cache->pages(sq.blocks), layer);
   const CachePlan& plan = sq.cache->plan();
   const CachePage& page = plan.page(layer);
   const int64_t row_bytes[3] = {page.latent_bytes / plan.block_size, page.index_code_bytes,
