@@ -176,6 +176,15 @@ void TimingBackend::gated_rms_norm(const GatedRmsNormParams& p) {
   timed("gated_rms_norm", 12.0 * n, 8.0 * n, [&] { inner_->gated_rms_norm(p); });
 }
 
+void TimingBackend::kda_decode(const KdaDecodeParams& p) {
+  // Bytes: each state read and written once (recurrent and conv), per token the six
+  // inputs and y; FLOPs: the delta rule's four products per state element and token.
+  const double b = p.num_rows, t = p.num_tokens, h = p.num_heads, k = p.head_dim;
+  const double w = p.kernel_size;
+  timed("kda_decode", 2 * b * h * k * (k + 3 * (w - 1)) * 4 + t * h * (6 * k + 1) * 4,
+        t * h * k * k * 8, [&] { inner_->kda_decode(p); });
+}
+
 void TimingBackend::mlp(const MlpParams& p) {
   const double t = p.num_tokens, d = p.w->down.rows, i = p.w->down.cols;
   const double wb = p.w->gate.storage_bytes() + p.w->up.storage_bytes() + p.w->down.storage_bytes();

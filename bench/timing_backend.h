@@ -79,6 +79,7 @@ class TimingBackend final : public Backend {
   void kda_recurrent(const KdaParams& p) override;
   void kda_chunked(const KdaParams& p) override;
   void gated_rms_norm(const GatedRmsNormParams& p) override;
+  void kda_decode(const KdaDecodeParams& p) override;
   void mlp(const MlpParams& p) override;
   void route_experts(const RouterParams& p) override;
   void moe(const MoeParams& p) override;

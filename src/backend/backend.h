@@ -150,6 +150,7 @@ class Backend {
   virtual void kda_recurrent(const KdaParams& p) = 0;
   virtual void kda_chunked(const KdaParams& p) = 0;
   virtual void gated_rms_norm(const GatedRmsNormParams& p) = 0;
+  virtual void kda_decode(const KdaDecodeParams& p) = 0;
   virtual void mlp(const MlpParams& p) = 0;
   virtual void route_experts(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;

@@ -155,6 +155,7 @@ class CpuBackend final : public Backend {
   void kda_recurrent(const KdaParams& p) override { cpu::kda_recurrent(p); }
   void kda_chunked(const KdaParams& p) override { cpu::kda_chunked(p); }
   void gated_rms_norm(const GatedRmsNormParams& p) override { cpu::gated_rms_norm(p); }
+  void kda_decode(const KdaDecodeParams& p) override { cpu::kda_decode(p); }
   void mlp(const MlpParams& p) override { cpu::mlp(p); }
   void route_experts(const RouterParams& p) override { cpu::route_experts(p); }
   void moe(const MoeParams& p) override { cpu::moe(p); }

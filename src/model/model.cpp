@@ -581,25 +581,49 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
                                          {&w.q_proj, &w.k_proj, &w.v_proj, &w.f_a_proj, &w.b_proj,
                                           c.kda_full_rank_gate ? &w.g_proj : &w.g_a_proj});
 
+  // g's input f_b(f_a(x)), and the output gate: g_proj(x) (full rank) or g_b(g_a(x)).
+  float* g = linear(pass, px[3], t, w.f_b_proj);
+  const float* gate = c.kda_full_rank_gate ? px[5] : linear(pass, px[5], t, w.g_b_proj);
+  float* o = pass.ws.floats(t * width);
+  if (pass.decode.cache != nullptr) {
+    // One token of each sequence, its states in its cache row: the whole core in one op.
+    const KvCache& cache = *pass.decode.cache;
+    KdaDecodeParams p;
+    p.q = px[0];
+    p.k = px[1];
+    p.v = px[2];
+    p.f = g;
+    p.b = px[4];
+    p.gate = gate;
+    p.conv_weight[0] = w.q_conv.data;
+    p.conv_weight[1] = w.k_conv.data;
+    p.conv_weight[2] = w.v_conv.data;
+    p.dt_bias = w.dt_bias.data;
+    p.a_log = w.a_log.data;
+    p.o_norm = w.o_norm.data;
+    p.lower_bound = static_cast<float>(c.kda_gate_lower_bound);
+    p.eps = static_cast<float>(c.rms_norm_eps);
+    for (int which = 0; which < 3; ++which) {
+      p.conv_state[which] = cache.kda_conv_state(0, layer, which);
+    }
+    p.state = cache.kda_recurrent_state(0, layer);
+    p.state_rows = pass.decode.state_rows;
+    p.state_row_bytes = cache.plan().row_bytes;
+    p.num_rows = t;
+    p.num_tokens = t;
+    p.num_heads = h;
+    p.head_dim = k;
+    p.kernel_size = c.linear_conv_kernel;
+    p.y = o;
+    backend_->kda_decode(p);
+    linear_into(o, t, w.o_proj, out);
+    return;
+  }
+
+  // Prefill, sequence by sequence:
   // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
   auto conv = [&](const float* raw, const Vec& weight, int which) {
     float* y = pass.ws.floats(t * width);
-    if (pass.decode.cache != nullptr) {
-      // One token of each sequence: t * width channels, each sequence's state in its row.
-      ShortConvParams p;
-      p.x = raw;
-      p.weight = weight.data;
-      p.conv_state = pass.decode.cache->kda_conv_state(0, layer, which);
-      p.y = y;
-      p.num_tokens = 1;
-      p.channels = t * width;
-      p.kernel_size = c.linear_conv_kernel;
-      p.state_rows = pass.decode.state_rows;
-      p.state_row_bytes = pass.decode.cache->plan().row_bytes;
-      p.channels_per_row = width;
-      backend_->short_conv_silu(p);
-      return y;
-    }
     for (const SequenceSlice& sq : seqs) {
       ShortConvParams p;
       p.x = raw + sq.offset * width;
@@ -619,7 +643,6 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
 
   // 2. g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias), or the bounded gate
   //    lb * sigmoid(exp(A_log) * (f_b(f_a(x)) + dt_bias)) (K3.md §3.3)
-  float* g = linear(pass, px[3], t, w.f_b_proj);
   KdaGateParams gp;
   gp.f = g;
   gp.dt_bias = w.dt_bias.data;
@@ -639,51 +662,29 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   backend_->l2norm_rows(q, t * h, k, 1.0f / std::sqrt(static_cast<float>(k)));
   backend_->l2norm_rows(kk, t * h, k, 1.0f);
 
-  // 5./6. The delta-rule recurrence per sequence: chunked for prefill, recurrent for decode.
-  float* o = pass.ws.floats(t * width);
-  if (pass.decode.cache != nullptr) {
-    // One token of each sequence: t * h heads, each sequence's states in its row.
+  // 5./6. The delta-rule recurrence per sequence, chunked (a one-token chunk recurrent).
+  for (const SequenceSlice& sq : seqs) {
     KdaParams p;
-    p.q = q;
-    p.k = kk;
-    p.v = v;
-    p.g = g;
-    p.beta = beta;
-    p.state = pass.decode.cache->kda_recurrent_state(0, layer);
-    p.o = o;
-    p.num_tokens = 1;
-    p.num_heads = t * h;
+    p.q = q + sq.offset * width;
+    p.k = kk + sq.offset * width;
+    p.v = v + sq.offset * width;
+    p.g = g + sq.offset * width;
+    p.beta = beta + sq.offset * h;
+    p.state = sq.cache->kda_recurrent_state(sq.state_block, layer);
+    p.o = o + sq.offset * width;
+    p.num_tokens = sq.n;
+    p.num_heads = h;
     p.head_dim = k;
-    p.state_rows = pass.decode.state_rows;
-    p.state_row_bytes = pass.decode.cache->plan().row_bytes;
-    p.heads_per_row = h;
-    backend_->kda_recurrent(p);
-  } else {
-    for (const SequenceSlice& sq : seqs) {
-      KdaParams p;
-      p.q = q + sq.offset * width;
-      p.k = kk + sq.offset * width;
-      p.v = v + sq.offset * width;
-      p.g = g + sq.offset * width;
-      p.beta = beta + sq.offset * h;
-      p.state = sq.cache->kda_recurrent_state(sq.state_block, layer);
-      p.o = o + sq.offset * width;
-      p.num_tokens = sq.n;
-      p.num_heads = h;
-      p.head_dim = k;
-      // (Batch-invariant: a prefill chunk of one token too, as it is in a longer chunk.)
-      if (sq.n > 1 || options_.batch_invariant) {
-        backend_->kda_chunked(p);
-      } else {
-        backend_->kda_recurrent(p);
-      }
+    // (Batch-invariant: a prefill chunk of one token too, as it is in a longer chunk.)
+    if (sq.n > 1 || options_.batch_invariant) {
+      backend_->kda_chunked(p);
+    } else {
+      backend_->kda_recurrent(p);
     }
   }
   dump(layer_name(layer, "kda_core"), o, t, width);
 
-  // 7. o = rmsnorm(o) * o_norm * sigmoid(gate); gate = g_proj(x) (full rank) or
-  //    g_b(g_a(x)); o_proj
-  const float* gate = c.kda_full_rank_gate ? px[5] : linear(pass, px[5], t, w.g_b_proj);
+  // 7. o = rmsnorm(o) * o_norm * sigmoid(gate); o_proj
   GatedRmsNormParams np;
   np.o = o;
   np.weight = w.o_norm.data;

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
+#include "kda_decode_util.h"
 #include "kernels/kda/cpu.h"
 
 namespace hyserve {
@@ -386,6 +387,88 @@ TEST(GpuKda, ChunkedCarriesStateAcrossCallsAndShortLastChunk) {
       close_to_scale(to_host<float>(state, in.state.size()), want.state, kTensorSameFormTol));
 }
 
+// cuda::kda_decode over device copies of `in`.
+test::KdaDecodeResult kda_decode_gpu(const test::KdaDecodeBatch& in, bool one_token_rows = false) {
+  DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), f = to_device(in.f),
+               b = to_device(in.b), gate = to_device(in.gate), cw0 = to_device(in.conv_weight[0]),
+               cw1 = to_device(in.conv_weight[1]), cw2 = to_device(in.conv_weight[2]),
+               dt_bias = to_device(in.dt_bias), a_log = to_device(in.a_log),
+               o_norm = to_device(in.o_norm), cache = to_device(in.cache),
+               offsets = to_device(in.offsets), rows = to_device(in.state_rows),
+               y(sizeof(float) * std::max<int64_t>(1, in.tokens() * in.width()));
+  const test::KdaDecodePointers ptr{q.as<float>(),
+                                    k.as<float>(),
+                                    v.as<float>(),
+                                    f.as<float>(),
+                                    b.as<float>(),
+                                    gate.as<float>(),
+                                    {cw0.as<float>(), cw1.as<float>(), cw2.as<float>()},
+                                    dt_bias.as<float>(),
+                                    a_log.as<float>(),
+                                    o_norm.as<float>(),
+                                    cache.as<float>(),
+                                    offsets.as<int32_t>(),
+                                    rows.as<int32_t>(),
+                                    y.as<float>()};
+  cuda::kda_decode(test::kda_decode_params(in, ptr, one_token_rows), nullptr);
+  sync();
+  return {to_host<float>(y, in.tokens() * in.width()), to_host<float>(cache, in.cache.size())};
+}
+
+// The fused decode against cpu::kda_decode (itself bitwise the separate CPU ops):
+// elementwise parts a few ulps apart (expf, FMA), the l2norm's and RMSNorm's sums in a
+// warp tree, S^T k and S^T q as four partial sums of 32 rows; the state carries the
+// differences through a request's tokens. 1e-5 of the largest magnitude for the state
+// (the recurrence's budget above), 2e-5 for y (the gated norm divides by the rms of o).
+constexpr double kDecodeStateTol = 1e-5;
+constexpr double kDecodeOutTol = 2e-5;
+
+TEST(GpuKda, DecodeMatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (const int64_t dim : {32, 48, 128}) {
+    for (const int64_t taps : {1, 4}) {
+      for (const float lower_bound : {0.0f, -5.0f}) {
+        for (const std::vector<int32_t>& tokens :
+             {std::vector<int32_t>{1}, {1, 1, 1, 1, 1}, {3, 0, 9, 1, 17}, {0}, {8, 16, 2}}) {
+          const test::KdaDecodeBatch in =
+              test::make_kda_decode_batch(tokens, 3, dim, taps, lower_bound, ++seed);
+          const test::KdaDecodeResult want = test::kda_decode_cpu(in);
+          const test::KdaDecodeResult got = kda_decode_gpu(in);
+          EXPECT_TRUE(close_to_scale(got.y, want.y, kDecodeOutTol)) << "y " << in.name();
+          EXPECT_TRUE(close_to_scale(got.cache, want.cache, kDecodeStateTol))
+              << "cache " << in.name();
+          // Rows no request names, and the states of requests without tokens, unchanged.
+          const int64_t rf = in.row_floats();
+          for (int64_t row = 0; row < std::ssize(in.cache) / rf; ++row) {
+            bool named = false;
+            for (int64_t r = 0; r < in.rows(); ++r) {
+              named |= in.state_rows[r] == row && in.offsets[r + 1] > in.offsets[r];
+            }
+            if (named) continue;
+            EXPECT_TRUE(std::equal(got.cache.begin() + row * rf, got.cache.begin() + (row + 1) * rf,
+                                   in.cache.begin() + row * rf))
+                << "row " << row << " " << in.name();
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(GpuKda, DecodeOfOneTokenRowsWithoutOffsets) {
+  REQUIRE_GPU();
+  const test::KdaDecodeBatch in =
+      test::make_kda_decode_batch(std::vector<int32_t>(64, 1), 8, 128, 4, -5.0f, 600);
+  const test::KdaDecodeResult with_offsets = kda_decode_gpu(in);
+  const test::KdaDecodeResult without = kda_decode_gpu(in, /*one_token_rows=*/true);
+  EXPECT_EQ(with_offsets.y, without.y);
+  EXPECT_EQ(with_offsets.cache, without.cache);
+  const test::KdaDecodeResult want = test::kda_decode_cpu(in);
+  EXPECT_TRUE(close_to_scale(without.y, want.y, kDecodeOutTol));
+  EXPECT_TRUE(close_to_scale(without.cache, want.cache, kDecodeStateTol));
+}
+
 TEST(GpuKda, RefusesHeadDimOver128) {
   REQUIRE_GPU();
   float dummy = 0.0f;
@@ -394,6 +477,9 @@ TEST(GpuKda, RefusesHeadDimOver128) {
   EXPECT_THROW(cuda::kda_chunked(p, nullptr, 0, nullptr), InvalidArgument);
   p.head_dim = 32;
   EXPECT_THROW(cuda::kda_chunked(p, nullptr, 0, nullptr, 65), InvalidArgument);
+  KdaDecodeParams d{
+      .state = &dummy, .state_rows = nullptr, .num_heads = 1, .head_dim = 256, .kernel_size = 4};
+  EXPECT_THROW(cuda::kda_decode(d, nullptr), InvalidArgument);
 }
 
 }  // namespace

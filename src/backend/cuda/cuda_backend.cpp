@@ -198,6 +198,7 @@ class CudaBackend final : public Backend {
     cuda::kda_chunked(p, scratch(need), need, stream_);
   }
   void gated_rms_norm(const GatedRmsNormParams& p) override { cuda::gated_rms_norm(p, stream_); }
+  void kda_decode(const KdaDecodeParams& p) override { cuda::kda_decode(p, stream_); }
   void mlp(const MlpParams& p) override {
     const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
     cuda::mlp(p, *blas_, scratch(need), need, stream_, linear_kernel());

@@ -41,38 +41,78 @@ struct HeadView {
   const float* g(int64_t t) const { return p.g + row(t); }
   float beta(int64_t t) const { return p.beta[t * p.num_heads + h]; }
   float* o(int64_t t) const { return p.o + row(t); }
-  float* state() const { return kda_head_state(p, h); }
+  float* state() const { return p.state + h * p.head_dim * p.head_dim; }
 };
 
-// One head over all tokens, token by token. s is [K, V]; kv is scratch [V].
-void recurrent_head(const HeadView& hv, std::vector<float>& kv) {
-  const int64_t dk = hv.p.head_dim;
-  const int64_t dv = hv.p.head_dim;
-  float* s = hv.state();
-  for (int64_t t = 0; t < hv.p.num_tokens; ++t) {
-    const float* q = hv.q(t);
-    const float* k = hv.k(t);
-    const float* v = hv.v(t);
-    const float* g = hv.g(t);
-    const float beta = hv.beta(t);
-    float* o = hv.o(t);
-    for (int64_t d = 0; d < dk; ++d) {
-      const float decay = std::exp(g[d]);
-      for (int64_t e = 0; e < dv; ++e) s[d * dv + e] *= decay;
-    }
-    std::fill(kv.begin(), kv.end(), 0.0f);
-    for (int64_t d = 0; d < dk; ++d) {
-      for (int64_t e = 0; e < dv; ++e) kv[e] += k[d] * s[d * dv + e];
-    }
-    for (int64_t e = 0; e < dv; ++e) kv[e] = beta * (v[e] - kv[e]);
-    for (int64_t d = 0; d < dk; ++d) {
-      for (int64_t e = 0; e < dv; ++e) s[d * dv + e] += k[d] * kv[e];
-    }
-    std::fill(o, o + dv, 0.0f);
-    for (int64_t d = 0; d < dk; ++d) {
-      for (int64_t e = 0; e < dv; ++e) o[e] += q[d] * s[d * dv + e];
-    }
+// One token of the delta rule on one head's state s [K, V]; kv is scratch [V].
+void recurrent_token(float* s, const float* q, const float* k, const float* v, const float* g,
+                     float beta, float* o, int64_t dk, int64_t dv, float* kv) {
+  for (int64_t d = 0; d < dk; ++d) {
+    const float decay = std::exp(g[d]);
+    for (int64_t e = 0; e < dv; ++e) s[d * dv + e] *= decay;
   }
+  std::fill(kv, kv + dv, 0.0f);
+  for (int64_t d = 0; d < dk; ++d) {
+    for (int64_t e = 0; e < dv; ++e) kv[e] += k[d] * s[d * dv + e];
+  }
+  for (int64_t e = 0; e < dv; ++e) kv[e] = beta * (v[e] - kv[e]);
+  for (int64_t d = 0; d < dk; ++d) {
+    for (int64_t e = 0; e < dv; ++e) s[d * dv + e] += k[d] * kv[e];
+  }
+  std::fill(o, o + dv, 0.0f);
+  for (int64_t d = 0; d < dk; ++d) {
+    for (int64_t e = 0; e < dv; ++e) o[e] += q[d] * s[d * dv + e];
+  }
+}
+
+// One head over all tokens, token by token.
+void recurrent_head(const HeadView& hv, std::vector<float>& kv) {
+  for (int64_t t = 0; t < hv.p.num_tokens; ++t) {
+    recurrent_token(hv.state(), hv.q(t), hv.k(t), hv.v(t), hv.g(t), hv.beta(t), hv.o(t),
+                    hv.p.head_dim, hv.p.head_dim, kv.data());
+  }
+}
+
+// One channel of the conv + SiLU over num_tokens inputs x(t), carrying its conv state
+// (state[r * state_stride], r < W-1); y(t) receives the outputs.
+template <class Input, class Output>
+void conv_channel(const float* w, int64_t width, float* state, int64_t state_stride,
+                  int64_t num_tokens, const Input& x, const Output& y) {
+  const int64_t num_state = width - 1;
+  // Input at time `src` (negative: from the state).
+  auto input = [&](int64_t src) {
+    return src < 0 ? state[(num_state + src) * state_stride] : x(src);
+  };
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    float acc = 0.0f;
+    for (int64_t i = 0; i < width; ++i) acc += w[i] * input(t - num_state + i);
+    y(t, silu(acc));
+  }
+  // Row r becomes the input at time T - (W-1) + r; a state source row (T + r) is never
+  // below r, so ascending r reads rows not yet rewritten.
+  for (int64_t r = 0; r < num_state; ++r) {
+    state[r * state_stride] = input(num_tokens - num_state + r);
+  }
+}
+
+// The log-decay of one channel from x = f + dt_bias and a = exp(a_log[h]).
+float gate_value(float x, float a, float lower_bound) {
+  return lower_bound < 0.0f ? lower_bound / (1.0f + std::exp(-a * x)) : -a * softplus(x);
+}
+
+void l2norm_row(float* row, int64_t dim, float scale) {
+  float sum_sq = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) sum_sq += row[d] * row[d];
+  const float factor = scale / std::sqrt(sum_sq + kL2NormEps);
+  for (int64_t d = 0; d < dim; ++d) row[d] *= factor;
+}
+
+void gated_norm_row(const float* o, const float* gate, const float* weight, float* y, int64_t dim,
+                    float eps) {
+  float sum_sq = 0.0f;
+  for (int64_t e = 0; e < dim; ++e) sum_sq += o[e] * o[e];
+  const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
+  for (int64_t e = 0; e < dim; ++e) y[e] = o[e] * inv_rms * weight[e] * sigmoid(gate[e]);
 }
 
 // Scratch of one chunk of n <= chunk_size tokens (row-major, rows = tokens).
@@ -217,33 +257,17 @@ void short_conv_silu(const ShortConvParams& p) {
   CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr,
         "short_conv_silu: null x, weight or y");
   CHECK(p.x != p.y, "short_conv_silu: y must not alias x");
-  check_conv_state_rows(p);
 
-  const int64_t num_tokens = p.num_tokens;
   const int64_t num_channels = p.channels;
-  const int64_t width = p.kernel_size;
-  const int64_t num_state = width - 1;
   parallel_for(
       num_channels,
       [&](int64_t c_begin, int64_t c_end) {
         for (int64_t c = c_begin; c < c_end; ++c) {
-          const ShortConvChannel ch = short_conv_channel(p, c);
-          const float* w = ch.weight;
-          // Input at time `src` (negative: from the state), channel c.
-          auto input = [&](int64_t src) {
-            return src < 0 ? ch.state[(num_state + src) * ch.state_stride]
-                           : p.x[src * num_channels + c];
-          };
-          for (int64_t t = 0; t < num_tokens; ++t) {
-            float acc = 0.0f;
-            for (int64_t i = 0; i < width; ++i) acc += w[i] * input(t - num_state + i);
-            p.y[t * num_channels + c] = silu(acc);
-          }
-          // Row r becomes the input at time T - (W-1) + r; a state source row
-          // (T + r) is never below r, so ascending r reads rows not yet rewritten.
-          for (int64_t r = 0; r < num_state; ++r) {
-            ch.state[r * ch.state_stride] = input(num_tokens - num_state + r);
-          }
+          conv_channel(
+              p.weight + c * p.kernel_size, p.kernel_size,
+              p.conv_state == nullptr ? nullptr : p.conv_state + c, num_channels, p.num_tokens,
+              [&](int64_t t) { return p.x[t * num_channels + c]; },
+              [&](int64_t t, float y) { p.y[t * num_channels + c] = y; });
         }
       },
       64);
@@ -269,9 +293,7 @@ void kda_gate(const KdaGateParams& p) {
             const float a = std::exp(p.a_log[h]);
             for (int64_t d = 0; d < p.head_dim; ++d) {
               const int64_t i = h * p.head_dim + d;
-              const float x = p.f[t * width + i] + p.dt_bias[i];
-              p.g[t * width + i] = p.lower_bound < 0.0f ? p.lower_bound / (1.0f + std::exp(-a * x))
-                                                        : -a * softplus(x);
+              p.g[t * width + i] = gate_value(p.f[t * width + i] + p.dt_bias[i], a, p.lower_bound);
             }
           }
         }
@@ -288,13 +310,7 @@ void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) {
   parallel_for(
       rows,
       [&](int64_t r_begin, int64_t r_end) {
-        for (int64_t r = r_begin; r < r_end; ++r) {
-          float* row = x + r * dim;
-          float sum_sq = 0.0f;
-          for (int64_t d = 0; d < dim; ++d) sum_sq += row[d] * row[d];
-          const float factor = scale / std::sqrt(sum_sq + kL2NormEps);
-          for (int64_t d = 0; d < dim; ++d) row[d] *= factor;
-        }
+        for (int64_t r = r_begin; r < r_end; ++r) l2norm_row(x + r * dim, dim, scale);
       },
       16);
 }
@@ -336,18 +352,67 @@ void gated_rms_norm(const GatedRmsNormParams& p) {
       p.num_tokens * p.num_heads,
       [&](int64_t r_begin, int64_t r_end) {
         for (int64_t r = r_begin; r < r_end; ++r) {
-          const float* o = p.o + r * dim;
-          const float* gate = p.gate + r * dim;
-          float* y = p.y + r * dim;
-          float sum_sq = 0.0f;
-          for (int64_t e = 0; e < dim; ++e) sum_sq += o[e] * o[e];
-          const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + p.eps);
-          for (int64_t e = 0; e < dim; ++e) {
-            y[e] = o[e] * inv_rms * p.weight[e] * sigmoid(gate[e]);
-          }
+          gated_norm_row(p.o + r * dim, p.gate + r * dim, p.weight, p.y + r * dim, dim, p.eps);
         }
       },
       16);
+}
+
+void kda_decode(const KdaDecodeParams& p) {
+  check_kda_decode_params(p);
+  if (p.num_rows == 0 || p.num_tokens == 0) return;
+  const int64_t heads = p.num_heads, dim = p.head_dim, width = heads * dim;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(dim));
+  parallel_for(p.num_rows * heads, [&](int64_t begin, int64_t end) {
+    // One (request, head): its q, k, v after the conv, g, beta and o, token by token.
+    std::vector<float> qkv, g, beta, o(dim), kv(dim);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t r = i / heads, h = i % heads;
+      const int64_t t0 = kda_decode_first_token(p, r), n = kda_decode_row_tokens(p, r);
+      if (n == 0) continue;
+      qkv.resize(3 * n * dim);
+      g.resize(n * dim);
+      beta.resize(n);
+      const float* raw[3] = {p.q, p.k, p.v};
+      for (int which = 0; which < 3; ++which) {
+        float* state =
+            p.kernel_size == 1
+                ? nullptr
+                : reinterpret_cast<float*>(kda_decode_row(p, p.conv_state[which], r)) + h * dim;
+        for (int64_t c = 0; c < dim; ++c) {
+          const int64_t ch = h * dim + c;
+          float* out = qkv.data() + which * n * dim;
+          conv_channel(
+              p.conv_weight[which] + ch * p.kernel_size, p.kernel_size,
+              state == nullptr ? nullptr : state + c, width, n,
+              [&](int64_t t) { return raw[which][(t0 + t) * width + ch]; },
+              [&](int64_t t, float y) { out[t * dim + c] = y; });
+        }
+      }
+      float* q = qkv.data();
+      float* k = q + n * dim;
+      float* v = k + n * dim;
+      const float a = std::exp(p.a_log[h]);
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t tok = t0 + t;
+        for (int64_t c = 0; c < dim; ++c) {
+          const int64_t ch = h * dim + c;
+          g[t * dim + c] = gate_value(p.f[tok * width + ch] + p.dt_bias[ch], a, p.lower_bound);
+        }
+        beta[t] = sigmoid(p.b[tok * heads + h]);
+        l2norm_row(q + t * dim, dim, q_scale);
+        l2norm_row(k + t * dim, dim, 1.0f);
+      }
+      float* s = reinterpret_cast<float*>(kda_decode_row(p, p.state, r)) + h * dim * dim;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t tok = t0 + t;
+        recurrent_token(s, q + t * dim, k + t * dim, v + t * dim, g.data() + t * dim, beta[t],
+                        o.data(), dim, dim, kv.data());
+        gated_norm_row(o.data(), p.gate + tok * width + h * dim, p.o_norm,
+                       p.y + tok * width + h * dim, dim, p.eps);
+      }
+    }
+  });
 }
 
 }  // namespace hyserve::cpu

@@ -27,4 +27,8 @@ void kda_chunked(const KdaParams& p, int64_t chunk_size = kKdaChunkSize);
 
 void gated_rms_norm(const GatedRmsNormParams& p);
 
+// The fused decode (params.h): per request and head the ops above in the layer's order,
+// token by token, so its bits equal running them one after the other.
+void kda_decode(const KdaDecodeParams& p);
+
 }  // namespace hyserve::cpu

@@ -23,8 +23,8 @@ void kda_gate(const KdaGateParams& p, cudaStream_t stream);
 // Each row of x [rows, dim] becomes x / sqrt(sum x^2 + 1e-6) * scale, in place.
 void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale, cudaStream_t stream);
 
-// Token by token (decode). Grid: heads x V-slices of 32 columns (the columns of S are
-// independent given k, q, g, beta).
+// Token by token (one-token prefill chunks). Grid: heads x V-slices of 32 columns (the
+// columns of S are independent given k, q, g, beta).
 void kda_recurrent(const KdaParams& p, cudaStream_t stream);
 
 // Bytes of workspace kda_chunked needs: one record per (chunk, head) of a slab of up
@@ -40,5 +40,9 @@ void kda_chunked(const KdaParams& p, void* workspace, size_t workspace_bytes, cu
                  int64_t chunk_size = kKdaChunkSize);
 
 void gated_rms_norm(const GatedRmsNormParams& p, cudaStream_t stream);
+
+// The fused decode (params.h KdaDecodeParams): one block per (request, head), the state
+// in registers, read and written once per call; any number of tokens per request.
+void kda_decode(const KdaDecodeParams& p, cudaStream_t stream);
 
 }  // namespace hyserve::cuda

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "core/paged.h"
+#include "core/host_device.h"
 
 namespace hyserve {
 
@@ -30,31 +30,7 @@ struct ShortConvParams {
   int64_t num_tokens = 0;         // T >= 0; T == 0 leaves conv_state unchanged
   int64_t channels = 0;           // C
   int64_t kernel_size = 0;        // W
-  // Batched decode (T == 1): C = B * channels_per_row channels of B sequences, sequence
-  // b's conv state [W-1, channels_per_row] at conv_state + state_rows[b] * state_row_bytes
-  // bytes (rows of the packed cache; device memory for CUDA). Unset: one sequence.
-  const int32_t* state_rows = nullptr;  // [B]
-  int64_t state_row_bytes = 0;
-  int64_t channels_per_row = 0;
 };
-
-// Conv state of channel c (batched decode: its sequence's row), [W-1] strided by the
-// sequence's channel count; and the weight row of c.
-struct ShortConvChannel {
-  float* state;
-  int64_t state_stride;
-  const float* weight;
-};
-HYSERVE_HOST_DEVICE inline ShortConvChannel short_conv_channel(const ShortConvParams& p,
-                                                               int64_t c) {
-  if (p.state_rows == nullptr) return {p.conv_state + c, p.channels, p.weight + c * p.kernel_size};
-  const int64_t b = c / p.channels_per_row, ch = c % p.channels_per_row;
-  float* base = p.conv_state == nullptr
-                    ? nullptr
-                    : reinterpret_cast<float*>(reinterpret_cast<char*>(p.conv_state) +
-                                               p.state_rows[b] * p.state_row_bytes);
-  return {base == nullptr ? nullptr : base + ch, p.channels_per_row, p.weight + ch * p.kernel_size};
-}
 
 // Per-channel log-decay, in one of two forms:
 //   lower_bound == 0 (Kimi Linear): g = -exp(a_log[h]) * softplus(f + dt_bias), softplus
@@ -85,22 +61,7 @@ struct KdaParams {
   int64_t num_tokens = 0;       // T >= 0; T == 0 leaves state unchanged
   int64_t num_heads = 0;        // H
   int64_t head_dim = 0;         // K = V
-  // Batched decode: H = B * heads_per_row heads of B sequences, sequence b's states
-  // [heads_per_row, K, V] at state + state_rows[b] * state_row_bytes bytes (rows of the
-  // packed cache; device memory for CUDA). Unset: one sequence, state [H, K, V].
-  const int32_t* state_rows = nullptr;  // [B]
-  int64_t state_row_bytes = 0;
-  int64_t heads_per_row = 0;
 };
-
-// The [K, V] state of head h.
-HYSERVE_HOST_DEVICE inline float* kda_head_state(const KdaParams& p, int64_t h) {
-  const int64_t size = p.head_dim * p.head_dim;
-  if (p.state_rows == nullptr) return p.state + h * size;
-  return reinterpret_cast<float*>(reinterpret_cast<char*>(p.state) +
-                                  p.state_rows[h / p.heads_per_row] * p.state_row_bytes) +
-         (h % p.heads_per_row) * size;
-}
 
 // y = o / sqrt(mean_v(o^2) + eps) * weight * sigmoid(gate), normalized per head.
 struct GatedRmsNormParams {
@@ -113,5 +74,59 @@ struct GatedRmsNormParams {
   int64_t num_heads = 0;          // H
   int64_t head_dim = 0;           // V
 };
+
+// Most taps of the short conv kda_decode takes (Kimi Linear and K3 use 4).
+inline constexpr int64_t kKdaMaxDecodeConv = 8;
+
+// The whole KDA layer between its input projections and o_proj for a batch of requests
+// decoding a few tokens each, over their states in the packed cache: per request and
+// head, the short convs of q, k and v (their conv states carried), the gate, beta, the
+// q/k l2norm, the delta-rule recurrence token by token (the state updated in place) and
+// the gated output RMSNorm. Equal to running those ops one after the other on each
+// request (cpu.h), token by token.
+//
+// Tokens are token-major [T, ...]; request r's tokens are [token_offsets[r],
+// token_offsets[r + 1]) (any number, 0 included: a few, e.g. a sampled token and its
+// speculative drafts, is what it is for), or token r alone when token_offsets is null. Request r's
+// states live in cache row state_rows[r]: its conv states ([W-1, H*K] each, oldest first) at
+// conv_state[i] + state_rows[r] * state_row_bytes bytes, its recurrent states [H, K, V] at state +
+// state_rows[r] * state_row_bytes bytes. For CUDA, token_offsets, state_rows and every tensor are
+// device memory.
+struct KdaDecodeParams {
+  const float* q = nullptr;     // [T, H*K] q_proj(x), before the conv
+  const float* k = nullptr;     // [T, H*K] k_proj(x), before the conv
+  const float* v = nullptr;     // [T, H*K] v_proj(x), before the conv
+  const float* f = nullptr;     // [T, H*K] f_b(f_a(x)), before dt_bias
+  const float* b = nullptr;     // [T, H] b_proj(x), before the sigmoid
+  const float* gate = nullptr;  // [T, H*K] the output gate, before the sigmoid
+  const float* conv_weight[3] = {nullptr, nullptr, nullptr};  // q, k, v: [H*K, W] each
+  const float* dt_bias = nullptr;                             // [H*K]
+  const float* a_log = nullptr;                               // [H]
+  const float* o_norm = nullptr;                              // [K]
+  float lower_bound = 0.0f;  // the gate's form (KdaGateParams::lower_bound)
+  float eps = 0.0f;          // the output RMSNorm's epsilon
+  float* conv_state[3] = {nullptr, nullptr, nullptr};  // q, k, v conv states of row 0
+  float* state = nullptr;                              // recurrent states of row 0
+  const int32_t* state_rows = nullptr;                 // [num_rows]
+  int64_t state_row_bytes = 0;
+  const int32_t* token_offsets = nullptr;  // [num_rows + 1], or null: one token per row
+  int64_t num_rows = 0;                    // B
+  int64_t num_tokens = 0;                  // T
+  int64_t num_heads = 0;                   // H
+  int64_t head_dim = 0;                    // K = V
+  int64_t kernel_size = 0;                 // W
+  float* y = nullptr;                      // [T, H*K] out: rmsnorm(o) * o_norm * sigmoid(gate)
+};
+
+// Where request r's states and tokens are.
+HYSERVE_HOST_DEVICE inline char* kda_decode_row(const KdaDecodeParams& p, float* base, int64_t r) {
+  return reinterpret_cast<char*>(base) + p.state_rows[r] * p.state_row_bytes;
+}
+HYSERVE_HOST_DEVICE inline int64_t kda_decode_first_token(const KdaDecodeParams& p, int64_t r) {
+  return p.token_offsets == nullptr ? r : p.token_offsets[r];
+}
+HYSERVE_HOST_DEVICE inline int64_t kda_decode_row_tokens(const KdaDecodeParams& p, int64_t r) {
+  return p.token_offsets == nullptr ? 1 : p.token_offsets[r + 1] - p.token_offsets[r];
+}
 
 }  // namespace hyserve

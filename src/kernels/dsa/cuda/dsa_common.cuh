@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <utility>
 
+#include "core/cuda/cp_async.cuh"
 #include "kernels/dsa/params.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -82,12 +83,10 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes16) {
   return out;
 }
 
-// 16-byte async copy global -> shared; src_bytes 0 fills zeros without reading.
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, int src_bytes) {
-  const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(gmem),
-               "r"(src_bytes));
-}
+// cp.async helpers (core/cuda/cp_async.cuh), with the L2-policy forms below.
+using cuda::cp_async_16;
+using cuda::cp_async_commit;
+using cuda::cp_async_wait;
 
 // L2 eviction priorities (createpolicy, sm_80+). A DSA step streams ~30x more index-key
 // bytes than it writes scores, and the top-k reads the scores back right after. Where the
@@ -140,13 +139,6 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem, int src
   const auto s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem),
                "r"(src_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int kPending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 }
 
 // Programmatic dependent launch: the kernels of a DSA step are launched so that the next

@@ -328,7 +328,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* vv = buf + kChunkRows * kp;             // [64, 64] U, then V'
   float* aqk = vv + kChunkRows * kVSlice;        // [64, 64] Aqk, then O
   float* decay = aqk + kChunkRows * kChunkRows;  // [kp]
-  float* state = kda_head_state(p, h);
+  float* state = p.state + h * p.head_dim * p.head_dim;
   const int col_tiles = sv / 16;
   const int row_tiles = kChunkRows / 16;
   const int num_out_tiles = row_tiles * col_tiles;  // <= 16: at most 2 per warp

@@ -40,10 +40,10 @@ __global__ void short_conv_kernel(ShortConvParams p) {
   const int64_t num_channels = p.channels;
   const int64_t width = p.kernel_size;
   const int64_t num_state = width - 1;
-  const ShortConvChannel ch = short_conv_channel(p, c);
-  const float* w = ch.weight;
+  const float* w = p.weight + c * width;
+  float* state = p.conv_state == nullptr ? nullptr : p.conv_state + c;
   auto input = [&](int64_t src) {
-    return src < 0 ? ch.state[(num_state + src) * ch.state_stride] : p.x[src * num_channels + c];
+    return src < 0 ? state[(num_state + src) * num_channels] : p.x[src * num_channels + c];
   };
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     float acc = 0.0f;
@@ -52,7 +52,7 @@ __global__ void short_conv_kernel(ShortConvParams p) {
   }
   // Ascending r reads rows not yet rewritten (source row T + r >= r), as on the CPU.
   for (int64_t r = 0; r < num_state; ++r) {
-    ch.state[r * ch.state_stride] = input(p.num_tokens - num_state + r);
+    state[r * num_channels] = input(p.num_tokens - num_state + r);
   }
 }
 
@@ -108,7 +108,6 @@ void short_conv_silu(const ShortConvParams& p, cudaStream_t stream) {
   CHECK(p.x != nullptr && p.weight != nullptr && p.y != nullptr,
         "short_conv_silu: null x, weight or y");
   CHECK(p.x != p.y, "short_conv_silu: y must not alias x");
-  check_conv_state_rows(p);
   short_conv_kernel<<<blocks_for(p.channels, kThreads), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

@@ -31,7 +31,7 @@ __global__ void recurrent_kernel(KdaParams p) {
   float* q_s = s_col + dk * kSlice;  // [K]
   float* k_s = q_s + dk;             // [K]
   float* decay_s = k_s + dk;         // [K]
-  float* state = kda_head_state(p, blockIdx.x);
+  float* state = p.state + blockIdx.x * dk * dv;
   const bool active = e < dv;
   if (active) {
     for (int64_t d = 0; d < dk; ++d) s_col[d * kSlice + lane] = state[d * dv + e];
