@@ -217,6 +217,13 @@ TEST(Cli, ServeRefusesBadFlagsBeforeLoading) {
       {"--served-model-name a --served-model-name b", "--served-model-name given more than once"},
       {"--allowed-origins https://x.example", "--allowed-origins must be a JSON list of strings"},
       {"--allowed-headers '[1]'", "--allowed-headers must be a JSON list of strings"},
+      {"--speculative-config '{\"method\": \"dspark\", \"num_speculative_tokens\": 7}'",
+       "method 'dspark' is refused until its drafter is specified"},
+      {"--speculative-config '{\"method\": \"ngram\"}'", "num_speculative_tokens is required"},
+      {"--speculative-config 'ngram'", "--speculative-config is not JSON"},
+      {"--async-scheduling --speculative-config "
+       "'{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'",
+       "speculative decoding runs without asynchronous scheduling"},
   };
   for (const auto& c : cases) {
     const RunResult r = serve_refusing(c.flags);

@@ -93,6 +93,29 @@ TEST(KdaDecode, ManyTokensInOneCallEqualOneTokenPerCall) {
   EXPECT_EQ(cache, whole.cache);
 }
 
+// Speculative verification: a verify call computes every token's output and leaves the states
+// as they were; a commit of the first counts[r] tokens of each request (no outputs) leaves the
+// states the separate ops give those tokens. Both bitwise.
+TEST(KdaDecode, VerifyWritesNoStateAndCommitKeepsTheCountedTokens) {
+  for (const float lower_bound : {0.0f, -5.0f}) {
+    const KdaDecodeBatch in =
+        test::make_kda_decode_batch({3, 0, 9, 1, 5}, 2, 32, 4, lower_bound, 80);
+    const KdaDecodeResult full = test::kda_decode_cpu(in);
+    const KdaDecodeResult verified =
+        test::kda_decode_cpu(in, false, {.write_state = false, .outputs = true, .counts = {}});
+    EXPECT_EQ(verified.y, full.y);
+    EXPECT_EQ(verified.cache, in.cache);
+    for (const std::vector<int32_t>& counts :
+         {std::vector<int32_t>{1, 0, 1, 1, 1}, {2, 0, 9, 1, 3}, {3, 5, 9, 1, 5}, {0, 0, 4, 0, 7}}) {
+      const KdaDecodeResult committed = test::kda_decode_cpu(
+          in, false, {.write_state = true, .outputs = false, .counts = counts});
+      const KdaDecodeResult want = test::kda_decode_by_ops(test::kept_tokens(in, counts));
+      EXPECT_EQ(committed.cache, want.cache) << counts[0] << "," << counts[4];
+      EXPECT_EQ(committed.y, std::vector<float>(full.y.size(), 0.0f)) << "a commit wrote outputs";
+    }
+  }
+}
+
 TEST(KdaDecode, RejectsBadArguments) {
   KdaDecodeBatch in = test::make_kda_decode_batch({2, 1}, 2, 8, 4, 0.0f, 70);
   std::vector<float> y(in.tokens() * in.width());
@@ -113,6 +136,10 @@ TEST(KdaDecode, RejectsBadArguments) {
   refused([](KdaDecodeParams& p) { p.token_offsets = nullptr; });  // 3 tokens, 2 rows
   refused([](KdaDecodeParams& p) { p.gate = nullptr; });
   refused([](KdaDecodeParams& p) { p.head_dim = 0; });
+  refused([](KdaDecodeParams& p) {  // nothing to do
+    p.y = nullptr;
+    p.write_state = false;
+  });
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // (kda_decode_test.cpp) and the GPU test (gpu/kda_test.cpp).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numeric>
@@ -213,11 +214,45 @@ inline KdaDecodePointers host_pointers(const KdaDecodeBatch& in, float* cache, f
           y};
 }
 
-// cpu::kda_decode over host copies of `in`.
-inline KdaDecodeResult kda_decode_cpu(const KdaDecodeBatch& in, bool one_token_rows = false) {
+// Speculative verification's two uses of the op (KdaDecodeParams): verify (outputs, no state
+// written) and commit (each request's first counts[r] tokens, states written, no outputs).
+struct KdaDecodeMode {
+  bool write_state = true;
+  bool outputs = true;
+  std::vector<int32_t> counts;  // empty: every token
+};
+
+// cpu::kda_decode over host copies of `in` (y stays 0 without outputs).
+inline KdaDecodeResult kda_decode_cpu(const KdaDecodeBatch& in, bool one_token_rows = false,
+                                      const KdaDecodeMode& mode = {}) {
   KdaDecodeResult out{std::vector<float>(in.tokens() * in.width()), in.cache};
   const KdaDecodePointers ptr = host_pointers(in, out.cache.data(), out.y.data());
-  cpu::kda_decode(kda_decode_params(in, ptr, one_token_rows));
+  KdaDecodeParams p = kda_decode_params(in, ptr, one_token_rows);
+  p.write_state = mode.write_state;
+  if (!mode.outputs) p.y = nullptr;
+  if (!mode.counts.empty()) p.token_counts = mode.counts.data();
+  cpu::kda_decode(p);
+  return out;
+}
+
+// `in` with each request's first counts[r] tokens only (the same rows and cache).
+inline KdaDecodeBatch kept_tokens(const KdaDecodeBatch& in, const std::vector<int32_t>& counts) {
+  KdaDecodeBatch out = in;
+  out.offsets.assign(1, 0);
+  for (auto* x : {&out.q, &out.k, &out.v, &out.f, &out.gate, &out.b}) x->clear();
+  const int64_t w = in.width(), h = in.heads;
+  for (int64_t r = 0; r < in.rows(); ++r) {
+    const int64_t n =
+        std::min<int64_t>(counts[static_cast<size_t>(r)], in.offsets[r + 1] - in.offsets[r]);
+    out.offsets.push_back(out.offsets.back() + static_cast<int32_t>(n));
+    const int64_t t0 = in.offsets[r];
+    const std::vector<float>* src[] = {&in.q, &in.k, &in.v, &in.f, &in.gate};
+    std::vector<float>* dst[] = {&out.q, &out.k, &out.v, &out.f, &out.gate};
+    for (int i = 0; i < 5; ++i) {
+      dst[i]->insert(dst[i]->end(), src[i]->begin() + t0 * w, src[i]->begin() + (t0 + n) * w);
+    }
+    out.b.insert(out.b.end(), in.b.begin() + t0 * h, in.b.begin() + (t0 + n) * h);
+  }
   return out;
 }
 

@@ -720,3 +720,79 @@ TEST(SchedulerTest, RandomWorkload) {
 
 }  // namespace
 }  // namespace hyserve
+
+namespace hyserve {
+namespace {
+
+// Speculative decoding's share of scheduling: a decode step takes the request's drafts as far
+// as the budget and its length allow, each with a slot, and update_from_output keeps the
+// accepted ones (the rejected positions are computed no more); a prefill chunk takes none.
+TEST(SchedulerDrafts, DecodeStepsVerifyDraftsWithinTheBudgetAndLengthAndRollBack) {
+  Scheduler s(make_config(6, 4, 64), make_kv(16, 4, /*kda=*/true));
+  s.add_request(make_request("a", {1, 2, 3, 4, 5}, 9));
+  s.propose_drafts([](const Request&) { return std::vector<int32_t>{9, 9}; });
+  // The prompt is a prefill: the drafts are not proposed for it, nor taken.
+  SchedulerOutput out = s.schedule();
+  ASSERT_EQ(out.requests.size(), 1u);
+  EXPECT_EQ(out.requests[0].num_draft_tokens, 0);
+  EXPECT_EQ(out.requests[0].num_new_tokens(), 5);
+  ModelRunnerOutput result;
+  result.sampled_token_ids["a"] = {20};
+  s.update_from_output(out, result);
+
+  // Decode: 5 drafts, a budget of 6 tokens: all five, after the last token.
+  s.propose_drafts([](const Request& r) {
+    EXPECT_EQ(r.num_computed_tokens + 1, r.num_tokens());
+    return std::vector<int32_t>{30, 31, 32, 33, 34};
+  });
+  out = s.schedule();
+  ASSERT_EQ(out.requests.size(), 1u);
+  const ScheduledRequest& step = out.requests[0];
+  EXPECT_EQ(step.start_position, 5);
+  EXPECT_EQ(step.token_ids, (std::vector<int32_t>{20, 30, 31, 32, 33, 34}));
+  EXPECT_EQ(step.num_draft_tokens, 5);
+  EXPECT_EQ(step.slot_mapping.size(), 6u);
+  EXPECT_TRUE(step.samples);
+  EXPECT_EQ(out.num_scheduled_tokens, 6);
+  // Two drafts accepted, then a token of the model's own.
+  result.sampled_token_ids["a"] = {30, 31, 40};
+  std::vector<RequestUpdate> updates = s.update_from_output(out, result);
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].new_token_ids, (std::vector<int32_t>{30, 31, 40}));
+  const Request* a = s.find_request("a");
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->num_computed_tokens, 8);  // the last token and the two accepted drafts
+  EXPECT_EQ(a->num_tokens(), 9);
+  EXPECT_TRUE(a->spec_token_ids.empty());
+
+  // max_tokens 9: 4 outputs so far, so at most 5 more; the drafts leave room for the token
+  // after them: 4 at most.
+  s.propose_drafts([](const Request&) { return std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}; });
+  out = s.schedule();
+  EXPECT_EQ(out.requests.at(0).num_draft_tokens, 4);
+  result.sampled_token_ids["a"] = {1, 2, 3, 4, 8};  // every draft and one more: the limit
+  updates = s.update_from_output(out, result);
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_EQ(updates[0].status, RequestStatus::kFinishedLength);
+  EXPECT_EQ(updates[0].new_token_ids.size(), 5u);
+  EXPECT_EQ(s.find_request("a"), nullptr);
+}
+
+TEST(SchedulerDrafts, TheBudgetCutsDraftsAndRefusesWrongCounts) {
+  Scheduler s(make_config(3, 4, 64), make_kv(16, 4));
+  s.add_request(make_request("a", {1, 2}, 20));
+  SchedulerOutput out = s.schedule();
+  ModelRunnerOutput result;
+  result.sampled_token_ids["a"] = {5};
+  s.update_from_output(out, result);
+  s.propose_drafts([](const Request&) { return std::vector<int32_t>{6, 7, 8, 9}; });
+  out = s.schedule();
+  // Budget 3: the token and two drafts.
+  EXPECT_EQ(out.requests.at(0).num_draft_tokens, 2);
+  EXPECT_EQ(out.requests.at(0).token_ids, (std::vector<int32_t>{5, 6, 7}));
+  result.sampled_token_ids["a"] = {6, 7, 8, 9};  // more tokens than drafts + 1
+  EXPECT_THROW(s.update_from_output(out, result), Error);
+}
+
+}  // namespace
+}  // namespace hyserve

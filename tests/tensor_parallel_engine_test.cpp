@@ -57,6 +57,7 @@ struct GroupRun {
   std::map<std::string, Result> results;
   bool alive = true;
   int64_t num_preemptions = 0;
+  SpecDecodeCounts spec;
   std::optional<std::string> diagnosis;
   std::vector<std::string> worker_errors;
 };
@@ -75,6 +76,7 @@ struct GroupOptions {
   // And then takes the next plan without running it: rank 0 is left in a collective.
   bool die_mid_step = false;
   int32_t num_blocks = 96;  // few: requests are preempted and recomputed
+  SpeculativeConfig speculative;
 };
 
 EngineConfig engine_config(const GroupOptions& g) {
@@ -86,6 +88,7 @@ EngineConfig engine_config(const GroupOptions& g) {
   c.min_block_size = 16;
   c.num_blocks = g.num_blocks;
   c.enable_prefix_caching = g.prefix_caching;
+  c.speculative = g.speculative;
   return c;
 }
 
@@ -169,6 +172,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
     }
     run.alive = engine.alive();
     run.num_preemptions = engine.stats().num_preemptions;
+    run.spec = engine.stats().spec_decode;
     if (g.tp > 1) {
       if (!run.alive) run.diagnosis = link.diagnose(2s);
       link.stop();
@@ -365,9 +369,44 @@ INSTANTIATE_TEST_SUITE_P(When, TensorParallelEngineFailure, testing::Values(fals
                            return p.param ? "InAStep" : "BetweenSteps";
                          });
 
+// Speculative decoding across ranks: rank 0 verifies the drafts and sends the workers each
+// verification (a plan part) and its commit counts (the next plan); the tokens match one rank
+// without speculation (requests biased to a few tokens, so that drafts are accepted).
+TEST(TensorParallelEngineSpeculation, NgramDraftsMatchOneRankWithout) {
+  for (const char* dir : {"tests/fixtures/kimi_linear_tiny", "tests/fixtures/deepseek_v32_tiny"}) {
+    SCOPED_TRACE(dir);
+    GroupOptions g;
+    g.dir = fixture(dir);
+    const ModelConfig c = ModelConfig::load(g.dir);
+    std::vector<Request> batch;
+    for (int i = 0; i < 4; ++i) {
+      Request r = greedy_request(
+          str_cat("r", i),
+          test::random_prompt(9 + 21 * i, 700 + static_cast<uint32_t>(i), c.vocab_size), 24);
+      if (i % 2 == 1) {
+        for (int32_t id : {5, 11, 23}) r.sampling_params.logit_bias.push_back({id, 30.0f});
+      }
+      batch.push_back(std::move(r));
+    }
+    const GroupRun one = run_group(g, {batch});
+    g.tp = 2;
+    g.speculative.method = SpeculativeMethod::kNgram;
+    g.speculative.num_speculative_tokens = 3;
+    g.speculative.prompt_lookup_min = 1;
+    g.speculative.prompt_lookup_max = 3;
+    const GroupRun tp = run_group(g, {batch});
+    EXPECT_TRUE(tp.alive);
+    expect_no_worker_errors(tp);
+    expect_greedy_matches(one, tp, 1e-3);
+    EXPECT_GT(tp.spec.num_accepted_tokens, 0);
+    EXPECT_LT(tp.spec.num_accepted_tokens, tp.spec.num_draft_tokens);
+  }
+}
+
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   StepPlan p;
   p.step = 7;
+  p.commits = {1, 3, 2};
   p.dropped = {"gone"};
   p.state_ops = {{3, -1}, {4, 9}};
   PlanPart part;
@@ -382,7 +421,13 @@ TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   q.blocks_kept = 2;
   q.new_blocks = {17};
   part.sequences = {q};
-  p.parts = {part};
+  PlanPart verify;
+  verify.verify = true;
+  PlanSequence vq = q;
+  vq.tokens = {5, 6, 7};
+  vq.slots = {1234, 1235, 1236};
+  verify.sequences = {vq};
+  p.parts = {part, verify};
   p.snapshots = {{3, 11}};
   p.num_sampled = 5;
   const std::vector<uint8_t> bytes = encode_plan(p);
@@ -390,6 +435,9 @@ TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   EXPECT_EQ(encode_plan(back), bytes);
   EXPECT_EQ(back.parts.at(0).sequences.at(0).new_blocks, std::vector<int32_t>{17});
   EXPECT_EQ(back.state_ops.at(1).source_block, 9);
+  EXPECT_EQ(back.commits, (std::vector<int32_t>{1, 3, 2}));
+  EXPECT_TRUE(back.parts.at(1).verify);
+  EXPECT_FALSE(back.parts.at(1).decode_step);
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     const std::vector<uint8_t> truncated(bytes.begin(), bytes.begin() + static_cast<long>(cut));
     EXPECT_THROW(decode_plan(truncated), Error) << "cut at " << cut;

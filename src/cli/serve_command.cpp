@@ -32,6 +32,7 @@
 #include "parallel/store.h"
 #include "server/no_tokenizer.h"
 #include "server/openai_server.h"
+#include "server/speculative_config.h"
 #include "tokenizer/chat_template.h"
 #include "tokenizer/parser_registry.h"
 #include "tokenizer/tokenizer.h"
@@ -196,8 +197,11 @@ MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, EngineConfig& ec
     ec.workspace_bytes = warm.workspace->capacity_bytes() +
                          static_cast<size_t>(model.context_transient_bytes(sc.max_model_len));
   }
-  // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.
-  model.reserve_decode_scratch(sc.max_num_seqs, sc.max_model_len);
+  // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.;
+  // with speculative decoding every verified token is a query row of it.
+  const ModelRunnerConfig rc = runner_config(ec);
+  model.reserve_decode_scratch(std::max(sc.max_num_seqs, ModelRunner::max_verify_tokens(rc)),
+                               sc.max_model_len);
 #ifdef HYSERVE_WITH_CUDA
   if (device == "cuda") {
     const cuda::MemoryInfo m = cuda::memory_info();
@@ -206,9 +210,7 @@ MemoryPlan plan_kv_pool(const Model& model, const ServeArgs& a, EngineConfig& ec
     // before its first step: the runner's workspace and buffers.
     budget.reserve_bytes = static_cast<int64_t>(m.total_bytes - m.free_bytes) +
                            static_cast<int64_t>(ec.workspace_bytes) +
-                           ModelRunner::device_bytes(model.config().vocab_size, sc.max_num_seqs,
-                                                     sc.max_num_batched_tokens,
-                                                     plan.blocks_for_tokens(sc.max_model_len));
+                           ModelRunner::device_bytes(model, rc);
   }
 #endif
   const MemoryPlan mp = plan_memory(plan, budget);
@@ -333,6 +335,8 @@ RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const 
   ec.scheduler.max_model_len = max_model_len;
   // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).
   ec.enable_prefix_caching = !a.no_enable_prefix_caching;
+  if (!a.speculative_config.empty())
+    ec.speculative = parse_speculative_config(a.speculative_config);
   rm.memory = plan_kv_pool(*rm.model, a, ec, device);
   int64_t blocks = rm.memory.num_blocks;
   if (g.size > 1) {
@@ -439,8 +443,11 @@ int run_serve(const ServeArgs& a) {
           " runs workers only: add --headless (node 0 serves the API)");
   require(!a.master_port || (*a.master_port >= 1 && *a.master_port <= 65535),
           "--master-port must be from 1 to 65535");
-  CHECK(a.speculative_config.empty(),
-        "--speculative-config: speculative decoding is not built yet");
+  if (!a.speculative_config.empty()) {
+    CHECK(!a.async_scheduling, "--async-scheduling and --speculative-config: speculative ",
+          "decoding runs without asynchronous scheduling");
+    parse_speculative_config(a.speculative_config);  // a bad config fails before loading
+  }
   CHECK(!(a.enable_prefix_caching && a.no_enable_prefix_caching),
         "--enable-prefix-caching and --no-enable-prefix-caching contradict each other");
   CHECK(!(a.async_scheduling && a.no_async_scheduling),

@@ -26,6 +26,19 @@ InputLayout input_layout(int64_t rows) {
   return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows, 32 * rows};
 }
 
+// A verification's inputs for up to `tokens` tokens of up to `seqs` sequences: per token
+// pos, slots (int64), ids, seq_lens (int32); per sequence state rows, token offsets (one
+// more) and the commit's counts (int32).
+struct VerifyLayout {
+  int64_t pos, slots, ids, seq_lens, state_rows, offsets, counts, bytes;
+};
+VerifyLayout verify_layout(int64_t tokens, int64_t seqs) {
+  const int64_t state_rows = 24 * tokens;
+  const int64_t offsets = state_rows + 4 * seqs;
+  const int64_t counts = offsets + 4 * (seqs + 1);
+  return {0, 8 * tokens, 16 * tokens, 20 * tokens, state_rows, offsets, counts, counts + 4 * seqs};
+}
+
 }  // namespace
 
 DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, DecodeStepConfig config)
@@ -35,16 +48,30 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
         ", graph_max_batch ", config_.graph_max_batch);
   config_.graph_max_batch = std::min(config_.graph_max_batch, config_.max_batch);
   if (!model_.decode_capturable()) config_.graph_max_batch = 0;
+  CHECK(config_.max_verify_tokens >= 0, "decode step: max_verify_tokens ",
+        config_.max_verify_tokens);
   width_ = cache_.plan().blocks_for_tokens(config_.max_context);
   pad_ = cache_.scratch_block();
   const auto rows = static_cast<size_t>(config_.max_batch);
-  tables_ = BackendBuffer(&backend_, rows * static_cast<size_t>(width_) * 4);
+  // A verification's tokens each take a table row too.
+  const auto table_rows = std::max(rows, static_cast<size_t>(config_.max_verify_tokens));
+  tables_ = BackendBuffer(&backend_, table_rows * static_cast<size_t>(width_) * 4);
   inputs_ = BackendBuffer(&backend_, static_cast<size_t>(input_layout(config_.max_batch).bytes));
   logits_ = BackendBuffer(&backend_, rows * static_cast<size_t>(model_.config().vocab_size) * 4);
-  table_host_.assign(rows * static_cast<size_t>(width_), pad_);
+  table_host_.assign(table_rows * static_cast<size_t>(width_), pad_);
   backend_.upload(tables_.data(), table_host_.data(), table_host_.size() * 4);
-  row_used_.assign(rows, 0);
+  row_used_.assign(table_rows, 0);
   staging_.resize(inputs_.size());
+  if (config_.max_verify_tokens > 0) {
+    const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+    verify_inputs_ = BackendBuffer(&backend_, static_cast<size_t>(l.bytes));
+    staging_.resize(std::max(staging_.size(), static_cast<size_t>(l.bytes)));
+    const int64_t floats = model_.kda_stash_floats(config_.max_verify_tokens);
+    if (floats > 0) {
+      stash_buffer_ = BackendBuffer(&backend_, static_cast<size_t>(floats) * 4);
+      stash_ = {stash_buffer_.as<float>(), config_.max_verify_tokens};
+    }
+  }
 }
 
 DecodeStep::~DecodeStep() {
@@ -53,6 +80,14 @@ DecodeStep::~DecodeStep() {
 
 int64_t DecodeStep::device_bytes(int64_t vocab, int64_t max_batch, int64_t table_width) {
   return max_batch * (table_width * 4 + input_layout(1).bytes + vocab * 4);
+}
+
+int64_t DecodeStep::verify_bytes(const Model& model, int64_t max_batch, int64_t max_verify_tokens,
+                                 int64_t table_width) {
+  if (max_verify_tokens <= 0) return 0;
+  return std::max<int64_t>(0, max_verify_tokens - max_batch) * table_width * 4 +
+         verify_layout(max_verify_tokens, max_batch).bytes +
+         model.kda_stash_floats(max_verify_tokens) * 4;
 }
 
 int64_t DecodeStep::num_graphs() const {
@@ -95,6 +130,123 @@ void DecodeStep::set_table_row(int64_t row, std::span<const int32_t> blocks) {
   row_used_[static_cast<size_t>(row)] = n;
   table_entries_uploaded_ += end - first;
   bytes_uploaded_ += (end - first) * 4;
+}
+
+int64_t DecodeStep::check_row(const SequenceInput& in, int64_t i, int64_t j) const {
+  const int64_t bs = cache_.plan().block_size, dcp = cache_.plan().options.dcp;
+  const int64_t position = in.num_computed + j;
+  CHECK(in.num_computed >= 0 && std::ssize(in.blocks) * bs * dcp > position,
+        "decode step: ", in.blocks.size(), " blocks cannot hold position ", position,
+        " of sequence ", i);
+  CHECK(cache_.plan().kda_state_rows == 0 || (in.state_block >= 0 && in.state_block < pad_),
+        "decode step: KDA state block ", in.state_block, " of sequence ", i, " outside the pool");
+  return in.slots.empty() ? slot_index(in.blocks.data(), bs, position / dcp)
+                          : in.slots[static_cast<size_t>(j)];
+}
+
+bool DecodeStep::accepts_verify(std::span<const SequenceInput> batch) const {
+  if (config_.max_verify_tokens == 0 || batch.empty() || std::ssize(batch) > config_.max_batch) {
+    return false;
+  }
+  int64_t tokens = 0;
+  for (const SequenceInput& in : batch) {
+    if (in.cache != &cache_ || in.tokens.empty() ||
+        in.num_computed + std::ssize(in.tokens) > config_.max_context ||
+        std::ssize(in.blocks) > width_ ||
+        (!in.slots.empty() && in.slots.size() != in.tokens.size())) {
+      return false;
+    }
+    tokens += std::ssize(in.tokens);
+  }
+  return tokens <= config_.max_verify_tokens;
+}
+
+const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
+  CHECK(accepts_verify(batch), "decode step: the batch is not a verification of this cache ",
+        "within ", config_.max_batch, " sequences and ", config_.max_verify_tokens, " tokens");
+  bytes_uploaded_ = 0;
+  table_entries_uploaded_ = 0;
+  const int64_t vocab = model_.config().vocab_size;
+  const auto num_seqs = std::ssize(batch);
+  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+  auto* pos = reinterpret_cast<int64_t*>(staging_.data() + l.pos);
+  auto* slots = reinterpret_cast<int64_t*>(staging_.data() + l.slots);
+  auto* ids = reinterpret_cast<int32_t*>(staging_.data() + l.ids);
+  auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
+  auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
+  auto* offsets = reinterpret_cast<int32_t*>(staging_.data() + l.offsets);
+  int64_t row = 0, max_keys = 0;
+  verify_lengths_.clear();
+  for (int64_t i = 0; i < num_seqs; ++i) {
+    const SequenceInput& in = batch[static_cast<size_t>(i)];
+    offsets[i] = static_cast<int32_t>(row);
+    state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;
+    verify_lengths_.push_back(static_cast<int32_t>(in.tokens.size()));
+    for (int64_t j = 0; j < std::ssize(in.tokens); ++j, ++row) {
+      const int32_t id = in.tokens[static_cast<size_t>(j)];
+      CHECK(id >= 0 && id < vocab, "decode step: token id ", id, " of sequence ", i,
+            " is outside the vocabulary [0, ", vocab, ")");
+      slots[row] = check_row(in, i, j);
+      set_table_row(row, in.blocks);
+      pos[row] = in.num_computed + j;
+      ids[row] = id;
+      seq_lens[row] = static_cast<int32_t>(in.num_computed + j + 1);
+      max_keys = std::max<int64_t>(max_keys, seq_lens[row]);
+    }
+  }
+  offsets[num_seqs] = static_cast<int32_t>(row);
+  // Only the parts in use: the per-token arrays of `row` tokens and the sequences' rows.
+  uint8_t* base = verify_inputs_.as<uint8_t>();
+  const std::pair<int64_t, int64_t> parts[] = {
+      {l.pos, 8 * row},      {l.slots, 8 * row},           {l.ids, 4 * row},
+      {l.seq_lens, 4 * row}, {l.state_rows, 4 * num_seqs}, {l.offsets, 4 * (num_seqs + 1)}};
+  for (const auto& [at, bytes] : parts) {
+    backend_.upload(base + at, staging_.data() + at, static_cast<size_t>(bytes));
+    bytes_uploaded_ += bytes;
+  }
+  verify_sequences_ = num_seqs;
+  verify_tokens_ = row;
+
+  const SequenceSlice all{0, row, 0, &cache_, tables_.as<int32_t>(), pad_, true};
+  BatchedDecode decode{&cache_,
+                       tables_.as<int32_t>(),
+                       width_,
+                       reinterpret_cast<const int32_t*>(base + l.state_rows),
+                       reinterpret_cast<const int32_t*>(base + l.seq_lens),
+                       max_keys};
+  decode.token_offsets = reinterpret_cast<const int32_t*>(base + l.offsets);
+  decode.num_sequences = num_seqs;
+  decode.kda_stash = stash_.data != nullptr ? &stash_ : nullptr;
+  const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
+                       reinterpret_cast<const int64_t*>(base + l.pos),
+                       reinterpret_cast<const int64_t*>(base + l.slots),
+                       row,
+                       std::span<const SequenceSlice>(&all, 1),
+                       decode};
+  ws_.reset();
+  return model_.forward_device(db, ws_);
+}
+
+void DecodeStep::commit(std::span<const int32_t> counts) {
+  CHECK(std::ssize(counts) == verify_sequences_, "decode step: ", counts.size(),
+        " commit counts for the last verification's ", verify_sequences_, " sequences");
+  for (size_t i = 0; i < counts.size(); ++i) {
+    CHECK(counts[i] >= 1 && counts[i] <= verify_lengths_[i], "decode step: commit of ", counts[i],
+          " tokens of sequence ", i, " which verified ", verify_lengths_[i]);
+  }
+  if (stash_.data == nullptr || counts.empty()) return;
+  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+  uint8_t* base = verify_inputs_.as<uint8_t>();
+  backend_.upload(base + l.counts, counts.data(), counts.size() * 4);
+  KdaCommit c;
+  c.cache = &cache_;
+  c.stash = &stash_;
+  c.state_rows = reinterpret_cast<const int32_t*>(base + l.state_rows);
+  c.token_offsets = reinterpret_cast<const int32_t*>(base + l.offsets);
+  c.token_counts = reinterpret_cast<const int32_t*>(base + l.counts);
+  c.num_sequences = verify_sequences_;
+  c.num_tokens = verify_tokens_;
+  model_.commit_kda(c);
 }
 
 const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSource& source) {

@@ -41,6 +41,8 @@ struct DecodeStepConfig {
   int64_t max_context = 4096;   // tokens of one sequence at most (the table width)
   int64_t graph_max_batch = 0;  // graphs for batches up to this (0: eager only; also 0
                                 // when the model cannot be captured: decode_capturable)
+  // Tokens of one verification (speculative decoding) at most; 0: no verification.
+  int64_t max_verify_tokens = 0;
 };
 
 class DecodeStep {
@@ -54,6 +56,9 @@ class DecodeStep {
 
   // Device bytes of the persistent buffers.
   static int64_t device_bytes(int64_t vocab, int64_t max_batch, int64_t table_width);
+  // And those of verification (tables, inputs and the stash) for max_verify_tokens.
+  static int64_t verify_bytes(const Model& model, int64_t max_batch, int64_t max_verify_tokens,
+                              int64_t table_width);
 
   // Whether the batch runs here: Model::is_batched_decode on this cache, within max_batch
   // and max_context.
@@ -69,6 +74,20 @@ class DecodeStep {
   const float* run(std::span<const SequenceInput> batch, const TokenSource& source);
   const float* run(std::span<const SequenceInput> batch) { return run(batch, TokenSource{}); }
 
+  // Speculative verification: each sequence brings 1 + k tokens, the token it sampled last
+  // and its k drafts (any k >= 0, up to max_verify_tokens in all). Every token is a query
+  // row of the decode form above (its own table row, its causal bound); the KDA layers run
+  // each sequence's tokens in order without writing their states and keep their inputs in
+  // the stash (Model's KdaStash). Runs eagerly. Returns the logits of every token [T, vocab],
+  // the batch's tokens in order, valid until the next run.
+  bool accepts_verify(std::span<const SequenceInput> batch) const;
+  const float* verify(std::span<const SequenceInput> batch);
+  // After verify: advances each of its sequences' KDA states by its first counts[i] tokens
+  // (1..its tokens), as decoding them one by one would. The latents and index keys of the
+  // tokens after them stay in their slots past the sequence's length, read by nothing
+  // until a later token overwrites them.
+  void commit(std::span<const int32_t> counts);
+
   int64_t num_graphs() const;
   // Host -> device bytes of the last run's inputs, and how many of them were block-table
   // entries (tests: unchanged rows are not copied).
@@ -83,6 +102,8 @@ class DecodeStep {
   };
   // Brings table row `row` to `blocks` (pad past them), copying only what differs.
   void set_table_row(int64_t row, std::span<const int32_t> blocks);
+  // The checks of one input of a run (row i of the batch) and its position's slot.
+  int64_t check_row(const SequenceInput& in, int64_t i, int64_t j) const;
 
   const Model& model_;
   Backend& backend_;
@@ -92,6 +113,12 @@ class DecodeStep {
   int64_t width_ = 0;  // table entries per row
   int32_t pad_ = 0;    // the cache's scratch block
   BackendBuffer tables_, inputs_, logits_;
+  // Verification: its per-token and per-sequence inputs, the KDA stash, and the last
+  // verify's sequences (commit() reads them).
+  BackendBuffer verify_inputs_, stash_buffer_;
+  KdaStash stash_;
+  int64_t verify_sequences_ = 0, verify_tokens_ = 0;
+  std::vector<int32_t> verify_lengths_;
   std::vector<int32_t> table_host_;  // [max_batch, width] what tables_ holds
   std::vector<int64_t> row_used_;    // [max_batch] leading entries that are not pad
   std::vector<uint8_t> staging_;     // the per-token inputs, laid out as inputs_

@@ -32,6 +32,23 @@ RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
 
 }  // namespace
 
+ModelRunnerConfig runner_config(const EngineConfig& c) {
+  ModelRunnerConfig r;
+  r.max_num_seqs = c.scheduler.max_num_seqs;
+  r.max_num_batched_tokens = c.scheduler.max_num_batched_tokens;
+  r.eos_token_ids = c.scheduler.eos_token_ids;
+  r.max_model_len = c.scheduler.max_model_len;
+  r.graph_max_batch = c.decode_graph_max_batch;
+  r.workspace_bytes = c.workspace_bytes;
+  r.num_speculative_tokens = c.speculative.enabled() ? c.speculative.num_speculative_tokens : 0;
+  r.synthetic = c.speculative.method == SpeculativeMethod::kSynthetic;
+  if (r.synthetic) {
+    r.synthetic_rate =
+        acceptance_rate(c.speculative.acceptance_length, c.speculative.num_speculative_tokens);
+  }
+  return r;
+}
+
 struct Engine::Impl {
   // An admitted request, owned by the engine thread.
   struct Live {
@@ -66,10 +83,8 @@ struct Engine::Impl {
         config(c),
         scheduler(c.scheduler, kv),
         cache(m.new_cache(kv.num_blocks, c.min_block_size)),
-        runner(m, *cache,
-               {c.scheduler.max_num_seqs, c.scheduler.max_num_batched_tokens,
-                c.scheduler.eos_token_ids, c.scheduler.max_model_len, c.decode_graph_max_batch,
-                c.workspace_bytes}) {}
+        runner(m, *cache, runner_config(c)),
+        drafter(make_drafter(c.speculative)) {}
 
   void apply_incoming(std::vector<Delivery>& out);
   // schedule -> execute -> update -> deliver (the outputs go to `out`). With asynchronous
@@ -90,6 +105,10 @@ struct Engine::Impl {
   void abort_all(std::vector<Delivery>& out, const std::string& reason, bool dead);
   void forget(const std::string& id);
   void update_stats(bool dead);
+  // The speculative-decoding log line (mean acceptance length), every 10 s at most.
+  void log_spec_decode(const SpecDecodeCounts& total);
+  SpecDecodeCounts spec_logged;  // totals at the last line, engine thread
+  std::chrono::steady_clock::time_point spec_logged_at = std::chrono::steady_clock::now();
   // Calls the callbacks, outside every lock; a callback that throws is logged.
   static void deliver(std::vector<Delivery>& out);
 
@@ -98,6 +117,7 @@ struct Engine::Impl {
   Scheduler scheduler;                               // engine thread
   std::unique_ptr<KvCache> cache;                    // the block pool's rows, engine thread
   ModelRunner runner;                                // engine thread
+  std::unique_ptr<Drafter> drafter;                  // speculative decoding, engine thread
   std::unordered_map<std::string, Live> live;        // engine thread
   std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
   bool has_work = false;                             // engine thread
@@ -175,6 +195,13 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
   bool did = !out.empty();
   std::optional<SchedulerOutput> launched;
   if (scheduler.has_unfinished_requests()) {
+    const int64_t off_at = config.speculative.disable_by_batch_size;
+    if (drafter && (off_at == 0 || scheduler.num_running() < off_at)) {
+      const int64_t k = config.speculative.num_speculative_tokens;
+      scheduler.propose_drafts([&](const Request& r) {
+        return speculates(r.sampling_params) ? drafter->propose(r, k) : std::vector<int32_t>{};
+      });
+    }
     launched = scheduler.schedule();
     note_scheduled(*launched);
     {
@@ -216,6 +243,42 @@ void Engine::Impl::finish_step(const SchedulerOutput& scheduled, std::vector<Del
   stats.prompt_tokens += num_prompt_tokens;
   stats.generation_tokens += num_generated;
   stats.device_to_host_bytes += result.bytes_downloaded;
+  stats.spec_decode.add(result.spec);
+  if (config.speculative.enabled()) log_spec_decode(stats.spec_decode);
+}
+
+void Engine::Impl::log_spec_decode(const SpecDecodeCounts& total) {
+  // vLLM's SpecDecoding line, at most every 10 s, over the drafts since the last one.
+  const auto now = Live::Clock::now();
+  if (now - spec_logged_at < std::chrono::seconds(10)) return;
+  const double seconds = std::chrono::duration<double>(now - spec_logged_at).count();
+  spec_logged_at = now;
+  SpecDecodeCounts d = total;
+  d.num_drafts -= spec_logged.num_drafts;
+  d.num_draft_tokens -= spec_logged.num_draft_tokens;
+  d.num_accepted_tokens -= spec_logged.num_accepted_tokens;
+  for (size_t i = 0; i < d.accepted_per_pos.size() && i < spec_logged.accepted_per_pos.size();
+       ++i) {
+    d.accepted_per_pos[i] -= spec_logged.accepted_per_pos[i];
+  }
+  spec_logged = total;
+  if (d.num_drafts == 0) return;
+  std::string per_pos;
+  for (int64_t a : d.accepted_per_pos) {
+    per_pos += fmt::format("{}{:.3f}", per_pos.empty() ? "" : ", ",
+                           static_cast<double>(a) / static_cast<double>(d.num_drafts));
+  }
+  log::info(
+      "SpecDecoding metrics: Mean acceptance length: {:.2f}, Accepted throughput: {:.2f} "
+      "tokens/s, Drafted throughput: {:.2f} tokens/s, Accepted: {} tokens, Drafted: {} tokens, "
+      "Per-position acceptance rate: {}, Avg Draft acceptance rate: {:.1f}%",
+      1.0 + static_cast<double>(d.num_accepted_tokens) / static_cast<double>(d.num_drafts),
+      static_cast<double>(d.num_accepted_tokens) / seconds,
+      static_cast<double>(d.num_draft_tokens) / seconds, d.num_accepted_tokens, d.num_draft_tokens,
+      per_pos,
+      d.num_draft_tokens > 0 ? 100.0 * static_cast<double>(d.num_accepted_tokens) /
+                                   static_cast<double>(d.num_draft_tokens)
+                             : 0.0);
 }
 
 void Engine::Impl::report_finished(const std::string& id, const Live& l,
@@ -288,7 +351,7 @@ int64_t Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerSt
     RequestOutput o;
     o.request_id = u.request_id;
     const auto it = result.requests.find(u.request_id);
-    const std::optional<OutputToken>* sampled =
+    const std::vector<OutputToken>* sampled =
         it != result.requests.end() ? &it->second.sampled : nullptr;
     if (!u.new_token_ids.empty()) {
       const auto now = Live::Clock::now();
@@ -304,9 +367,11 @@ int64_t Engine::Impl::collect_outputs(const SchedulerOutput& scheduled, RunnerSt
       l.last_token = now;
     }
     l.num_output_tokens += std::ssize(u.new_token_ids);
-    for (int32_t token : u.new_token_ids) {
-      o.new_tokens.push_back(sampled && *sampled && (*sampled)->token == token
-                                 ? **sampled
+    // The update's tokens are the runner's, in order (cut at a stop).
+    for (size_t j = 0; j < u.new_token_ids.size(); ++j) {
+      const int32_t token = u.new_token_ids[j];
+      o.new_tokens.push_back(sampled && j < sampled->size() && (*sampled)[j].token == token
+                                 ? (*sampled)[j]
                                  : OutputToken{token, 0.0f, 0, {}});
     }
     if (!l.sent_first_output) {
@@ -407,6 +472,11 @@ EngineConfig complete_engine_config(const Model& model, EngineConfig config) {
         model.prefill_chunk_alignment(),
         " tokens (KDA prefill chunks) so that a prefix hit ends on a chunk boundary");
   CHECK(config.num_blocks >= 0, "num_blocks must be >= 0, got ", config.num_blocks);
+  validate(config.speculative);
+  if (config.speculative.enabled() && config.async_scheduling) {
+    log::info("engine: speculative decoding runs without asynchronous scheduling");
+    config.async_scheduling = false;
+  }
   CHECK(sc.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", sc.max_num_seqs);
   if (config.num_blocks == 0) {
     const int64_t per_seq =
@@ -435,6 +505,12 @@ KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
 Engine::Engine(std::unique_ptr<Model> model, EngineConfig config)
     : model_(std::move(model)), config_(complete_engine_config(*model_, std::move(config))) {
   impl_ = std::make_unique<Impl>(*model_, config_, make_kv_config(*model_, config_));
+  if (config_.speculative.enabled()) {
+    const auto k = static_cast<size_t>(config_.speculative.num_speculative_tokens);
+    impl_->stats.spec_decode.accepted_per_pos.assign(k, 0);
+    log::info("engine: speculative decoding, {} with up to {} drafts per step",
+              to_string(config_.speculative.method), k);
+  }
 }
 
 Engine::~Engine() {

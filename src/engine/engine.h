@@ -20,6 +20,7 @@
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
+#include "engine/speculative.h"
 #include "model/model.h"
 
 namespace hyserve {
@@ -46,12 +47,19 @@ struct EngineConfig {
   // a request's next input is the placeholder of the token in flight, read on the device;
   // a request that finishes in step k also ran in step k + 1, whose token is dropped.
   bool async_scheduling = false;
+  // Speculative decoding (engine/speculative.h); it runs without asynchronous scheduling
+  // (complete_engine_config turns that off: each step's drafts follow the step before).
+  SpeculativeConfig speculative;
 };
 
 // The config an engine of this model runs with: max_model_len, vocab_size, eos ids and the
 // prefill chunk alignment from the model, num_blocks 0 made max_num_seqs full-length
 // requests' worth. Throws Error naming the field on a bad value.
 EngineConfig complete_engine_config(const Model& model, EngineConfig config);
+
+// The model runner's config of an engine of this config (the leader's; a tensor-parallel
+// worker's sets samples false).
+ModelRunnerConfig runner_config(const EngineConfig& config);
 
 struct RequestOutput {
   std::string request_id;
@@ -114,6 +122,7 @@ struct EngineStats {
   int64_t device_to_host_bytes = 0;
   // Steps launched while the step before was still in flight (asynchronous scheduling).
   int64_t num_overlapped_steps = 0;
+  SpecDecodeCounts spec_decode;  // totals (vllm:spec_decode_*)
 };
 
 class Engine {

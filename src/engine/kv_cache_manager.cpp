@@ -77,8 +77,11 @@ bool KvCacheManager::allocate_slots(const Request& request, int64_t num_new_toke
   CHECK(num_new_tokens >= 0 && num_cached_tokens >= 0, "allocate_slots: request ", request.id,
         ": negative token count (", num_new_tokens, " new, ", num_cached_tokens, " cached)");
   const int64_t end = request.num_computed_tokens + num_cached_tokens + num_new_tokens;
-  CHECK(end <= request.num_scheduled_tokens(), "allocate_slots: request ", request.id, " has ",
-        request.num_scheduled_tokens(), " tokens, asked for slots up to ", end);
+  // (Drafts to verify take slots after the request's tokens.)
+  const int64_t limit = request.num_scheduled_tokens() + std::ssize(request.spec_token_ids);
+  CHECK(end <= limit, "allocate_slots: request ", request.id, " has ",
+        request.num_scheduled_tokens(), " tokens and ", request.spec_token_ids.size(),
+        " drafts, asked for slots up to ", end);
   std::optional<PendingHit> pending = std::move(pending_hit_);
   pending_hit_.reset();
   const auto existing = requests_.find(request.id);
@@ -147,7 +150,8 @@ int64_t KvCacheManager::limit_to_snapshot_boundary(const Request& request, int64
 }
 
 std::optional<SnapshotCopy> KvCacheManager::cache_full_blocks(const Request& request,
-                                                              int64_t num_tokens) {
+                                                              int64_t num_tokens,
+                                                              bool allow_snapshot) {
   pending_hit_.reset();
   if (!prefix_cache_) return std::nullopt;
   const auto it = requests_.find(request.id);
@@ -168,7 +172,9 @@ std::optional<SnapshotCopy> KvCacheManager::cache_full_blocks(const Request& req
                                      rb.table.blocks().subspan(first, count));
     rb.num_cached_blocks = num_known_full;
   }
-  if (num_full == 0 || num_tokens % tpb != 0 || !config_.has_kda_layers) return std::nullopt;
+  if (!allow_snapshot || num_full == 0 || num_tokens % tpb != 0 || !config_.has_kda_layers) {
+    return std::nullopt;
+  }
   if (num_tokens > request.num_tokens()) {
     // The boundary's last token is a placeholder: the state is copied after the step into
     // a block of its own, which resolve_placeholders names once the token is known.

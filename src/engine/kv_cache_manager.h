@@ -111,7 +111,10 @@ class KvCacheManager {
   // num_tokens is where its scheduled step ends. When the policy wants a snapshot at
   // boundary num_tokens and none exists, allocates one (best effort: none when the pool is
   // full) and returns the copy the runner must make after the step.
-  std::optional<SnapshotCopy> cache_full_blocks(const Request& request, int64_t num_tokens);
+  // allow_snapshot false: blocks only (a speculative step, whose KDA state at its end is
+  // not known when it is scheduled).
+  std::optional<SnapshotCopy> cache_full_blocks(const Request& request, int64_t num_tokens,
+                                                bool allow_snapshot = true);
 
   // A step's scheduling begins: blocks held from now are released by its end_step().
   void begin_step();

@@ -7,6 +7,7 @@
 #include <numeric>
 #include <set>
 
+#include "engine/speculative.h"
 #include "parallel/communicator.h"
 #include "util/error.h"
 
@@ -40,19 +41,43 @@ struct ModelRunner::Sampling {
   int part = 0;           // which forward of the step (two in batch-invariant mixed steps)
   int64_t logit_row = 0;  // row of that forward's logits
   int32_t logprobs = -1;  // top logprobs asked for; -1: none
+  int64_t draw = 0;       // index among the request's outputs of the token it samples
 };
 
-int64_t ModelRunner::device_bytes(int64_t vocab, int64_t max_num_seqs,
-                                  int64_t max_num_batched_tokens, int64_t decode_table_width) {
+void SpecDecodeCounts::add(const SpecDecodeCounts& o) {
+  num_drafts += o.num_drafts;
+  num_draft_tokens += o.num_draft_tokens;
+  num_accepted_tokens += o.num_accepted_tokens;
+  if (accepted_per_pos.size() < o.accepted_per_pos.size()) {
+    accepted_per_pos.resize(o.accepted_per_pos.size(), 0);
+  }
+  for (size_t i = 0; i < o.accepted_per_pos.size(); ++i)
+    accepted_per_pos[i] += o.accepted_per_pos[i];
+}
+
+int64_t ModelRunner::max_sample_rows(const ModelRunnerConfig& c) {
+  return c.max_num_seqs * (1 + c.num_speculative_tokens);
+}
+
+int64_t ModelRunner::max_verify_tokens(const ModelRunnerConfig& c) {
+  if (c.num_speculative_tokens <= 0) return 0;
+  return std::min(c.max_num_batched_tokens, max_sample_rows(c));
+}
+
+int64_t ModelRunner::device_bytes(const Model& model, const ModelRunnerConfig& c) {
+  const int64_t vocab = model.config().vocab_size;
   const int64_t words = token_mask_words(vocab);
-  const int64_t lp_rows = std::max(max_num_seqs, max_num_batched_tokens);
-  return 3 * max_num_seqs * vocab * 4  // raw, work, sampling weights
-         + max_num_seqs * (static_cast<int64_t>(sizeof(SamplingOptions)) + 8)  // options, ids
-         + (max_num_seqs + 1) * (12 + vocab * 4 + words * 4)                   // penalty state
-         + max_num_seqs * words * 4                                            // masks
-         + max_num_seqs * 4                                                    // mask rows
+  const int64_t rows = max_sample_rows(c);
+  const int64_t lp_rows = std::max(rows, c.max_num_batched_tokens);
+  const int64_t width = model.cache_plan().blocks_for_tokens(c.max_model_len);
+  return 3 * rows * vocab * 4                                          // raw, work, weights
+         + rows * (static_cast<int64_t>(sizeof(SamplingOptions)) + 8)  // options, ids
+         + (c.max_num_seqs + 1) * (12 + vocab * 4 + words * 4)         // penalty state
+         + rows * words * 4                                            // masks
+         + rows * 4                                                    // mask rows
          + lp_rows * (4 + 4 + 4 + 8 + 8 * kMaxTopLogprobs)  // logprob targets and outputs
-         + DecodeStep::device_bytes(vocab, max_num_seqs, decode_table_width);
+         + DecodeStep::device_bytes(vocab, c.max_num_seqs, width) +
+         DecodeStep::verify_bytes(model, c.max_num_seqs, max_verify_tokens(c), width);
 }
 
 ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig config)
@@ -62,7 +87,8 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
       config_(std::move(config)),
       ws_(&backend_),
       decode_(model, cache, ws_,
-              {config_.max_num_seqs, config_.max_model_len, config_.graph_max_batch}),
+              {config_.max_num_seqs, config_.max_model_len, config_.graph_max_batch,
+               max_verify_tokens(config_)}),
       vocab_(model.config().vocab_size) {
   if (config_.workspace_bytes > 0) ws_.reserve(config_.workspace_bytes);
   CHECK(config_.max_num_seqs >= 1 && config_.max_num_batched_tokens >= 1,
@@ -70,28 +96,33 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
         config_.max_num_batched_tokens);
   CHECK(vocab_ >= 1 && vocab_ <= kMaxSamplingVocab, "model runner: vocab ", vocab_, " outside [1, ",
         kMaxSamplingVocab, "]");
+  CHECK(config_.num_speculative_tokens >= 0 &&
+            config_.num_speculative_tokens <= kMaxSpeculativeTokens,
+        "model runner: num_speculative_tokens ", config_.num_speculative_tokens);
   Backend* b = &backend_;
   const auto seqs = static_cast<size_t>(config_.max_num_seqs);
+  sample_rows_ = max_sample_rows(config_);
+  const auto srows = static_cast<size_t>(sample_rows_);
   const auto vocab = static_cast<size_t>(vocab_);
   const auto words = static_cast<size_t>(token_mask_words(vocab_));
-  tokens_ = BackendBuffer(b, seqs * 4);  // a worker's: the sampled ids rank 0 broadcasts
+  tokens_ = BackendBuffer(b, srows * 4);  // a worker's: the sampled ids rank 0 broadcasts
   if (!config_.samples) return;
-  raw_ = BackendBuffer(b, seqs * vocab * 4);
-  work_ = BackendBuffer(b, seqs * vocab * 4);
-  weights_ = BackendBuffer(b, seqs * vocab * 4);
-  options_ = BackendBuffer(b, seqs * sizeof(SamplingOptions));
-  rows_ = BackendBuffer(b, seqs * 4);
+  raw_ = BackendBuffer(b, srows * vocab * 4);
+  work_ = BackendBuffer(b, srows * vocab * 4);
+  weights_ = BackendBuffer(b, srows * vocab * 4);
+  options_ = BackendBuffer(b, srows * sizeof(SamplingOptions));
+  rows_ = BackendBuffer(b, srows * 4);
   repetition_ = BackendBuffer(b, (seqs + 1) * 4);
   presence_ = BackendBuffer(b, (seqs + 1) * 4);
   frequency_ = BackendBuffer(b, (seqs + 1) * 4);
   counts_ = BackendBuffer(b, (seqs + 1) * vocab * 4);
   prompt_mask_ = BackendBuffer(b, (seqs + 1) * words * 4);
-  masks_ = BackendBuffer(b, seqs * words * 4);
-  max_logprob_rows_ = std::max(config_.max_num_seqs, config_.max_num_batched_tokens);
+  masks_ = BackendBuffer(b, srows * words * 4);
+  max_logprob_rows_ = std::max(sample_rows_, config_.max_num_batched_tokens);
   const auto lp_rows = static_cast<size_t>(max_logprob_rows_);
   targets_ = BackendBuffer(b, lp_rows * 4);
   zero_rows_ = BackendBuffer(b, lp_rows * 4);
-  mask_rows_ = BackendBuffer(b, seqs * 4);
+  mask_rows_ = BackendBuffer(b, srows * 4);
   logprob_ = BackendBuffer(b, lp_rows * 4);
   rank_ = BackendBuffer(b, lp_rows * 8);
   top_ids_ = BackendBuffer(b, lp_rows * kMaxTopLogprobs * 4);
@@ -104,10 +135,10 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   }
   for (HostSlot& slot : slots_) {
     constexpr auto kHost = BackendBuffer::Memory::kHost;
-    slot.tokens = BackendBuffer(b, seqs * 4, kHost);
-    slot.logprob = BackendBuffer(b, seqs * 4, kHost);
-    slot.top_ids = BackendBuffer(b, seqs * kMaxTopLogprobs * 4, kHost);
-    slot.top_logprobs = BackendBuffer(b, seqs * kMaxTopLogprobs * 4, kHost);
+    slot.tokens = BackendBuffer(b, srows * 4, kHost);
+    slot.logprob = BackendBuffer(b, srows * 4, kHost);
+    slot.top_ids = BackendBuffer(b, srows * kMaxTopLogprobs * 4, kHost);
+    slot.top_logprobs = BackendBuffer(b, srows * kMaxTopLogprobs * 4, kHost);
   }
 }
 
@@ -288,7 +319,7 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
       add_id.push_back(id);
       add_value.push_back(b);
     }
-    if (r.num_outputs_with_placeholders() - 1 < sp.min_tokens) {
+    if (rows[k].draw < sp.min_tokens) {
       std::set<int32_t> banned(sp.stop_token_ids.begin(), sp.stop_token_ids.end());
       if (!sp.ignore_eos) banned.insert(config_.eos_token_ids.begin(), config_.eos_token_ids.end());
       for (int32_t id : banned) {
@@ -376,10 +407,8 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
   std::vector<SamplingOptions> options;
   for (const Sampling& s : rows) {
     const SamplingParams& sp = s.request->sampling_params;
-    const SamplingOptions o{
-        sp.temperature, sp.top_k == -1 ? 0 : sp.top_k,
-        sp.top_p,       sp.min_p,
-        s.state->seed,  static_cast<uint64_t>(s.request->num_outputs_with_placeholders() - 1)};
+    const SamplingOptions o{sp.temperature, sp.top_k == -1 ? 0 : sp.top_k, sp.top_p, sp.min_p,
+                            s.state->seed,  static_cast<uint64_t>(s.draw)};
     CHECK(sampling::options_valid(o), "request ", s.scheduled->request_id,
           ": sampling options out of range");
     options.push_back(o);
@@ -486,8 +515,9 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
     // not again when a preempted request recomputes its prompt).
     const bool all_logits = r->sampling_params.prompt_logprobs && r->num_output_tokens() == 0 &&
                             s.start_position + 1 < num_prompt;
-    // A prefill chunk: prompt tokens, or several tokens at once (a recompute).
-    const bool prefill = s.start_position < num_prompt || s.num_new_tokens() > 1;
+    // A prefill chunk: prompt tokens, or several known tokens at once (a recompute).
+    const bool prefill =
+        s.start_position < num_prompt || s.num_new_tokens() - s.num_draft_tokens > 1;
     SequenceInput in;
     in.cache = &cache_;
     in.blocks = s.block_ids;
@@ -512,15 +542,35 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   // Host copies of inputs whose placeholder is resolved on the host (a forward that is not
   // the decode step's).
   std::vector<std::vector<int32_t>> resolved(inputs.size());
-  // Batch-invariant mode runs prefill chunks and decode tokens as two forwards.
+  // Batch-invariant mode runs prefill chunks and decode tokens as two forwards; so does a
+  // step with drafts, whose decode tokens (with or without drafts) are one verification.
   std::vector<int> part_of(inputs.size(), 0);
   int num_parts = 1;
-  if (!inputs.empty() && model_.mixes_prefill_and_decode(inputs)) {
+  const bool verifies =
+      std::any_of(scheduled.requests.begin(), scheduled.requests.end(),
+                  [](const ScheduledRequest& s) { return s.num_draft_tokens > 0; });
+  std::vector<bool> verified(inputs.size(), false);
+  if (verifies) {
+    num_parts = 2;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const ScheduledRequest& s = scheduled.requests[i];
+      verified[i] = s.samples && !inputs[i].prefill && !inputs[i].all_logits;
+      part_of[i] = verified[i] ? 1 : 0;
+      CHECK(verified[i] || s.num_draft_tokens == 0, "model runner: request ", s.request_id,
+            " has drafts after a prefill chunk");
+      CHECK(s.num_draft_tokens == 0 || speculates(requests[i]->sampling_params),
+            "model runner: request ", s.request_id,
+            " has drafts but samples with penalties or a "
+            "constraint");
+    }
+  } else if (!inputs.empty() && model_.mixes_prefill_and_decode(inputs)) {
     num_parts = 2;
     for (size_t i = 0; i < inputs.size(); ++i) part_of[i] = inputs[i].prefill ? 0 : 1;
   }
 
-  // The sampling rows, ordered by logprobs asked (descending, stable).
+  // The sampling rows, ordered by logprobs asked (descending, stable): one per request that
+  // samples, and in a verification one per verified position (the token after each draft and
+  // after the last), drawn with the request's draw indices of those outputs.
   std::vector<Sampling> rows;
   std::vector<int64_t> logit_row(inputs.size(), 0);
   {
@@ -528,20 +578,41 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
     for (size_t i = 0; i < inputs.size(); ++i) {
       const int p = part_of[i];
       logit_row[i] = next[p];
-      const int64_t n = inputs[i].all_logits ? std::ssize(inputs[i].tokens) : 1;
+      const int64_t n = inputs[i].all_logits || verified[i] ? std::ssize(inputs[i].tokens) : 1;
       next[p] += n;
       const ScheduledRequest& s = scheduled.requests[i];
       if (!s.samples) continue;
       const auto it = requests_.find(s.request_id);
       CHECK(it != requests_.end(), "model runner: request ", s.request_id, " was never added");
       const auto& lp = requests[i]->sampling_params.logprobs;
-      rows.push_back({&s, requests[i], &it->second, p, logit_row[i] + n - 1, lp ? *lp : -1});
+      const int64_t draw = requests[i]->num_outputs_with_placeholders() - 1;
+      const int64_t positions = verified[i] ? n : 1;
+      for (int64_t j = 0; j < positions; ++j) {
+        rows.push_back({&s, requests[i], &it->second, p, logit_row[i] + n - positions + j,
+                        lp ? *lp : -1, draw + j});
+      }
     }
   }
-  CHECK(std::ssize(rows) <= config_.max_num_seqs, "model runner: ", rows.size(),
-        " requests sample in one step, max_num_seqs is ", config_.max_num_seqs);
+  CHECK(std::ssize(rows) <= sample_rows_, "model runner: ", rows.size(),
+        " sampling rows in one step, at most ", sample_rows_);
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Sampling& a, const Sampling& b) { return a.logprobs > b.logprobs; });
+  // The verification's sequences in its batch order, with their rows.
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (!verified[i]) continue;
+    const ScheduledRequest& s = scheduled.requests[i];
+    Verified v;
+    v.request_id = s.request_id;
+    v.drafts.assign(s.token_ids.begin() + 1, s.token_ids.end());
+    v.seed = requests_.at(s.request_id).seed;
+    v.draw = requests[i]->num_outputs_with_placeholders() - 1;
+    for (size_t k = 0; k < rows.size(); ++k) {
+      if (rows[k].scheduled == &s) v.rows.push_back(k);
+    }
+    std::sort(v.rows.begin(), v.rows.end(),
+              [&](size_t a, size_t b) { return rows[a].draw < rows[b].draw; });
+    pending.verified.push_back(std::move(v));
+  }
 
   // Each forward's batch, and where it runs; placeholders of a forward that is not the
   // decode step's are resolved on the host (waiting for the step before).
@@ -556,6 +627,13 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
       run.placeholder = run.placeholder || source_rows[i] >= 0;
     }
     if (run.batch.empty()) continue;
+    if (verifies && part == 1) {
+      run.verify = true;
+      CHECK(!run.placeholder && decode_.accepts_verify(run.batch), "model runner: the step's ",
+            run.batch.size(), " decode sequences do not fit one verification");
+      runs.push_back(std::move(run));
+      continue;
+    }
     run.decode = decode_.accepts(run.batch);
     if (!run.decode) {
       for (size_t b = 0; b < run.batch.size(); ++b) {
@@ -578,7 +656,8 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   for (const PartRun& run : runs) {
     const int part = part_of[run.index.front()];
     const std::vector<size_t>& index = run.index;
-    const float* logits = !run.decode ? model_.forward_logits(run.batch, ws_)
+    const float* logits = run.verify    ? decode_.verify(run.batch)
+                          : !run.decode ? model_.forward_logits(run.batch, ws_)
                           : run.placeholder
                               ? decode_.run(run.batch, {tokens_.as<int32_t>(), run.rows_of_batch})
                               : decode_.run(run.batch);
@@ -655,7 +734,8 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   for (size_t k = 0; k < rows.size(); ++k) {
     pending.sample_ids.push_back(rows[k].scheduled->request_id);
     pending.top_n.push_back(rows[k].logprobs);
-    last_rows_[rows[k].scheduled->request_id] = static_cast<int32_t>(k);
+    // (A verified request's placeholder is never an input: no asynchronous scheduling.)
+    if (!verifies) last_rows_[rows[k].scheduled->request_id] = static_cast<int32_t>(k);
   }
   last_slot_ = pending.slot;
   last_fence_ = pending.fence;
@@ -669,24 +749,80 @@ RunnerStepResult ModelRunner::collect() {
   backend_.wait_fence(p.fence);
   const HostSlot& slot = slots_[p.slot];
   RunnerStepResult result = std::move(p.result);
-  size_t run_first = 0;  // the first row of k's run of equal top_n (logprobs_of_samples)
-  for (size_t k = 0; k < p.sample_ids.size(); ++k) {
-    if (k > 0 && p.top_n[k] != p.top_n[k - 1]) run_first = k;
-    const std::string& id = p.sample_ids[k];
+  // Row k's token with its logprobs.
+  std::vector<size_t> run_first(p.sample_ids.size(), 0);  // k's run of equal top_n
+  for (size_t k = 1; k < p.sample_ids.size(); ++k) {
+    run_first[k] = p.top_n[k] != p.top_n[k - 1] ? k : run_first[k - 1];
+  }
+  const auto output_token = [&](size_t k) {
     const int32_t token = slot.tokens.as<int32_t>()[k];
-    CHECK(token >= 0, "model runner: request ", id, ": every logit is NaN");
-    result.output.sampled_token_ids[id] = {token};
+    CHECK(token >= 0, "model runner: request ", p.sample_ids[k], ": every logit is NaN");
     OutputToken t;
     t.token = token;
     if (p.top_n[k] >= 0) {
       t.logprob = slot.logprob.as<float>()[k];
       const size_t at =
-          run_first * kMaxTopLogprobs + (k - run_first) * static_cast<size_t>(p.top_n[k]);
+          run_first[k] * kMaxTopLogprobs + (k - run_first[k]) * static_cast<size_t>(p.top_n[k]);
       const int32_t* ids = slot.top_ids.as<int32_t>() + at;
       const float* lps = slot.top_logprobs.as<float>() + at;
       for (int32_t j = 0; j < p.top_n[k]; ++j) t.top_logprobs.push_back({ids[j], lps[j]});
     }
-    result.requests[id].sampled = std::move(t);
+    return t;
+  };
+  std::vector<bool> in_verification(p.sample_ids.size(), false);
+  for (const Verified& v : p.verified) {
+    for (size_t k : v.rows) in_verification[k] = true;
+  }
+  for (size_t k = 0; k < p.sample_ids.size(); ++k) {
+    if (in_verification[k]) continue;
+    OutputToken t = output_token(k);
+    result.output.sampled_token_ids[p.sample_ids[k]] = {t.token};
+    result.requests[p.sample_ids[k]].sampled = {std::move(t)};
+  }
+  // A verification: each request keeps its drafts while the token sampled at a position is
+  // the draft after it, then the token sampled at the first mismatch (or after the last
+  // draft); synthetic: the accepted drafts drawn, then the token sampled after them. The KDA
+  // states then take exactly the kept inputs (the token before the drafts and the accepted
+  // drafts).
+  std::vector<int32_t> commits;
+  for (const Verified& v : p.verified) {
+    const auto num_drafts = std::ssize(v.drafts);
+    std::vector<OutputToken> tokens;
+    int64_t accepted = 0;
+    if (config_.synthetic) {
+      accepted = synthetic_accepted(config_.synthetic_rate, num_drafts, v.seed, v.draw);
+      for (int64_t j = 0; j < accepted; ++j) {
+        OutputToken t = output_token(v.rows[static_cast<size_t>(j)]);
+        t.token = v.drafts[static_cast<size_t>(j)];
+        tokens.push_back(std::move(t));
+      }
+      tokens.push_back(output_token(v.rows[static_cast<size_t>(accepted)]));
+    } else {
+      for (;;) {
+        tokens.push_back(output_token(v.rows[static_cast<size_t>(accepted)]));
+        if (accepted == num_drafts ||
+            tokens.back().token != v.drafts[static_cast<size_t>(accepted)]) {
+          break;
+        }
+        ++accepted;
+      }
+    }
+    commits.push_back(static_cast<int32_t>(accepted + 1));
+    if (num_drafts > 0) {
+      SpecDecodeCounts& c = result.spec;
+      ++c.num_drafts;
+      c.num_draft_tokens += num_drafts;
+      c.num_accepted_tokens += accepted;
+      if (std::ssize(c.accepted_per_pos) < num_drafts) c.accepted_per_pos.resize(num_drafts, 0);
+      for (int64_t j = 0; j < accepted; ++j) ++c.accepted_per_pos[static_cast<size_t>(j)];
+    }
+    std::vector<int32_t>& ids = result.output.sampled_token_ids[v.request_id];
+    for (const OutputToken& t : tokens) ids.push_back(t.token);
+    result.requests[v.request_id].sampled = std::move(tokens);
+  }
+  if (!commits.empty()) {
+    decode_.commit(commits);
+    if (plan_sink_ != nullptr) plan_commits_ = std::move(commits);
   }
   return result;
 }
@@ -695,6 +831,8 @@ StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<cons
                                 int32_t num_sampled) {
   StepPlan plan;
   plan.step = ++num_plans_;
+  plan.commits = std::move(plan_commits_);
+  plan_commits_.clear();
   for (const auto* ids : {&scheduled.finished_request_ids, &scheduled.preempted_request_ids}) {
     for (const std::string& id : *ids) {
       if (plan_tables_.erase(id) > 0) plan.dropped.push_back(id);
@@ -711,6 +849,7 @@ StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<cons
   for (const PartRun& run : parts) {
     PlanPart part;
     part.decode_step = run.decode;
+    part.verify = run.verify;
     for (size_t b = 0; b < run.batch.size(); ++b) {
       const SequenceInput& in = run.batch[b];
       PlanSequence q;
@@ -748,6 +887,7 @@ void ModelRunner::broadcast_sampled(int32_t count) {
 void ModelRunner::run_plan(const StepPlan& plan) {
   const TensorParallel& tp = model_.options().tp;
   CHECK(tp.size > 1 && tp.rank > 0, "model runner: run_plan on rank ", tp.rank, " of ", tp.size);
+  if (!plan.commits.empty()) decode_.commit(plan.commits);
   for (const std::string& id : plan.dropped) plan_tables_.erase(id);
   for (const PlanStateOp& op : plan.state_ops) {
     if (op.source_block < 0) {
@@ -783,7 +923,11 @@ void ModelRunner::run_plan(const StepPlan& plan) {
       rows.push_back(q.source_row);
       placeholder = placeholder || q.source_row >= 0;
     }
-    if (part.decode_step) {
+    if (part.verify) {
+      CHECK(!placeholder && decode_.accepts_verify(batch), "step plan ", plan.step,
+            ": rank 0 ran a verification that this rank's decode step refuses");
+      decode_.verify(batch);
+    } else if (part.decode_step) {
       CHECK(decode_.accepts(batch), "step plan ", plan.step,
             ": rank 0 ran a batch on the decode step that this rank's decode step refuses");
       if (placeholder) {
@@ -798,8 +942,8 @@ void ModelRunner::run_plan(const StepPlan& plan) {
   }
   for (const PlanSnapshot& s : plan.snapshots) cache_.copy_block(s.snapshot_block, s.state_block);
   if (plan.num_sampled > 0) {
-    CHECK(plan.num_sampled <= config_.max_num_seqs, "step plan ", plan.step, ": ", plan.num_sampled,
-          " sampled ids, max_num_seqs is ", config_.max_num_seqs);
+    CHECK(plan.num_sampled <= sample_rows_, "step plan ", plan.step, ": ", plan.num_sampled,
+          " sampled ids, at most ", sample_rows_);
     tp.comm->broadcast(tokens_.data(), static_cast<size_t>(plan.num_sampled) * 4, 0);
   }
 }

@@ -71,11 +71,28 @@ struct ModelRunnerConfig {
   size_t workspace_bytes = 0;             // the forward's workspace reserved to this at start
   // false: a tensor-parallel worker's runner (run_plan only): no sampling buffers.
   bool samples = true;
+  // Speculative decoding (engine/speculative.h): drafts per request and step at most (0:
+  // off). A step where requests bring drafts runs its decode tokens as one verification
+  // (DecodeStep::verify) and samples every verified position; synthetic: the accepted
+  // drafts are drawn at synthetic_rate (speculative.h synthetic_accepted) instead.
+  int64_t num_speculative_tokens = 0;
+  bool synthetic = false;
+  double synthetic_rate = 0.0;
+};
+
+// Speculative decoding's counts of a step (vLLM's spec_decode metrics).
+struct SpecDecodeCounts {
+  int64_t num_drafts = 0;        // requests that verified drafts
+  int64_t num_draft_tokens = 0;  // drafts verified
+  int64_t num_accepted_tokens = 0;
+  std::vector<int64_t> accepted_per_pos;  // [i]: drafts accepted at position i
+  void add(const SpecDecodeCounts& other);
 };
 
 // One request's results of a step.
 struct RunnerRequestResult {
-  std::optional<OutputToken> sampled;  // when the request sampled
+  // The tokens the request got (one, or with drafts the accepted ones and the next).
+  std::vector<OutputToken> sampled;
   // Prompt logprobs computed this step: (prompt position j, entry scoring prompt token j).
   std::vector<std::pair<int64_t, OutputToken>> prompt_logprobs;
 };
@@ -84,6 +101,7 @@ struct RunnerStepResult {
   ModelRunnerOutput output;  // for Scheduler::update_from_output
   std::unordered_map<std::string, RunnerRequestResult> requests;
   int64_t bytes_downloaded = 0;  // device -> host bytes of this step (sampling and logprobs)
+  SpecDecodeCounts spec;
 };
 
 // Called with each sampling row's raw logits (host copy) when set: `hyserve generate`
@@ -97,10 +115,13 @@ class ModelRunner {
   ModelRunner(const ModelRunner&) = delete;
   ModelRunner& operator=(const ModelRunner&) = delete;
 
-  // Device bytes the runner's buffers take for these sizes (memory planning), its workspace
-  // aside; decode_table_width: block-table entries of a max_model_len sequence.
-  static int64_t device_bytes(int64_t vocab, int64_t max_num_seqs, int64_t max_num_batched_tokens,
-                              int64_t decode_table_width);
+  // Device bytes the runner's buffers take for this config (memory planning), its workspace
+  // aside.
+  static int64_t device_bytes(const Model& model, const ModelRunnerConfig& config);
+  // Sampling rows of one step at most: every request's verified positions.
+  static int64_t max_sample_rows(const ModelRunnerConfig& config);
+  // Tokens of one verification at most (0 without speculative decoding).
+  static int64_t max_verify_tokens(const ModelRunnerConfig& config);
 
   // A request the engine accepted: its sampling seed and, with guided decoding, its
   // constraint (advanced over the request's outputs only, so a recompute after preemption
@@ -150,8 +171,18 @@ class ModelRunner {
   };
   struct Sampling;  // one sampling row of a step (model_runner.cpp)
   // A launched step: what collect() reads once its fence is done.
+  // A request's verification in a launched step: its drafts and its rows, in position
+  // order (collect() finds the accepted ones).
+  struct Verified {
+    std::string request_id;
+    std::vector<int32_t> drafts;
+    std::vector<size_t> rows;  // sampling rows of its positions, 1 + drafts
+    uint64_t seed = 0;
+    int64_t draw = 0;  // the draw index of its first position
+  };
   struct Pending {
     RunnerStepResult result;              // prompt logprobs (computed at launch)
+    std::vector<Verified> verified;       // the verification's sequences, in its order
     std::vector<std::string> sample_ids;  // the sampling rows' requests, in row order
     std::vector<int32_t> top_n;           // per row: top logprobs asked, -1 none
     int slot = 0;                         // which pinned slot holds the copies
@@ -195,6 +226,7 @@ class ModelRunner {
     std::vector<int32_t> rows_of_batch;  // placeholder rows, -1: none
     bool placeholder = false;
     bool decode = false;  // on the decode step
+    bool verify = false;  // a verification on the decode step (speculative decoding)
   };
   // The plan of a launched step for the workers (and rank 0's mirror of their tables).
   StepPlan make_plan(const SchedulerOutput& scheduled, std::span<const PartRun> parts,
@@ -240,6 +272,9 @@ class ModelRunner {
   PlanSink* plan_sink_ = nullptr;
   uint64_t num_plans_ = 0;
   std::unordered_map<std::string, std::vector<int32_t>> plan_tables_;
+  // Rank 0: the commit counts of the last collected verification, for the workers' next plan.
+  std::vector<int32_t> plan_commits_;
+  int64_t sample_rows_ = 0;  // max_sample_rows
 };
 
 }  // namespace hyserve

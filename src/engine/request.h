@@ -57,6 +57,9 @@ struct Request {
   int64_t num_preemptions = 0;
   int64_t num_output_placeholders = 0;     // outputs being sampled by scheduled steps
   std::optional<int32_t> stop_token_id{};  // the stop_token_ids entry that finished it, if any
+  // Speculative decoding: the drafts proposed for the tokens after the last one, for the next
+  // schedule() (which verifies those it has room for, then clears them).
+  std::vector<int32_t> spec_token_ids{};
 
   int64_t num_prompt_tokens() const { return static_cast<int64_t>(prompt_token_ids.size()); }
   int64_t num_output_tokens() const { return static_cast<int64_t>(output_token_ids.size()); }

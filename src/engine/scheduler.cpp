@@ -106,19 +106,35 @@ void Scheduler::preempt(Entry* victim, SchedulerOutput& out) {
   out.preempted_request_ids.push_back(victim->request.id);
 }
 
-ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_new_tokens) const {
+ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_new_tokens,
+                                          int64_t num_drafts) const {
   ScheduledRequest s;
   s.request_id = request.id;
   s.start_position = request.num_computed_tokens;
   const int64_t end = s.start_position + num_new_tokens;
-  s.token_ids = request.scheduled_tokens(s.start_position, end);
+  const int64_t known_end = end - num_drafts;
+  s.token_ids = request.scheduled_tokens(s.start_position, known_end);
+  s.token_ids.insert(s.token_ids.end(), request.spec_token_ids.begin(),
+                     request.spec_token_ids.begin() + num_drafts);
   const BlockTable& table = *kv_.block_table(request.id);
   s.slot_mapping.reserve(num_new_tokens);
   for (int64_t p = s.start_position; p < end; ++p) s.slot_mapping.push_back(table.slot_index(p));
   s.block_ids.assign(table.blocks().begin(), table.blocks().end());
   s.state_block = table.state_block();
-  s.samples = end == request.num_scheduled_tokens();
+  s.samples = known_end == request.num_scheduled_tokens();
+  s.num_draft_tokens = num_drafts;
   return s;
+}
+
+int64_t Scheduler::num_drafts(const Request& request, int64_t budget) const {
+  // Only after the last known token, with nothing in flight; the accepted drafts and the
+  // token after them end at the request's length at most.
+  if (request.spec_token_ids.empty() || request.num_output_placeholders > 0 ||
+      request.num_computed_tokens + 1 != request.num_tokens()) {
+    return 0;
+  }
+  const int64_t room = max_num_tokens(request) - request.num_tokens() - 1;
+  return std::max<int64_t>(0, std::min({std::ssize(request.spec_token_ids), budget, room}));
 }
 
 SchedulerOutput Scheduler::schedule() {
@@ -127,7 +143,12 @@ SchedulerOutput Scheduler::schedule() {
   finished_since_schedule_.clear();
   kv_.begin_step();
   int64_t budget = config_.max_num_batched_tokens;
-  std::vector<std::pair<Entry*, int64_t>> scheduled;  // (request, num_new_tokens)
+  struct Step {
+    Entry* entry;
+    int64_t num_new_tokens;  // drafts included
+    int64_t num_drafts;
+  };
+  std::vector<Step> scheduled;
 
   // How many tokens from `begin` this step may compute for the request.
   const auto step_tokens = [&](Request& r, int64_t begin) {
@@ -163,7 +184,14 @@ SchedulerOutput Scheduler::schedule() {
     if (r.num_output_placeholders > 0 && r.num_scheduled_tokens() >= max_num_tokens(r)) continue;
     const int64_t n = step_tokens(r, r.num_computed_tokens);
     if (n == 0) continue;
-    bool fits = kv_.allocate_slots(r, n, 0);
+    // A decode step verifies the request's drafts too when their slots are free (they are
+    // dropped before anyone is preempted for them).
+    int64_t drafts = num_drafts(r, budget - n);
+    bool fits = kv_.allocate_slots(r, n + drafts, 0);
+    if (!fits && drafts > 0) {
+      drafts = 0;
+      fits = kv_.allocate_slots(r, n, 0);
+    }
     while (!fits && *running_.rbegin() != entry) {
       preempt(*running_.rbegin(), out);
       fits = kv_.allocate_slots(r, n, 0);
@@ -172,8 +200,8 @@ SchedulerOutput Scheduler::schedule() {
       preempt(entry, out);
       break;
     }
-    scheduled.emplace_back(entry, n);
-    budget -= n;
+    scheduled.push_back({entry, n + drafts, drafts});
+    budget -= n + drafts;
   }
 
   while (out.preempted_request_ids.empty() && !waiting_.empty() && budget > 0 &&
@@ -199,22 +227,25 @@ SchedulerOutput Scheduler::schedule() {
     r.status = RequestStatus::kRunning;
     r.num_computed_tokens = num_cached;
     running_.insert(entry);
-    scheduled.emplace_back(entry, n);
+    scheduled.push_back({entry, n, 0});
     budget -= n;
   }
 
   // The step is decided: each request's inputs, then its computed tokens advance now (the
   // next schedule() may come before this step's results) and a sampling step adds a
   // placeholder for its token.
-  for (const auto& [entry, n] : scheduled) {
+  // Drafts are registered in the prefix cache only once accepted (a later step's call), and a
+  // step with drafts takes no KDA snapshot: its end state is known only after verification.
+  for (const auto& [entry, n, drafts] : scheduled) {
     Request& r = entry->request;
-    out.requests.push_back(describe_step(r, n));
+    out.requests.push_back(describe_step(r, n, drafts));
     out.requests.back().restore_state_from = kv_.take_state_restore_block(r.id);
     out.num_scheduled_tokens += n;
-    if (auto copy = kv_.cache_full_blocks(r, r.num_computed_tokens + n)) {
+    if (auto copy = kv_.cache_full_blocks(r, r.num_computed_tokens + n - drafts, drafts == 0)) {
       out.snapshot_copies.push_back(std::move(*copy));
     }
     r.num_computed_tokens += n;
+    r.spec_token_ids.clear();
     if (out.requests.back().samples) ++r.num_output_placeholders;
   }
   return out;
@@ -261,6 +292,17 @@ std::vector<RequestUpdate> Scheduler::update_from_output(const SchedulerOutput& 
       CHECK(r.num_output_placeholders >= 1, "update_from_output: request ", r.id,
             " has no placeholder for its sampled token");
       --r.num_output_placeholders;
+    }
+    if (s.num_draft_tokens > 0 && r.status == RequestStatus::kRunning) {
+      // The rejected drafts' positions are computed no more (their slots are written again
+      // by the tokens that take those positions).
+      const int64_t accepted = std::ssize(sampled->second) - 1;
+      CHECK(accepted >= 0 && accepted <= s.num_draft_tokens, "update_from_output: request ", r.id,
+            " got ", sampled->second.size(), " tokens for ", s.num_draft_tokens, " drafts");
+      r.num_computed_tokens -= s.num_draft_tokens - accepted;
+    } else {
+      CHECK(!has_tokens || sampled->second.size() == 1, "update_from_output: request ", r.id,
+            " got ", sampled->second.size(), " tokens without drafts");
     }
     RequestUpdate update{r.id, {}, RequestStatus::kRunning, std::nullopt};
     std::optional<RequestStatus> stop;

@@ -71,6 +71,10 @@ struct ScheduledRequest {
   // The step reaches the request's last known token: sample the next one from its logits.
   // false for a prefill chunk that is not the last.
   bool samples = false;
+  // Speculative decoding: the last num_draft_tokens of token_ids are drafts after the last
+  // known token (which is token_ids[0]); the step samples a token after each of them too,
+  // and update_from_output keeps the drafts the runner accepted.
+  int64_t num_draft_tokens = 0;
 
   int64_t num_new_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
@@ -86,8 +90,8 @@ struct SchedulerOutput {
 
 // What the runner (and the detokenizer) report for one step.
 struct ModelRunnerOutput {
-  // Tokens sampled for each scheduled request with samples == true: one, or several with
-  // speculative decoding.
+  // Tokens sampled for each scheduled request with samples == true: one, or with
+  // speculative decoding the accepted drafts and the token after them (1 + accepted).
   std::unordered_map<std::string, std::vector<int32_t>> sampled_token_ids;
   // Requests to finish after appending this step's tokens, e.g. kFinishedStopped when the
   // detokenizer matched a stop string.
@@ -111,6 +115,18 @@ class Scheduler {
   void add_request(Request request);
   // Removes a waiting or running request and frees its blocks at once. false if unknown.
   bool abort_request(const std::string& request_id);
+
+  // Speculative decoding: sets the drafts of every running request whose next step is a
+  // decode step (its last known token not computed, nothing in flight) to propose(request).
+  template <class Propose>
+  void propose_drafts(Propose&& propose) {
+    for (Entry* entry : running_) {
+      Request& r = entry->request;
+      if (r.num_output_placeholders == 0 && r.num_computed_tokens + 1 == r.num_tokens()) {
+        r.spec_token_ids = propose(static_cast<const Request&>(r));
+      }
+    }
+  }
 
   SchedulerOutput schedule();
   // Applies the runner's results for `scheduled`, the oldest schedule() not applied yet.
@@ -149,7 +165,11 @@ class Scheduler {
   // Length at which the request stops for length: min(prompt + max_tokens, max_model_len).
   int64_t max_num_tokens(const Request& request) const;
   std::optional<RequestStatus> check_stop(Request& request) const;
-  ScheduledRequest describe_step(const Request& request, int64_t num_new_tokens) const;
+  ScheduledRequest describe_step(const Request& request, int64_t num_new_tokens,
+                                 int64_t num_drafts) const;
+  // The drafts a decode step of the request may verify: its spec_token_ids, as many as fit
+  // the budget left (which the step's own token takes one of) and the request's length.
+  int64_t num_drafts(const Request& request, int64_t budget) const;
 
   SchedulerConfig config_;
   KvCacheManager kv_;

@@ -94,6 +94,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& plan) {
   w.put(kMagic);
   w.put(plan.step);
   w.put(static_cast<uint8_t>(plan.stop));
+  w.put(plan.commits);
   w.put_count(plan.dropped.size());
   for (const std::string& id : plan.dropped) w.put(id);
   w.put_count(plan.state_ops.size());
@@ -104,6 +105,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& plan) {
   w.put_count(plan.parts.size());
   for (const PlanPart& part : plan.parts) {
     w.put(static_cast<uint8_t>(part.decode_step));
+    w.put(static_cast<uint8_t>(part.verify));
     w.put_count(part.sequences.size());
     for (const PlanSequence& s : part.sequences) {
       w.put(s.request_id);
@@ -134,6 +136,8 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
   StepPlan plan;
   plan.step = r.get<uint64_t>("step");
   plan.stop = r.get_bool("stop");
+  plan.commits = r.get_vector<int32_t>("commits");
+  for (int32_t c : plan.commits) CHECK(c >= 1, "step plan: commit count ", c);
   const size_t num_dropped = r.count("dropped", 4);
   for (size_t i = 0; i < num_dropped; ++i) plan.dropped.push_back(r.get_string("dropped id"));
   const size_t num_ops = r.count("state_ops", 8);
@@ -143,10 +147,13 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
     op.source_block = r.get<int32_t>("state_ops");
     plan.state_ops.push_back(op);
   }
-  const size_t num_parts = r.count("parts", 5);
+  const size_t num_parts = r.count("parts", 6);
   for (size_t i = 0; i < num_parts; ++i) {
     PlanPart part;
     part.decode_step = r.get_bool("decode_step");
+    part.verify = r.get_bool("verify");
+    CHECK(!(part.decode_step && part.verify),
+          "step plan: a part both decode step and verification");
     const size_t num_seqs = r.count("sequences", 4);
     for (size_t j = 0; j < num_seqs; ++j) {
       PlanSequence s;

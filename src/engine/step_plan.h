@@ -6,7 +6,8 @@
 // sampled from the sampled ids rank 0 broadcasts over the communicator at the end of every
 // step that samples (ModelRunner).
 //
-// A worker runs, in order: forget the dropped tables; the KDA state rows (zero, or copy a
+// A worker runs, in order: the commit of the last verification (speculative decoding);
+// forget the dropped tables; the KDA state rows (zero, or copy a
 // prefix hit's snapshot); each part's forward (one, or two in batch-invariant mixed steps)
 // on the decode step or Model::forward_logits, as rank 0 chose; the snapshot copies; then
 // joins the broadcast of num_sampled ids. Every rank thereby issues the same collectives
@@ -40,6 +41,7 @@ struct PlanSequence {
 
 struct PlanPart {
   bool decode_step = false;  // rank 0 ran it on the decode step (DecodeStep::accepts)
+  bool verify = false;       // as a verification (DecodeStep::verify)
   std::vector<PlanSequence> sequences;
 };
 
@@ -54,8 +56,11 @@ struct PlanSnapshot {
 };
 
 struct StepPlan {
-  uint64_t step = 0;                 // 1, 2, ... (acknowledged by the workers)
-  bool stop = false;                 // the leader is shutting down: the worker exits
+  uint64_t step = 0;  // 1, 2, ... (acknowledged by the workers)
+  bool stop = false;  // the leader is shutting down: the worker exits
+  // The commit counts of the last verification before this step (DecodeStep::commit), run
+  // first; empty: none.
+  std::vector<int32_t> commits;
   std::vector<std::string> dropped;  // requests whose tables the workers forget
   std::vector<PlanStateOp> state_ops;
   std::vector<PlanPart> parts;

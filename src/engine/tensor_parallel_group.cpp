@@ -40,12 +40,7 @@ void run_tensor_parallel_worker(const Model& model, const EngineConfig& config,
   try {
     const std::unique_ptr<KvCache> cache =
         model.new_cache(config.num_blocks, config.min_block_size);
-    ModelRunnerConfig rc;
-    rc.max_num_seqs = config.scheduler.max_num_seqs;
-    rc.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
-    rc.max_model_len = config.scheduler.max_model_len;
-    rc.graph_max_batch = config.decode_graph_max_batch;
-    rc.workspace_bytes = config.workspace_bytes;
+    ModelRunnerConfig rc = runner_config(config);
     rc.samples = false;
     ModelRunner runner(model, *cache, rc);
     for (;;) {

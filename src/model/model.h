@@ -118,6 +118,15 @@ struct SequenceSlice {
   bool all_logits = false;  // logits of every token, else of the last
 };
 
+// A verification forward's KDA inputs, kept for the commit of the accepted tokens: per KDA
+// layer (in layer order) five planes of `capacity` token rows, q, k, v and f [capacity, H*K]
+// (the raw projections, f before dt_bias) and b [capacity, H] (before the sigmoid), in
+// backend memory of Model::kda_stash_floats(capacity) floats.
+struct KdaStash {
+  float* data = nullptr;
+  int64_t capacity = 0;  // token rows per plane (a forward's tokens at most)
+};
+
 // A batch of single-token sequences that share one cache runs each attention op once for
 // the whole batch, every query reading its own block-table row and KDA state row (cache
 // null: attention per sequence).
@@ -128,6 +137,28 @@ struct BatchedDecode {
   const int32_t* state_rows = nullptr;  // [B] KDA state rows
   const int32_t* seq_lens = nullptr;    // [B] num_computed + 1 (padding rows: 1)
   int64_t max_keys = 0;                 // the largest num_computed + 1 (or a bound of it)
+  // Speculative verification (model/model.h KdaStash): every query row above is one token
+  // (its table row, its causal bound), and the KDA layers take the tokens as the sequences'
+  // runs: sequence s's tokens [token_offsets[s], token_offsets[s + 1]) of num_sequences,
+  // state_rows [num_sequences]. null: one token per sequence (state_rows [B]).
+  const int32_t* token_offsets = nullptr;
+  int64_t num_sequences = 0;
+  // With token_offsets: the KDA layers read their states without writing them and keep
+  // each token's raw inputs here for Model::commit_kda.
+  const KdaStash* kda_stash = nullptr;
+};
+
+// Model::commit_kda: the states of a verification forward's sequences advanced by their
+// accepted tokens, token_counts [num_sequences] (backend memory) of each sequence's run;
+// the rest as the forward's BatchedDecode had them.
+struct KdaCommit {
+  KvCache* cache = nullptr;
+  const KdaStash* stash = nullptr;
+  const int32_t* state_rows = nullptr;     // [num_sequences]
+  const int32_t* token_offsets = nullptr;  // [num_sequences + 1]
+  const int32_t* token_counts = nullptr;   // [num_sequences]
+  int64_t num_sequences = 0;
+  int64_t num_tokens = 0;  // the forward's tokens (token_offsets[num_sequences])
 };
 
 // The inputs of one forward, in backend memory (Model::forward_device): the model runner
@@ -205,6 +236,13 @@ class Model {
   // same model may run any number of forwards over different workspaces and caches.
   const float* forward_device(const DeviceBatch& batch, Workspace& ws,
                               float* logits_out = nullptr) const;
+  // Floats of a KdaStash of `capacity` tokens (0 without KDA layers).
+  int64_t kda_stash_floats(int64_t capacity) const;
+  // After a verification forward (BatchedDecode::kda_stash): runs each sequence's accepted
+  // tokens through every KDA layer again from the stash, writing the conv and recurrent
+  // states (the outputs are not computed). The states then equal those of decoding the
+  // accepted tokens one by one. Nothing without KDA layers.
+  void commit_kda(const KdaCommit& commit) const;
   // Whether a decode forward can be captured in a CUDA graph: not when it reads a value
   // back mid-forward (the DSA top-k merge of decode context parallelism).
   bool decode_capturable() const;
@@ -294,6 +332,15 @@ class Model {
                      float* out) const;
   void kda_attention(Pass& pass, int64_t layer, const float* x, int64_t num_tokens,
                      std::span<const SequenceSlice> seqs, float* out) const;
+  // kda_decode's fields that depend on the layer and the cache (the caller sets the inputs,
+  // rows and tokens).
+  KdaDecodeParams kda_decode_params(int64_t layer, const KvCache& cache,
+                                    const int32_t* state_rows) const;
+  // A KDA layer's planes of a stash.
+  struct KdaStashPlanes {
+    float *q, *k, *v, *f, *b;
+  };
+  KdaStashPlanes kda_stash_planes(const KdaStash& stash, int64_t layer) const;
   // Over all tokens of the batch.
   void feed_forward(Pass& pass, int64_t layer, const float* x, int64_t num_tokens,
                     float* out) const;

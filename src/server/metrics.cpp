@@ -248,10 +248,21 @@ std::string ServerMetrics::render(const EngineStats& s) const {
           static_cast<double>(s.prompt_tokens));
   counter(out, "vllm:generation_tokens_total", "Number of generation tokens processed.", l,
           static_cast<double>(s.generation_tokens));
-  // No speculative decoding yet: these stay 0.
-  counter(out, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", l, 0);
-  counter(out, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", l, 0);
-  counter(out, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", l, 0);
+  const SpecDecodeCounts& spec = s.spec_decode;
+  counter(out, "vllm:spec_decode_num_drafts_total", "Number of spec decoding drafts.", l,
+          static_cast<double>(spec.num_drafts));
+  counter(out, "vllm:spec_decode_num_draft_tokens_total", "Number of draft tokens.", l,
+          static_cast<double>(spec.num_draft_tokens));
+  counter(out, "vllm:spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", l,
+          static_cast<double>(spec.num_accepted_tokens));
+  if (!spec.accepted_per_pos.empty()) {
+    const std::string name = "vllm:spec_decode_num_accepted_tokens_per_pos_total";
+    header(out, name, "Accepted tokens per draft position.", "counter");
+    for (size_t i = 0; i < spec.accepted_per_pos.size(); ++i) {
+      sample(out, name, l + ",position=\"" + std::to_string(i) + "\"",
+             static_cast<double>(spec.accepted_per_pos[i]));
+    }
+  }
 
   std::lock_guard lk(mu_);
   header(out, "vllm:request_success_total", "Count of successfully processed requests.", "counter");

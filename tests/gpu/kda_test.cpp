@@ -388,14 +388,20 @@ TEST(GpuKda, ChunkedCarriesStateAcrossCallsAndShortLastChunk) {
 }
 
 // cuda::kda_decode over device copies of `in`.
-test::KdaDecodeResult kda_decode_gpu(const test::KdaDecodeBatch& in, bool one_token_rows = false) {
+test::KdaDecodeResult kda_decode_gpu(const test::KdaDecodeBatch& in, bool one_token_rows = false,
+                                     const test::KdaDecodeMode& mode = {}) {
   DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), f = to_device(in.f),
                b = to_device(in.b), gate = to_device(in.gate), cw0 = to_device(in.conv_weight[0]),
                cw1 = to_device(in.conv_weight[1]), cw2 = to_device(in.conv_weight[2]),
                dt_bias = to_device(in.dt_bias), a_log = to_device(in.a_log),
                o_norm = to_device(in.o_norm), cache = to_device(in.cache),
                offsets = to_device(in.offsets), rows = to_device(in.state_rows),
-               y(sizeof(float) * std::max<int64_t>(1, in.tokens() * in.width()));
+               y(sizeof(float) * std::max<int64_t>(1, in.tokens() * in.width())),
+               counts = to_device(mode.counts.empty() ? std::vector<int32_t>{0} : mode.counts);
+  {
+    const std::vector<float> zeros(y.size() / sizeof(float), 0.0f);
+    y.upload(zeros.data(), y.size());
+  }
   const test::KdaDecodePointers ptr{q.as<float>(),
                                     k.as<float>(),
                                     v.as<float>(),
@@ -410,7 +416,11 @@ test::KdaDecodeResult kda_decode_gpu(const test::KdaDecodeBatch& in, bool one_to
                                     offsets.as<int32_t>(),
                                     rows.as<int32_t>(),
                                     y.as<float>()};
-  cuda::kda_decode(test::kda_decode_params(in, ptr, one_token_rows), nullptr);
+  KdaDecodeParams p = test::kda_decode_params(in, ptr, one_token_rows);
+  p.write_state = mode.write_state;
+  if (!mode.outputs) p.y = nullptr;
+  if (!mode.counts.empty()) p.token_counts = counts.as<int32_t>();
+  cuda::kda_decode(p, nullptr);
   sync();
   return {to_host<float>(y, in.tokens() * in.width()), to_host<float>(cache, in.cache.size())};
 }
@@ -467,6 +477,30 @@ TEST(GpuKda, DecodeOfOneTokenRowsWithoutOffsets) {
   const test::KdaDecodeResult want = test::kda_decode_cpu(in);
   EXPECT_TRUE(close_to_scale(without.y, want.y, kDecodeOutTol));
   EXPECT_TRUE(close_to_scale(without.cache, want.cache, kDecodeStateTol));
+}
+
+// Speculative verification on the GPU: verify leaves every state bit as it was and gives the
+// outputs of a normal call (the same kernel: bitwise); a commit of counted tokens gives the
+// CPU's states of those tokens within the decode tolerance, and no outputs.
+TEST(GpuKda, VerifyWritesNoStateAndCommitKeepsTheCountedTokens) {
+  REQUIRE_GPU();
+  for (const float lower_bound : {0.0f, -5.0f}) {
+    const test::KdaDecodeBatch in =
+        test::make_kda_decode_batch({3, 0, 9, 1, 12}, 4, 128, 4, lower_bound, 700);
+    const test::KdaDecodeResult full = kda_decode_gpu(in);
+    const test::KdaDecodeResult verified =
+        kda_decode_gpu(in, false, {.write_state = false, .outputs = true, .counts = {}});
+    EXPECT_EQ(verified.y, full.y);
+    EXPECT_EQ(verified.cache, in.cache);
+    for (const std::vector<int32_t>& counts :
+         {std::vector<int32_t>{1, 0, 1, 1, 1}, {2, 0, 9, 1, 9}, {0, 0, 4, 0, 12}}) {
+      const test::KdaDecodeResult committed =
+          kda_decode_gpu(in, false, {.write_state = true, .outputs = false, .counts = counts});
+      const test::KdaDecodeResult want = test::kda_decode_by_ops(test::kept_tokens(in, counts));
+      EXPECT_TRUE(close_to_scale(committed.cache, want.cache, kDecodeStateTol)) << counts[4];
+      EXPECT_EQ(committed.y, std::vector<float>(full.y.size(), 0.0f));
+    }
+  }
 }
 
 TEST(GpuKda, RefusesHeadDimOver128) {

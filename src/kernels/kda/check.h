@@ -34,9 +34,10 @@ inline void check_kda_decode_params(const KdaDecodeParams& p) {
         "kda_decode: lower_bound = ", p.lower_bound);
   CHECK(p.eps >= 0.0f, "kda_decode: eps = ", p.eps);
   if (p.num_rows == 0 || p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.f != nullptr && p.b != nullptr &&
-            p.gate != nullptr && p.y != nullptr,
-        "kda_decode: null q, k, v, f, b, gate or y");
+  CHECK(p.q != nullptr && p.k != nullptr && p.v != nullptr && p.f != nullptr && p.b != nullptr,
+        "kda_decode: null q, k, v, f or b");
+  CHECK(p.y == nullptr || p.gate != nullptr, "kda_decode: outputs asked without the gate");
+  CHECK(p.y != nullptr || p.write_state, "kda_decode: neither outputs nor states to write");
   CHECK(p.conv_weight[0] != nullptr && p.conv_weight[1] != nullptr && p.conv_weight[2] != nullptr &&
             p.dt_bias != nullptr && p.a_log != nullptr && p.o_norm != nullptr,
         "kda_decode: null conv weights, dt_bias, a_log or o_norm");

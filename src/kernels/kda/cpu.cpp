@@ -362,10 +362,12 @@ void kda_decode(const KdaDecodeParams& p) {
   check_kda_decode_params(p);
   if (p.num_rows == 0 || p.num_tokens == 0) return;
   const int64_t heads = p.num_heads, dim = p.head_dim, width = heads * dim;
+  const int64_t conv_rows = p.kernel_size - 1;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dim));
   parallel_for(p.num_rows * heads, [&](int64_t begin, int64_t end) {
     // One (request, head): its q, k, v after the conv, g, beta and o, token by token.
-    std::vector<float> qkv, g, beta, o(dim), kv(dim);
+    // Without write_state the states are copied here and the copies advanced.
+    std::vector<float> qkv, g, beta, o(dim), kv(dim), conv_copy, state_copy;
     for (int64_t i = begin; i < end; ++i) {
       const int64_t r = i / heads, h = i % heads;
       const int64_t t0 = kda_decode_first_token(p, r), n = kda_decode_row_tokens(p, r);
@@ -379,12 +381,21 @@ void kda_decode(const KdaDecodeParams& p) {
             p.kernel_size == 1
                 ? nullptr
                 : reinterpret_cast<float*>(kda_decode_row(p, p.conv_state[which], r)) + h * dim;
+        int64_t stride = width;
+        if (state != nullptr && !p.write_state) {
+          conv_copy.resize(conv_rows * dim);
+          for (int64_t j = 0; j < conv_rows; ++j) {
+            std::copy_n(state + j * width, dim, conv_copy.data() + j * dim);
+          }
+          state = conv_copy.data();
+          stride = dim;
+        }
         for (int64_t c = 0; c < dim; ++c) {
           const int64_t ch = h * dim + c;
           float* out = qkv.data() + which * n * dim;
           conv_channel(
               p.conv_weight[which] + ch * p.kernel_size, p.kernel_size,
-              state == nullptr ? nullptr : state + c, width, n,
+              state == nullptr ? nullptr : state + c, stride, n,
               [&](int64_t t) { return raw[which][(t0 + t) * width + ch]; },
               [&](int64_t t, float y) { out[t * dim + c] = y; });
         }
@@ -404,10 +415,15 @@ void kda_decode(const KdaDecodeParams& p) {
         l2norm_row(k + t * dim, dim, 1.0f);
       }
       float* s = reinterpret_cast<float*>(kda_decode_row(p, p.state, r)) + h * dim * dim;
+      if (!p.write_state) {
+        state_copy.assign(s, s + dim * dim);
+        s = state_copy.data();
+      }
       for (int64_t t = 0; t < n; ++t) {
         const int64_t tok = t0 + t;
         recurrent_token(s, q + t * dim, k + t * dim, v + t * dim, g.data() + t * dim, beta[t],
                         o.data(), dim, dim, kv.data());
+        if (p.y == nullptr) continue;
         gated_norm_row(o.data(), p.gate + tok * width + h * dim, p.o_norm,
                        p.y + tok * width + h * dim, dim, p.eps);
       }

@@ -92,6 +92,12 @@ inline constexpr int64_t kKdaMaxDecodeConv = 8;
 // conv_state[i] + state_rows[r] * state_row_bytes bytes, its recurrent states [H, K, V] at state +
 // state_rows[r] * state_row_bytes bytes. For CUDA, token_offsets, state_rows and every tensor are
 // device memory.
+//
+// Speculative verification runs a request's sampled token and its drafts without writing
+// any state (write_state false: the states are read, the outputs computed); once the
+// accepted tokens are known, the same inputs run again with write_state, token_counts
+// naming how many of each request's tokens to take and y null (no outputs): the states then
+// hold exactly the accepted tokens.
 struct KdaDecodeParams {
   const float* q = nullptr;     // [T, H*K] q_proj(x), before the conv
   const float* k = nullptr;     // [T, H*K] k_proj(x), before the conv
@@ -115,7 +121,11 @@ struct KdaDecodeParams {
   int64_t num_heads = 0;                   // H
   int64_t head_dim = 0;                    // K = V
   int64_t kernel_size = 0;                 // W
-  float* y = nullptr;                      // [T, H*K] out: rmsnorm(o) * o_norm * sigmoid(gate)
+  // [T, H*K] out: rmsnorm(o) * o_norm * sigmoid(gate); null: no outputs (gate unused).
+  float* y = nullptr;
+  // [num_rows] or null: request r takes the first min(token_counts[r], its tokens) tokens.
+  const int32_t* token_counts = nullptr;
+  bool write_state = true;  // false: the conv and recurrent states are left as they were
 };
 
 // Where request r's states and tokens are.
@@ -126,7 +136,10 @@ HYSERVE_HOST_DEVICE inline int64_t kda_decode_first_token(const KdaDecodeParams&
   return p.token_offsets == nullptr ? r : p.token_offsets[r];
 }
 HYSERVE_HOST_DEVICE inline int64_t kda_decode_row_tokens(const KdaDecodeParams& p, int64_t r) {
-  return p.token_offsets == nullptr ? 1 : p.token_offsets[r + 1] - p.token_offsets[r];
+  const int64_t n = p.token_offsets == nullptr ? 1 : p.token_offsets[r + 1] - p.token_offsets[r];
+  if (p.token_counts == nullptr) return n;
+  const int64_t take = p.token_counts[r];
+  return take < n ? (take > 0 ? take : 0) : n;
 }
 
 }  // namespace hyserve

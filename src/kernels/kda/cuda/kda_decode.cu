@@ -10,8 +10,9 @@
 // [0, 32), 32 values per thread (conflict-free shared-memory rows). Per token, S^T k and S^T q are
 // four partial sums per column (one per row group) added in shared memory in row-group order. The
 // per-token vectors (q, k, v after the conv, exp(g), beta, o) go through shared memory 8 tokens at
-// a time. The sums' order differs from the CPU's (one running sum over the rows), so
-// results differ from cpu::kda_decode by fp32 rounding.
+// a time. Without write_state (speculative verification) nothing goes back; without y the
+// outputs are not written (the commit of the accepted tokens). The sums' order differs from the
+// CPU's (one running sum over the rows), so results differ from cpu::kda_decode by fp32 rounding.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -230,8 +231,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_decode_kernel(KdaDecodeParams
     }
     __syncthreads();
 
-    // y = rmsnorm(o) * o_norm * sigmoid(gate): a warp per token.
-    for (int t = warp; t < m; t += kWarps) {
+    // y = rmsnorm(o) * o_norm * sigmoid(gate): a warp per token (none without y).
+    for (int t = warp; p.y != nullptr && t < m; t += kWarps) {
       const float* o = sh.o[t];
       float sum_sq = 0.0f;
       for (int d = lane; d < dim; d += 32) sum_sq += o[d] * o[d];
@@ -245,7 +246,8 @@ __global__ void __launch_bounds__(kThreads, 2) kda_decode_kernel(KdaDecodeParams
   }
 
   // The conv state becomes the last W-1 inputs (ascending rows read rows not yet
-  // rewritten, as on the CPU), the state its new value.
+  // rewritten, as on the CPU), the state its new value; neither without write_state.
+  if (!p.write_state) return;
   if (conv_thread) {
     const ConvChannel ch = conv_channel(p, r, head_col, tid);
     for (int i = 0; i < num_state; ++i) ch.state[i * ch.width] = ch.input(n - num_state + i);
