@@ -63,9 +63,15 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
   row_used_.assign(table_rows, 0);
   staging_.resize(inputs_.size());
   if (config_.max_verify_tokens > 0) {
-    const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+    const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch + 1);
     verify_inputs_ = BackendBuffer(&backend_, static_cast<size_t>(l.bytes));
     staging_.resize(std::max(staging_.size(), static_cast<size_t>(l.bytes)));
+    if (config_.graph_max_batch > 0 && backend_.supports_graphs()) {
+      // A graph writes its logits at fixed addresses.
+      verify_logits_ =
+          BackendBuffer(&backend_, static_cast<size_t>(config_.max_verify_tokens) *
+                                       static_cast<size_t>(model_.config().vocab_size) * 4);
+    }
     const int64_t floats = model_.kda_stash_floats(config_.max_verify_tokens);
     if (floats > 0) {
       stash_buffer_ = BackendBuffer(&backend_, static_cast<size_t>(floats) * 4);
@@ -76,6 +82,7 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
 
 DecodeStep::~DecodeStep() {
   for (const auto& [shape, g] : graphs_) backend_.release_graph(g.id);
+  for (const auto& [shape, g] : verify_graphs_) backend_.release_graph(g.id);
 }
 
 int64_t DecodeStep::device_bytes(int64_t vocab, int64_t max_batch, int64_t table_width) {
@@ -86,13 +93,15 @@ int64_t DecodeStep::verify_bytes(const Model& model, int64_t max_batch, int64_t 
                                  int64_t table_width) {
   if (max_verify_tokens <= 0) return 0;
   return std::max<int64_t>(0, max_verify_tokens - max_batch) * table_width * 4 +
-         verify_layout(max_verify_tokens, max_batch).bytes +
-         model.kda_stash_floats(max_verify_tokens) * 4;
+         verify_layout(max_verify_tokens, max_batch + 1).bytes +
+         model.kda_stash_floats(max_verify_tokens) * 4 +
+         max_verify_tokens * model.config().vocab_size * 4;  // the graphs' logits
 }
 
 int64_t DecodeStep::num_graphs() const {
   int64_t n = 0;
   for (const auto& [shape, g] : graphs_) n += g.captured ? 1 : 0;
+  for (const auto& [shape, g] : verify_graphs_) n += g.captured ? 1 : 0;
   return n;
 }
 
@@ -168,14 +177,34 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   table_entries_uploaded_ = 0;
   const int64_t vocab = model_.config().vocab_size;
   const auto num_seqs = std::ssize(batch);
-  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+  int64_t num_tokens = 0, max_keys = 0;
+  for (const SequenceInput& in : batch) {
+    num_tokens += std::ssize(in.tokens);
+    max_keys = std::max<int64_t>(max_keys, in.num_computed + std::ssize(in.tokens));
+  }
+  // The shape: the graph bucket (rows, tokens, context), or the batch itself.
+  const bool graph = verify_logits_.data() != nullptr && num_seqs <= config_.graph_max_batch;
+  int64_t rows = num_seqs, tokens = num_tokens, context = max_keys;
+  if (graph) {
+    tokens = 1;
+    while (tokens < num_tokens) tokens *= 2;
+    tokens = std::min(tokens, config_.max_verify_tokens);
+    const int64_t needed = num_seqs + (tokens > num_tokens ? 1 : 0);
+    rows = 1;
+    while (rows < needed) rows *= 2;
+    rows = std::min(rows, config_.graph_max_batch + 1);
+    context = 4096;
+    while (context < max_keys) context *= 2;
+    context = std::min(context, config_.max_context);
+  }
+  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch + 1);
   auto* pos = reinterpret_cast<int64_t*>(staging_.data() + l.pos);
   auto* slots = reinterpret_cast<int64_t*>(staging_.data() + l.slots);
   auto* ids = reinterpret_cast<int32_t*>(staging_.data() + l.ids);
   auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
   auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
   auto* offsets = reinterpret_cast<int32_t*>(staging_.data() + l.offsets);
-  int64_t row = 0, max_keys = 0;
+  int64_t row = 0;
   verify_lengths_.clear();
   for (int64_t i = 0; i < num_seqs; ++i) {
     const SequenceInput& in = batch[static_cast<size_t>(i)];
@@ -191,40 +220,70 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
       pos[row] = in.num_computed + j;
       ids[row] = id;
       seq_lens[row] = static_cast<int32_t>(in.num_computed + j + 1);
-      max_keys = std::max<int64_t>(max_keys, seq_lens[row]);
     }
   }
-  offsets[num_seqs] = static_cast<int32_t>(row);
-  // Only the parts in use: the per-token arrays of `row` tokens and the sequences' rows.
+  // Padding: tokens past the batch's (the last padding row's run), rows past its sequences.
+  for (; row < tokens; ++row) {
+    set_table_row(row, {});
+    pos[row] = 0;
+    slots[row] = -1;
+    ids[row] = 0;
+    seq_lens[row] = 1;
+  }
+  for (int64_t i = num_seqs; i < rows; ++i) {
+    offsets[i] = static_cast<int32_t>(num_tokens);
+    state_rows[i] = pad_;
+  }
+  offsets[rows] = static_cast<int32_t>(tokens);
+  // Only the parts in use: the per-token arrays of `tokens` tokens and the rows' arrays.
   uint8_t* base = verify_inputs_.as<uint8_t>();
   const std::pair<int64_t, int64_t> parts[] = {
-      {l.pos, 8 * row},      {l.slots, 8 * row},           {l.ids, 4 * row},
-      {l.seq_lens, 4 * row}, {l.state_rows, 4 * num_seqs}, {l.offsets, 4 * (num_seqs + 1)}};
+      {l.pos, 8 * tokens},      {l.slots, 8 * tokens},    {l.ids, 4 * tokens},
+      {l.seq_lens, 4 * tokens}, {l.state_rows, 4 * rows}, {l.offsets, 4 * (rows + 1)}};
   for (const auto& [at, bytes] : parts) {
     backend_.upload(base + at, staging_.data() + at, static_cast<size_t>(bytes));
     bytes_uploaded_ += bytes;
   }
   verify_sequences_ = num_seqs;
-  verify_tokens_ = row;
+  verify_tokens_ = num_tokens;
 
-  const SequenceSlice all{0, row, 0, &cache_, tables_.as<int32_t>(), pad_, true};
+  const SequenceSlice all{0, tokens, 0, &cache_, tables_.as<int32_t>(), pad_, true};
   BatchedDecode decode{&cache_,
                        tables_.as<int32_t>(),
                        width_,
                        reinterpret_cast<const int32_t*>(base + l.state_rows),
                        reinterpret_cast<const int32_t*>(base + l.seq_lens),
-                       max_keys};
+                       context};
   decode.token_offsets = reinterpret_cast<const int32_t*>(base + l.offsets);
-  decode.num_sequences = num_seqs;
+  decode.num_sequences = rows;
   decode.kda_stash = stash_.data != nullptr ? &stash_ : nullptr;
   const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
                        reinterpret_cast<const int64_t*>(base + l.pos),
                        reinterpret_cast<const int64_t*>(base + l.slots),
-                       row,
+                       tokens,
                        std::span<const SequenceSlice>(&all, 1),
                        decode};
-  ws_.reset();
-  return model_.forward_device(db, ws_);
+  float* out = graph ? verify_logits_.as<float>() : nullptr;
+  const float* logits = nullptr;
+  auto step = [&] {
+    ws_.reset();
+    logits = model_.forward_device(db, ws_, out);
+  };
+  if (!graph) {
+    step();
+    return logits;
+  }
+  Graph& g = verify_graphs_[{rows, tokens, context}];
+  if (g.id == 0) g.id = next_graph_id();
+  if (g.captured && g.pool == cache_.base()) {
+    backend_.replay_graph(g.id);
+  } else {
+    step();  // this step's result; then the same ops are recorded
+    backend_.capture_graph(g.id, step);
+    g.pool = cache_.base();
+    g.captured = true;
+  }
+  return out;
 }
 
 void DecodeStep::commit(std::span<const int32_t> counts) {
@@ -235,7 +294,7 @@ void DecodeStep::commit(std::span<const int32_t> counts) {
           " tokens of sequence ", i, " which verified ", verify_lengths_[i]);
   }
   if (stash_.data == nullptr || counts.empty()) return;
-  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch);
+  const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch + 1);
   uint8_t* base = verify_inputs_.as<uint8_t>();
   backend_.upload(base + l.counts, counts.data(), counts.size() * 4);
   KdaCommit c;

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <map>
 #include <span>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -78,8 +79,13 @@ class DecodeStep {
   // and its k drafts (any k >= 0, up to max_verify_tokens in all). Every token is a query
   // row of the decode form above (its own table row, its causal bound); the KDA layers run
   // each sequence's tokens in order without writing their states and keep their inputs in
-  // the stash (Model's KdaStash). Runs eagerly. Returns the logits of every token [T, vocab],
-  // the batch's tokens in order, valid until the next run.
+  // the stash (Model's KdaStash). With graphs, a verification of S sequences and T tokens
+  // runs as the graph of (rows, tokens, context): rows and tokens the smallest powers of two
+  // >= S and >= T (at most graph_max_batch and max_verify_tokens), one more row when the tokens
+  // are padded (the padding tokens are its run: position 0, no cache write, the scratch
+  // block's keys and state, which no verification writes), context as for decode steps.
+  // Returns the logits of every token [T, vocab], the batch's tokens in order, valid until the
+  // next run.
   bool accepts_verify(std::span<const SequenceInput> batch) const;
   const float* verify(std::span<const SequenceInput> batch);
   // After verify: advances each of its sequences' KDA states by its first counts[i] tokens
@@ -115,7 +121,8 @@ class DecodeStep {
   BackendBuffer tables_, inputs_, logits_;
   // Verification: its per-token and per-sequence inputs, the KDA stash, and the last
   // verify's sequences (commit() reads them).
-  BackendBuffer verify_inputs_, stash_buffer_;
+  BackendBuffer verify_inputs_, stash_buffer_, verify_logits_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Graph> verify_graphs_;
   KdaStash stash_;
   int64_t verify_sequences_ = 0, verify_tokens_ = 0;
   std::vector<int32_t> verify_lengths_;
