@@ -369,6 +369,32 @@ TEST_P(SpeculativeEngine, PrefixCachingPreemptionAndBatchInvariantKeepTheTokens)
   }
 }
 
+// Requests whose sampling reads the outputs before each position (penalties) get no drafts and
+// decode as without speculation; short max_tokens leave no room for drafts, stop tokens among
+// accepted drafts end the request there.
+TEST(SpeculativeEngine, PenaltiesShortRequestsAndStopTokens) {
+  const int64_t vocab = load("tests/fixtures/kimi_linear_tiny")->config().vocab_size;
+  Workload w = workload(vocab, 6, 0.0f, 30);
+  w.requests[0].sampling_params.repetition_penalty = 1.3f;
+  w.requests[1].sampling_params.presence_penalty = 0.5f;
+  w.requests[2].sampling_params.max_tokens = 1;
+  w.requests[3].sampling_params.max_tokens = 2;
+  // Request 5 repeats token 7 (logit_bias): a stop at 7 after min_tokens 5 ends it mid-step.
+  w.requests[5].sampling_params.stop_token_ids = {7};
+  w.requests[5].sampling_params.min_tokens = 5;
+  const EngineRun plain = run_engine("tests/fixtures/kimi_linear_tiny", base_config(), w);
+  EngineConfig c = base_config();
+  c.speculative = ngram(4);
+  const EngineRun spec = run_engine("tests/fixtures/kimi_linear_tiny", c, w);
+  expect_same_outputs(plain, spec, "penalties, short and stopped requests");
+  EXPECT_EQ(spec.results.at("r2").tokens.size(), 1u);
+  EXPECT_EQ(spec.results.at("r3").tokens.size(), 2u);
+  EXPECT_EQ(spec.results.at("r5").tokens.size(), 6u);
+  EXPECT_EQ(spec.results.at("r5").finish_reason, "stop");
+  // Only requests 4 and 5 drafted (r0, r1: penalties; r2, r3: no room).
+  EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
+}
+
 TEST(SpeculativeEngine, SyntheticAcceptsAtTheConfiguredMeanLength) {
   const int64_t vocab = load("models/tiny-kimi-k3")->config().vocab_size;
   const Workload w = workload(vocab, 4, 0.0f, 120);

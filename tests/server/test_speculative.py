@@ -88,3 +88,38 @@ def test_ngram_speculation_gives_the_same_tokens_and_counts_drafts(tmp_path, ser
     # Without speculation the counters stay 0.
     m = spec_metrics(server)
     assert m["vllm:spec_decode_num_drafts_total"] == 0
+
+
+def test_stop_strings_and_short_requests_as_without_speculation(tmp_path, server):
+    plain = server.client()
+    srv = start_server(tmp_path, extra_args=["--speculative-config", NGRAM])
+    try:
+        spec = srv.client()
+        for prompt in PROMPTS[:3]:
+            full = plain.completions.create(model=server.model, prompt=prompt, max_tokens=24,
+                                            temperature=0, logit_bias=BIAS,
+                                            extra_body={"ignore_eos": True}).choices[0].text
+            # A stop string from the middle of the output: both cut there, finish "stop".
+            stop = full[len(full) // 2:len(full) // 2 + 3]
+            if not stop.strip():
+                continue
+            outs = [c.completions.create(model=m, prompt=prompt, max_tokens=24, temperature=0,
+                                         logit_bias=BIAS, stop=[stop],
+                                         extra_body={"ignore_eos": True}).choices[0]
+                    for c, m in ((plain, server.model), (spec, srv.model))]
+            assert outs[0].text == outs[1].text, (prompt, stop)
+            assert outs[0].finish_reason == outs[1].finish_reason == "stop"
+            # max_tokens 1 and 2 leave no room for drafts; n = 2 samples two sequences.
+            for max_tokens in (1, 2):
+                a, b = (c.completions.create(model=m, prompt=prompt, max_tokens=max_tokens,
+                                             temperature=0, extra_body={"ignore_eos": True})
+                        for c, m in ((plain, server.model), (spec, srv.model)))
+                assert a.choices[0].text == b.choices[0].text
+                assert b.usage.completion_tokens == max_tokens
+            a, b = (c.completions.create(model=m, prompt=prompt, max_tokens=16, temperature=0.8,
+                                         seed=3, n=2, logit_bias=BIAS,
+                                         extra_body={"ignore_eos": True})
+                    for c, m in ((plain, server.model), (spec, srv.model)))
+            assert [ch.text for ch in a.choices] == [ch.text for ch in b.choices]
+    finally:
+        srv.stop()
