@@ -395,6 +395,56 @@ TEST(SpeculativeEngine, PenaltiesShortRequestsAndStopTokens) {
   EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
 }
 
+// A KDA snapshot at every block boundary (every_blocks 1): drafts stop short of each boundary
+// and a plain decode step ends on it, so a second request whose prompt is the first's prompt and
+// outputs gets the same prefix hit as without speculation (and the same tokens).
+TEST(SpeculativeEngine, GeneratedBlocksGetTheirKdaSnapshots) {
+  const std::string dir = "tests/fixtures/kimi_linear_tiny";
+  const int64_t vocab = load(dir)->config().vocab_size;
+  struct Out {
+    std::vector<int32_t> tokens;
+    int64_t cached = 0;
+    SpecDecodeCounts spec;
+  };
+  const auto run_pair = [&](bool speculate) {
+    EngineConfig c = base_config();
+    c.scheduler.max_model_len = 600;
+    c.enable_prefix_caching = true;
+    c.snapshot_policy.every_blocks = 1;
+    if (speculate) c.speculative = ngram(4);
+    Engine engine(Model::load(fs::path(HYSERVE_SOURCE_DIR) / dir), c);
+    Workload w = workload(vocab, 3, 0.0f, 300);  // r2: biased to one token, all drafts accepted
+    Request first = w.requests[2];
+    std::vector<Out> out(2);
+    engine.add_request(first, [&](const RequestOutput& o) {
+      for (const OutputToken& t : o.new_tokens) out[0].tokens.push_back(t.token);
+    });
+    for (int i = 0; i < 20000 && engine.step(); ++i) {
+    }
+    Request second = first;
+    second.id = "second";
+    second.prompt_token_ids.insert(second.prompt_token_ids.end(), out[0].tokens.begin(),
+                                   out[0].tokens.end());
+    second.sampling_params.max_tokens = 8;
+    engine.add_request(second, [&](const RequestOutput& o) {
+      for (const OutputToken& t : o.new_tokens) out[1].tokens.push_back(t.token);
+      out[1].cached = o.num_cached_tokens;
+    });
+    for (int i = 0; i < 20000 && engine.step(); ++i) {
+    }
+    out[0].spec = engine.stats().spec_decode;
+    return out;
+  };
+  const std::vector<Out> plain = run_pair(false);
+  const std::vector<Out> spec = run_pair(true);
+  EXPECT_EQ(spec[0].tokens, plain[0].tokens);
+  EXPECT_EQ(spec[1].tokens, plain[1].tokens);
+  const int64_t bs = load(dir)->cache_plan(base_config().min_block_size).block_size;
+  EXPECT_GE(plain[1].cached, 2 * bs);  // the generated blocks' snapshots were hit
+  EXPECT_EQ(spec[1].cached, plain[1].cached);
+  EXPECT_GT(spec[0].spec.num_accepted_tokens, 100);
+}
+
 TEST(SpeculativeEngine, SyntheticAcceptsAtTheConfiguredMeanLength) {
   const int64_t vocab = load("models/tiny-kimi-k3")->config().vocab_size;
   const Workload w = workload(vocab, 4, 0.0f, 120);

@@ -149,6 +149,23 @@ int64_t KvCacheManager::limit_to_snapshot_boundary(const Request& request, int64
   return num_new_tokens;
 }
 
+int64_t KvCacheManager::drafts_before_snapshot(const Request& request, int64_t num_drafts) {
+  if (!prefix_cache_ || !config_.has_kda_layers || num_drafts == 0) return num_drafts;
+  const int64_t tpb = config_.tokens_per_block();
+  const int64_t begin = request.num_computed_tokens;
+  const int64_t plain_end = begin + 1;
+  RequestBlocks& rb = blocks_of(request);
+  for (int64_t k = begin / tpb + 1; k * tpb <= plain_end + num_drafts; ++k) {
+    const int64_t boundary = k * tpb;
+    const bool wanted = boundary <= request.num_tokens()
+                            ? snapshot_wanted(request, rb, k)
+                            : prefix_cache_->should_snapshot(k, request.num_prompt_tokens());
+    if (!wanted) continue;
+    return boundary == plain_end ? 0 : std::min(num_drafts, boundary - plain_end - 1);
+  }
+  return num_drafts;
+}
+
 std::optional<SnapshotCopy> KvCacheManager::cache_full_blocks(const Request& request,
                                                               int64_t num_tokens,
                                                               bool allow_snapshot) {

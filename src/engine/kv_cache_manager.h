@@ -107,6 +107,13 @@ class KvCacheManager {
   // cached yet. Unchanged without KDA layers or prefix caching.
   int64_t limit_to_snapshot_boundary(const Request& request, int64_t num_new_tokens);
 
+  // Speculative decoding: how many of num_drafts drafts a decode step of the request (its last
+  // known token and the drafts) may take so that it does not pass a boundary where the policy
+  // wants a KDA snapshot that is not cached yet (a step with drafts takes none; boundaries past
+  // the known tokens count as wanted when the policy wants them): 0 when a plain decode step
+  // ends on one, else the drafts end one token before it, and a plain step reaches it later.
+  int64_t drafts_before_snapshot(const Request& request, int64_t num_drafts);
+
   // Registers the request's full blocks of tokens [0, num_tokens) in the prefix cache, where
   // num_tokens is where its scheduled step ends. When the policy wants a snapshot at
   // boundary num_tokens and none exists, allocates one (best effort: none when the pool is

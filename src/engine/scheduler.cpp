@@ -126,7 +126,7 @@ ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_ne
   return s;
 }
 
-int64_t Scheduler::num_drafts(const Request& request, int64_t budget) const {
+int64_t Scheduler::num_drafts(const Request& request, int64_t budget) {
   // Only after the last known token, with nothing in flight; the accepted drafts and the
   // token after them end at the request's length at most.
   if (request.spec_token_ids.empty() || request.num_output_placeholders > 0 ||
@@ -134,7 +134,9 @@ int64_t Scheduler::num_drafts(const Request& request, int64_t budget) const {
     return 0;
   }
   const int64_t room = max_num_tokens(request) - request.num_tokens() - 1;
-  return std::max<int64_t>(0, std::min({std::ssize(request.spec_token_ids), budget, room}));
+  const int64_t n =
+      std::max<int64_t>(0, std::min({std::ssize(request.spec_token_ids), budget, room}));
+  return kv_.drafts_before_snapshot(request, n);
 }
 
 SchedulerOutput Scheduler::schedule() {

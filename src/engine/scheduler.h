@@ -169,7 +169,7 @@ class Scheduler {
                                  int64_t num_drafts) const;
   // The drafts a decode step of the request may verify: its spec_token_ids, as many as fit
   // the budget left (which the step's own token takes one of) and the request's length.
-  int64_t num_drafts(const Request& request, int64_t budget) const;
+  int64_t num_drafts(const Request& request, int64_t budget);
 
   SchedulerConfig config_;
   KvCacheManager kv_;
