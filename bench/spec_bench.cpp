@@ -12,7 +12,10 @@
 //   per_draft_us     (step_us - step_us without speculation) / k: a verified draft's cost
 //
 //   hyserve_spec_bench [--model DIR | --config CONFIG.json] --batches 1,8,64 --drafts 1,3,5,7
-//                      --acceptance 2,3.36,4.6 --tokens 64
+//                      --acceptance 2,3.36,4.6 --tokens 64 [--method ngram]
+//
+// --method ngram drafts by prompt lookup (1..3-token matches) instead: the acceptance is then
+// the model's own, over prompts that repeat a motif (--acceptance is not read).
 //
 // --config builds the two-layer slice of the layer benchmark (bench/slice.h, random weights,
 // FP8 latent and index keys when the config has an indexer). Each (drafts, acceptance) point is
@@ -35,6 +38,7 @@
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "slice.h"
+#include "util/error.h"
 
 namespace hyserve::bench {
 namespace {
@@ -49,6 +53,7 @@ struct Args {
   int64_t prompt = 128;
   int64_t tokens = 64;  // output tokens per request
   bool enforce_eager = false;
+  std::string method = "synthetic";
 };
 
 std::unique_ptr<Model> make_model(const Args& a) {
@@ -79,8 +84,12 @@ Point run_wave(Engine& engine, const Args& a, int64_t batch, int64_t wave) {
   for (int64_t i = 0; i < batch; ++i) {
     Request r;
     r.id = "w" + std::to_string(wave) + "r" + std::to_string(i);
+    // Random tokens; for prompt lookup a motif of 16 repeated, which it can draft from.
+    const int64_t motif = a.method == "ngram" ? 16 : a.prompt;
     for (int64_t j = 0; j < a.prompt; ++j) {
-      r.prompt_token_ids.push_back(static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab)));
+      r.prompt_token_ids.push_back(j < motif
+                                       ? static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab))
+                                       : r.prompt_token_ids[static_cast<size_t>(j % motif)]);
     }
     r.sampling_params.temperature = 0.0f;
     r.sampling_params.max_tokens = a.tokens;
@@ -131,15 +140,21 @@ int run(int argc, char** argv) {
   app.add_option("--acceptance", a.acceptance, "mean acceptance lengths")->delimiter(',');
   app.add_option("--prompt", a.prompt, "prompt tokens per request")->capture_default_str();
   app.add_option("--tokens", a.tokens, "output tokens per request")->capture_default_str();
-  app.add_flag("--enforce-eager", a.enforce_eager, "no CUDA graphs for the plain decode steps");
+  app.add_flag("--enforce-eager", a.enforce_eager, "no CUDA graphs");
+  app.add_option("--method", a.method, "synthetic or ngram")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
   const std::string model_name =
       a.config.empty() ? "tiny" : std::filesystem::path(a.config).stem().string() + "_slice";
   // (drafts, acceptance) points; drafts 0 is the plain decode.
+  CHECK(a.method == "synthetic" || a.method == "ngram", "--method must be synthetic or ngram");
   std::vector<std::pair<int64_t, double>> points = {{0, 1.0}};
   for (int64_t k : a.drafts) {
+    if (a.method == "ngram") {
+      points.push_back({k, 0.0});
+      continue;
+    }
     for (double l : a.acceptance) {
       if (l <= static_cast<double>(k + 1)) points.push_back({k, l});
     }
@@ -151,7 +166,12 @@ int run(int argc, char** argv) {
     ec.scheduler.max_model_len = a.prompt + a.tokens + 16;
     ec.scheduler.max_num_batched_tokens = std::max<int64_t>(8192, max_batch * (1 + k));
     if (!a.enforce_eager) ec.decode_graph_max_batch = max_batch;
-    if (k > 0) {
+    if (k > 0 && a.method == "ngram") {
+      ec.speculative.method = SpeculativeMethod::kNgram;
+      ec.speculative.num_speculative_tokens = k;
+      ec.speculative.prompt_lookup_min = 1;
+      ec.speculative.prompt_lookup_max = 3;
+    } else if (k > 0) {
       ec.speculative.method = SpeculativeMethod::kSynthetic;
       ec.speculative.num_speculative_tokens = k;
       ec.speculative.acceptance_length = length;
@@ -169,7 +189,8 @@ int run(int argc, char** argv) {
       j["batch"] = b;
       j["context"] = a.prompt;
       j["drafts"] = k;
-      j["acceptance_target"] = k == 0 ? 1.0 : length;
+      j["method"] = k == 0 ? "none" : a.method;
+      if (a.method == "synthetic") j["acceptance_target"] = k == 0 ? 1.0 : length;
       j["acceptance"] = p.acceptance;
       j["tpot_us"] = p.tpot_us;
       j["step_us"] = p.step_us;
