@@ -141,6 +141,18 @@ void DecodeStep::set_table_row(int64_t row, std::span<const int32_t> blocks) {
   bytes_uploaded_ += (end - first) * 4;
 }
 
+void DecodeStep::replay_or_capture(Graph& g, const std::function<void()>& step) {
+  if (g.id == 0) g.id = next_graph_id();
+  if (g.captured && g.pool == cache_.base()) {
+    backend_.replay_graph(g.id);
+    return;
+  }
+  step();  // this step's result; then the same ops are recorded
+  backend_.capture_graph(g.id, step);
+  g.pool = cache_.base();
+  g.captured = true;
+}
+
 int64_t DecodeStep::check_row(const SequenceInput& in, int64_t i, int64_t j) const {
   const int64_t bs = cache_.plan().block_size, dcp = cache_.plan().options.dcp;
   const int64_t position = in.num_computed + j;
@@ -273,16 +285,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
     step();
     return logits;
   }
-  Graph& g = verify_graphs_[{rows, tokens, context}];
-  if (g.id == 0) g.id = next_graph_id();
-  if (g.captured && g.pool == cache_.base()) {
-    backend_.replay_graph(g.id);
-  } else {
-    step();  // this step's result; then the same ops are recorded
-    backend_.capture_graph(g.id, step);
-    g.pool = cache_.base();
-    g.captured = true;
-  }
+  replay_or_capture(verify_graphs_[{rows, tokens, context}], step);
   return out;
 }
 
@@ -401,16 +404,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
     step();
     return logits_.as<float>();
   }
-  Graph& g = graphs_[{rows, context}];
-  if (g.id == 0) g.id = next_graph_id();
-  if (g.captured && g.pool == cache_.base()) {
-    backend_.replay_graph(g.id);
-  } else {
-    step();  // this step's result; then the same ops are recorded
-    backend_.capture_graph(g.id, step);
-    g.pool = cache_.base();
-    g.captured = true;
-  }
+  replay_or_capture(graphs_[{rows, context}], step);
   return logits_.as<float>();
 }
 

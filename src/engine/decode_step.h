@@ -26,6 +26,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <span>
 #include <tuple>
@@ -108,6 +109,8 @@ class DecodeStep {
   };
   // Brings table row `row` to `blocks` (pad past them), copying only what differs.
   void set_table_row(int64_t row, std::span<const int32_t> blocks);
+  // Replays the shape's graph, or runs `step` and captures it (first use, or the pool moved).
+  void replay_or_capture(Graph& g, const std::function<void()>& step);
   // The checks of one input of a run (row i of the batch) and its position's slot.
   int64_t check_row(const SequenceInput& in, int64_t i, int64_t j) const;
 
