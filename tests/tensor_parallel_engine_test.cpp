@@ -373,8 +373,12 @@ INSTANTIATE_TEST_SUITE_P(When, TensorParallelEngineFailure, testing::Values(fals
 // verification (a plan part) and its commit counts (the next plan); the tokens match one rank
 // without speculation (requests biased to a few tokens, so that drafts are accepted).
 TEST(TensorParallelEngineSpeculation, NgramDraftsMatchOneRankWithout) {
-  for (const char* dir : {"tests/fixtures/kimi_linear_tiny", "tests/fixtures/deepseek_v32_tiny"}) {
-    SCOPED_TRACE(dir);
+  const std::pair<const char*, int> cases[] = {{"tests/fixtures/kimi_linear_tiny", 1},
+                                               {"tests/fixtures/deepseek_v32_tiny", 1},
+                                               {"tests/fixtures/deepseek_v32_tiny", 2},
+                                               {"tests/fixtures/kimi_linear_tiny", 2}};
+  for (const auto& [dir, dcp] : cases) {
+    SCOPED_TRACE(str_cat(dir, " dcp ", dcp));
     GroupOptions g;
     g.dir = fixture(dir);
     const ModelConfig c = ModelConfig::load(g.dir);
@@ -390,6 +394,7 @@ TEST(TensorParallelEngineSpeculation, NgramDraftsMatchOneRankWithout) {
     }
     const GroupRun one = run_group(g, {batch});
     g.tp = 2;
+    g.dcp = dcp;
     g.speculative.method = SpeculativeMethod::kNgram;
     g.speculative.num_speculative_tokens = 3;
     g.speculative.prompt_lookup_min = 1;
