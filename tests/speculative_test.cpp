@@ -445,6 +445,54 @@ TEST(SpeculativeEngine, GeneratedBlocksGetTheirKdaSnapshots) {
   EXPECT_GT(spec[0].spec.num_accepted_tokens, 100);
 }
 
+// A random workload: prompts sharing prefixes, greedy and seeded sampling with top-k / top-p,
+// logit_bias, min_tokens, stop tokens, penalties, max_tokens from 1 to 60, a token budget of 48
+// (prefill chunks in the same steps as verifications), prefix caching and a pool small enough
+// to preempt. Every request's tokens are those without speculation.
+TEST_P(SpeculativeEngine, RandomWorkloadEqualsNoSpeculation) {
+  const int64_t vocab = load(GetParam())->config().vocab_size;
+  std::mt19937 rng(2024);
+  const std::vector<int32_t> shared = random_tokens(70, 5, vocab);
+  Workload w;
+  for (int i = 0; i < 12; ++i) {
+    Request r;
+    r.id = "q" + std::to_string(i);
+    const int64_t keep = std::uniform_int_distribution<int64_t>(0, 70)(rng);
+    r.prompt_token_ids.assign(shared.begin(), shared.begin() + keep);
+    const auto tail = repetitive_prompt(1 + static_cast<int64_t>(rng() % 40),
+                                        50 + static_cast<uint32_t>(i), vocab);
+    r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
+    SamplingParams& sp = r.sampling_params;
+    sp.temperature = rng() % 2 == 0 ? 0.0f : 0.9f;
+    sp.seed = rng();
+    if (rng() % 3 == 0) sp.top_k = 5;
+    if (rng() % 3 == 0) sp.top_p = 0.8f;
+    sp.max_tokens = 1 + static_cast<int64_t>(rng() % 60);
+    sp.ignore_eos = rng() % 2 == 0;
+    if (rng() % 2 == 0) {
+      for (int32_t id : {3, 17, 29}) sp.logit_bias.push_back({id, 25.0f});
+    }
+    if (rng() % 4 == 0) sp.min_tokens = 3;
+    if (rng() % 4 == 0) sp.stop_token_ids = {17};
+    if (rng() % 6 == 0) sp.frequency_penalty = 0.4f;
+    w.requests.push_back(std::move(r));
+  }
+  EngineConfig c = base_config();
+  c.scheduler.max_model_len = 200;
+  c.scheduler.max_num_batched_tokens = 48;
+  c.enable_prefix_caching = true;
+  c.min_block_size = 64;
+  const CachePlan plan = load(GetParam())->cache_plan(c.min_block_size);
+  c.num_blocks = static_cast<int32_t>(3 * plan.blocks_for_tokens(c.scheduler.max_model_len) + 3);
+  const EngineRun plain = run_engine(GetParam(), c, w);
+  for (int64_t k : {2, 5}) {
+    c.speculative = ngram(k);
+    const EngineRun spec = run_engine(GetParam(), c, w);
+    expect_same_outputs(plain, spec, "random workload, " + std::to_string(k) + " drafts");
+    EXPECT_GT(spec.stats.spec_decode.num_accepted_tokens, 0);
+  }
+}
+
 TEST(SpeculativeEngine, SyntheticAcceptsAtTheConfiguredMeanLength) {
   const int64_t vocab = load("models/tiny-kimi-k3")->config().vocab_size;
   const Workload w = workload(vocab, 4, 0.0f, 120);
