@@ -348,7 +348,7 @@ TEST_P(SpeculativeEngine, PrefixCachingPreemptionAndBatchInvariantKeepTheTokens)
     const Workload longer = workload(vocab, 4, 0.0f, 150);
     const auto model = load(GetParam());
     const CachePlan plan = model->cache_plan(c.min_block_size);
-    c.num_blocks = static_cast<int32_t>(plan.blocks_for_tokens(c.scheduler.max_model_len) + 2);
+    c.num_blocks = static_cast<int32_t>(plan.blocks_for_tokens(c.scheduler.max_model_len) + 1);
     const EngineRun plain = run_engine(GetParam(), c, longer);
     c.speculative = ngram(4);
     const EngineRun spec = run_engine(GetParam(), c, longer);
@@ -633,6 +633,12 @@ TEST(Ngram, ProposesWhatFollowedTheLongestMostRecentMatch) {
   EXPECT_EQ(ngram_drafts(u, 1, 2, 8), (std::vector<int32_t>{6, 4, 5}));
   EXPECT_TRUE(ngram_drafts(u, 1, 2, 0).empty());
   EXPECT_TRUE(ngram_drafts(std::vector<int32_t>{1}, 1, 2, 3).empty());
+  // A run of one token: the match with room for the drafts, or the one with the most after it.
+  const std::vector<int32_t> run = {1, 2, 2, 2, 2, 2};
+  EXPECT_EQ(ngram_drafts(run, 1, 3, 3), (std::vector<int32_t>{2, 2}));
+  EXPECT_EQ(ngram_drafts(run, 1, 3, 2), (std::vector<int32_t>{2, 2}));
+  const std::vector<int32_t> longer = {2, 2, 2, 2, 2, 2, 2, 2};
+  EXPECT_EQ(ngram_drafts(longer, 1, 3, 4), (std::vector<int32_t>{2, 2, 2, 2}));
 }
 
 TEST(SyntheticAcceptance, RateGivesTheMeanLengthAndDrawsAreDeterministic) {

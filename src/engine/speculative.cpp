@@ -64,13 +64,19 @@ std::vector<int32_t> ngram_drafts(std::span<const int32_t> tokens, int64_t min_n
   if (max_drafts <= 0) return {};
   for (int64_t n = std::min(max_n, size - 1); n >= min_n && n >= 1; --n) {
     const std::span<const int32_t> suffix = tokens.subspan(static_cast<size_t>(size - n));
-    // The most recent earlier start (a match that ends before the suffix does).
+    // Earlier starts from the most recent: the first one followed by max_drafts tokens, else
+    // the one followed by the most (the earliest; in a run of one token the most recent match
+    // is followed by one token only).
+    int64_t best = -1;
     for (int64_t start = size - n - 1; start >= 0; --start) {
       if (!std::equal(suffix.begin(), suffix.end(), tokens.begin() + start)) continue;
-      const int64_t from = start + n;
-      const int64_t count = std::min(max_drafts, size - from);
-      return {tokens.begin() + from, tokens.begin() + from + count};
+      best = start;
+      if (size - (start + n) >= max_drafts) break;
     }
+    if (best < 0) continue;
+    const int64_t from = best + n;
+    const int64_t count = std::min(max_drafts, size - from);
+    return {tokens.begin() + from, tokens.begin() + from + count};
   }
   return {};
 }

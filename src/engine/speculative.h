@@ -78,8 +78,9 @@ class Drafter {
   virtual std::vector<int32_t> propose(const Request& request, int64_t max_drafts) = 0;
 };
 
-// Prompt lookup: the most recent earlier occurrence of the longest suffix n-gram
-// (prompt_lookup_max >= n >= prompt_lookup_min) proposes the tokens after it.
+// Prompt lookup: the longest suffix n-gram (prompt_lookup_max >= n >= prompt_lookup_min) that
+// occurred before proposes the tokens after its most recent earlier occurrence that has
+// max_drafts tokens after it (else after the earliest: the most tokens).
 std::vector<int32_t> ngram_drafts(std::span<const int32_t> tokens, int64_t min_n, int64_t max_n,
                                   int64_t max_drafts);
 
