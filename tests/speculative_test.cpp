@@ -493,6 +493,22 @@ TEST_P(SpeculativeEngine, RandomWorkloadEqualsNoSpeculation) {
   }
 }
 
+// disable_by_batch_size: no drafts while that many requests run; the same tokens either way.
+TEST(SpeculativeEngine, DisableByBatchSizeDraftsOnlyForSmallBatches) {
+  const std::string dir = "tests/fixtures/kimi_linear_tiny";
+  const int64_t vocab = load(dir)->config().vocab_size;
+  Workload w = workload(vocab, 4, 0.0f, 20);
+  w.requests[3].sampling_params.max_tokens = 80;  // runs alone at the end
+  EngineConfig c = base_config();
+  c.speculative = ngram(3);
+  const EngineRun always = run_engine(dir, c, w);
+  c.speculative.disable_by_batch_size = 2;
+  const EngineRun small = run_engine(dir, c, w);
+  expect_same_outputs(always, small, "disable_by_batch_size");
+  EXPECT_GT(small.stats.spec_decode.num_drafts, 0);
+  EXPECT_LT(small.stats.spec_decode.num_drafts, always.stats.spec_decode.num_drafts);
+}
+
 TEST(SpeculativeEngine, SyntheticAcceptsAtTheConfiguredMeanLength) {
   const int64_t vocab = load("models/tiny-kimi-k3")->config().vocab_size;
   const Workload w = workload(vocab, 4, 0.0f, 120);
