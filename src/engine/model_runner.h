@@ -169,7 +169,16 @@ class ModelRunner {
     std::unique_ptr<ConstraintState> constraint;
     int32_t penalty_row = -1;  // persistent penalty row, -1: none taken
   };
-  struct Sampling;  // one sampling row of a step (model_runner.cpp)
+  // One sampling row of a step: its request and where its logits come from.
+  struct Sampling {
+    const ScheduledRequest* scheduled = nullptr;
+    const Request* request = nullptr;
+    RequestState* state = nullptr;
+    int part = 0;           // which forward of the step (two in batch-invariant mixed steps)
+    int64_t logit_row = 0;  // row of that forward's logits
+    int32_t logprobs = -1;  // top logprobs asked for; -1: none
+    int64_t draw = 0;       // index among the request's outputs of the token it samples
+  };
   // A launched step: what collect() reads once its fence is done.
   // A request's verification in a launched step: its drafts and its rows, in position
   // order (collect() finds the accepted ones).
