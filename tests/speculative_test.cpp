@@ -45,14 +45,17 @@ const char* const kCheckpoints[] = {"models/tiny-kimi-k3", "tests/fixtures/kimi_
                                     "tests/fixtures/deepseek_v32_tiny",
                                     "tests/fixtures/kimi_k3_published_tiny"};
 
+// A test-name suffix for a checkpoint folder: its name with '_' for the other characters.
+std::string checkpoint_name(const ::testing::TestParamInfo<const char*>& p) {
+  std::string name = fs::path(p.param).filename().string();
+  for (char& ch : name) ch = std::isalnum(static_cast<unsigned char>(ch)) ? ch : '_';
+  return name;
+}
+
 class Verification : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, Verification, ::testing::ValuesIn(kCheckpoints),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           std::string name = fs::path(p.param).filename().string();
-                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
-                           return name;
-                         });
+                         checkpoint_name);
 
 struct Seq {
   std::vector<int32_t> blocks;
@@ -282,11 +285,7 @@ void expect_same_outputs(const EngineRun& want, const EngineRun& got, const std:
 class SpeculativeEngine : public ::testing::TestWithParam<const char*> {};
 
 INSTANTIATE_TEST_SUITE_P(Checkpoints, SpeculativeEngine, ::testing::ValuesIn(kCheckpoints),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           std::string name = fs::path(p.param).filename().string();
-                           for (char& ch : name) ch = std::isalnum(ch) ? ch : '_';
-                           return name;
-                         });
+                         checkpoint_name);
 
 TEST_P(SpeculativeEngine, NgramDraftsGiveTheSameTokensGreedyAndSeededSampling) {
   const int64_t vocab = load(GetParam())->config().vocab_size;

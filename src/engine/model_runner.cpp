@@ -281,7 +281,12 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
         " sampling rows in one step, at most ", sample_rows_);
   std::stable_sort(rows.begin(), rows.end(),
                    [](const Sampling& a, const Sampling& b) { return a.logprobs > b.logprobs; });
-  // The verification's sequences in its batch order, with their rows.
+  // The verification's sequences in its batch order, with their rows: one pass over the rows,
+  // whose stable sort kept each request's in draw order.
+  std::vector<std::vector<size_t>> rows_of(inputs.size());
+  for (size_t k = 0; k < rows.size(); ++k) {
+    rows_of[static_cast<size_t>(rows[k].scheduled - scheduled.requests.data())].push_back(k);
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (!verified[i]) continue;
     const ScheduledRequest& s = scheduled.requests[i];
@@ -290,11 +295,7 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
     v.drafts.assign(s.token_ids.begin() + 1, s.token_ids.end());
     v.seed = requests_.at(s.request_id).seed;
     v.draw = requests[i]->num_outputs_with_placeholders() - 1;
-    for (size_t k = 0; k < rows.size(); ++k) {
-      if (rows[k].scheduled == &s) v.rows.push_back(k);
-    }
-    std::sort(v.rows.begin(), v.rows.end(),
-              [&](size_t a, size_t b) { return rows[a].draw < rows[b].draw; });
+    v.rows = std::move(rows_of[i]);
     pending.verified.push_back(std::move(v));
   }
 
