@@ -32,38 +32,6 @@
 namespace hyserve::bench {
 namespace {
 
-class Timer {
- public:
-  Timer(int iters, bool flush) : iters_(iters), flush_(flush ? size_t{256} << 20 : 0) {
-    CUDA_CHECK(cudaEventCreate(&e0_));
-    CUDA_CHECK(cudaEventCreate(&e1_));
-  }
-  ~Timer() {
-    cudaEventDestroy(e0_);
-    cudaEventDestroy(e1_);
-  }
-  // Median microseconds of fn over iters runs after 3 warm-ups; L2 flushed before each.
-  float time_us(const std::function<void()>& fn) {
-    std::vector<float> us;
-    for (int i = 0; i < iters_ + 3; ++i) {
-      if (flush_.size()) CUDA_CHECK(cudaMemsetAsync(flush_.data(), i & 0xff, flush_.size()));
-      CUDA_CHECK(cudaEventRecord(e0_));
-      fn();
-      CUDA_CHECK(cudaEventRecord(e1_));
-      CUDA_CHECK(cudaEventSynchronize(e1_));
-      float ms;
-      CUDA_CHECK(cudaEventElapsedTime(&ms, e0_, e1_));
-      if (i >= 3) us.push_back(ms * 1e3f);
-    }
-    return median(us);
-  }
-
- private:
-  int iters_;
-  cuda::DeviceBuffer flush_;
-  cudaEvent_t e0_, e1_;
-};
-
 struct Shape {
   int64_t batch, context, num_q, heads, index_heads, topk, block_size;
 };
@@ -93,7 +61,7 @@ void fill_pool(uint8_t* pool, int64_t num_blocks, const DsaCache& cache, std::mt
   }
 }
 
-void run_case(const Shape& s, double copy_bw, Timer& timer, std::mt19937_64& rng) {
+void run_case(const Shape& s, double copy_bw, FlushedTimer& timer, std::mt19937_64& rng) {
   nlohmann::json j;
   j["bench"] = "dsa_decode";
   j["impl"] = "hyserve";
@@ -290,7 +258,7 @@ int run(int argc, char** argv) {
     j["gpu"] = prop.name;
     std::printf("%s\n", j.dump().c_str());
   }
-  Timer timer(iters, !no_flush);
+  FlushedTimer timer(iters, !no_flush);
   std::mt19937_64 rng(5);
   for (const int64_t ctx : contexts) {
     for (const int64_t b : batches) {

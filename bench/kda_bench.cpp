@@ -37,28 +37,6 @@ namespace {
 constexpr int64_t kDim = 128;
 constexpr int64_t kTaps = 4;
 
-// Median microseconds of fn over iters runs after 3 warm-ups, L2 flushed before each.
-float time_us(int iters, const std::function<void()>& fn) {
-  static cuda::DeviceBuffer flush(size_t{256} << 20);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> us;
-  for (int i = 0; i < iters + 3; ++i) {
-    CUDA_CHECK(cudaMemsetAsync(flush.data(), i & 0xff, flush.size()));
-    CUDA_CHECK(cudaEventRecord(e0));
-    fn();
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 3) us.push_back(ms * 1e3f);
-  }
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
-  return median(us);
-}
-
 cuda::DeviceBuffer random_device(int64_t n, float lo, float hi, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);
@@ -108,7 +86,7 @@ void bench_decode(int64_t heads, int64_t batch, int64_t per_row, int iters, doub
   p.head_dim = kDim;
   p.kernel_size = kTaps;
   p.y = y.as<float>();
-  const float us = time_us(iters, [&] { cuda::kda_decode(p, nullptr); });
+  const float us = FlushedTimer(iters).time_us([&] { cuda::kda_decode(p, nullptr); });
   const double state_bytes = 2.0 * batch * row_floats * 4;
   const double bytes = state_bytes + static_cast<double>(t) * (6 * w + heads) * 4;
   const double gbps = bytes / (us * 1e-6) / 1e9;
@@ -164,7 +142,7 @@ void bench_prefill(int64_t heads, int64_t total, int64_t num_seqs, int iters) {
     offset += lengths[s];
   }
   cuda::DeviceBuffer ws(ws_bytes);
-  const float us = time_us(iters, [&] {
+  const float us = FlushedTimer(iters).time_us([&] {
     for (const KdaParams& p : ps) cuda::kda_chunked(p, ws.data(), ws_bytes, nullptr);
   });
   // The chunked form's products per token and head: the in-chunk K K^T and Q K^T (2 x 64

@@ -36,6 +36,32 @@ float median_event_ms(const std::function<void()>& fn) {
   return median(ms);
 }
 
+FlushedTimer::FlushedTimer(int iters, bool flush)
+    : iters_(iters), flush_(flush ? size_t{256} << 20 : 0) {
+  CUDA_CHECK(cudaEventCreate(&e0_));
+  CUDA_CHECK(cudaEventCreate(&e1_));
+}
+
+FlushedTimer::~FlushedTimer() {
+  cudaEventDestroy(e0_);
+  cudaEventDestroy(e1_);
+}
+
+float FlushedTimer::time_us(const std::function<void()>& fn) {
+  std::vector<float> us;
+  for (int i = 0; i < iters_ + 3; ++i) {
+    if (flush_.size() > 0) CUDA_CHECK(cudaMemsetAsync(flush_.data(), i & 0xff, flush_.size()));
+    CUDA_CHECK(cudaEventRecord(e0_));
+    fn();
+    CUDA_CHECK(cudaEventRecord(e1_));
+    CUDA_CHECK(cudaEventSynchronize(e1_));
+    float ms;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, e0_, e1_));
+    if (i >= 3) us.push_back(ms * 1e3f);
+  }
+  return median(us);
+}
+
 double measure_copy_bandwidth() {
   const size_t n = size_t{2} << 30;
   cuda::DeviceBuffer a(n), b(n);

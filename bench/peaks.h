@@ -2,8 +2,12 @@
 // device-to-device copy bandwidth. And the medians they time with.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <functional>
 #include <vector>
+
+#include "core/cuda/device_buffer.h"
 
 namespace hyserve::bench {
 
@@ -13,6 +17,25 @@ float median(std::vector<float> v);
 // Median milliseconds of fn's work on the default stream (CUDA events), over 20 runs
 // after 5 warm-ups.
 float median_event_ms(const std::function<void()>& fn);
+
+// Times work on the default stream with CUDA events, L2 flushed before each run (a 256 MiB
+// memset outside the timed interval) unless flush is false, so that a kernel's inputs
+// come from HBM as in a model step.
+class FlushedTimer {
+ public:
+  FlushedTimer(int iters, bool flush = true);
+  ~FlushedTimer();
+  FlushedTimer(const FlushedTimer&) = delete;
+  FlushedTimer& operator=(const FlushedTimer&) = delete;
+
+  // Median microseconds of fn over iters runs after 3 warm-ups.
+  float time_us(const std::function<void()>& fn);
+
+ private:
+  int iters_;
+  cuda::DeviceBuffer flush_;
+  cudaEvent_t e0_, e1_;
+};
 
 // Device-to-device copy bandwidth of the current GPU, bytes read + written per second
 // (2 GiB copies, median of 20 after 5 warm-ups).

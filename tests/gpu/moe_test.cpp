@@ -5,13 +5,15 @@
 // must go to the lower index as on the CPU. Ids must match exactly; weights to
 // rel 1e-6 (expf vs the host exp, 2 ulp).
 // Experts: the routing (ids, weights) is made here and uploaded, so both sides run the
-// same assignment. Experts with < 16 tokens take the fp32 GEMV path: abs 2e-5,
-// rel 1e-4 against the CPU. Experts with >= 16 tokens take wmma bf16 tiles (x and
+// same assignment. Experts with < 16 tokens take the decode kernels (BF16, FP8, MXFP4;
+// fp32 activations as three bf16 terms) or the fp32 GEMV path: abs 2e-5, rel 1e-4 against
+// the CPU. Experts with >= 16 tokens take wmma bf16 tiles (x and
 // silu*up rounded to bf16; F32 / F16 weights too): abs 1e-2 * max|y|, rel 1e-2.
 // SiTU experts: see SituMatchesCpuMxfp4AndBf16.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -211,7 +213,8 @@ std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const 
 
 std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
                            int64_t tokens, int64_t top_k, bool shared, bool in_place,
-                           bool batch_invariant = false, const GatedActivation& act = {}) {
+                           bool batch_invariant = false, const GatedActivation& act = {},
+                           cuda::MoeDecodeInput input = cuda::MoeDecodeInput::kFp32) {
   Stream stream;
   cuda::Blas blas(stream.s);
   const int64_t hidden = e.table.hidden();
@@ -232,7 +235,7 @@ std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const 
              .shared = sh,
              .y = y,
              .act = act},
-            e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant);
+            e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant, input);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
   return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
 }
@@ -438,6 +441,105 @@ TEST(GpuMoe, SituMatchesCpuMxfp4AndBf16) {
         }
       }
     }
+  }
+}
+
+// The decode kernels (BF16, FP8 with either scale type, MXFP4 experts with <= 16 tokens)
+// at awkward token counts, all slots on one expert (every other expert empty) or spread:
+// with fp32 activations (three bf16 terms) they must hold the fp32 GEMV's tolerance (abs
+// 2e-5 * max(1, max|y|), rel 1e-4), with bf16 activations the tiles' (1e-2). Shapes with a
+// partial last k iteration (320 = 2.5 MXFP4 iterations; its scale rows of 10 bytes take
+// the byte-wise scale copy), a partial last stage of two iterations (384 = 3 MXFP4
+// iterations, aligned scale words), a k long enough for the 1- and 2-token experts' k
+// split (1024: 4 MXFP4 stages, 16 BF16), row counts that are not whole 16-row tiles (bf16
+// 72 -> 40), and more tokens than the decode kernels take (17, 63, 65: the tiles) in the
+// same sweep.
+TEST(GpuMoe, DecodeKernelsAwkwardCountsMatchCpu) {
+  REQUIRE_GPU();
+  uint64_t seed = 40000;
+  for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kFp8Bf16Scales, Format::kMxfp4}) {
+    std::vector<Shape> shapes = {{320, 192}, {384, 256}, {1024, 1024}};
+    if (f == Format::kBF16) shapes.push_back({72, 40});
+    for (Shape s : shapes) {
+      const Experts e = make_experts(8, s.hidden, s.inter, f, seed);
+      seed += 100;
+      ASSERT_TRUE(e.table.decode_kernels()) << test::format_name(f);
+      if (f == Format::kMxfp4) {
+        EXPECT_EQ(s.hidden % 128 == 0, e.table.scale_words(0));
+        EXPECT_EQ(s.inter % 128 == 0, e.table.scale_words(1));
+      }
+      for (int64_t n : {1, 3, 8, 9, 15, 16, 17, 63, 65}) {
+        for (bool spread : {false, true}) {
+          const int64_t tokens = n;
+          const int64_t top_k = spread ? 3 : 1;
+          SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) +
+                       " I=" + std::to_string(s.inter) + " n=" + std::to_string(n) +
+                       (spread ? " spread" : " one expert"));
+          const std::vector<float> x = test::random_floats(tokens * s.hidden, seed++, -2.0f, 2.0f);
+          Routing r = random_routing(tokens, top_k, 8, seed++);
+          if (!spread) r.ids.assign(r.ids.size(), 5);
+          std::vector<int64_t> counts(8, 0);
+          for (int32_t id : r.ids) ++counts[id];
+          // The shared MLP (spread) runs cuBLAS's bf16 GEMMs past 16 tokens.
+          const bool decode_only =
+              *std::max_element(counts.begin(), counts.end()) <= cuda::kMoeDecodeMaxTokens &&
+              (!spread || tokens <= cuda::kSmallBatchMaxTokens);
+          const std::vector<float> want = run_cpu(e, x, r, tokens, top_k, spread);
+          const float scale = test::max_abs(want);
+          const std::vector<float> got = run_gpu(e, x, r, tokens, top_k, spread, false);
+          if (decode_only) {
+            EXPECT_TRUE(test::all_close(got, want, 2e-5f * std::max(1.0f, scale), 1e-4f));
+          } else {
+            EXPECT_TRUE(test::all_close(got, want, 1e-2f * scale, 1e-2f));
+          }
+          const std::vector<float> bf16 = run_gpu(e, x, r, tokens, top_k, spread, false, false, {},
+                                                  cuda::MoeDecodeInput::kBf16);
+          EXPECT_TRUE(test::all_close(bf16, want, 1e-2f * scale, 1e-2f));
+          // Bucket order and the k slices' timing do not change the bits.
+          const std::vector<float> again = run_gpu(e, x, r, tokens, top_k, spread, true);
+          EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * sizeof(float)));
+        }
+      }
+    }
+  }
+}
+
+// MXFP4 scales past 2^1 (e8m0 > 128: the decode's second multiply) and below 2^-20, per row,
+// so every output row depends on its own scales: the decode kernels against the CPU.
+TEST(GpuMoe, DecodeKernelsMxfp4WideScales) {
+  REQUIRE_GPU();
+  const int64_t hidden = 256, inter = 128, num_experts = 4, top_k = 2;
+  Experts e;
+  for (int64_t i = 0; i < num_experts; ++i) {
+    test::HostMlp m = test::random_mlp(hidden, inter, Format::kMxfp4, 900 + 3 * i);
+    for (test::HostWeight* w : {&m.gate, &m.up, &m.down}) {
+      const int64_t groups = w->w.cols / 32;
+      for (int64_t r = 0; r < w->w.rows; ++r) {
+        // Rows alternate between scales well above 2^1 and well below 2^-20.
+        const int shift = r % 2 == 0 ? 10 + static_cast<int>(r % 7) : -20 - static_cast<int>(r % 5);
+        for (int64_t gi = 0; gi < groups; ++gi) {
+          uint8_t& sc = w->scales[r * groups + gi];
+          sc = static_cast<uint8_t>(std::clamp(static_cast<int>(sc) + shift, 1, 254));
+        }
+      }
+    }
+    e.host.push_back(std::move(m));
+  }
+  for (auto& m : e.host) {
+    m.w = MlpWeights{m.gate.w, m.up.w, m.down.w};
+    e.host_w.push_back(m.w);
+    e.dev.push_back(test::upload(m));
+  }
+  for (const auto& d : e.dev) e.dev_w.push_back(d.w);
+  e.table = cuda::MoeExperts::upload(e.dev_w.data(), num_experts);
+  for (int64_t tokens : {1, 5}) {
+    SCOPED_TRACE(tokens);
+    const std::vector<float> x = test::random_floats(tokens * hidden, 950 + tokens, -1e-3f, 1e-3f);
+    const Routing r = random_routing(tokens, top_k, num_experts, 960 + tokens);
+    const std::vector<float> want = run_cpu(e, x, r, tokens, top_k, false);
+    const std::vector<float> got = run_gpu(e, x, r, tokens, top_k, false, false);
+    for (float v : want) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_TRUE(test::all_close(got, want, 2e-5f * std::max(1.0f, test::max_abs(want)), 1e-4f));
   }
 }
 

@@ -7,7 +7,14 @@
 // moe: slots (token, i) are bucketed by expert with a counting sort on the device;
 //   each expert runs gate/up -> act(gate, up) -> down over its tokens (p.act, SiLU or
 //   SiTU, for every expert and the shared MLP; fp32 with the CPU op's expression):
-//     < kMoeMmaMinTokens tokens: memory-bound GEMV (exact fp32, like linear_gemv)
+//     <= kMoeDecodeMaxTokens:    BF16 / FP8 / MXFP4 experts (MoeExperts::decode_kernels):
+//                                the decode kernels (moe/cuda/moe_decode.cuh), mma.sync on
+//                                weights streamed through shared memory (cp.async) and
+//                                decoded in registers; fp32 activations as three
+//                                bf16 terms (MoeDecodeInput::kFp32: every product exact,
+//                                fp32 accumulate) or rounded to bf16 (kBf16)
+//     < kMoeMmaMinTokens tokens: other experts: memory-bound GEMV (exact fp32, like
+//                                linear_gemv)
 //     >= kMoeMmaMinTokens:       wmma bf16 tensor cores on weight tiles decoded in
 //                                shared memory, fp32 accumulate. x and act(gate, up) are
 //                                rounded to bf16; BF16 and MXFP4 weights are exact in
@@ -36,6 +43,13 @@
 namespace hyserve::cuda {
 
 inline constexpr int64_t kMoeMmaMinTokens = 16;
+// Experts with at most this many tokens run the decode kernels when the experts allow
+// them (MoeExperts::decode_kernels).
+inline constexpr int64_t kMoeDecodeMaxTokens = 16;
+
+// The decode kernels' activations: fp32 as three bf16 terms each (every product exact, the
+// fp32 GEMV's precision), or rounded to bf16 (the prefill tiles' precision; fewer MMAs).
+enum class MoeDecodeInput { kFp32, kBf16 };
 
 // The routed experts of one layer, prepared once at load time: a device table of each
 // expert's data / scales pointers. All experts share one shape and format per
@@ -57,6 +71,13 @@ class MoeExperts {
   // Every expert's rows can be read in 16-byte chunks.
   bool gate_up_aligned() const { return gate_up_aligned_; }
   bool down_aligned() const { return down_aligned_; }
+  // The decode kernels take these experts: BF16, FP8 or MXFP4, gate / up / down in one
+  // format, rows in 16-byte chunks.
+  bool decode_kernels() const { return decode_kernels_; }
+  // MXFP4 gate and up (0) / down (1) of every expert have 4-byte aligned scale rows of
+  // whole words (cols a multiple of 128): the decode kernels copy their scales
+  // asynchronously (else byte by byte, slowly).
+  bool scale_words(int i) const { return scale_words_[i]; }
 
  private:
   DeviceBuffer table_;
@@ -64,6 +85,8 @@ class MoeExperts {
   int64_t num_experts_ = 0;
   bool gate_up_aligned_ = false;
   bool down_aligned_ = false;
+  bool decode_kernels_ = false;
+  bool scale_words_[2] = {false, false};
 };
 
 // logits [max_tokens, num_experts] fp32.
@@ -84,6 +107,7 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
 // device data, or null. Expert ids outside [0, num_experts) contribute nothing (the
 // CPU op throws).
 void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
-         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant = false);
+         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant = false,
+         MoeDecodeInput decode_input = MoeDecodeInput::kFp32);
 
 }  // namespace hyserve::cuda

@@ -8,9 +8,14 @@
 //   5. down     slot_out[slot] = h[pos] W_down^T
 //   6. shared   shared_out = cuda::mlp(x) with p.act when there is a shared expert
 //   7. combine  y[t] = sum_i w_i * slot_out[t * top_k + i] (+ shared_out[t])
-// Steps 4 and 5 launch a memory-bound kernel and two tensor-core kernels (the small and
-// the big tile of mma_tile.cuh) over (active expert, row block); each block handles only
-// experts of its kind by token count (Path) and returns at once otherwise.
+// Steps 4 and 5 launch kernels over (active expert, row block) for each kind of expert by
+// token count (Path); a block whose expert is of another kind returns at once:
+//   1..16 tokens  the decode kernels (moe_decode.cuh; BF16, FP8, MXFP4 experts), whose
+//                 gate/up writes h as split bf16 terms in down's layout; the activations x
+//                 are split once per call (step 3b)
+//   1..15 tokens  a memory-bound GEMV kernel (the other formats, or misaligned rows)
+//   16, > 16      the small and the big tile of mma_tile.cuh (16 only in batch-invariant
+//                 mode or without the decode kernels)
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -20,10 +25,21 @@
 #include "kernels/linear/cuda/mma_tile.cuh"
 #include "kernels/mlp/cuda.h"
 #include "kernels/moe/cuda.h"
+#include "kernels/moe/cuda/moe_common.cuh"
+#include "kernels/moe/cuda/moe_decode.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
 namespace {
+
+using moe_internal::assign;
+using moe_internal::Assignment;
+using moe_internal::Buckets;
+using moe_internal::ExpertPtrs;
+using moe_internal::Geometry;
+using moe_internal::Path;
+using moe_internal::with_expert;
+namespace decode = moe_internal::decode;
 
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
@@ -32,20 +48,8 @@ using tile::kLdC;
 using tile::kMmaThreads;
 using tile::MmaSmem;
 
-// Which kernel runs an expert: by its token count n.
-enum class Path {
-  kGemv,       // n < mma_min_tokens
-  kSmallTile,  // mma_min_tokens <= n <= 16: the small tensor-core tile (deep k steps)
-  kBigTile,    // n > 16 (and >= mma_min_tokens)
-};
 constexpr int kScanThreads = 1024;
 static_assert(kMoeMmaMinTokens <= kGemvMaxTokens + 1, "small path handles up to 15 tokens");
-
-// One expert's three matrices on the device.
-struct ExpertPtrs {
-  const void* data[3];    // gate, up, down
-  const void* scales[3];  // null for dense
-};
 
 size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
@@ -53,10 +57,14 @@ size_t align_up(size_t n) {
 
 // Workspace regions, each kAlign-aligned.
 struct Layout {
-  size_t counts, cursor, active, sorted_slots, h, slot_out, shared_out, shared_ws, total;
+  size_t counts, cursor, active, sorted_slots, h, slot_out, x_split, h_split, units, unit_counts,
+      partials, arrivals, shared_out, shared_ws, total;
+  size_t arrivals_bytes = 0;
 
+  // split: the formats of the decode kernels' split activation rows (gate's for x, down's
+  // for h; the same), or null when the decode kernels do not run.
   Layout(int64_t num_experts, int64_t inter, int64_t hidden, int64_t max_tokens, int64_t top_k,
-         const MlpWeights* shared) {
+         const MlpWeights* shared, const WFmt* split) {
     const auto e = static_cast<size_t>(num_experts);
     const auto s = static_cast<size_t>(max_tokens * top_k);
     size_t at = 0;
@@ -71,36 +79,32 @@ struct Layout {
     sorted_slots = take(s * 4);
     h = take(s * static_cast<size_t>(inter) * 4);
     slot_out = take(s * static_cast<size_t>(hidden) * 4);
+    const size_t terms = split != nullptr ? decode::kMaxTerms : 0;
+    x_split =
+        take(terms * static_cast<size_t>(max_tokens) *
+             static_cast<size_t>(split != nullptr ? decode::split_cols(*split, hidden) : 0) * 2);
+    h_split =
+        take(terms * s *
+             static_cast<size_t>(split != nullptr ? decode::split_cols(*split, inter) : 0) * 2);
+    units = take(split != nullptr ? decode::kClasses * e * sizeof(decode::DecodeUnit) : 0);
+    unit_counts = take(split != nullptr ? decode::kClasses * 4 : 0);
+    // Class 0's k split: at most kMaxItems work items of units of a bounded count.
+    const auto tiles =
+        static_cast<size_t>(std::max((inter + decode::kGateUpRows - 1) / decode::kGateUpRows,
+                                     (hidden + decode::kDownRows - 1) / decode::kDownRows));
+    const size_t units_bound =
+        split != nullptr ? std::min(std::min(e, s) * tiles, size_t{decode::kMaxItems}) : 0;
+    partials = take(split != nullptr
+                        ? std::min(units_bound * decode::kMaxParts, size_t{decode::kMaxItems}) *
+                              decode::kPartialBytes
+                        : 0);
+    arrivals_bytes = units_bound * 4;
+    arrivals = take(arrivals_bytes);
     shared_out = take(shared != nullptr ? static_cast<size_t>(max_tokens * hidden) * 4 : 0);
     shared_ws = take(shared != nullptr ? mlp_workspace_bytes(*shared, max_tokens) : 0);
     total = at;
   }
 };
-
-// What every kernel needs to find its expert's tokens.
-// A block finds its expert with one load (a chain of dependent loads costs microseconds
-// in a decode step's small kernels).
-struct Buckets {
-  const int4* active;           // [E] {expert, first sorted position, count, 0} of the experts
-                                //     with tokens, ascending, then {-1, 0, 0, 0}
-  const int32_t* sorted_slots;  // [S] slot ids, bucketed by expert
-};
-
-// Shapes and formats shared by all experts (data / scales are filled per expert).
-struct Geometry {
-  WRef gate, up, down;
-  int64_t hidden = 0;
-  int64_t inter = 0;
-  int64_t top_k = 0;
-  int32_t mma_min_tokens = kMoeMmaMinTokens;  // experts with fewer tokens run the GEMV kernels
-  GatedActivation act;                        // between gate/up and down, every expert
-};
-
-__device__ __forceinline__ WRef with_expert(WRef w, const ExpertPtrs& e, int i) {
-  w.data = static_cast<const uint8_t*>(e.data[i]);
-  w.scales = e.scales[i];
-  return w;
-}
 
 __global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
                              int64_t num_experts, int32_t offset, int32_t* __restrict__ counts) {
@@ -152,37 +156,13 @@ __global__ void fill_kernel(const int32_t* __restrict__ ids, int64_t num_slots, 
   }
 }
 
-// This block's expert (blockIdx.x-th active one) if it has tokens of the wanted kind.
-struct Assignment {
-  int32_t expert = -1;
-  int32_t begin = 0;  // first sorted position
-  int32_t count = 0;
-};
-
-template <Path kPath>
-__device__ __forceinline__ Assignment assign(const Geometry& g, const Buckets& b) {
-  Assignment a;
-  const int4 rec = b.active[blockIdx.x];  // gridDim.x <= E
-  const int32_t e = rec.x;
-  const int32_t n = rec.z;
-  if (e < 0) return a;
-  const Path path = n < g.mma_min_tokens            ? Path::kGemv
-                    : n <= tile::SmallTile::kTokens ? Path::kSmallTile
-                                                    : Path::kBigTile;
-  if (path != kPath) return a;
-  a.expert = e;
-  a.begin = rec.y;
-  a.count = n;
-  return a;
-}
-
 // Step 4, few tokens: warp w of block (a, rb) computes rows (rb * kSmallWarps + w) *
 // kGemvRows .. + kGemvRows of gate and up for every token of the expert.
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                          const float* __restrict__ x, float* __restrict__ h) {
-  const Assignment a = assign<Path::kGemv>(g, b);
+  const Assignment a = assign<Path::kGemv>(g, b, blockIdx.x);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) {
@@ -217,7 +197,7 @@ template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     down_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                       const float* __restrict__ h, float* __restrict__ slot_out) {
-  const Assignment a = assign<Path::kGemv>(g, b);
+  const Assignment a = assign<Path::kGemv>(g, b, blockIdx.x);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
   if (threadIdx.x < a.count) xs[threadIdx.x] = h + (a.begin + threadIdx.x) * g.inter;
@@ -249,8 +229,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                        const float* __restrict__ x, float* __restrict__ h) {
   constexpr int kBM = T::kTokens;
-  const Assignment a =
-      assign < T::kTokens == tile::SmallTile::kTokens ? Path::kSmallTile : Path::kBigTile > (g, b);
+  const Assignment a = assign < T::kTokens == tile::SmallTile::kTokens
+                           ? Path::kSmallTile
+                           : Path::kBigTile > (g, b, blockIdx.x);
   if (a.expert < 0) return;
   __shared__ MmaSmem<T, 2> s;
   const ExpertPtrs& e = table[a.expert];
@@ -282,8 +263,9 @@ __global__ void __launch_bounds__(kMmaThreads)
     down_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
                     const float* __restrict__ h, float* __restrict__ slot_out) {
   constexpr int kBM = T::kTokens;
-  const Assignment a =
-      assign < T::kTokens == tile::SmallTile::kTokens ? Path::kSmallTile : Path::kBigTile > (g, b);
+  const Assignment a = assign < T::kTokens == tile::SmallTile::kTokens
+                           ? Path::kSmallTile
+                           : Path::kBigTile > (g, b, blockIdx.x);
   if (a.expert < 0) return;
   __shared__ MmaSmem<T, 1> s;
   const WRef ws[1] = {with_expert(g.down, table[a.expert], 2)};
@@ -339,6 +321,22 @@ bool chunk_aligned(const Weight& w) {
          row_bytes(weight_wfmt(w), r.cols) % 16 == 0 && r.cols % 4 == 0;
 }
 
+// MXFP4 scale rows that are whole 4-byte words (the decode kernels copy them as such).
+bool mxfp4_scale_words(const Weight& w) {
+  return weight_wfmt(w) == WFmt::kMxfp4 && reinterpret_cast<uintptr_t>(w.scales) % 4 == 0 &&
+         (w.cols / Weight::kMxfp4BlockSize) % 4 == 0;
+}
+
+// Blocks of `kernel` that fit on the device at once (its SMs times the blocks per SM).
+template <typename Kernel>
+int64_t persistent_blocks(Kernel kernel, int threads, size_t smem = 0) {
+  int device = 0, num_sms = 0, per_sm = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return static_cast<int64_t>(std::max(per_sm, 1)) * num_sms;
+}
+
 int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::clamp<int64_t>((n + threads - 1) / threads, 1, 65536));
 }
@@ -358,6 +356,7 @@ MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
   out.num_experts_ = num_experts;
   out.gate_up_aligned_ = true;
   out.down_aligned_ = true;
+  out.scale_words_[0] = out.scale_words_[1] = true;
   std::vector<ExpertPtrs> table(static_cast<size_t>(num_experts));
   for (int64_t e = 0; e < num_experts; ++e) {
     const MlpWeights& w = experts[e];
@@ -371,9 +370,15 @@ MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
       table[e].scales[i] = m[i]->scales;
     }
     out.gate_up_aligned_ = out.gate_up_aligned_ && chunk_aligned(w.gate) && chunk_aligned(w.up);
+    out.scale_words_[0] =
+        out.scale_words_[0] && mxfp4_scale_words(w.gate) && mxfp4_scale_words(w.up);
+    out.scale_words_[1] = out.scale_words_[1] && mxfp4_scale_words(w.down);
     out.down_aligned_ = out.down_aligned_ && chunk_aligned(w.down);
   }
   out.table_ = to_device(table);
+  const WFmt f = weight_wfmt(first.gate);
+  out.decode_kernels_ = decode::supported(f) && f == weight_wfmt(first.down) &&
+                        out.gate_up_aligned_ && out.down_aligned_;
   return out;
 }
 
@@ -382,12 +387,15 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
   CHECK(max_tokens >= 0 && top_k > 0, "moe_workspace_bytes: max_tokens ", max_tokens, ", top_k ",
         top_k);
   CHECK(experts.num_experts() > 0, "moe_workspace_bytes: experts not uploaded");
-  return Layout(experts.num_experts(), experts.inter(), experts.hidden(), max_tokens, top_k, shared)
+  const WFmt split = weight_wfmt(experts.layout().gate);
+  return Layout(experts.num_experts(), experts.inter(), experts.hidden(), max_tokens, top_k, shared,
+                experts.decode_kernels() ? &split : nullptr)
       .total;
 }
 
 void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* workspace,
-         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant) {
+         size_t workspace_bytes, cudaStream_t stream, bool batch_invariant,
+         MoeDecodeInput decode_input) {
   CHECK(p.x != nullptr && p.expert_ids != nullptr && p.expert_weights != nullptr && p.y != nullptr,
         "moe: null pointer");
   CHECK(p.num_tokens >= 0, "moe: num_tokens ", p.num_tokens);
@@ -402,7 +410,10 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   if (p.num_tokens == 0) return;
   const int64_t num_slots = p.num_tokens * p.top_k;
   CHECK(num_slots <= INT32_MAX, "moe: ", num_slots, " slots are too many");
-  const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared);
+  const MlpWeights& l = experts.layout();
+  const WFmt split_fmt = weight_wfmt(l.gate);
+  const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared,
+                   experts.decode_kernels() ? &split_fmt : nullptr);
   CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ", workspace_bytes,
         " bytes, ", p.num_tokens, " tokens need ", lay.total);
   auto* base = static_cast<char*>(workspace);
@@ -428,7 +439,6 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
                                                             offset, cursor, sorted_slots);
   CUDA_CHECK_LAUNCH();
 
-  const MlpWeights& l = experts.layout();
   Geometry g;
   g.gate = make_wref(l.gate);
   g.up = make_wref(l.up);
@@ -437,6 +447,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.inter = experts.inter();
   g.top_k = p.top_k;
   g.mma_min_tokens = batch_invariant ? 1 : static_cast<int32_t>(kMoeMmaMinTokens);
+  const bool decode_runs = experts.decode_kernels() && !batch_invariant;
+  g.decode_max_tokens = decode_runs ? static_cast<int32_t>(kMoeDecodeMaxTokens) : 0;
   g.act = p.act;
   const Buckets b{active, sorted_slots};
   const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
@@ -452,12 +464,100 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       experts.down_aligned() && gemv_row_fills_warp(weight_wfmt(l.down), l.down.cols);
 
   // No expert has more than num_slots tokens: a path no expert can take is not launched
-  // (when every expert runs the tiles, the GEMV kernels are not launched either).
-  const bool small_tile_may_run =
-      g.mma_min_tokens <= tile::SmallTile::kTokens && num_slots >= g.mma_min_tokens;
+  // (when every expert runs the tiles, the GEMV kernels are not launched either; when the
+  // decode kernels take up to 16 tokens, neither are the GEMV kernels nor the small tile).
+  const int32_t tile_min = std::max(g.mma_min_tokens, g.decode_max_tokens + 1);
+  const bool gemv_may_run = g.decode_max_tokens + 1 < g.mma_min_tokens;
+  const bool small_tile_may_run = tile_min <= tile::SmallTile::kTokens && num_slots >= tile_min;
   const bool big_tile_may_run = num_slots > tile::SmallTile::kTokens;
+  if (decode_runs) {
+    const int terms = decode_input == MoeDecodeInput::kFp32 ? 3 : 1;
+    auto* lists = reinterpret_cast<decode::DecodeUnit*>(at(lay.units));
+    auto* class_counts = reinterpret_cast<int32_t*>(at(lay.unit_counts));
+    decode::units_kernel<<<1, 1024, 0, stream>>>(active, table, p.num_experts, g.decode_max_tokens,
+                                                 terms, lists, class_counts);
+    CUDA_CHECK_LAUNCH();
+    decode::DecodeArgs args{.g = g,
+                            .units = nullptr,
+                            .count = nullptr,
+                            .sorted_slots = sorted_slots,
+                            .in = {reinterpret_cast<uint16_t*>(at(lay.x_split)),
+                                   p.num_tokens * decode::split_cols(split_fmt, p.hidden),
+                                   decode::split_cols(split_fmt, p.hidden)},
+                            .h = {reinterpret_cast<uint16_t*>(at(lay.h_split)),
+                                  num_slots * decode::split_cols(split_fmt, g.inter),
+                                  decode::split_cols(split_fmt, g.inter)},
+                            .slot_out = slot_out,
+                            .scale_words = false,
+                            .parts = 1,
+                            .partials = reinterpret_cast<float*>(at(lay.partials)),
+                            .arrivals = reinterpret_cast<int32_t*>(at(lay.arrivals))};
+    bool arrivals_zeroed = false;
+    const decode::SplitRows h_rows = args.h;
+    dispatch_format(split_fmt, [&]<WFmt F>() {
+      if constexpr (decode::supported(F)) {
+        const auto run = [&]<int kTerms>() {
+          decode::split_kernel<F, kTerms><<<grid_for(args.in.plane, 256), 256, 0, stream>>>(
+              p.x, p.num_tokens, p.hidden, args.in.data);
+          CUDA_CHECK_LAUNCH();
+          // Each class whose fewest tokens fit this call; gate/up of every class, then down.
+          const auto each_class = [&]<bool kGateUp>() {
+            const int64_t tiles =
+                kGateUp ? (h_rows.cols + decode::kGateUpRows - 1) / decode::kGateUpRows
+                        : (g.hidden + decode::kDownRows - 1) / decode::kDownRows;
+            const auto one = [&]<int kC>() {
+              constexpr int kNT = 1 << kC;
+              if constexpr (decode::class_min_tokens(kC, kTerms) <= kMoeDecodeMaxTokens) {
+                if (decode::class_min_tokens(kC, kTerms) >
+                    std::min<int64_t>(num_slots, kMoeDecodeMaxTokens))
+                  return;
+                args.units = lists + kC * p.num_experts;
+                args.count = class_counts + kC;
+                if (!kGateUp) args.in = h_rows;
+                args.scale_words = experts.scale_words(kGateUp ? 0 : 1);
+                const auto kernel = decode::experts_kernel<F, kTerms, kNT, kGateUp>;
+                constexpr size_t kSmem = decode::smem_bytes();
+                CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                static_cast<int>(kSmem)));
+                const int64_t resident = persistent_blocks(kernel, decode::kThreads, kSmem);
+                // Class 0 (1 or 2 tokens per expert, the bulk of a decode step) splits k when
+                // its units leave warps idle or a ragged last round (decode::DecodeArgs).
+                args.parts = 1;
+                if (kC == 0) {
+                  const int64_t stages =
+                      decode::num_stages(split_fmt, kGateUp ? p.hidden : g.inter);
+                  args.parts = static_cast<int32_t>(decode::choose_parts(
+                      static_cast<int64_t>(max_active) * tiles, resident * decode::kWarps, stages));
+                  if (args.parts > 1 && !arrivals_zeroed) {
+                    CUDA_CHECK(cudaMemsetAsync(args.arrivals, 0, lay.arrivals_bytes, stream));
+                    arrivals_zeroed = true;
+                  }
+                }
+                const int64_t items = static_cast<int64_t>(max_active) * tiles * args.parts;
+                const int64_t blocks =
+                    std::min<int64_t>(resident, (items + decode::kWarps - 1) / decode::kWarps);
+                kernel<<<static_cast<unsigned>(blocks), decode::kThreads, kSmem, stream>>>(args);
+                CUDA_CHECK_LAUNCH();
+              }
+            };
+            one.template operator()<0>();
+            one.template operator()<1>();
+            one.template operator()<2>();
+            one.template operator()<3>();
+          };
+          each_class.template operator()<true>();
+          each_class.template operator()<false>();
+        };
+        if (terms == 3) {
+          run.template operator()<3>();
+        } else {
+          run.template operator()<1>();
+        }
+      }
+    });
+  }
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
-    if (g.mma_min_tokens > 1) {
+    if (gemv_may_run) {
       if (gate_up_gemv_vec) {
         gate_up_small_kernel<F, true>
             <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
@@ -483,7 +583,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
     if (big_tile_may_run) gate_up_tiles.template operator()<tile::BigTile>();
   });
   dispatch_format(weight_wfmt(l.down), [&]<WFmt F>() {
-    if (g.mma_min_tokens > 1) {
+    if (gemv_may_run) {
       if (down_gemv_vec) {
         down_small_kernel<F, true>
             <<<blocks(g.hidden, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
