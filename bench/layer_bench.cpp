@@ -12,7 +12,6 @@
 // The synthetic model has two decoder layers: layer 0 = KDA + dense MLP (as K3.1 Pro's
 // first layer), layer 1 = MLA with the DSA indexer + MoE. Caches: fp32 latent, FP8 index
 // keys (the current engine's formats).
-#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -38,24 +37,6 @@
 
 namespace hyserve::bench {
 namespace {
-
-// bf16 GEMM 8192^3 with fp32 accumulation (cuBLAS), FLOP/s.
-double measure_gemm_rate() {
-  const int n = 8192;
-  cuda::DeviceBuffer a(size_t{2} * n * n), b(size_t{2} * n * n), c(size_t{2} * n * n);
-  CUDA_CHECK(cudaMemset(a.data(), 0x3c, a.size()));
-  CUDA_CHECK(cudaMemset(b.data(), 0x3c, b.size()));
-  cublasHandle_t h;
-  CUBLAS_CHECK(cublasCreate(&h));
-  const float alpha = 1.0f, beta = 0.0f;
-  const float ms = median_event_ms([&] {
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF,
-                              n, b.data(), CUDA_R_16BF, n, &beta, c.data(), CUDA_R_16BF, n,
-                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-  });
-  cublasDestroy(h);
-  return 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3);
-}
 
 // Fills the cache of a sequence with `context` past tokens in `blocks` (and KDA state row
 // `state_block`) with random data of the right kind: the latent and index-key pages of its
@@ -201,7 +182,7 @@ int run(int argc, char** argv) {
   app.add_flag("--batch-invariant", batch_invariant, "the batch-invariant kernels (serve's flag)");
   CLI11_PARSE(app, argc, argv);
 
-  const Peaks peaks{measure_copy_bandwidth(), measure_gemm_rate()};
+  const Peaks peaks{measure_copy_bandwidth(), measure_bf16_gemm_rate()};
   {
     nlohmann::json j;
     j["bench"] = "peaks";

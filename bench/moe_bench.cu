@@ -13,7 +13,10 @@
 // as a CUDA graph (as the model's decode step runs it; eager_us: launched from the host),
 // the unique experts' weight bytes (what a decode step must read), GB/s and the ratio to the
 // device-to-device copy bandwidth measured at the start of the run (copy bytes read +
-// written per second).
+// written per second); and the experts' FLOPs (2 x 3 x hidden x inter per routed slot),
+// TFLOP/s and the ratios to dense 8192^3 GEMM rates of the same run (bf16 cuBLAS; e4m3
+// cuBLASLt), what a prefill batch is bound by. Batches past 256 tokens (prefill) are
+// timed --prefill-iters times.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -172,21 +175,30 @@ Routing random_routing(int64_t tokens, const Shape& s, std::mt19937_64& rng) {
 int run(int argc, char** argv) {
   CLI::App app{"MoE routed experts at the model shapes"};
   std::vector<std::string> shapes = {"k3", "deepseek-v32", "kimi-linear"};
-  std::vector<int64_t> batches = {1, 8, 64, 256};
+  std::vector<int64_t> batches = {1, 8, 64, 256, 4096, 16384};
   std::vector<std::string> inputs = {"fp32", "bf16"};
   int iters = 20;
+  int prefill_iters = 5;
   app.add_option("--shapes", shapes, "k3, deepseek-v32, kimi-linear")->delimiter(',');
   app.add_option("--batches", batches, "tokens per call")->delimiter(',');
   app.add_option("--inputs", inputs, "decode kernels' activations: fp32 (3 bf16 terms), bf16")
       ->delimiter(',');
   app.add_option("--iters", iters, "timed runs per point");
+  app.add_option("--prefill-iters", prefill_iters, "timed runs per point past 256 tokens");
   CLI11_PARSE(app, argc, argv);
 
   const double copy_bw = measure_copy_bandwidth();
-  std::printf("%s\n",
-              nlohmann::json{{"bench", "moe"}, {"copy_gbps", copy_bw / 1e9}}.dump().c_str());
+  const double bf16_rate = measure_bf16_gemm_rate();
+  const double fp8_rate = measure_fp8_gemm_rate();
+  std::printf("%s\n", nlohmann::json{{"bench", "moe"},
+                                     {"copy_gbps", copy_bw / 1e9},
+                                     {"bf16_gemm_tflops", bf16_rate / 1e12},
+                                     {"fp8_gemm_tflops", fp8_rate / 1e12}}
+                          .dump()
+                          .c_str());
   std::fflush(stdout);
-  FlushedTimer timer(iters);
+  FlushedTimer decode_timer(iters);
+  FlushedTimer prefill_timer(prefill_iters);
   // A blocking stream: the legacy default stream of the timer's events orders with it.
   cudaStream_t stream = nullptr;
   CUDA_CHECK(cudaStreamCreate(&stream));
@@ -236,6 +248,7 @@ int run(int argc, char** argv) {
           CUDA_CHECK(cudaGraphDestroy(graph));
           graphs.push_back(exec);
         }
+        FlushedTimer& timer = batch > 256 ? prefill_timer : decode_timer;
         int draw = 0;
         const float us =
             timer.time_us([&] { CUDA_CHECK(cudaGraphLaunch(graphs[draw++ % kDraws], stream)); });
@@ -243,6 +256,9 @@ int run(int argc, char** argv) {
         for (cudaGraphExec_t g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g));
         const double bytes = unique * static_cast<double>(mem.expert_bytes);
         const double gbps = bytes / (us * 1e-6) / 1e9;
+        const double flops = 6.0 * static_cast<double>(batch * s.top_k) *
+                             static_cast<double>(s.hidden) * static_cast<double>(s.inter);
+        const double rate = flops / (us * 1e-6);
         std::printf("%s\n", nlohmann::json{{"bench", "moe"},
                                            {"shape", s.name},
                                            {"batch", batch},
@@ -252,7 +268,10 @@ int run(int argc, char** argv) {
                                            {"us", us},
                                            {"eager_us", eager_us},
                                            {"gbps", gbps},
-                                           {"copy_ratio", gbps * 1e9 / copy_bw}}
+                                           {"copy_ratio", gbps * 1e9 / copy_bw},
+                                           {"tflops", rate / 1e12},
+                                           {"bf16_gemm_ratio", rate / bf16_rate},
+                                           {"fp8_gemm_ratio", rate / fp8_rate}}
                                 .dump()
                                 .c_str());
         std::fflush(stdout);

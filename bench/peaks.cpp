@@ -1,14 +1,20 @@
 #include "peaks.h"
 
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <exception>
+#include <random>
+#include <vector>
 
 #include "core/cuda/device_buffer.h"
 #include "util/cuda_check.h"
+#include "util/error.h"
 
 namespace hyserve::bench {
 
@@ -68,6 +74,92 @@ double measure_copy_bandwidth() {
   const float ms = median_event_ms(
       [&] { CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), n, cudaMemcpyDeviceToDevice)); });
   return 2.0 * n / (ms * 1e-3);
+}
+
+namespace {
+constexpr int kGemmN = 8192;
+
+// Random operands (constant ones let the GPU run at clocks that real data does not reach):
+// bf16 of N(0, 1) values, or e4m3 codes other than NaN.
+cuda::DeviceBuffer random_gemm_operand(bool fp8, uint64_t seed) {
+  const size_t n = size_t{kGemmN} * kGemmN;
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> host(fp8 ? n : 2 * n);
+  if (fp8) {
+    for (uint8_t& b : host) {
+      b = static_cast<uint8_t>(rng());
+      if ((b & 0x7fu) == 0x7fu) b ^= 1u;
+    }
+  } else {
+    std::normal_distribution<float> d(0.0f, 1.0f);
+    for (size_t i = 0; i < n; ++i) {
+      uint32_t bits;
+      const float v = d(rng);
+      std::memcpy(&bits, &v, 4);
+      host[2 * i] = static_cast<uint8_t>(bits >> 16);
+      host[2 * i + 1] = static_cast<uint8_t>(bits >> 24);
+    }
+  }
+  cuda::DeviceBuffer out(host.size());
+  CUDA_CHECK(cudaMemcpy(out.data(), host.data(), host.size(), cudaMemcpyHostToDevice));
+  return out;
+}
+}  // namespace
+
+double measure_bf16_gemm_rate() {
+  const int n = kGemmN;
+  const cuda::DeviceBuffer a = random_gemm_operand(false, 1), b = random_gemm_operand(false, 2);
+  cuda::DeviceBuffer c(size_t{2} * n * n);
+  cublasHandle_t h;
+  CUBLAS_CHECK(cublasCreate(&h));
+  const float alpha = 1.0f, beta = 0.0f;
+  const float ms = median_event_ms([&] {
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a.data(), CUDA_R_16BF,
+                              n, b.data(), CUDA_R_16BF, n, &beta, c.data(), CUDA_R_16BF, n,
+                              CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  });
+  cublasDestroy(h);
+  return 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3);
+}
+
+double measure_fp8_gemm_rate() {
+  const int n = kGemmN;
+  const size_t ws_bytes = size_t{64} << 20;
+  const cuda::DeviceBuffer a = random_gemm_operand(true, 3), b = random_gemm_operand(true, 4);
+  cuda::DeviceBuffer c(size_t{2} * n * n), ws(ws_bytes);
+  cublasLtHandle_t lt;
+  CUBLAS_CHECK(cublasLtCreate(&lt));
+  cublasLtMatmulDesc_t op;
+  CUBLAS_CHECK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t trans = CUBLAS_OP_T, keep = CUBLAS_OP_N;
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &trans, sizeof(trans)));
+  CUBLAS_CHECK(
+      cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &keep, sizeof(keep)));
+  cublasLtMatrixLayout_t la, lb, lc;
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, n, n, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, n, n, n));
+  CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, n, n, n));
+  cublasLtMatmulPreference_t pref;
+  CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws_bytes, sizeof(ws_bytes)));
+  cublasLtMatmulHeuristicResult_t algo{};
+  int found = 0;
+  CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &algo, &found));
+  CHECK(found > 0, "measure_fp8_gemm_rate: cuBLASLt has no e4m3 GEMM for this GPU");
+  const float alpha = 1.0f, beta = 0.0f;
+  const float ms = median_event_ms([&] {
+    CUBLAS_CHECK(cublasLtMatmul(lt, op, &alpha, a.data(), la, b.data(), lb, &beta, c.data(), lc,
+                                c.data(), lc, &algo.algo, ws.data(), ws_bytes, nullptr));
+  });
+  cublasLtMatmulPreferenceDestroy(pref);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op);
+  cublasLtDestroy(lt);
+  return 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3);
 }
 
 int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv) {

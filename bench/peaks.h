@@ -1,5 +1,5 @@
-// The roofline the benchmarks report against, measured in the same run: the
-// device-to-device copy bandwidth. And the medians they time with.
+// The rooflines the benchmarks report against, measured in the same run: the
+// device-to-device copy bandwidth and dense GEMM rates. And the medians they time with.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -40,6 +40,12 @@ class FlushedTimer {
 // Device-to-device copy bandwidth of the current GPU, bytes read + written per second
 // (2 GiB copies, median of 20 after 5 warm-ups).
 double measure_copy_bandwidth();
+
+// Dense 8192^3 GEMM rates of the current GPU on random operands, FLOP/s (median of 20
+// after 5 warm-ups), fp32 accumulation, bf16 output: bf16 inputs (cuBLAS), and e4m3 inputs
+// (cuBLASLt, A transposed as FP8 requires, unit scales, no fast accumulation).
+double measure_bf16_gemm_rate();
+double measure_fp8_gemm_rate();
 
 // A benchmark's main: run(argc, argv), or its exception's message after `name: ` on
 // stderr and exit status 1.

@@ -7,8 +7,9 @@
 // Experts: the routing (ids, weights) is made here and uploaded, so both sides run the
 // same assignment. Experts with < 16 tokens take the decode kernels (BF16, FP8, MXFP4;
 // fp32 activations as three bf16 terms) or the fp32 GEMV path: abs 2e-5, rel 1e-4 against
-// the CPU. Experts with >= 16 tokens take wmma bf16 tiles (x and
-// silu*up rounded to bf16; F32 / F16 weights too): abs 1e-2 * max|y|, rel 1e-2.
+// the CPU. Experts with more tokens take the prefill kernels' warpgroup MMAs (BF16, FP8,
+// MXFP4; hidden and inter multiples of 64) or else mma bf16 tiles (F32 / F16 / INT4
+// weights too), x and act(gate, up) rounded to bf16: abs 1e-2 * max|y|, rel 1e-2.
 // SiTU experts: see SituMatchesCpuMxfp4AndBf16.
 #include <cuda_runtime_api.h>
 
@@ -17,6 +18,7 @@
 #include <cstring>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -541,6 +543,95 @@ TEST(GpuMoe, DecodeKernelsMxfp4WideScales) {
     for (float v : want) ASSERT_TRUE(std::isfinite(v));
     EXPECT_TRUE(test::all_close(got, want, 2e-5f * std::max(1.0f, test::max_abs(want)), 1e-4f));
   }
+}
+
+// The prefill kernels (moe_prefill.cuh: BF16, FP8 with either scale type, MXFP4 experts
+// with > 16 tokens, hidden and inter multiples of 64) on warpgroup MMAs, against the CPU at
+// the tensor-core tiles' tolerance (x and act(gate, up) rounded to bf16: abs 1e-2 * max|y|,
+// rel 1e-2). Per-expert counts around the 128-position tile (17, 63, 64, 65, 128, 129, 300)
+// with a decode-sized (5) and an empty expert in the same call, every token on one expert
+// (all others empty), and a random spread of top-8 over 64 experts; shapes with partial
+// n-tiles (hidden 320: 256 + 64 columns; inter 192: 128 + 64 columns of h), an odd count of
+// 64-wide k steps (320, 192: FP8's last 128-wide scale block half full) and several tiles
+// each way (1024 x 768); SiLU and K3's SiTU. A token's output does not depend on where its
+// rows land in the tiles: the batch with its tokens reversed gives the same bits.
+TEST(GpuMoe, PrefillKernelsMatchCpuAtAwkwardCounts) {
+  REQUIRE_GPU();
+  const GatedActivation situ{
+      .kind = GatedActivation::Kind::kSitu, .beta = 4.0f, .linear_beta = 25.0f};
+  uint64_t seed = 50000;
+  for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kFp8Bf16Scales, Format::kMxfp4}) {
+    for (Shape s : std::vector<Shape>{{320, 192}, {1024, 768}}) {
+      const int64_t num_experts = 64;
+      const Experts e = make_experts(num_experts, s.hidden, s.inter, f, seed);
+      seed += 1000;
+      ASSERT_TRUE(e.table.prefill_kernels()) << test::format_name(f);
+      // {name, tokens, top_k, routing}
+      struct Case {
+        std::string name;
+        int64_t tokens, top_k;
+        Routing r;
+      };
+      std::vector<Case> cases;
+      {
+        // Experts 0..7 with these counts (top-1, tokens shuffled), the rest empty.
+        const int64_t counts[] = {17, 63, 0, 65, 128, 129, 5, 300};
+        std::vector<int32_t> ids;
+        for (int32_t x = 0; x < 8; ++x) ids.insert(ids.end(), counts[x], x);
+        std::mt19937_64 rng(seed++);
+        std::shuffle(ids.begin(), ids.end(), rng);
+        Routing r;
+        r.ids = ids;
+        std::uniform_real_distribution<float> w(0.1f, 1.5f);
+        for (size_t i = 0; i < ids.size(); ++i) r.weights.push_back(w(rng));
+        cases.push_back({"counts", static_cast<int64_t>(ids.size()), 1, r});
+      }
+      {
+        Routing r = random_routing(700, 1, num_experts, seed++);
+        r.ids.assign(r.ids.size(), 41);
+        cases.push_back({"one expert", 700, 1, r});
+      }
+      cases.push_back({"spread", 512, 8, random_routing(512, 8, num_experts, seed++)});
+      for (const Case& c : cases) {
+        for (bool use_situ : {false, true}) {
+          const GatedActivation act = use_situ ? situ : GatedActivation{};
+          SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) +
+                       " I=" + std::to_string(s.inter) + " " + c.name + (use_situ ? " situ" : ""));
+          const std::vector<float> x =
+              test::random_floats(c.tokens * s.hidden, seed++, -2.0f, 2.0f);
+          const bool shared = c.name == "spread";
+          const std::vector<float> want = run_cpu(e, x, c.r, c.tokens, c.top_k, shared, act);
+          const std::vector<float> got =
+              run_gpu(e, x, c.r, c.tokens, c.top_k, shared, false, false, act);
+          EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want), 1e-2f));
+          // Reversed tokens: each token's rows in other tiles, at other rows.
+          std::vector<float> xr(x.size());
+          Routing rr;
+          for (int64_t t = 0; t < c.tokens; ++t) {
+            const int64_t from = c.tokens - 1 - t;
+            std::copy_n(x.begin() + from * s.hidden, s.hidden, xr.begin() + t * s.hidden);
+            rr.ids.insert(rr.ids.end(), c.r.ids.begin() + from * c.top_k,
+                          c.r.ids.begin() + (from + 1) * c.top_k);
+            rr.weights.insert(rr.weights.end(), c.r.weights.begin() + from * c.top_k,
+                              c.r.weights.begin() + (from + 1) * c.top_k);
+          }
+          const std::vector<float> rev =
+              run_gpu(e, xr, rr, c.tokens, c.top_k, shared, true, false, act);
+          for (int64_t t = 0; t < c.tokens; ++t) {
+            ASSERT_EQ(0, std::memcmp(rev.data() + t * s.hidden,
+                                     got.data() + (c.tokens - 1 - t) * s.hidden,
+                                     s.hidden * sizeof(float)))
+                << "token " << t;
+          }
+        }
+      }
+    }
+  }
+  // Shapes and formats the prefill kernels do not take (the tiles of mma_tile.cuh run).
+  EXPECT_FALSE(make_experts(2, 64, 96, Format::kBF16, 1).table.prefill_kernels());
+  EXPECT_FALSE(make_experts(2, 96, 64, Format::kBF16, 1).table.prefill_kernels());
+  EXPECT_FALSE(make_experts(2, 64, 64, Format::kF16, 1).table.prefill_kernels());
+  EXPECT_FALSE(make_experts(2, 64, 64, Format::kInt4, 1).table.prefill_kernels());
 }
 
 TEST(GpuMoe, EmptyBatchAndBadArguments) {

@@ -15,20 +15,22 @@
 //                                fp32 accumulate) or rounded to bf16 (kBf16)
 //     < kMoeMmaMinTokens tokens: other experts: memory-bound GEMV (exact fp32, like
 //                                linear_gemv)
-//     >= kMoeMmaMinTokens:       wmma bf16 tensor cores on weight tiles decoded in
-//                                shared memory, fp32 accumulate. x and act(gate, up) are
-//                                rounded to bf16; BF16 and MXFP4 weights are exact in
-//                                bf16; FP8 tiles hold the exact e4m3 values and the
-//                                128x128 block scale multiplies each 128-wide k
-//                                block's fp32 partial sum; F32 / F16 weights are
-//                                rounded to bf16.
-//   With batch_invariant, every expert runs the tensor-core path (its tiles are
-//   kernels/linear/cuda/mma_tile.cuh, whose per-token results do not depend on the other
-//   tokens) and the shared expert runs linear's batch-invariant kernel, so a token's output
-//   bits do not depend on the batch at all.
-//   Per-slot outputs are combined in slot order (w_i * out_i, then + shared(x)), as on
-//   the CPU; a token's result does not depend on the other tokens or on the order of
-//   slots within a bucket.
+//     > kMoeDecodeMaxTokens:     the same experts with hidden and inter multiples of 64
+//                                (MoeExperts::prefill_kernels): the prefill kernels
+//                                (moe/cuda/moe_prefill.cuh), warpgroup MMAs on tiles of
+//                                128 positions, weights decoded to bf16 in shared memory
+//     >= kMoeMmaMinTokens:       the other experts: mma bf16 tensor-core tiles on weights
+//                                decoded in shared memory (linear/cuda/mma_tile.cuh)
+//   Both tensor-core paths past the decode kernels: fp32 accumulate; x and act(gate, up)
+//   are rounded to bf16; BF16 and MXFP4 weights are exact in bf16; FP8 tiles hold the
+//   exact e4m3 values and the 128x128 block scale multiplies each 128-wide k block's fp32
+//   partial sum; F32 / F16 weights are rounded to bf16.
+//   With batch_invariant, every expert runs the mma_tile.cuh tiles
+//   (kernels/linear/cuda/mma_tile.cuh, whose per-token results do not depend on the other tokens)
+//   and the shared expert runs linear's batch-invariant kernel, so a token's output bits do not
+//   depend on the batch at all. Per-slot outputs are combined in slot order (w_i * out_i, then +
+//   shared(x)), as on the CPU; a token's result does not depend on the other tokens or on the order
+//   of slots within a bucket.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -74,6 +76,9 @@ class MoeExperts {
   // The decode kernels take these experts: BF16, FP8 or MXFP4, gate / up / down in one
   // format, rows in 16-byte chunks.
   bool decode_kernels() const { return decode_kernels_; }
+  // The prefill kernels (moe/cuda/moe_prefill.cuh) take the experts with more tokens: the
+  // decode kernels' formats, hidden and inter multiples of 64.
+  bool prefill_kernels() const { return prefill_kernels_; }
   // MXFP4 gate and up (0) / down (1) of every expert have 4-byte aligned scale rows of
   // whole words (cols a multiple of 128): the decode kernels copy their scales
   // asynchronously (else byte by byte, slowly).
@@ -86,6 +91,7 @@ class MoeExperts {
   bool gate_up_aligned_ = false;
   bool down_aligned_ = false;
   bool decode_kernels_ = false;
+  bool prefill_kernels_ = false;
   bool scale_words_[2] = {false, false};
 };
 

@@ -35,9 +35,9 @@
 #include <mutex>
 #include <tuple>
 
+#include "core/cuda/wgmma.cuh"
 #include "kernels/dsa/cuda.h"
 #include "kernels/dsa/cuda/dsa_common.cuh"
-#include "kernels/dsa/cuda/wgmma.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
@@ -85,7 +85,7 @@ __device__ __forceinline__ void issue_tile(const DsaIndexerParams& p, const int3
     const int r = tid / 8 + 16 * j, key = tile0 + r;
     const uint8_t* src =
         key < end ? page_of(key) + (key & mask) * kDsaIndexDim + chunk * 16 : c.pool;
-    dsa::cp_async_16(dsa::sw128_chunk(codes, r, chunk), src, key < end ? 16 : 0, policy);
+    dsa::cp_async_16(sw128_chunk(codes, r, chunk), src, key < end ? 16 : 0, policy);
   }
   if (tid < kTileKeys / 4) {  // 4 scales per thread (in one cache block: 4 | block_size)
     const int key = tile0 + 4 * tid;
@@ -145,13 +145,13 @@ __global__ void __launch_bounds__(kThreads, 2)
   // The query rows, swizzled like the tiles.
   const auto* q_src = reinterpret_cast<const uint4*>(p.q8 + b * num_rows * kDsaIndexDim);
   for (int e = threadIdx.x; e < num_rows * 8; e += kThreads) {
-    *reinterpret_cast<uint4*>(dsa::sw128_chunk(q_s, e / 8, e % 8)) = q_src[e];
+    *reinterpret_cast<uint4*>(sw128_chunk(q_s, e / 8, e % 8)) = q_src[e];
   }
   for (int i = threadIdx.x; i < num_rows; i += kThreads) w_s[i] = p.weights[b * num_rows + i];
   if (hist_s != nullptr) {
     for (int i = threadIdx.x; i < num_q * kDsaTopkBins; i += kThreads) hist_s[i] = 0;
   }
-  dsa::fence_proxy_async();
+  fence_proxy_async();
   __syncthreads();
 
   const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -161,28 +161,28 @@ __global__ void __launch_bounds__(kThreads, 2)
   float* out = p.scores + b * num_q * p.score_stride;
   for (int stage = 0; tile0 < end; tile0 += kBlockStepKeys) {
     dsa::cp_async_wait<kStages - 2>();  // this thread's copies of the tile landed
-    dsa::fence_proxy_async();
-    dsa::named_barrier(1 + group, 128);  // everyone's; the previous stage is free
+    fence_proxy_async();
+    named_barrier(1 + group, 128);  // everyone's; the previous stage is free
     const int refill = stage == 0 ? kStages - 1 : stage - 1;
     issue_tile(p, table, block_shift, tile0 + (kStages - 1) * kBlockStepKeys, end, tid, stream,
                my_codes + refill * kTileBytes, my_scales + refill * kTileKeys);
     dsa::cp_async_commit();
 
-    const uint64_t a_desc = dsa::wgmma_desc_sw128(my_codes + stage * kTileBytes);
+    const uint64_t a_desc = wgmma_desc_sw128(my_codes + stage * kTileBytes);
     const int key = tile0 + row;
     const float scale = my_scales[stage * kTileKeys + row];
     stage = stage == kStages - 1 ? 0 : stage + 1;
 #pragma unroll 1
     for (int i = 0; i < num_q; ++i) {
-      const uint64_t b_desc = dsa::wgmma_desc_sw128(q_s + i * kN * kDsaIndexDim);
+      const uint64_t b_desc = wgmma_desc_sw128(q_s + i * kN * kDsaIndexDim);
       float acc[kN / 2];
-      dsa::wgmma_fence();
+      wgmma_fence();
 #pragma unroll
       for (int s = 0; s < kDsaIndexDim / 32; ++s) {  // +32 bytes per k-step: +2 in the descriptor
-        dsa::wgmma_e4m3<kN>(acc, a_desc + 2 * s, b_desc + 2 * s, s);
+        wgmma_e4m3<kN>(acc, a_desc + 2 * s, b_desc + 2 * s, s);
       }
-      dsa::wgmma_commit();
-      dsa::wgmma_wait<0>(acc);
+      wgmma_commit();
+      wgmma_wait<0>(acc);
       // sum0: row 16 warp + g, sum1: row + 8, over this lane's heads.
       float sum0 = 0.0f, sum1 = 0.0f;
       const float* w = w_s + i * kN + 2 * t;

@@ -35,9 +35,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/cuda/wgmma.cuh"
 #include "kernels/dsa/cuda/dsa_common.cuh"
 #include "kernels/dsa/cuda/dsa_mla_args.cuh"
-#include "kernels/dsa/cuda/wgmma.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda::dsa {

@@ -1,7 +1,8 @@
 // CUDA grouped MoE experts (see cuda.h for the numerics). Steps, all on `stream`:
 //   1. count    counts[e] = slots routed to e                     (atomics, integer)
 //   2. scan     cursor = exclusive scan of counts; active = {expert, first position,
-//               count} of the experts with tokens, in expert order, then {-1} (one block)
+//               count} of the experts with tokens, in expert order, then {-1}; the
+//               prefill kernels' units: their experts' tiles of 128 positions (one block)
 //   3. fill     sorted_slots[cursor[e] ...] = the slots of e      (any order in a bucket)
 //   4. gate/up  h[pos] = act(x W_gate^T, x W_up^T) for every sorted position pos
 //               (p.act: silu(gate) * up or SiTU, gated_activation in kernels/mlp/params.h)
@@ -14,8 +15,13 @@
 //                 gate/up writes h as split bf16 terms in down's layout; the activations x
 //                 are split once per call (step 3b)
 //   1..15 tokens  a memory-bound GEMV kernel (the other formats, or misaligned rows)
-//   16, > 16      the small and the big tile of mma_tile.cuh (16 only in batch-invariant
-//                 mode or without the decode kernels)
+//   > 16 tokens   the prefill kernels (moe_prefill.cuh; the decode kernels' experts with
+//                 hidden and inter multiples of 64), launched over their own list of
+//                 128-position tiles (scan_kernel's prefill units); x is rounded to bf16
+//                 once per call and gate/up writes h as bf16 in h's region
+//   16, > 16      the other experts, and every expert in batch-invariant mode: the small
+//                 and the big tile of mma_tile.cuh (16 only in batch-invariant mode or
+//                 without the decode kernels)
 #include <cub/block/block_scan.cuh>
 
 #include <algorithm>
@@ -27,6 +33,7 @@
 #include "kernels/moe/cuda.h"
 #include "kernels/moe/cuda/moe_common.cuh"
 #include "kernels/moe/cuda/moe_decode.cuh"
+#include "kernels/moe/cuda/moe_prefill.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
@@ -40,6 +47,7 @@ using moe_internal::Geometry;
 using moe_internal::Path;
 using moe_internal::with_expert;
 namespace decode = moe_internal::decode;
+namespace prefill = moe_internal::prefill;
 
 constexpr size_t kAlign = 256;
 constexpr int kSmallWarps = 8;  // memory-bound kernels: one weight row per warp
@@ -58,13 +66,14 @@ size_t align_up(size_t n) {
 // Workspace regions, each kAlign-aligned.
 struct Layout {
   size_t counts, cursor, active, sorted_slots, h, slot_out, x_split, h_split, units, unit_counts,
-      partials, arrivals, shared_out, shared_ws, total;
+      partials, arrivals, x_bf16, prefill_units, prefill_count, shared_out, shared_ws, total;
   size_t arrivals_bytes = 0;
 
   // split: the formats of the decode kernels' split activation rows (gate's for x, down's
-  // for h; the same), or null when the decode kernels do not run.
+  // for h; the same), or null when the decode kernels do not run. prefill: the prefill
+  // kernels may run (their h, bf16, lies in h's region).
   Layout(int64_t num_experts, int64_t inter, int64_t hidden, int64_t max_tokens, int64_t top_k,
-         const MlpWeights* shared, const WFmt* split) {
+         const MlpWeights* shared, const WFmt* split, bool prefill) {
     const auto e = static_cast<size_t>(num_experts);
     const auto s = static_cast<size_t>(max_tokens * top_k);
     size_t at = 0;
@@ -100,6 +109,10 @@ struct Layout {
                         : 0);
     arrivals_bytes = units_bound * 4;
     arrivals = take(arrivals_bytes);
+    x_bf16 = take(prefill ? static_cast<size_t>(max_tokens * hidden) * 2 : 0);
+    // At most one partial tile per expert with tokens.
+    prefill_units = take(prefill ? (std::min(e, s) + s / prefill::kBM + 1) * sizeof(int4) : 0);
+    prefill_count = take(prefill ? 4 : 0);
     shared_out = take(shared != nullptr ? static_cast<size_t>(max_tokens * hidden) * 4 : 0);
     shared_ws = take(shared != nullptr ? mlp_workspace_bytes(*shared, max_tokens) : 0);
     total = at;
@@ -117,11 +130,13 @@ __global__ void count_kernel(const int32_t* __restrict__ ids, int64_t num_slots,
 
 __global__ void __launch_bounds__(kScanThreads)
     scan_kernel(const int32_t* __restrict__ counts, int64_t num_experts, int32_t* cursor,
-                int4* active) {
+                int4* active, int32_t prefill_min, int4* __restrict__ prefill_units,
+                int32_t* __restrict__ prefill_count) {
   using Scan = cub::BlockScan<int32_t, kScanThreads>;
   __shared__ typename Scan::TempStorage tmp;
   int32_t running_offset = 0;
   int32_t running_active = 0;
+  int32_t running_units = 0;
   for (int64_t base = 0; base < num_experts; base += kScanThreads) {
     const int64_t e = base + threadIdx.x;
     const int32_t c = e < num_experts ? counts[e] : 0;
@@ -131,16 +146,28 @@ __global__ void __launch_bounds__(kScanThreads)
     int32_t rank, num;
     Scan(tmp).ExclusiveSum(c > 0 ? 1 : 0, rank, num);
     __syncthreads();
+    // The prefill kernels' units: an expert's tiles of kBM positions, adjacent.
+    const int32_t tiles = c >= prefill_min ? (c + prefill::kBM - 1) / prefill::kBM : 0;
+    int32_t unit, units;
+    Scan(tmp).ExclusiveSum(tiles, unit, units);
+    __syncthreads();
     if (e < num_experts) {
       cursor[e] = running_offset + offset;
       if (c > 0) {
         active[running_active + rank] =
             make_int4(static_cast<int32_t>(e), running_offset + offset, c, 0);
       }
+      for (int32_t j = 0; j < tiles; ++j) {
+        prefill_units[running_units + unit + j] =
+            make_int4(static_cast<int32_t>(e), running_offset + offset + j * prefill::kBM,
+                      min(prefill::kBM, c - j * prefill::kBM), 0);
+      }
     }
     running_offset += total;
     running_active += num;
+    running_units += units;
   }
+  if (threadIdx.x == 0 && prefill_count != nullptr) *prefill_count = running_units;
   for (int64_t i = running_active + threadIdx.x; i < num_experts; i += kScanThreads) {
     active[i] = make_int4(-1, 0, 0, 0);
   }
@@ -379,6 +406,8 @@ MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
   const WFmt f = weight_wfmt(first.gate);
   out.decode_kernels_ = decode::supported(f) && f == weight_wfmt(first.down) &&
                         out.gate_up_aligned_ && out.down_aligned_;
+  out.prefill_kernels_ = out.decode_kernels_ && prefill::supported(f) &&
+                         out.hidden() % prefill::kBK == 0 && out.inter() % prefill::kBK == 0;
   return out;
 }
 
@@ -389,7 +418,7 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
   CHECK(experts.num_experts() > 0, "moe_workspace_bytes: experts not uploaded");
   const WFmt split = weight_wfmt(experts.layout().gate);
   return Layout(experts.num_experts(), experts.inter(), experts.hidden(), max_tokens, top_k, shared,
-                experts.decode_kernels() ? &split : nullptr)
+                experts.decode_kernels() ? &split : nullptr, experts.prefill_kernels())
       .total;
 }
 
@@ -413,7 +442,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   const MlpWeights& l = experts.layout();
   const WFmt split_fmt = weight_wfmt(l.gate);
   const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared,
-                   experts.decode_kernels() ? &split_fmt : nullptr);
+                   experts.decode_kernels() ? &split_fmt : nullptr, experts.prefill_kernels());
   CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ", workspace_bytes,
         " bytes, ", p.num_tokens, " tokens need ", lay.total);
   auto* base = static_cast<char*>(workspace);
@@ -433,7 +462,17 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
                                                              offset, counts);
   CUDA_CHECK_LAUNCH();
-  scan_kernel<<<1, kScanThreads, 0, stream>>>(counts, p.num_experts, cursor, active);
+  const bool decode_runs = experts.decode_kernels() && !batch_invariant;
+  // Experts with more than the decode kernels' tokens run the prefill kernels when the
+  // experts allow them (outside batch-invariant mode, which keeps mma_tile.cuh's tiles).
+  const bool prefill_runs =
+      decode_runs && experts.prefill_kernels() && num_slots > kMoeDecodeMaxTokens;
+  auto* prefill_units = reinterpret_cast<int4*>(at(lay.prefill_units));
+  auto* prefill_count = reinterpret_cast<int32_t*>(at(lay.prefill_count));
+  scan_kernel<<<1, kScanThreads, 0, stream>>>(
+      counts, p.num_experts, cursor, active,
+      prefill_runs ? static_cast<int32_t>(kMoeDecodeMaxTokens + 1) : INT32_MAX,
+      prefill_runs ? prefill_units : nullptr, prefill_runs ? prefill_count : nullptr);
   CUDA_CHECK_LAUNCH();
   fill_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
                                                             offset, cursor, sorted_slots);
@@ -447,7 +486,6 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.inter = experts.inter();
   g.top_k = p.top_k;
   g.mma_min_tokens = batch_invariant ? 1 : static_cast<int32_t>(kMoeMmaMinTokens);
-  const bool decode_runs = experts.decode_kernels() && !batch_invariant;
   g.decode_max_tokens = decode_runs ? static_cast<int32_t>(kMoeDecodeMaxTokens) : 0;
   g.act = p.act;
   const Buckets b{active, sorted_slots};
@@ -469,7 +507,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   const int32_t tile_min = std::max(g.mma_min_tokens, g.decode_max_tokens + 1);
   const bool gemv_may_run = g.decode_max_tokens + 1 < g.mma_min_tokens;
   const bool small_tile_may_run = tile_min <= tile::SmallTile::kTokens && num_slots >= tile_min;
-  const bool big_tile_may_run = num_slots > tile::SmallTile::kTokens;
+  const bool big_tile_may_run = !prefill_runs && num_slots > tile::SmallTile::kTokens;
   if (decode_runs) {
     const int terms = decode_input == MoeDecodeInput::kFp32 ? 3 : 1;
     auto* lists = reinterpret_cast<decode::DecodeUnit*>(at(lay.units));
@@ -553,6 +591,41 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
         } else {
           run.template operator()<1>();
         }
+      }
+    });
+  }
+  if (prefill_runs) {
+    auto* x_bf16 = reinterpret_cast<uint16_t*>(at(lay.x_bf16));
+    prefill::to_bf16_kernel<<<grid_for(p.num_tokens * p.hidden, 256), 256, 0, stream>>>(
+        p.x, p.num_tokens * p.hidden, x_bf16);
+    CUDA_CHECK_LAUNCH();
+    // h of these experts as bf16 in h's region (no fp32 h is written when the decode
+    // kernels run).
+    prefill::PrefillArgs args{.g = g,
+                              .table = table,
+                              .units = prefill_units,
+                              .count = prefill_count,
+                              .sorted_slots = sorted_slots,
+                              .a = x_bf16,
+                              .h = reinterpret_cast<uint16_t*>(h),
+                              .slot_out = slot_out};
+    // Units: at most one partial tile per expert with tokens.
+    const int64_t max_units = static_cast<int64_t>(max_active) + num_slots / prefill::kBM + 1;
+    dispatch_format(split_fmt, [&]<WFmt F>() {
+      if constexpr (prefill::supported(F)) {
+        const auto launch = [&]<bool kGateUp>() {
+          const auto kernel = prefill::experts_kernel<F, kGateUp>;
+          constexpr size_t kSmem = prefill::smem_bytes(F);
+          CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(kSmem)));
+          const int64_t items = max_units * prefill::n_tiles(F, kGateUp, g.inter, g.hidden);
+          const int64_t grid = std::min(items, persistent_blocks(kernel, prefill::kThreads, kSmem));
+          kernel<<<static_cast<unsigned>(grid), prefill::kThreads, kSmem, stream>>>(args);
+          CUDA_CHECK_LAUNCH();
+        };
+        launch.template operator()<true>();
+        args.a = args.h;
+        launch.template operator()<false>();
       }
     });
   }

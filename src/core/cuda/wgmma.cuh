@@ -1,7 +1,7 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) with operands in shared memory, for the DSA
-// kernels: the shared-memory matrix descriptors of the 128-byte-swizzled layouts, the
-// e4m3 x e4m3 -> f32 MMAs of the indexer, the f16 x f16 -> f32 MMAs of sparse MLA, and
-// the fences around them.
+// Hopper warpgroup MMA (wgmma, sm_90a) with operands in shared memory: the shared-memory
+// matrix descriptors of the 128-byte-swizzled layouts, the e4m3 x e4m3 -> f32 MMAs of the
+// DSA indexer, the f16 x f16 -> f32 MMAs of sparse MLA, the bf16 x bf16 -> f32 MMAs of the
+// MoE prefill experts, and the fences around them.
 //
 // The 128-byte swizzle, K-major (both operands, as FP8 wgmma requires): a matrix of rows
 // of 128 bytes (= 128 e4m3 along K) in atoms of 8 rows (1,024 bytes, 1,024-aligned); the
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-namespace hyserve::cuda::dsa {
+namespace hyserve::cuda {
 
 // Where 16-byte chunk `chunk` (0..7) of row `row` lies in a 128-byte-swizzled matrix of
 // 128-byte rows at `rows` (the layout above), and the byte offset of byte `byte`
@@ -152,41 +152,78 @@ __device__ __forceinline__ void wgmma_f16_n32_kmajor(float (&d)[16], uint64_t a,
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// The accumulator operands of the m64nN MMAs below: d[0 .. N / 2) as "+f" operands %0 ..,
+// and the register list of the instruction text.
+#define HYSERVE_WGMMA_D8(i)                                                                   \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define HYSERVE_WGMMA_D64                                                               \
+  HYSERVE_WGMMA_D8(0), HYSERVE_WGMMA_D8(8), HYSERVE_WGMMA_D8(16), HYSERVE_WGMMA_D8(24), \
+      HYSERVE_WGMMA_D8(32), HYSERVE_WGMMA_D8(40), HYSERVE_WGMMA_D8(48), HYSERVE_WGMMA_D8(56)
+#define HYSERVE_WGMMA_D128                                                                      \
+  HYSERVE_WGMMA_D64, HYSERVE_WGMMA_D8(64), HYSERVE_WGMMA_D8(72), HYSERVE_WGMMA_D8(80),          \
+      HYSERVE_WGMMA_D8(88), HYSERVE_WGMMA_D8(96), HYSERVE_WGMMA_D8(104), HYSERVE_WGMMA_D8(112), \
+      HYSERVE_WGMMA_D8(120)
+#define HYSERVE_WGMMA_R64                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "  \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define HYSERVE_WGMMA_R128                                                                     \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "     \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "      \
+  "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "      \
+  "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, "      \
+  "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, "      \
+  "%87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, "  \
+  "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, " \
+  "%119, %120, %121, %122, %123, %124, %125, %126, %127}"
+
 // pv: A K-major (64 x 16), B N-major (16 rows of K x 256 columns, the N dimension
 // contiguous: trans-b).
 __device__ __forceinline__ void wgmma_f16_n256_nmajor(float (&d)[128], uint64_t a, uint64_t b,
                                                       int accumulate) {
   asm volatile(
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, "
-      "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, "
-      "%99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, "
-      "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, "
-      "%129, p, 1, 1, 0, 1;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16 " HYSERVE_WGMMA_R128
+      ", %128, %129, p, 1, 1, 0, 1;\n}\n"
+      : HYSERVE_WGMMA_D128
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
-}  // namespace hyserve::cuda::dsa
+// d (+)= A * B^T over one k-step of 16, bf16 operands from shared memory, both K-major
+// (A 64 x 16, B kN rows of 16; descriptors of wgmma_desc_sw128 plus 32 bytes per k-step),
+// f32 accumulators in the layout of wgmma_e4m3.
+template <int kN>
+__device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t a, uint64_t b,
+                                           int accumulate);
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HYSERVE_WGMMA_R64
+      ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : HYSERVE_WGMMA_D64
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
+__device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uint64_t b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HYSERVE_WGMMA_R128
+      ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : HYSERVE_WGMMA_D128
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+#undef HYSERVE_WGMMA_D8
+#undef HYSERVE_WGMMA_D64
+#undef HYSERVE_WGMMA_D128
+#undef HYSERVE_WGMMA_R64
+#undef HYSERVE_WGMMA_R128
+
+}  // namespace hyserve::cuda
