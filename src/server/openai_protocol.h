@@ -2,7 +2,8 @@
 // POST /v1/chat/completions and /v1/completions parsed and checked into structs (with the
 // SamplingParams they imply), and the JSON of every response the server sends: full
 // responses, streaming chunks, SSE framing, errors and /v1/models. No sockets and no
-// engine here, so every field rule and response shape is tested on strings.
+// engine here, so every field rule and response shape is tested on strings. Parsing lives in
+// openai_request.cpp, the response JSON in openai_response.cpp.
 //
 // JSON is nlohmann::ordered_json: messages, tools and chat_template_kwargs go to the chat
 // template in the key order the client sent (templates print tool schemas with tojson).
