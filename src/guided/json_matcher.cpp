@@ -209,182 +209,223 @@ bool JsonMatcher::start_value(Frame& f, uint8_t b, size_t depth) const {
 }
 
 JsonMatcher::Step JsonMatcher::step(Stack& s, uint8_t b) const {
-  const ByteTrie& trie = grammar_->trie;
   for (;;) {
     if (s.empty()) return Step::kReject;
-    Frame& f = s.back();
-    switch (f.kind) {
-      case kValue: {
-        if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
-        const GrammarNode& n = node(f.node);
-        if (n.kind == NodeKind::kAnyOf) return Step::kFork;
-        if (n.kind == NodeKind::kLiterals) {
-          f = make_frame(kLiteral, f.node, n.literal_trie);
-          continue;
-        }
-        return start_value(f, b, s.size()) ? Step::kOk : Step::kReject;
-      }
-      case kLiteral: {
-        const int32_t c = trie.child(f.aux, b);
-        if (c >= 0) {
-          f.aux = c;
-          if (trie.value(c) >= 0 && !trie.has_children(c)) {
-            s.pop_back();
-            value_done(s);
-          }
-          return Step::kOk;
-        }
-        if (trie.value(f.aux) < 0) return Step::kReject;
-        s.pop_back();
-        value_done(s);
-        continue;  // b belongs to the container
-      }
-      case kKeyword: {
-        const std::string_view word = kKeywords[static_cast<size_t>(f.aux)];
-        if (b != static_cast<uint8_t>(word[f.count])) return Step::kReject;
-        if (++f.count == word.size()) {
-          s.pop_back();
-          value_done(s);
-        }
-        return Step::kOk;
-      }
-      case kNumber: {
-        const bool room = f.count < kMaxNumberBytes || !number_complete(f.phase);
-        const int next = room ? number_next(f.phase, b, f.aux == 1) : -1;
-        if (next >= 0) {
-          f.phase = static_cast<uint8_t>(next);
-          ++f.count;
-          return Step::kOk;
-        }
-        if (!number_complete(f.phase)) return Step::kReject;
-        s.pop_back();
-        value_done(s);
-        continue;  // b belongs to the container
-      }
-      case kString: {
-        const GrammarNode& n = node(f.node);
-        if (f.phase == 0 && f.utf8 == 0 && b != '"' && n.max_length >= 0 &&
-            f.count >= n.max_length) {
-          return Step::kReject;
-        }
-        switch (string_byte(f.phase, f.utf8, b)) {
-          case StringByte::kReject:
-            return Step::kReject;
-          case StringByte::kPart:
-            return Step::kOk;
-          case StringByte::kChar:
-            ++f.count;
-            return Step::kOk;
-          case StringByte::kClose:
-            if (f.count < n.min_length) return Step::kReject;
-            s.pop_back();
-            value_done(s);
-            return Step::kOk;
-        }
-        return Step::kReject;
-      }
-      case kKey: {
-        const GrammarNode& object = node(f.node);
-        Frame& parent = s[s.size() - 2];
-        const StringByte r = string_byte(f.phase, f.utf8, b);
-        if (r == StringByte::kReject) return Step::kReject;
-        if (r == StringByte::kClose) {
-          int32_t property = -1;
-          if (f.aux >= 0) property = trie.value(f.aux);
-          if (property >= 0 && ((parent.seen >> property) & 1)) return Step::kReject;
-          if (property < 0 && object.additional < 0) return Step::kReject;
-          s.pop_back();
-          parent.phase = kObjectAfterKey;
-          parent.aux = property;
-          parent.ws = 0;
-          if (property >= 0) parent.seen |= uint64_t{1} << property;
-          return Step::kOk;
-        }
-        if (f.aux >= 0) {
-          const int32_t c = trie.child(f.aux, b);
-          if (c >= 0 && (trie.subtree_values(c) & ~parent.seen) != 0) {
-            f.aux = c;
-          } else if (object.additional >= 0) {
-            f.aux = -1;  // not a listed name (or only written ones): an extra property
-          } else {
-            return Step::kReject;
-          }
-        }
-        return Step::kOk;
-      }
-      case kObject: {
-        const GrammarNode& n = node(f.node);
-        if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
-        switch (f.phase) {
-          case kObjectOpen:
-          case kObjectNextKey:
-            if (b == '"' && can_add_key(n, f.seen)) {
-              f.ws = 0;
-              s.push_back(make_frame(kKey, f.node, n.key_trie));
-              return Step::kOk;
-            }
-            if (b == '}' && f.phase == kObjectOpen && has_required(n, f.seen)) {
-              s.pop_back();
-              value_done(s);
-              return Step::kOk;
-            }
-            return Step::kReject;
-          case kObjectAfterKey:
-            if (b != ':') return Step::kReject;
-            f.phase = kObjectInValue;
-            f.ws = 0;
-            s.push_back(make_frame(
-                kValue, f.aux >= 0 ? n.property_nodes[static_cast<size_t>(f.aux)] : n.additional));
-            return Step::kOk;
-          case kObjectAfterValue:
-            if (b == ',' && can_add_key(n, f.seen)) {
-              f.phase = kObjectNextKey;
-              f.ws = 0;
-              return Step::kOk;
-            }
-            if (b == '}' && has_required(n, f.seen)) {
-              s.pop_back();
-              value_done(s);
-              return Step::kOk;
-            }
-            return Step::kReject;
-          default:
-            return Step::kReject;
-        }
-      }
-      case kArray: {
-        const GrammarNode& n = node(f.node);
-        if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
-        if (f.phase == kArrayOpen) {
-          if (b == ']' && n.min_items == 0) {
-            s.pop_back();
-            value_done(s);
-            return Step::kOk;
-          }
-          if (!can_add_item(n, f.count)) return Step::kReject;
-          f.phase = kArrayInItem;
-          f.ws = 0;
-          s.push_back(make_frame(kValue, item_node(n, f.count)));
-          continue;  // b starts the item
-        }
-        if (f.phase != kArrayAfterItem) return Step::kReject;
-        if (b == ',' && can_add_item(n, f.count)) {
-          f.phase = kArrayInItem;
-          f.ws = 0;
-          s.push_back(make_frame(kValue, item_node(n, f.count)));
-          return Step::kOk;
-        }
-        if (b == ']' && f.count >= n.min_items) {
-          s.pop_back();
-          value_done(s);
-          return Step::kOk;
-        }
-        return Step::kReject;
-      }
+    Step r = Step::kReject;
+    switch (s.back().kind) {
+      case kValue:
+        r = step_value(s, b);
+        break;
+      case kLiteral:
+        r = step_literal(s, b);
+        break;
+      case kKeyword:
+        r = step_keyword(s, b);
+        break;
+      case kNumber:
+        r = step_number(s, b);
+        break;
+      case kString:
+        r = step_string(s, b);
+        break;
+      case kKey:
+        r = step_key(s, b);
+        break;
+      case kObject:
+        r = step_object(s, b);
+        break;
+      case kArray:
+        r = step_array(s, b);
+        break;
       default:
         return Step::kReject;
     }
+    if (r != Step::kRetry) return r;
   }
+}
+
+JsonMatcher::Step JsonMatcher::step_value(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
+  const GrammarNode& n = node(f.node);
+  if (n.kind == NodeKind::kAnyOf) return Step::kFork;
+  if (n.kind == NodeKind::kLiterals) {
+    f = make_frame(kLiteral, f.node, n.literal_trie);
+    return Step::kRetry;
+  }
+  return start_value(f, b, s.size()) ? Step::kOk : Step::kReject;
+}
+
+JsonMatcher::Step JsonMatcher::step_literal(Stack& s, uint8_t b) const {
+  const ByteTrie& trie = grammar_->trie;
+  Frame& f = s.back();
+  const int32_t c = trie.child(f.aux, b);
+  if (c >= 0) {
+    f.aux = c;
+    if (trie.value(c) >= 0 && !trie.has_children(c)) {
+      s.pop_back();
+      value_done(s);
+    }
+    return Step::kOk;
+  }
+  if (trie.value(f.aux) < 0) return Step::kReject;
+  s.pop_back();
+  value_done(s);
+  return Step::kRetry;  // b belongs to the container
+}
+
+JsonMatcher::Step JsonMatcher::step_keyword(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  const std::string_view word = kKeywords[static_cast<size_t>(f.aux)];
+  if (b != static_cast<uint8_t>(word[f.count])) return Step::kReject;
+  if (++f.count == word.size()) {
+    s.pop_back();
+    value_done(s);
+  }
+  return Step::kOk;
+}
+
+JsonMatcher::Step JsonMatcher::step_number(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  const bool room = f.count < kMaxNumberBytes || !number_complete(f.phase);
+  const int next = room ? number_next(f.phase, b, f.aux == 1) : -1;
+  if (next >= 0) {
+    f.phase = static_cast<uint8_t>(next);
+    ++f.count;
+    return Step::kOk;
+  }
+  if (!number_complete(f.phase)) return Step::kReject;
+  s.pop_back();
+  value_done(s);
+  return Step::kRetry;  // b belongs to the container
+}
+
+JsonMatcher::Step JsonMatcher::step_string(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  const GrammarNode& n = node(f.node);
+  if (f.phase == 0 && f.utf8 == 0 && b != '"' && n.max_length >= 0 && f.count >= n.max_length) {
+    return Step::kReject;
+  }
+  switch (string_byte(f.phase, f.utf8, b)) {
+    case StringByte::kReject:
+      return Step::kReject;
+    case StringByte::kPart:
+      return Step::kOk;
+    case StringByte::kChar:
+      ++f.count;
+      return Step::kOk;
+    case StringByte::kClose:
+      if (f.count < n.min_length) return Step::kReject;
+      s.pop_back();
+      value_done(s);
+      return Step::kOk;
+  }
+  return Step::kReject;
+}
+
+JsonMatcher::Step JsonMatcher::step_key(Stack& s, uint8_t b) const {
+  const ByteTrie& trie = grammar_->trie;
+  Frame& f = s.back();
+  const GrammarNode& object = node(f.node);
+  Frame& parent = s[s.size() - 2];
+  const StringByte r = string_byte(f.phase, f.utf8, b);
+  if (r == StringByte::kReject) return Step::kReject;
+  if (r == StringByte::kClose) {
+    int32_t property = -1;
+    if (f.aux >= 0) property = trie.value(f.aux);
+    if (property >= 0 && ((parent.seen >> property) & 1)) return Step::kReject;
+    if (property < 0 && object.additional < 0) return Step::kReject;
+    s.pop_back();
+    parent.phase = kObjectAfterKey;
+    parent.aux = property;
+    parent.ws = 0;
+    if (property >= 0) parent.seen |= uint64_t{1} << property;
+    return Step::kOk;
+  }
+  if (f.aux >= 0) {
+    const int32_t c = trie.child(f.aux, b);
+    if (c >= 0 && (trie.subtree_values(c) & ~parent.seen) != 0) {
+      f.aux = c;
+    } else if (object.additional >= 0) {
+      f.aux = -1;  // not a listed name (or only written ones): an extra property
+    } else {
+      return Step::kReject;
+    }
+  }
+  return Step::kOk;
+}
+
+JsonMatcher::Step JsonMatcher::step_object(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  const GrammarNode& n = node(f.node);
+  if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
+  switch (f.phase) {
+    case kObjectOpen:
+    case kObjectNextKey:
+      if (b == '"' && can_add_key(n, f.seen)) {
+        f.ws = 0;
+        s.push_back(make_frame(kKey, f.node, n.key_trie));
+        return Step::kOk;
+      }
+      if (b == '}' && f.phase == kObjectOpen && has_required(n, f.seen)) {
+        s.pop_back();
+        value_done(s);
+        return Step::kOk;
+      }
+      return Step::kReject;
+    case kObjectAfterKey:
+      if (b != ':') return Step::kReject;
+      f.phase = kObjectInValue;
+      f.ws = 0;
+      s.push_back(make_frame(
+          kValue, f.aux >= 0 ? n.property_nodes[static_cast<size_t>(f.aux)] : n.additional));
+      return Step::kOk;
+    case kObjectAfterValue:
+      if (b == ',' && can_add_key(n, f.seen)) {
+        f.phase = kObjectNextKey;
+        f.ws = 0;
+        return Step::kOk;
+      }
+      if (b == '}' && has_required(n, f.seen)) {
+        s.pop_back();
+        value_done(s);
+        return Step::kOk;
+      }
+      return Step::kReject;
+    default:
+      return Step::kReject;
+  }
+}
+
+JsonMatcher::Step JsonMatcher::step_array(Stack& s, uint8_t b) const {
+  Frame& f = s.back();
+  const GrammarNode& n = node(f.node);
+  if (is_ws(b)) return take_ws(f) ? Step::kOk : Step::kReject;
+  if (f.phase == kArrayOpen) {
+    if (b == ']' && n.min_items == 0) {
+      s.pop_back();
+      value_done(s);
+      return Step::kOk;
+    }
+    if (!can_add_item(n, f.count)) return Step::kReject;
+    f.phase = kArrayInItem;
+    f.ws = 0;
+    s.push_back(make_frame(kValue, item_node(n, f.count)));
+    return Step::kRetry;  // b starts the item
+  }
+  if (f.phase != kArrayAfterItem) return Step::kReject;
+  if (b == ',' && can_add_item(n, f.count)) {
+    f.phase = kArrayInItem;
+    f.ws = 0;
+    s.push_back(make_frame(kValue, item_node(n, f.count)));
+    return Step::kOk;
+  }
+  if (b == ']' && f.count >= n.min_items) {
+    s.pop_back();
+    value_done(s);
+    return Step::kOk;
+  }
+  return Step::kReject;
 }
 
 bool JsonMatcher::advance(uint8_t b) {

@@ -77,10 +77,21 @@ class JsonMatcher {
   };
 
  private:
-  enum class Step : uint8_t { kOk, kReject, kFork };
+  // kFork: the top frame is an anyOf node (the caller splits the thread); kRetry (between
+  // step() and its helpers only): the top frame changed and takes the same byte.
+  enum class Step : uint8_t { kOk, kReject, kFork, kRetry };
   using Stack = std::vector<Frame>;
 
+  // Feeds one byte to the frame on top of the stack; one helper per frame kind.
   Step step(Stack& stack, uint8_t byte) const;
+  Step step_value(Stack& stack, uint8_t byte) const;
+  Step step_literal(Stack& stack, uint8_t byte) const;
+  Step step_keyword(Stack& stack, uint8_t byte) const;
+  Step step_number(Stack& stack, uint8_t byte) const;
+  Step step_string(Stack& stack, uint8_t byte) const;
+  Step step_key(Stack& stack, uint8_t byte) const;
+  Step step_object(Stack& stack, uint8_t byte) const;
+  Step step_array(Stack& stack, uint8_t byte) const;
   bool start_value(Frame& frame, uint8_t byte, size_t depth) const;
   const GrammarNode& node(int32_t id) const { return grammar_->nodes[static_cast<size_t>(id)]; }
   bool advance_forking(uint8_t byte);

@@ -142,35 +142,24 @@ class SchemaCompiler {
     return compile(v, path);
   }
 
-  void compile_into(int32_t id, const ordered_json& s, const std::string& path) {
-    struct Nesting {
-      int& depth;
-      explicit Nesting(int& d) : depth(++d) {}
-      ~Nesting() { --depth; }
-    } nesting(depth_);
-    if (depth_ > kMaxSchemaDepth) {
-      throw SchemaError(
-          path, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
-    }
-    GrammarNode n;
-    if (s.is_boolean()) {
-      if (!s.get<bool>()) throw SchemaError(path, "the schema 'false' accepts nothing");
-      n.additional = any_node();
-      n.items = any_node();
-      g_.nodes[static_cast<size_t>(id)] = std::move(n);
-      return;
-    }
-    if (!s.is_object()) throw SchemaError(path, "a schema must be an object or a boolean");
-    bool has_object = false, has_array = false, has_string = false;
-    std::vector<std::string> constraints;  // keywords other than annotations
+  // Which keyword families a schema object uses besides annotations; unknown keywords are
+  // refused.
+  struct KeywordFamilies {
+    bool object = false;
+    bool array = false;
+    bool string = false;
+  };
+
+  static KeywordFamilies check_keywords(const ordered_json& s, const std::string& path) {
+    KeywordFamilies families;
     for (const auto& [key, value] : s.items()) {
       if (kAnnotations.contains(key)) continue;
       if (kObjectKeywords.contains(key)) {
-        has_object = true;
+        families.object = true;
       } else if (kArrayKeywords.contains(key)) {
-        has_array = true;
+        families.array = true;
       } else if (kStringKeywords.contains(key)) {
-        has_string = true;
+        families.string = true;
       } else if (!kOtherKeywords.contains(key)) {
         throw SchemaError(join(path, key),
                           "unsupported JSON Schema keyword '" + key +
@@ -179,31 +168,35 @@ class SchemaCompiler {
                               "maxItems, minLength, maxLength, anyOf, oneOf, allOf (one "
                               "subschema) and $ref");
       }
-      if (key != "type") constraints.push_back(key);
     }
+    return families;
+  }
 
-    const auto only = [&](std::string_view keyword, bool allow_type) {
-      for (const auto& [key, value] : s.items()) {
-        if (key == keyword || kAnnotations.contains(key) || (allow_type && key == "type")) continue;
-        throw SchemaError(join(path, key),
-                          "'" + key + "' next to '" + std::string(keyword) + "' is not supported");
-      }
-    };
+  // Refuses every keyword of `s` but `keyword`, annotations and (when allowed) "type".
+  static void check_only(const ordered_json& s, const std::string& path, std::string_view keyword,
+                         bool allow_type) {
+    for (const auto& [key, value] : s.items()) {
+      if (key == keyword || kAnnotations.contains(key) || (allow_type && key == "type")) continue;
+      throw SchemaError(join(path, key),
+                        "'" + key + "' next to '" + std::string(keyword) + "' is not supported");
+    }
+  }
 
+  // allOf (one subschema), anyOf or oneOf into an anyOf node `n`; false when `s` has none.
+  bool compile_alternatives(const ordered_json& s, const std::string& path, GrammarNode& n) {
     if (s.contains("allOf")) {
-      only("allOf", false);
+      check_only(s, path, "allOf", false);
       const auto& all = s["allOf"];
       if (!all.is_array() || all.size() != 1) {
         throw SchemaError(join(path, "allOf"), "'allOf' is supported with one subschema only");
       }
       n.kind = NodeKind::kAnyOf;
       n.alternatives.push_back(compile(all[0], join(path, "allOf.0")));
-      g_.nodes[static_cast<size_t>(id)] = std::move(n);
-      return;
+      return true;
     }
     for (const char* keyword : {"anyOf", "oneOf"}) {
       if (!s.contains(keyword)) continue;
-      only(keyword, false);
+      check_only(s, path, keyword, false);
       const auto& alternatives = s[keyword];
       const std::string p = join(path, keyword);
       if (!alternatives.is_array() || alternatives.empty()) {
@@ -213,54 +206,59 @@ class SchemaCompiler {
       for (size_t i = 0; i < alternatives.size(); ++i) {
         n.alternatives.push_back(compile(alternatives[i], join(p, std::to_string(i))));
       }
-      g_.nodes[static_cast<size_t>(id)] = std::move(n);
-      return;
+      return true;
     }
+    return false;
+  }
 
+  // The type bits of `s`: its "type", else those its keywords imply, else any type.
+  static uint8_t schema_types(const ordered_json& s, const std::string& path,
+                              const KeywordFamilies& families) {
+    if (!s.contains("type")) {
+      if (!families.object && !families.array && !families.string) return kAnyJsonType;
+      return static_cast<uint8_t>((families.object ? kJsonObject : 0) |
+                                  (families.array ? kJsonArray : 0) |
+                                  (families.string ? kJsonString : 0));
+    }
+    const auto& t = s["type"];
+    const std::string p = join(path, "type");
+    std::vector<ordered_json> names =
+        t.is_array() ? t.get<std::vector<ordered_json>>() : std::vector<ordered_json>{t};
     uint8_t types = 0;
-    if (s.contains("type")) {
-      const auto& t = s["type"];
-      const std::string p = join(path, "type");
-      std::vector<ordered_json> names =
-          t.is_array() ? t.get<std::vector<ordered_json>>() : std::vector<ordered_json>{t};
-      for (const auto& name : names) {
-        const uint8_t bit = name.is_string() ? type_bit(name.get<std::string>()) : 0;
-        if (bit == 0) throw SchemaError(p, "unknown type " + name.dump());
-        types |= bit;
-      }
-      if (types == 0) throw SchemaError(p, "'type' lists no type");
-    } else if (has_object || has_array || has_string) {
-      types = static_cast<uint8_t>((has_object ? kJsonObject : 0) | (has_array ? kJsonArray : 0) |
-                                   (has_string ? kJsonString : 0));
+    for (const auto& name : names) {
+      const uint8_t bit = name.is_string() ? type_bit(name.get<std::string>()) : 0;
+      if (bit == 0) throw SchemaError(p, "unknown type " + name.dump());
+      types |= bit;
+    }
+    if (types == 0) throw SchemaError(p, "'type' lists no type");
+    return types;
+  }
+
+  // enum or const into a literals node `n`: the values of the allowed types.
+  void compile_literals(const ordered_json& s, const std::string& path, uint8_t types,
+                        GrammarNode& n) {
+    const char* keyword = s.contains("enum") ? "enum" : "const";
+    check_only(s, path, keyword, true);
+    const std::string p = join(path, keyword);
+    std::vector<ordered_json> values;
+    if (s.contains("enum")) {
+      if (!s["enum"].is_array()) throw SchemaError(p, "'enum' must be a list");
+      values = s["enum"].get<std::vector<ordered_json>>();
     } else {
-      types = kAnyJsonType;
+      values.push_back(s["const"]);
     }
-
-    if (s.contains("enum") || s.contains("const")) {
-      const char* keyword = s.contains("enum") ? "enum" : "const";
-      only(keyword, true);
-      const std::string p = join(path, keyword);
-      std::vector<ordered_json> values;
-      if (s.contains("enum")) {
-        if (!s["enum"].is_array()) throw SchemaError(p, "'enum' must be a list");
-        values = s["enum"].get<std::vector<ordered_json>>();
-      } else {
-        values.push_back(s["const"]);
-      }
-      n.kind = NodeKind::kLiterals;
-      n.literal_trie = g_.trie.add_root();
-      int32_t count = 0;
-      for (const auto& v : values) {
-        if (!value_has_type(v, types)) continue;
-        g_.trie.insert(n.literal_trie, v.dump(), count++);
-      }
-      if (count == 0) throw SchemaError(p, "'" + std::string(keyword) + "' allows no value");
-      g_.nodes[static_cast<size_t>(id)] = std::move(n);
-      return;
+    n.kind = NodeKind::kLiterals;
+    n.literal_trie = g_.trie.add_root();
+    int32_t count = 0;
+    for (const auto& v : values) {
+      if (!value_has_type(v, types)) continue;
+      g_.trie.insert(n.literal_trie, v.dump(), count++);
     }
+    if (count == 0) throw SchemaError(p, "'" + std::string(keyword) + "' allows no value");
+  }
 
-    n.types = types;
-    // object
+  // properties, additionalProperties and required.
+  void compile_object_keywords(const ordered_json& s, const std::string& path, GrammarNode& n) {
     if (s.contains("properties")) {
       const auto& props = s["properties"];
       const std::string p = join(path, "properties");
@@ -283,30 +281,38 @@ class SchemaCompiler {
       n.additional =
           compile_optional(s["additionalProperties"], join(path, "additionalProperties"));
     }
-    if (s.contains("required")) {
-      const auto& required = s["required"];
-      const std::string p = join(path, "required");
-      if (!required.is_array()) throw SchemaError(p, "'required' must be a list of names");
-      const auto& props = s.contains("properties") ? s["properties"] : ordered_json::object();
-      for (const auto& name : required) {
-        if (!name.is_string()) throw SchemaError(p, "'required' must be a list of names");
-        int32_t index = 0;
-        bool found = false;
-        for (const auto& [key, value] : props.items()) {
-          if (key == name.get<std::string>()) {
-            found = true;
-            break;
-          }
-          ++index;
+    if (s.contains("required")) n.required = required_mask(s, join(path, "required"));
+  }
+
+  // The bit of each required property's index in "properties".
+  static uint64_t required_mask(const ordered_json& s, const std::string& p) {
+    const auto& required = s["required"];
+    if (!required.is_array()) throw SchemaError(p, "'required' must be a list of names");
+    const auto& props = s.contains("properties") ? s["properties"] : ordered_json::object();
+    uint64_t mask = 0;
+    for (const auto& name : required) {
+      if (!name.is_string()) throw SchemaError(p, "'required' must be a list of names");
+      int32_t index = 0;
+      bool found = false;
+      for (const auto& [key, value] : props.items()) {
+        if (key == name.get<std::string>()) {
+          found = true;
+          break;
         }
-        if (!found) {
-          throw SchemaError(p, "required property " + name.dump() +
-                                   " is not listed in 'properties' (not supported)");
-        }
-        n.required |= uint64_t{1} << index;
+        ++index;
       }
+      if (!found) {
+        throw SchemaError(p, "required property " + name.dump() +
+                                 " is not listed in 'properties' (not supported)");
+      }
+      mask |= uint64_t{1} << index;
     }
-    // array
+    return mask;
+  }
+
+  // prefixItems, items, minItems and maxItems.
+  void compile_array_keywords(const ordered_json& s, const std::string& path, uint8_t types,
+                              GrammarNode& n) {
     if (s.contains("prefixItems")) {
       const auto& prefix = s["prefixItems"];
       const std::string p = join(path, "prefixItems");
@@ -324,12 +330,53 @@ class SchemaCompiler {
         (n.min_items > most_items || (n.max_items >= 0 && n.min_items > n.max_items))) {
       throw SchemaError(join(path, "minItems"), "minItems is more than the array can hold");
     }
-    // string
+  }
+
+  // minLength and maxLength.
+  static void compile_string_keywords(const ordered_json& s, const std::string& path,
+                                      GrammarNode& n) {
     if (s.contains("minLength")) n.min_length = get_count(s["minLength"], join(path, "minLength"));
     if (s.contains("maxLength")) n.max_length = get_count(s["maxLength"], join(path, "maxLength"));
     if (n.max_length >= 0 && n.min_length > n.max_length) {
       throw SchemaError(join(path, "minLength"), "minLength is more than maxLength");
     }
+  }
+
+  // Schema `s` into node `id` (already added, so a $ref to it can point there first).
+  void compile_into(int32_t id, const ordered_json& s, const std::string& path) {
+    struct Nesting {
+      int& depth;
+      explicit Nesting(int& d) : depth(++d) {}
+      ~Nesting() { --depth; }
+    } nesting(depth_);
+    if (depth_ > kMaxSchemaDepth) {
+      throw SchemaError(
+          path, "the schema nests deeper than " + std::to_string(kMaxSchemaDepth) + " levels");
+    }
+    GrammarNode n;
+    if (s.is_boolean()) {
+      if (!s.get<bool>()) throw SchemaError(path, "the schema 'false' accepts nothing");
+      n.additional = any_node();
+      n.items = any_node();
+      g_.nodes[static_cast<size_t>(id)] = std::move(n);
+      return;
+    }
+    if (!s.is_object()) throw SchemaError(path, "a schema must be an object or a boolean");
+    const KeywordFamilies families = check_keywords(s, path);
+    if (compile_alternatives(s, path, n)) {
+      g_.nodes[static_cast<size_t>(id)] = std::move(n);
+      return;
+    }
+    const uint8_t types = schema_types(s, path, families);
+    if (s.contains("enum") || s.contains("const")) {
+      compile_literals(s, path, types, n);
+      g_.nodes[static_cast<size_t>(id)] = std::move(n);
+      return;
+    }
+    n.types = types;
+    compile_object_keywords(s, path, n);
+    compile_array_keywords(s, path, types, n);
+    compile_string_keywords(s, path, n);
     g_.nodes[static_cast<size_t>(id)] = std::move(n);
   }
 

@@ -103,182 +103,228 @@ class JsonReader {
   std::filesystem::path path_;
 };
 
+json parse_tokenizer_json(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) HYSERVE_THROW(TokenizerError, path.string(), ": cannot open");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    HYSERVE_THROW(TokenizerError, path.string(), ": ", e.what());
+  }
+}
+
 }  // namespace
 
-std::unique_ptr<HfBpeTokenizer> HfBpeTokenizer::load(const std::filesystem::path& path) {
-  JsonReader reader(path);
-  json root;
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) HYSERVE_THROW(TokenizerError, path.string(), ": cannot open");
-    try {
-      root = json::parse(in);
-    } catch (const json::exception& e) {
-      HYSERVE_THROW(TokenizerError, path.string(), ": ", e.what());
-    }
-  }
-  std::unique_ptr<HfBpeTokenizer> tok(new HfBpeTokenizer());
+// load()'s steps, one per section of tokenizer.json, filling one tokenizer.
+class HfBpeTokenizer::Loader {
+ public:
+  Loader(const std::filesystem::path& path, HfBpeTokenizer& tok) : reader_(path), tok_(tok) {}
 
-  // normalizer
-  if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+  // Only an empty normalizer (none, or an empty Sequence) is supported.
+  void check_normalizer(const json& root) const {
+    if (!root.contains("normalizer") || root["normalizer"].is_null()) return;
     const json& normalizer = root["normalizer"];
-    const std::string type = reader.string_at(normalizer, "normalizer", "type");
+    const std::string type = reader_.string_at(normalizer, "normalizer", "type");
     const bool empty_sequence = type == "Sequence" && normalizer.contains("normalizers") &&
                                 normalizer["normalizers"].is_array() &&
                                 normalizer["normalizers"].empty();
-    if (!empty_sequence) reader.fail("normalizer", str_cat("unsupported normalizer ", type));
+    if (!empty_sequence) reader_.fail("normalizer", str_cat("unsupported normalizer ", type));
   }
 
-  // pre_tokenizer
-  const json& pre = reader.require(root, "", "pre_tokenizer");
-  std::vector<json> steps;
-  if (pre.is_object() && pre.value("type", "") == "Sequence") {
-    const json& list = reader.require(pre, "pre_tokenizer", "pretokenizers");
-    if (!list.is_array()) reader.fail("pre_tokenizer.pretokenizers", "expected an array");
-    steps.assign(list.begin(), list.end());
-  } else {
-    steps.push_back(pre);
-  }
-  for (std::size_t i = 0; i < steps.size(); ++i) {
-    const std::string field = str_cat("pre_tokenizer.pretokenizers[", i, "]");
-    const json& step = steps[i];
-    const std::string type = reader.string_at(step, field, "type");
-    if (type == "Split") {
-      if (reader.string_at(step, field, "behavior") != "Isolated") {
-        reader.fail(field + ".behavior", "only Isolated is supported");
-      }
-      reader.require_unset(step, field, "invert");
-      const json& pattern = reader.require(step, field, "pattern");
-      std::string regex;
-      if (pattern.contains("Regex")) {
-        regex = reader.string_at(pattern, field + ".pattern", "Regex");
+  // Isolated Split steps, then ByteLevel (with GPT-2's regex unless use_regex is false).
+  void read_pre_tokenizer(const json& root) {
+    const json& pre = reader_.require(root, "", "pre_tokenizer");
+    std::vector<json> steps;
+    if (pre.is_object() && pre.value("type", "") == "Sequence") {
+      const json& list = reader_.require(pre, "pre_tokenizer", "pretokenizers");
+      if (!list.is_array()) reader_.fail("pre_tokenizer.pretokenizers", "expected an array");
+      steps.assign(list.begin(), list.end());
+    } else {
+      steps.push_back(pre);
+    }
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      const std::string field = str_cat("pre_tokenizer.pretokenizers[", i, "]");
+      const json& step = steps[i];
+      const std::string type = reader_.string_at(step, field, "type");
+      if (type == "Split") {
+        read_split(step, field);
+      } else if (type == "ByteLevel") {
+        if (i + 1 != steps.size()) reader_.fail(field, "ByteLevel must be the last pre-tokenizer");
+        reader_.require_unset(step, field, "add_prefix_space");
+        if (step.value("use_regex", true)) {
+          tok_.splits_.push_back(std::make_unique<SplitRegex>(kGpt2SplitPattern));
+        }
       } else {
-        regex = escape_literal(reader.string_at(pattern, field + ".pattern", "String"));
+        reader_.fail(field, str_cat("unsupported pre-tokenizer ", type));
       }
-      try {
-        tok->splits_.push_back(std::make_unique<SplitRegex>(regex));
-      } catch (const InvalidArgument& e) {
-        reader.fail(field + ".pattern", e.what());
+    }
+    if (steps.empty() || steps.back().value("type", "") != "ByteLevel") {
+      reader_.fail("pre_tokenizer", "a ByteLevel pre-tokenizer (last) is required");
+    }
+  }
+
+  void check_decoder(const json& root) const {
+    const json& decoder = reader_.require(root, "", "decoder");
+    if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") {
+      reader_.fail("decoder", str_cat("unsupported decoder ", decoder.dump(), " (ByteLevel only)"));
+    }
+  }
+
+  // The BPE model's options, its vocabulary (with room for the added tokens' ids), unk_token
+  // and merges.
+  void read_model(const json& root, const json& added) {
+    const json& model = reader_.require(root, "", "model");
+    if (model.value("type", "BPE") != "BPE") {
+      reader_.fail("model.type", str_cat("unsupported model ", model["type"].dump()));
+    }
+    for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix",
+                            "fuse_unk", "byte_fallback"}) {
+      reader_.require_unset(model, "model", key);
+    }
+    tok_.ignore_merges_ = model.value("ignore_merges", false);
+    const std::unordered_map<std::string, int32_t> vocab_ids = read_vocab(model, added);
+    if (!reader_.is_unset(model, "unk_token")) {
+      const std::string unk = reader_.string_at(model, "model", "unk_token");
+      const auto it = vocab_ids.find(unk);
+      if (it == vocab_ids.end()) reader_.fail("model.unk_token", "not in the vocabulary");
+      tok_.unk_id_ = it->second;
+    }
+    read_merges(model, vocab_ids);
+  }
+
+  // added_tokens, after the model: an added token overrides a vocabulary entry of its id.
+  void read_added_tokens(const json& added) {
+    for (std::size_t i = 0; i < added.size(); ++i) {
+      const std::string field = str_cat("added_tokens[", i, "]");
+      const json& entry = added[i];
+      for (const char* key : {"single_word", "lstrip", "rstrip"}) {
+        reader_.require_unset(entry, field, key);
       }
-    } else if (type == "ByteLevel") {
-      if (i + 1 != steps.size()) reader.fail(field, "ByteLevel must be the last pre-tokenizer");
-      reader.require_unset(step, field, "add_prefix_space");
-      if (step.value("use_regex", true)) {
-        tok->splits_.push_back(std::make_unique<SplitRegex>(kGpt2SplitPattern));
-      }
+      const auto id = entry["id"].get<int32_t>();
+      const std::string content = reader_.string_at(entry, field, "content");
+      if (content.empty()) reader_.fail(field + ".content", "empty");
+      const bool special = entry.value("special", false);
+      const std::optional<std::string> bytes = byte_level_to_bytes(content);
+      tok_.tokens_[id] = {bytes ? *bytes : content, true, special};
+      tok_.added_ids_[content] = id;
+      (entry.value("normalized", !special) ? tok_.normalized_added_ : tok_.raw_added_)
+          .add(content, id);
+    }
+  }
+
+ private:
+  void read_split(const json& step, const std::string& field) {
+    if (reader_.string_at(step, field, "behavior") != "Isolated") {
+      reader_.fail(field + ".behavior", "only Isolated is supported");
+    }
+    reader_.require_unset(step, field, "invert");
+    const json& pattern = reader_.require(step, field, "pattern");
+    std::string regex;
+    if (pattern.contains("Regex")) {
+      regex = reader_.string_at(pattern, field + ".pattern", "Regex");
     } else {
-      reader.fail(field, str_cat("unsupported pre-tokenizer ", type));
+      regex = escape_literal(reader_.string_at(pattern, field + ".pattern", "String"));
+    }
+    try {
+      tok_.splits_.push_back(std::make_unique<SplitRegex>(regex));
+    } catch (const InvalidArgument& e) {
+      reader_.fail(field + ".pattern", e.what());
     }
   }
-  if (steps.empty() || steps.back().value("type", "") != "ByteLevel") {
-    reader.fail("pre_tokenizer", "a ByteLevel pre-tokenizer (last) is required");
-  }
 
-  // decoder
-  const json& decoder = reader.require(root, "", "decoder");
-  if (!decoder.is_object() || decoder.value("type", "") != "ByteLevel") {
-    reader.fail("decoder", str_cat("unsupported decoder ", decoder.dump(), " (ByteLevel only)"));
-  }
-
-  // model
-  const json& model = reader.require(root, "", "model");
-  if (model.value("type", "BPE") != "BPE") {
-    reader.fail("model.type", str_cat("unsupported model ", model["type"].dump()));
-  }
-  for (const char* key : {"dropout", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk",
-                          "byte_fallback"}) {
-    reader.require_unset(model, "model", key);
-  }
-  tok->ignore_merges_ = model.value("ignore_merges", false);
-  const json& vocab = reader.require(model, "model", "vocab");
-  if (!vocab.is_object()) reader.fail("model.vocab", "expected an object");
-  int64_t max_id = -1;
-  for (const auto& [token, id] : vocab.items()) {
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
-      reader.fail(str_cat("model.vocab[\"", token, "\"]"), "expected an id >= 0");
+  // The largest id of model.vocab and added_tokens, each checked to be in [0, INT32_MAX).
+  int64_t max_token_id(const json& vocab, const json& added) const {
+    int64_t max_id = -1;
+    for (const auto& [token, id] : vocab.items()) {
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
+        reader_.fail(str_cat("model.vocab[\"", token, "\"]"), "expected an id >= 0");
+      }
+      max_id = std::max(max_id, id.get<int64_t>());
     }
-    max_id = std::max(max_id, id.get<int64_t>());
+    if (!added.is_array()) reader_.fail("added_tokens", "expected an array");
+    for (std::size_t i = 0; i < added.size(); ++i) {
+      const json& id = reader_.require(added[i], str_cat("added_tokens[", i, "]"), "id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+          id.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
+        reader_.fail(str_cat("added_tokens[", i, "].id"), "expected an id >= 0");
+      }
+      max_id = std::max(max_id, id.get<int64_t>());
+    }
+    return max_id;
   }
+
+  // tokens_, byte_vocab_ and byte_ids_ from model.vocab; returns the vocab's token -> id.
+  std::unordered_map<std::string, int32_t> read_vocab(const json& model, const json& added) {
+    const json& vocab = reader_.require(model, "model", "vocab");
+    if (!vocab.is_object()) reader_.fail("model.vocab", "expected an object");
+    tok_.tokens_.resize(max_token_id(vocab, added) + 1);
+    std::unordered_map<std::string, int32_t> vocab_ids;
+    for (const auto& [token, id_json] : vocab.items()) {
+      const auto id = id_json.get<int32_t>();
+      vocab_ids.emplace(token, id);
+      const std::optional<std::string> bytes = byte_level_to_bytes(token);
+      tok_.tokens_[id] = {bytes ? *bytes : token, true, false};
+      if (bytes) tok_.byte_vocab_.emplace(*bytes, id);
+    }
+    for (int b = 0; b < 256; ++b) {
+      const auto it = tok_.byte_vocab_.find(std::string(1, static_cast<char>(b)));
+      tok_.byte_ids_[b] = it == tok_.byte_vocab_.end() ? -1 : it->second;
+    }
+    return vocab_ids;
+  }
+
+  // model.merges ("left right" or ["left", "right"]) by rank into merges_.
+  void read_merges(const json& model, const std::unordered_map<std::string, int32_t>& vocab_ids) {
+    const json& merges = reader_.require(model, "model", "merges");
+    if (!merges.is_array()) reader_.fail("model.merges", "expected an array");
+    for (std::size_t rank = 0; rank < merges.size(); ++rank) {
+      const std::string field = str_cat("model.merges[", rank, "]");
+      const json& merge = merges[rank];
+      std::string left, right;
+      if (merge.is_string()) {
+        const std::string line = merge.get<std::string>();
+        const std::size_t space = line.find(' ');
+        if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
+          reader_.fail(field, "expected \"left right\"");
+        }
+        left = line.substr(0, space);
+        right = line.substr(space + 1);
+      } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+                 merge[1].is_string()) {
+        left = merge[0].get<std::string>();
+        right = merge[1].get<std::string>();
+      } else {
+        reader_.fail(field, "expected \"left right\" or [\"left\", \"right\"]");
+      }
+      const auto left_it = vocab_ids.find(left);
+      const auto right_it = vocab_ids.find(right);
+      const auto merged_it = vocab_ids.find(left + right);
+      if (left_it == vocab_ids.end() || right_it == vocab_ids.end() ||
+          merged_it == vocab_ids.end()) {
+        reader_.fail(field, "a token of the merge (or the merged token) is not in the vocabulary");
+      }
+      const uint64_t key =
+          (static_cast<uint64_t>(left_it->second) << 32) | static_cast<uint32_t>(right_it->second);
+      // Like tokenizers' HashMap collect: a repeated pair keeps its last rank.
+      tok_.merges_[key] = {static_cast<int32_t>(rank), merged_it->second};
+    }
+  }
+
+  JsonReader reader_;
+  HfBpeTokenizer& tok_;
+};
+
+std::unique_ptr<HfBpeTokenizer> HfBpeTokenizer::load(const std::filesystem::path& path) {
+  const json root = parse_tokenizer_json(path);
+  std::unique_ptr<HfBpeTokenizer> tok(new HfBpeTokenizer());
+  Loader loader(path, *tok);
+  loader.check_normalizer(root);
+  loader.read_pre_tokenizer(root);
+  loader.check_decoder(root);
   const json& added = root.contains("added_tokens") ? root["added_tokens"] : json::array();
-  if (!added.is_array()) reader.fail("added_tokens", "expected an array");
-  for (std::size_t i = 0; i < added.size(); ++i) {
-    const json& id = reader.require(added[i], str_cat("added_tokens[", i, "]"), "id");
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= std::numeric_limits<int32_t>::max()) {
-      reader.fail(str_cat("added_tokens[", i, "].id"), "expected an id >= 0");
-    }
-    max_id = std::max(max_id, id.get<int64_t>());
-  }
-  tok->tokens_.resize(max_id + 1);
-  std::unordered_map<std::string, int32_t> vocab_ids;
-  for (const auto& [token, id_json] : vocab.items()) {
-    const auto id = id_json.get<int32_t>();
-    vocab_ids.emplace(token, id);
-    const std::optional<std::string> bytes = byte_level_to_bytes(token);
-    tok->tokens_[id] = {bytes ? *bytes : token, true, false};
-    if (bytes) tok->byte_vocab_.emplace(*bytes, id);
-  }
-  for (int b = 0; b < 256; ++b) {
-    const auto it = tok->byte_vocab_.find(std::string(1, static_cast<char>(b)));
-    tok->byte_ids_[b] = it == tok->byte_vocab_.end() ? -1 : it->second;
-  }
-  if (!reader.is_unset(model, "unk_token")) {
-    const std::string unk = reader.string_at(model, "model", "unk_token");
-    const auto it = vocab_ids.find(unk);
-    if (it == vocab_ids.end()) reader.fail("model.unk_token", "not in the vocabulary");
-    tok->unk_id_ = it->second;
-  }
-  const json& merges = reader.require(model, "model", "merges");
-  if (!merges.is_array()) reader.fail("model.merges", "expected an array");
-  for (std::size_t rank = 0; rank < merges.size(); ++rank) {
-    const std::string field = str_cat("model.merges[", rank, "]");
-    const json& merge = merges[rank];
-    std::string left, right;
-    if (merge.is_string()) {
-      const std::string line = merge.get<std::string>();
-      const std::size_t space = line.find(' ');
-      if (space == std::string::npos || line.find(' ', space + 1) != std::string::npos) {
-        reader.fail(field, "expected \"left right\"");
-      }
-      left = line.substr(0, space);
-      right = line.substr(space + 1);
-    } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-               merge[1].is_string()) {
-      left = merge[0].get<std::string>();
-      right = merge[1].get<std::string>();
-    } else {
-      reader.fail(field, "expected \"left right\" or [\"left\", \"right\"]");
-    }
-    const auto left_it = vocab_ids.find(left);
-    const auto right_it = vocab_ids.find(right);
-    const auto merged_it = vocab_ids.find(left + right);
-    if (left_it == vocab_ids.end() || right_it == vocab_ids.end() || merged_it == vocab_ids.end()) {
-      reader.fail(field, "a token of the merge (or the merged token) is not in the vocabulary");
-    }
-    const uint64_t key =
-        (static_cast<uint64_t>(left_it->second) << 32) | static_cast<uint32_t>(right_it->second);
-    // Like tokenizers' HashMap collect: a repeated pair keeps its last rank.
-    tok->merges_[key] = {static_cast<int32_t>(rank), merged_it->second};
-  }
-
-  // added_tokens
-  for (std::size_t i = 0; i < added.size(); ++i) {
-    const std::string field = str_cat("added_tokens[", i, "]");
-    const json& entry = added[i];
-    for (const char* key : {"single_word", "lstrip", "rstrip"}) {
-      reader.require_unset(entry, field, key);
-    }
-    const auto id = entry["id"].get<int32_t>();
-    const std::string content = reader.string_at(entry, field, "content");
-    if (content.empty()) reader.fail(field + ".content", "empty");
-    const bool special = entry.value("special", false);
-    const std::optional<std::string> bytes = byte_level_to_bytes(content);
-    tok->tokens_[id] = {bytes ? *bytes : content, true, special};
-    tok->added_ids_[content] = id;
-    (entry.value("normalized", !special) ? tok->normalized_added_ : tok->raw_added_)
-        .add(content, id);
-  }
+  loader.read_model(root, added);
+  loader.read_added_tokens(added);
   return tok;
 }
 

@@ -64,6 +64,8 @@ class HfBpeTokenizer final : public Tokenizer {
     int32_t merged_id;
   };
 
+  class Loader;  // load()'s steps, in hf_bpe_tokenizer.cpp
+
   HfBpeTokenizer() = default;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
 

@@ -163,173 +163,193 @@ Value filter_float(const Value& input, const Args& args) {
 }
 
 using FilterFn = std::function<Value(const Value&, const Args&)>;
+using FilterTable = std::map<std::string, FilterFn, std::less<>>;
 
-const std::map<std::string, FilterFn, std::less<>>& filters() {
-  static const std::map<std::string, FilterFn, std::less<>> table = [] {
-    std::map<std::string, FilterFn, std::less<>> t;
-    t["abs"] = [](const Value& v, const Args&) {
-      if (is_integral(v)) return Value(std::abs(to_int(v)));
-      if (v.is_float()) return Value(std::fabs(v.as_float()));
-      fail_builtin("bad operand type for abs(): " + quoted_type(v));
-    };
-    t["capitalize"] = [](const Value& v, const Args&) { return Value(py_capitalize(py_str(v))); };
-    t["default"] = [](const Value& v, const Args& a) {
-      const bool boolean = arg_or(a, 1, "boolean", Value(false)).truthy();
-      if (v.is_undefined() || (boolean && !v.truthy()))
-        return arg_or(a, 0, "default_value", Value(""));
-      return v;
-    };
-    t["d"] = t["default"];
-    t["escape"] = [](const Value& v, const Args&) { return Value(html_escape(py_str(v))); };
-    t["e"] = t["escape"];
-    t["first"] = [](const Value& v, const Args&) {
-      const List items = iterate(v);
-      return items.empty() ? Value(Undefined{"No first item, sequence was empty."}) : items.front();
-    };
-    t["last"] = [](const Value& v, const Args&) {
-      const List items = iterate(v);
-      return items.empty() ? Value(Undefined{"No last item, sequence was empty."}) : items.back();
-    };
-    t["float"] = filter_float;
-    t["int"] = filter_int;
-    t["indent"] = filter_indent;
-    t["items"] = [](const Value& v, const Args&) {
-      List out;
-      if (v.is_undefined()) return Value(std::move(out));
-      if (!v.is_mapping()) fail_builtin("Can only get item pairs from a mapping.");
-      for (const auto& [k, item] : v.as_dict().items)
-        out.push_back(Value::tuple(List{Value(k), item}));
-      return Value(std::move(out));
-    };
-    t["join"] = [](const Value& v, const Args& a) {
-      const std::string sep = py_str(arg_or(a, 0, "d", Value("")));
-      const Value* attribute = arg(a, 1, "attribute");
-      std::string out;
-      bool first = true;
-      for (const auto& item : iterate(v)) {
-        if (!first) out += sep;
-        first = false;
-        out +=
-            py_str(attribute && !attribute->is_none() ? get_path(item, py_str(*attribute)) : item);
+// abs, float, int, round.
+void add_number_filters(FilterTable& t) {
+  t["abs"] = [](const Value& v, const Args&) {
+    if (is_integral(v)) return Value(std::abs(to_int(v)));
+    if (v.is_float()) return Value(std::fabs(v.as_float()));
+    fail_builtin("bad operand type for abs(): " + quoted_type(v));
+  };
+  t["float"] = filter_float;
+  t["int"] = filter_int;
+  t["round"] = [](const Value& v, const Args& a) {
+    const int64_t precision = to_int(arg_or(a, 0, "precision", Value(int64_t{0})));
+    const std::string method = py_str(arg_or(a, 1, "method", Value("common")));
+    const double scale = std::pow(10.0, static_cast<double>(precision));
+    const double x = v.as_number() * scale;
+    double r;
+    if (method == "common")
+      r = std::nearbyint(x);
+    else if (method == "ceil")
+      r = std::ceil(x);
+    else if (method == "floor")
+      r = std::floor(x);
+    else
+      fail_builtin("method must be common, ceil or floor");
+    return Value(r / scale);
+  };
+}
+
+// Filters of a string (or of any value's py_str), and default.
+void add_string_filters(FilterTable& t) {
+  t["capitalize"] = [](const Value& v, const Args&) { return Value(py_capitalize(py_str(v))); };
+  t["default"] = [](const Value& v, const Args& a) {
+    const bool boolean = arg_or(a, 1, "boolean", Value(false)).truthy();
+    if (v.is_undefined() || (boolean && !v.truthy()))
+      return arg_or(a, 0, "default_value", Value(""));
+    return v;
+  };
+  t["d"] = t["default"];
+  t["escape"] = [](const Value& v, const Args&) { return Value(html_escape(py_str(v))); };
+  t["e"] = t["escape"];
+  t["indent"] = filter_indent;
+  t["lower"] = [](const Value& v, const Args&) { return Value(py_lower(py_str(v))); };
+  t["upper"] = [](const Value& v, const Args&) { return Value(py_upper(py_str(v))); };
+  t["title"] = [](const Value& v, const Args&) { return Value(py_title(py_str(v))); };
+  t["replace"] = [](const Value& v, const Args& a) {
+    const Value count = arg_or(a, 2, "count", Value(None{}));
+    return Value(py_replace(py_str(v), py_str(arg_or(a, 0, "old", Value(""))),
+                            py_str(arg_or(a, 1, "new", Value(""))),
+                            count.is_none() ? -1 : to_int(count)));
+  };
+  t["safe"] = [](const Value& v, const Args&) { return v; };
+  t["string"] = [](const Value& v, const Args&) { return Value(py_str(v)); };
+  t["tojson"] = filter_tojson;
+  t["trim"] = [](const Value& v, const Args& a) {
+    return Value(py_strip(py_str(v), arg(a, 0, "chars"), true, true));
+  };
+  t["wordcount"] = [](const Value& v, const Args&) {
+    return Value(static_cast<int64_t>(py_split(py_str(v), nullptr, -1, false).size()));
+  };
+}
+
+// Filters of a sequence: items, first / last, join, list, map, reverse, select / reject.
+void add_sequence_filters(FilterTable& t) {
+  t["first"] = [](const Value& v, const Args&) {
+    const List items = iterate(v);
+    return items.empty() ? Value(Undefined{"No first item, sequence was empty."}) : items.front();
+  };
+  t["last"] = [](const Value& v, const Args&) {
+    const List items = iterate(v);
+    return items.empty() ? Value(Undefined{"No last item, sequence was empty."}) : items.back();
+  };
+  t["items"] = [](const Value& v, const Args&) {
+    List out;
+    if (v.is_undefined()) return Value(std::move(out));
+    if (!v.is_mapping()) fail_builtin("Can only get item pairs from a mapping.");
+    for (const auto& [k, item] : v.as_dict().items)
+      out.push_back(Value::tuple(List{Value(k), item}));
+    return Value(std::move(out));
+  };
+  t["join"] = [](const Value& v, const Args& a) {
+    const std::string sep = py_str(arg_or(a, 0, "d", Value("")));
+    const Value* attribute = arg(a, 1, "attribute");
+    std::string out;
+    bool first = true;
+    for (const auto& item : iterate(v)) {
+      if (!first) out += sep;
+      first = false;
+      out += py_str(attribute && !attribute->is_none() ? get_path(item, py_str(*attribute)) : item);
+    }
+    return Value(out);
+  };
+  t["length"] = [](const Value& v, const Args&) { return Value(py_len(v)); };
+  t["count"] = t["length"];
+  t["list"] = [](const Value& v, const Args&) { return Value(iterate(v)); };
+  t["map"] = [](const Value& v, const Args& a) {
+    List out;
+    const Value* attribute = arg(a, 99, "attribute");
+    for (const auto& item : iterate(v)) {
+      if (attribute) {
+        Value x = get_path(item, py_str(*attribute));
+        if (x.is_undefined()) x = arg_or(a, 99, "default", x);
+        out.push_back(x);
+      } else {
+        if (a.positional.empty() || !a.positional[0].is_string())
+          fail_builtin("map requires a filter name");
+        out.push_back(apply_filter(a.positional[0].as_string(), item, tail_args(a, 1)));
       }
-      return Value(out);
-    };
-    t["length"] = [](const Value& v, const Args&) { return Value(py_len(v)); };
-    t["count"] = t["length"];
-    t["list"] = [](const Value& v, const Args&) { return Value(iterate(v)); };
-    t["lower"] = [](const Value& v, const Args&) { return Value(py_lower(py_str(v))); };
-    t["upper"] = [](const Value& v, const Args&) { return Value(py_upper(py_str(v))); };
-    t["title"] = [](const Value& v, const Args&) { return Value(py_title(py_str(v))); };
-    t["map"] = [](const Value& v, const Args& a) {
-      List out;
-      const Value* attribute = arg(a, 99, "attribute");
-      for (const auto& item : iterate(v)) {
-        if (attribute) {
-          Value x = get_path(item, py_str(*attribute));
-          if (x.is_undefined()) x = arg_or(a, 99, "default", x);
-          out.push_back(x);
-        } else {
-          if (a.positional.empty() || !a.positional[0].is_string())
-            fail_builtin("map requires a filter name");
-          out.push_back(apply_filter(a.positional[0].as_string(), item, tail_args(a, 1)));
-        }
+    }
+    return Value(std::move(out));
+  };
+  t["reverse"] = [](const Value& v, const Args&) {
+    if (v.is_string()) {
+      auto cps = utf8_decode(v.as_string());
+      std::reverse(cps.begin(), cps.end());
+      return Value(utf8_encode(cps));
+    }
+    List items = iterate(v);
+    std::reverse(items.begin(), items.end());
+    return Value(std::move(items));
+  };
+  t["select"] = [](const Value& v, const Args& a) { return select_items(v, a, false, true); };
+  t["reject"] = [](const Value& v, const Args& a) { return select_items(v, a, false, false); };
+  t["selectattr"] = [](const Value& v, const Args& a) { return select_items(v, a, true, true); };
+  t["rejectattr"] = [](const Value& v, const Args& a) { return select_items(v, a, true, false); };
+}
+
+// max, min, sort, sum, unique: a sequence compared or reduced.
+void add_aggregate_filters(FilterTable& t) {
+  t["max"] = [](const Value& v, const Args& a) {
+    const List items = iterate(v);
+    if (items.empty()) return Value(Undefined{"No aggregated item, sequence was empty."});
+    size_t best = 0;
+    for (size_t i = 1; i < items.size(); ++i) {
+      if (less_or_fail_builtin(sort_key(items[best], a, 1), sort_key(items[i], a, 1))) best = i;
+    }
+    return items[best];
+  };
+  t["min"] = [](const Value& v, const Args& a) {
+    const List items = iterate(v);
+    if (items.empty()) return Value(Undefined{"No aggregated item, sequence was empty."});
+    size_t best = 0;
+    for (size_t i = 1; i < items.size(); ++i) {
+      if (less_or_fail_builtin(sort_key(items[i], a, 1), sort_key(items[best], a, 1))) best = i;
+    }
+    return items[best];
+  };
+  t["sort"] = [](const Value& v, const Args& a) {
+    List items = iterate(v);
+    const bool reverse = arg_or(a, 0, "reverse", Value(false)).truthy();
+    std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
+      return reverse ? less_or_fail_builtin(sort_key(y, a, 2), sort_key(x, a, 2))
+                     : less_or_fail_builtin(sort_key(x, a, 2), sort_key(y, a, 2));
+    });
+    return Value(std::move(items));
+  };
+  t["sum"] = [](const Value& v, const Args& a) {
+    const Value* attribute = arg(a, 0, "attribute");
+    Value total = arg_or(a, 1, "start", Value(int64_t{0}));
+    for (const auto& item : iterate(v)) {
+      total =
+          binary_op("+", total,
+                    attribute && !attribute->is_none() ? get_path(item, py_str(*attribute)) : item);
+    }
+    return total;
+  };
+  t["unique"] = [](const Value& v, const Args& a) {
+    List out, keys;
+    for (const auto& item : iterate(v)) {
+      const Value key = sort_key(item, a, 1);
+      if (std::none_of(keys.begin(), keys.end(),
+                       [&](const Value& k) { return py_equal(k, key); })) {
+        keys.push_back(key);
+        out.push_back(item);
       }
-      return Value(std::move(out));
-    };
-    t["max"] = [](const Value& v, const Args& a) {
-      const List items = iterate(v);
-      if (items.empty()) return Value(Undefined{"No aggregated item, sequence was empty."});
-      size_t best = 0;
-      for (size_t i = 1; i < items.size(); ++i) {
-        if (less_or_fail_builtin(sort_key(items[best], a, 1), sort_key(items[i], a, 1))) best = i;
-      }
-      return items[best];
-    };
-    t["min"] = [](const Value& v, const Args& a) {
-      const List items = iterate(v);
-      if (items.empty()) return Value(Undefined{"No aggregated item, sequence was empty."});
-      size_t best = 0;
-      for (size_t i = 1; i < items.size(); ++i) {
-        if (less_or_fail_builtin(sort_key(items[i], a, 1), sort_key(items[best], a, 1))) best = i;
-      }
-      return items[best];
-    };
-    t["replace"] = [](const Value& v, const Args& a) {
-      const Value count = arg_or(a, 2, "count", Value(None{}));
-      return Value(py_replace(py_str(v), py_str(arg_or(a, 0, "old", Value(""))),
-                              py_str(arg_or(a, 1, "new", Value(""))),
-                              count.is_none() ? -1 : to_int(count)));
-    };
-    t["reverse"] = [](const Value& v, const Args&) {
-      if (v.is_string()) {
-        auto cps = utf8_decode(v.as_string());
-        std::reverse(cps.begin(), cps.end());
-        return Value(utf8_encode(cps));
-      }
-      List items = iterate(v);
-      std::reverse(items.begin(), items.end());
-      return Value(std::move(items));
-    };
-    t["round"] = [](const Value& v, const Args& a) {
-      const int64_t precision = to_int(arg_or(a, 0, "precision", Value(int64_t{0})));
-      const std::string method = py_str(arg_or(a, 1, "method", Value("common")));
-      const double scale = std::pow(10.0, static_cast<double>(precision));
-      const double x = v.as_number() * scale;
-      double r;
-      if (method == "common")
-        r = std::nearbyint(x);
-      else if (method == "ceil")
-        r = std::ceil(x);
-      else if (method == "floor")
-        r = std::floor(x);
-      else
-        fail_builtin("method must be common, ceil or floor");
-      return Value(r / scale);
-    };
-    t["safe"] = [](const Value& v, const Args&) { return v; };
-    t["select"] = [](const Value& v, const Args& a) { return select_items(v, a, false, true); };
-    t["reject"] = [](const Value& v, const Args& a) { return select_items(v, a, false, false); };
-    t["selectattr"] = [](const Value& v, const Args& a) { return select_items(v, a, true, true); };
-    t["rejectattr"] = [](const Value& v, const Args& a) { return select_items(v, a, true, false); };
-    t["sort"] = [](const Value& v, const Args& a) {
-      List items = iterate(v);
-      const bool reverse = arg_or(a, 0, "reverse", Value(false)).truthy();
-      std::stable_sort(items.begin(), items.end(), [&](const Value& x, const Value& y) {
-        return reverse ? less_or_fail_builtin(sort_key(y, a, 2), sort_key(x, a, 2))
-                       : less_or_fail_builtin(sort_key(x, a, 2), sort_key(y, a, 2));
-      });
-      return Value(std::move(items));
-    };
-    t["string"] = [](const Value& v, const Args&) { return Value(py_str(v)); };
-    t["sum"] = [](const Value& v, const Args& a) {
-      const Value* attribute = arg(a, 0, "attribute");
-      Value total = arg_or(a, 1, "start", Value(int64_t{0}));
-      for (const auto& item : iterate(v)) {
-        total = binary_op(
-            "+", total,
-            attribute && !attribute->is_none() ? get_path(item, py_str(*attribute)) : item);
-      }
-      return total;
-    };
-    t["tojson"] = filter_tojson;
-    t["trim"] = [](const Value& v, const Args& a) {
-      return Value(py_strip(py_str(v), arg(a, 0, "chars"), true, true));
-    };
-    t["unique"] = [](const Value& v, const Args& a) {
-      List out, keys;
-      for (const auto& item : iterate(v)) {
-        const Value key = sort_key(item, a, 1);
-        if (std::none_of(keys.begin(), keys.end(),
-                         [&](const Value& k) { return py_equal(k, key); })) {
-          keys.push_back(key);
-          out.push_back(item);
-        }
-      }
-      return Value(std::move(out));
-    };
-    t["wordcount"] = [](const Value& v, const Args&) {
-      return Value(static_cast<int64_t>(py_split(py_str(v), nullptr, -1, false).size()));
-    };
+    }
+    return Value(std::move(out));
+  };
+}
+
+const FilterTable& filters() {
+  static const FilterTable table = [] {
+    FilterTable t;
+    add_number_filters(t);
+    add_string_filters(t);
+    add_sequence_filters(t);
+    add_aggregate_filters(t);
     return t;
   }();
   return table;
