@@ -1,4 +1,4 @@
-#include "tokenizer/tool_call_parser.h"
+#include "tokenizer/kimi_k3_tool_parser.h"
 
 #include "server/forced_tool_calls.h"
 #include "tokenizer/reasoning_parser.h"

@@ -1,6 +1,7 @@
 #include "tokenizer/parser_registry.h"
 
 #include "tokenizer/deepseek_v32_tool_parser.h"
+#include "tokenizer/kimi_k3_tool_parser.h"
 #include "util/error.h"
 
 namespace hyserve {

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "tokenizer/tool_call_parser.h"
+#include "tokenizer/kimi_k3_tool_parser.h"
 
 namespace hyserve {
 namespace {

@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "tokenizer/tool_call_parser.h"
+#include "tokenizer/kimi_k3_tool_parser.h"
 
 namespace hyserve {
 
