@@ -1,24 +1,22 @@
 // Engine: requests through the scheduler, one batched forward per step and the sampler
 // give exactly what the model gives each request alone (the CPU ops are batch invariant),
 // under chunked prefill, concurrency and preemption; plus the logits processors on
-// hand-made logits.
+// hand-made logits, the observer's figures and a failing step. Prefix caching and async
+// against sync scheduling have their own files; the shared tools are in engine_test_helpers.h.
 #include "engine/engine.h"
 
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "engine_test_helpers.h"
 #include "kernels/sampling/cpu.h"
-#include "random_prompt.h"
 #include "util/error.h"
 #include "util/logits.h"
 
@@ -26,143 +24,12 @@ namespace hyserve {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::unique_ptr<Model> load_tiny() {
-  return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
-}
-
-using test::random_prompt;
-
-// The model alone: one sequence, one token at a time; logits[i] scores position i.
-struct AloneRun {
-  std::vector<int32_t> outputs;
-  std::vector<std::vector<float>> logits;  // [prompt + outputs - 1][vocab]
-};
-
-// Greedy (temperature 0) or seeded sampling with temperature 1, as the engine samples.
-AloneRun run_alone(const Model& model, const std::vector<int32_t>& prompt, int64_t num_outputs,
-                   std::optional<uint64_t> seed = std::nullopt) {
-  AloneRun run;
-  SequenceState st = model.new_sequence();
-  std::vector<int32_t> seq = prompt;
-  std::vector<float> l;
-  for (size_t pos = 0; run.outputs.size() < static_cast<size_t>(num_outputs); ++pos) {
-    model.forward(std::span<const int32_t>(&seq[pos], 1), st, l);
-    run.logits.push_back(l);
-    if (pos + 1 < seq.size()) continue;
-    SamplingOptions o;
-    o.temperature = seed ? 1.0f : 0.0f;
-    o.seed = seed.value_or(0);
-    o.step = run.outputs.size();
-    int32_t token = -1;
-    cpu::sample_tokens({l.data(), &o, &token, 1, static_cast<int64_t>(l.size())});
-    run.outputs.push_back(token);
-    seq.push_back(token);
-  }
-  return run;
-}
-
-// Logits of every position of `tokens`, fed one at a time: [tokens][vocab].
-std::vector<std::vector<float>> logits_alone(const Model& model,
-                                             const std::vector<int32_t>& tokens) {
-  SequenceState st = model.new_sequence();
-  std::vector<std::vector<float>> rows;
-  std::vector<float> l;
-  for (const int32_t& t : tokens) {
-    model.forward(std::span<const int32_t>(&t, 1), st, l);
-    rows.push_back(l);
-  }
-  return rows;
-}
-
-struct Collected {
-  std::vector<OutputToken> tokens;
-  std::vector<std::optional<OutputToken>> prompt_logprobs;
-  int num_outputs = 0;
-  bool finished = false;
-  std::string finish_reason;
-  std::optional<int32_t> stop_token_id;
-  int64_t num_cached_tokens = 0;
-
-  std::vector<int32_t> ids() const {
-    std::vector<int32_t> v;
-    for (const auto& t : tokens) v.push_back(t.token);
-    return v;
-  }
-};
-
-struct Collector {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<std::string, Collected> results;
-  int num_finished = 0;
-
-  OutputCallback callback() {
-    return [this](const RequestOutput& o) {
-      std::lock_guard lock(mu);
-      Collected& c = results[o.request_id];
-      EXPECT_FALSE(c.finished) << o.request_id << " got an output after finishing";
-      if (c.num_outputs++ == 0) c.prompt_logprobs = o.prompt_logprobs;
-      c.num_cached_tokens = o.num_cached_tokens;
-      c.tokens.insert(c.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
-      if (o.finished) {
-        c.finished = true;
-        c.finish_reason = o.finish_reason;
-        c.stop_token_id = o.stop_token_id;
-        ++num_finished;
-        cv.notify_all();
-      }
-    };
-  }
-};
-
-Request make_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens) {
-  Request r;
-  r.id = std::move(id);
-  r.prompt_token_ids = std::move(prompt);
-  r.sampling_params.temperature = 0.0f;
-  r.sampling_params.max_tokens = max_tokens;
-  r.sampling_params.ignore_eos = true;
-  return r;
-}
-
-// Every engine test runs with and without asynchronous scheduling (small_config reads it).
-bool g_async_scheduling = false;
-
-class EngineTest : public ::testing::TestWithParam<bool> {
- protected:
-  void SetUp() override { g_async_scheduling = GetParam(); }
-  void TearDown() override { g_async_scheduling = false; }
-};
+using namespace test;
 
 INSTANTIATE_TEST_SUITE_P(Scheduling, EngineTest, ::testing::Values(false, true),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Async" : "Sync";
                          });
-
-EngineConfig small_config(int64_t max_num_batched_tokens = 256, int64_t max_num_seqs = 8) {
-  EngineConfig c;
-  c.async_scheduling = g_async_scheduling;
-  c.scheduler.max_model_len = 128;
-  c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
-  c.scheduler.max_num_seqs = max_num_seqs;
-  c.min_block_size = 16;
-  return c;
-}
-
-// small_config(4096, 4) with prefix caching and a context of 4 blocks; the block size.
-std::pair<EngineConfig, int64_t> prefix_caching_config(const Model& model) {
-  EngineConfig config = small_config(4096, 4);
-  const int64_t bs = model.cache_plan(config.min_block_size).block_size;
-  config.scheduler.max_model_len = 4 * bs;
-  config.enable_prefix_caching = true;
-  return {config, bs};
-}
-
-void run_to_completion(Engine& engine) {
-  for (int i = 0; i < 10000 && engine.step(); ++i) {
-  }
-}
 
 TEST_P(EngineTest, GreedyOutputEqualsTheModelAlone) {
   Engine engine(load_tiny(), small_config());
@@ -654,69 +521,6 @@ TEST_P(EngineTest, EosFinishesWithStopAndNamesTheEosId) {
   EXPECT_EQ(c.stop_token_id, eos[0]);
 }
 
-// Every sampled token, its logprob and its top logprobs, bitwise.
-void expect_same_tokens(const Collected& got, const Collected& want, const std::string& what) {
-  ASSERT_EQ(got.tokens.size(), want.tokens.size()) << what;
-  for (size_t i = 0; i < want.tokens.size(); ++i) {
-    const OutputToken& a = got.tokens[i];
-    const OutputToken& b = want.tokens[i];
-    EXPECT_EQ(a.token, b.token) << what << " token " << i;
-    EXPECT_EQ(std::memcmp(&a.logprob, &b.logprob, 4), 0)
-        << what << " token " << i << ": logprob " << a.logprob << " vs " << b.logprob;
-    ASSERT_EQ(a.top_logprobs.size(), b.top_logprobs.size()) << what << " token " << i;
-    for (size_t j = 0; j < b.top_logprobs.size(); ++j) {
-      EXPECT_EQ(a.top_logprobs[j].token, b.top_logprobs[j].token) << what << " token " << i;
-      EXPECT_EQ(std::memcmp(&a.top_logprobs[j].logprob, &b.top_logprobs[j].logprob, 4), 0)
-          << what << " token " << i << " top " << j;
-    }
-  }
-}
-
-Request logprob_request(std::string id, std::vector<int32_t> prompt, int64_t max_tokens,
-                        std::optional<uint64_t> seed) {
-  Request r = make_request(std::move(id), std::move(prompt), max_tokens);
-  r.sampling_params.logprobs = 3;
-  if (seed) {
-    r.sampling_params.temperature = 1.0f;
-    r.sampling_params.seed = seed;
-  }
-  return r;
-}
-
-// A prompt that shares two full blocks with an earlier one reads their latents and index
-// keys, and the KDA state snapshot at their end, from the cache; its tokens and logprobs
-// equal those of the same request on an engine with prefix caching off, bitwise.
-TEST_P(EngineTest, PrefixHitEqualsMissBitwise) {
-  EngineConfig config = small_config(4096, 4);
-  auto model = load_tiny();
-  const int64_t bs = model->cache_plan(config.min_block_size).block_size;
-  config.scheduler.max_model_len = 4 * bs;
-  config.enable_prefix_caching = true;
-  Engine cached(std::move(model), config);
-  config.enable_prefix_caching = false;
-  Engine plain(load_tiny(), config);
-  const int64_t vocab = cached.model().config().vocab_size;
-
-  const std::vector<int32_t> prefix = random_prompt(2 * bs, 500, vocab);
-  Collector with, without;
-  for (int i = 0; i < 4; ++i) {
-    std::vector<int32_t> prompt = prefix;
-    const auto suffix = random_prompt(5 + 13 * i, 510 + static_cast<uint32_t>(i), vocab);
-    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    const std::optional<uint64_t> seed = i % 2 ? std::optional<uint64_t>(7 + i) : std::nullopt;
-    const std::string id = str_cat("r", i);
-    cached.add_request(logprob_request(id, prompt, 8, seed), with.callback());
-    run_to_completion(cached);
-    plain.add_request(logprob_request(id, prompt, 8, seed), without.callback());
-    run_to_completion(plain);
-    EXPECT_EQ(with.results[id].num_cached_tokens, i == 0 ? 0 : 2 * bs) << id;
-    EXPECT_EQ(without.results[id].num_cached_tokens, 0) << id;
-    expect_same_tokens(with.results[id], without.results[id], id);
-  }
-  EXPECT_EQ(cached.stats().prefix_cache_hits, 3 * 2 * bs);
-  EXPECT_EQ(plain.stats().prefix_cache_hits, 0);
-}
-
 // The observer's figures: every request once with its finish reason, its whole prompt (a
 // prefix hit included), its tokens and max_tokens; the times ordered (queue + prefill =
 // TTFT, prefill + decode = inference <= end to end); one first_token per request with
@@ -793,81 +597,6 @@ TEST_P(EngineTest, ObserverReportsEachRequestsFigures) {
   EXPECT_EQ(engine.stats().generation_tokens, 5 + 1 + 1);
 }
 
-// A different cache_salt never reads another request's blocks; prompt logprobs need every
-// position computed, so such a request reads nothing either.
-TEST_P(EngineTest, PrefixCacheIsIsolatedBySaltAndSkippedForPromptLogprobs) {
-  auto model = load_tiny();
-  const auto [config, bs] = prefix_caching_config(*model);
-  Engine engine(std::move(model), config);
-  const auto prompt = random_prompt(bs + 9, 520, engine.model().config().vocab_size);
-  Collector col;
-  auto add = [&](const std::string& id, const std::string& salt, bool prompt_logprobs) {
-    Request r = make_request(id, prompt, 2);
-    r.cache_salt = salt;
-    if (prompt_logprobs) r.sampling_params.prompt_logprobs = 1;
-    engine.add_request(std::move(r), col.callback());
-    run_to_completion(engine);
-  };
-  add("first", "a", false);
-  add("same-salt", "a", false);
-  add("other-salt", "b", false);
-  add("prompt-logprobs", "a", true);
-  EXPECT_EQ(col.results["first"].num_cached_tokens, 0);
-  EXPECT_EQ(col.results["same-salt"].num_cached_tokens, bs);
-  EXPECT_EQ(col.results["other-salt"].num_cached_tokens, 0);
-  EXPECT_EQ(col.results["prompt-logprobs"].num_cached_tokens, 0);
-  EXPECT_EQ(col.results["prompt-logprobs"].prompt_logprobs.size(), prompt.size());
-  EXPECT_EQ(col.results["same-salt"].ids(), col.results["first"].ids());
-  EXPECT_EQ(col.results["other-salt"].ids(), col.results["first"].ids());
-}
-
-// 24 concurrent requests over 3 shared prefixes, chunked under a small token budget, in a
-// pool that holds the 4 running requests (4 rows each at most) and little else, so cached
-// blocks are evicted: every request's tokens and logprobs equal those of an engine without
-// prefix caching, bitwise. (Preemption is left out: a recomputed request runs its earlier
-// outputs through chunked KDA instead of the recurrent step, which rounds differently.)
-TEST_P(EngineTest, RandomWorkloadWithPrefixCachingEqualsWithout) {
-  EngineConfig config = small_config(/*max_num_batched_tokens=*/96, /*max_num_seqs=*/4);
-  auto model = load_tiny();
-  const int64_t bs = model->cache_plan(config.min_block_size).block_size;
-  config.scheduler.max_model_len = 4 * bs;
-  config.num_blocks = 20;
-  config.enable_prefix_caching = true;
-  Engine cached(std::move(model), config);
-  config.enable_prefix_caching = false;
-  config.num_blocks = 0;
-  Engine plain(load_tiny(), config);
-  const int64_t vocab = cached.model().config().vocab_size;
-
-  std::mt19937 rng(530);
-  std::vector<std::vector<int32_t>> prefixes;
-  for (uint32_t i = 0; i < 3; ++i) prefixes.push_back(random_prompt(bs + 40 * i, 540 + i, vocab));
-  Collector with, without;
-  for (int i = 0; i < 24; ++i) {
-    std::vector<int32_t> prompt = prefixes[rng() % 3];
-    const auto suffix = random_prompt(1 + rng() % 70, 550 + static_cast<uint32_t>(i), vocab);
-    prompt.insert(prompt.end(), suffix.begin(), suffix.end());
-    const int64_t max_tokens = 1 + static_cast<int64_t>(rng() % 12);
-    const std::optional<uint64_t> seed = i % 3 ? std::optional<uint64_t>(9 + i) : std::nullopt;
-    const std::string id = str_cat("r", i);
-    cached.add_request(logprob_request(id, prompt, max_tokens, seed), with.callback());
-    plain.add_request(logprob_request(id, prompt, max_tokens, seed), without.callback());
-    if (i % 5 == 4) cached.step();  // later arrivals find earlier requests' blocks
-  }
-  run_to_completion(cached);
-  run_to_completion(plain);
-  int64_t num_hits = 0;
-  for (int i = 0; i < 24; ++i) {
-    const std::string id = str_cat("r", i);
-    ASSERT_TRUE(with.results[id].finished) << id;
-    expect_same_tokens(with.results[id], without.results[id], id);
-    num_hits += with.results[id].num_cached_tokens > 0;
-  }
-  EXPECT_GT(num_hits, 0);
-  EXPECT_EQ(cached.stats().num_preemptions, 0);
-  EXPECT_EQ(cached.stats().kv_cache_usage, 0.0);
-}
-
 TEST_P(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
   auto model = load_tiny();
   Model* raw = model.get();
@@ -890,101 +619,6 @@ TEST_P(EngineTest, AnErrorInsideAStepAbortsEverythingAndMarksTheEngineDead) {
   EXPECT_EQ(engine.stats().num_running, 0);
   EXPECT_THROW(engine.add_request(make_request("c", {5}, 2), col.callback()), Error);
   EXPECT_FALSE(engine.step());
-}
-
-// Asynchronous scheduling gives every request exactly what synchronous scheduling gives:
-// tokens and logprobs bitwise, finish reasons, stop ids and prefix hits. The workload has
-// penalties, logit_bias, min_tokens against EOS, stop ids, seeded sampling, logprobs, and
-// prefix caching with a KDA snapshot at every block boundary; its second round resends the
-// first round's conversations (prompt + output), so hits land on snapshots taken during
-// decode, where the boundary's last token was still a placeholder when it was scheduled.
-TEST(EngineAsyncTest, AsyncSchedulingEqualsSyncOnAMixedWorkload) {
-  EngineConfig config = small_config(/*max_num_batched_tokens=*/160, /*max_num_seqs=*/6);
-  auto model = load_tiny();
-  const int64_t bs = model->cache_plan(config.min_block_size).block_size;
-  config.scheduler.max_model_len = 6 * bs;
-  config.enable_prefix_caching = true;
-  config.snapshot_policy.every_blocks = 1;
-  Engine sync_engine(std::move(model), config);
-  config.async_scheduling = true;
-  Engine async_engine(load_tiny(), config);
-  const int64_t vocab = sync_engine.model().config().vocab_size;
-  const int32_t eos = sync_engine.config().scheduler.eos_token_ids.at(0);
-
-  std::mt19937 rng(900);
-  auto make = [&](int i, std::vector<int32_t> prompt) {
-    Request r = make_request(str_cat("q", i), std::move(prompt), 1 + rng() % (bs + 20));
-    SamplingParams& sp = r.sampling_params;
-    if (i % 2) {
-      sp.temperature = 0.7f + 0.1f * static_cast<float>(i % 4);
-      sp.seed = 100 + i;
-      sp.top_p = i % 3 ? 1.0f : 0.9f;
-    }
-    if (i % 3 == 0) sp.logprobs = static_cast<int32_t>(i % 4);
-    if (i % 4 == 1) {
-      sp.repetition_penalty = 1.3f;
-      sp.presence_penalty = 0.5f;
-      sp.frequency_penalty = 0.25f;
-    }
-    if (i % 5 == 2) sp.logit_bias = {{eos, 6.0f}, {static_cast<int32_t>(rng() % vocab), 3.0f}};
-    if (i % 3 == 1) {
-      sp.ignore_eos = false;  // EOS ends it (after min_tokens): a step in flight is dropped
-      sp.min_tokens = static_cast<int64_t>(rng() % 6);
-    }
-    if (i % 7 == 3) sp.stop_token_ids = {static_cast<int32_t>(rng() % vocab)};
-    return r;
-  };
-  Collector want, got;
-  std::vector<Request> first_round;
-  for (int i = 0; i < 14; ++i) {
-    const auto prompt = random_prompt(1 + rng() % (2 * bs), 910 + static_cast<uint32_t>(i), vocab);
-    first_round.push_back(make(i, prompt));
-  }
-  for (int round = 0; round < 2; ++round) {
-    std::vector<Request> requests;
-    if (round == 0) {
-      requests = first_round;
-    } else {
-      for (int i = 0; i < 14; ++i) {  // each conversation resent with its output
-        const Request& earlier = first_round[static_cast<size_t>(i)];
-        std::vector<int32_t> prompt = earlier.prompt_token_ids;
-        for (int32_t t : want.results[earlier.id].ids()) prompt.push_back(t);
-        prompt.push_back(static_cast<int32_t>(rng() % vocab));
-        if (std::ssize(prompt) >= config.scheduler.max_model_len - 1) continue;
-        requests.push_back(make(100 + i, prompt));
-        requests.back().sampling_params.max_tokens =
-            std::min<int64_t>(*requests.back().sampling_params.max_tokens,
-                              config.scheduler.max_model_len - std::ssize(prompt));
-      }
-    }
-    for (size_t k = 0; k < requests.size(); ++k) {
-      sync_engine.add_request(requests[k], want.callback());
-      async_engine.add_request(requests[k], got.callback());
-      if (k % 4 == 3) {  // later arrivals join running batches
-        sync_engine.step();
-        async_engine.step();
-      }
-    }
-    run_to_completion(sync_engine);
-    run_to_completion(async_engine);
-  }
-  ASSERT_EQ(got.results.size(), want.results.size());
-  int64_t decode_hits = 0;
-  for (const auto& [id, w] : want.results) {
-    const Collected& g = got.results[id];
-    ASSERT_TRUE(g.finished && w.finished) << id;
-    expect_same_tokens(g, w, id);
-    EXPECT_EQ(g.finish_reason, w.finish_reason) << id;
-    EXPECT_EQ(g.stop_token_id, w.stop_token_id) << id;
-    EXPECT_EQ(g.num_cached_tokens, w.num_cached_tokens) << id;
-    decode_hits += w.num_cached_tokens > 0;
-  }
-  EXPECT_GT(decode_hits, 0);
-  EXPECT_EQ(async_engine.stats().prefix_cache_hits, sync_engine.stats().prefix_cache_hits);
-  EXPECT_EQ(async_engine.stats().generation_tokens, sync_engine.stats().generation_tokens);
-  EXPECT_GT(async_engine.stats().num_overlapped_steps, 0);
-  EXPECT_EQ(sync_engine.stats().num_overlapped_steps, 0);
-  EXPECT_EQ(async_engine.stats().kv_cache_usage, 0.0);
 }
 
 }  // namespace
