@@ -1,6 +1,6 @@
 """Readable float64 numpy reference of the PUBLISHED Kimi K3 / K3.1 Pro text model (`kimi_k3`).
 
-Written from shared/K3.md section 3 (not from MODEL.md, and independent of kimi_k3_reference.py,
+Written from shared/K3.md section 3 (not from MODEL.md, and independent of model_md_reference.py,
 which remains the MODEL.md cross-check reference for kimi_linear and deepseek_v32).
 
     Model(folder).forward(ids) -> logits float64 [T, V]      (full recompute, no cache)

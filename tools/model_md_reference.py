@@ -4,13 +4,11 @@ DeepSeek-V3's architecture (`deepseek_v3`, Kimi K2's `kimi_k2`, Kimi K2.5's `kim
 `text_config` and `language_model.` names: deepseek_v32 without the indexer), used by make_fixtures.py
 to check transformers' modules against MODEL.md.
 
-It is NOT the kimi_k3 reference any more: the published Kimi K3 / K3.1 Pro architecture (shared/K3.md:
-Block AttnRes, SiTU, latent MoE, bounded KDA gate, compressed-tensors MXFP4) lives in
-tools/k3_reference.py. The MODEL.md-era kimi_k3 guess (flat config, residual stream, MXFP4
-`weight_blocks`/`weight_scales`) that this file still understands is kept unchanged for reference only.
+It is not a kimi_k3 reference: the published Kimi K3 / K3.1 Pro architecture (shared/K3.md: Block
+AttnRes, SiTU, latent MoE, bounded KDA gate, compressed-tensors MXFP4) lives in tools/k3_reference.py.
 
 Conventions (see docs/REFERENCE_NOTES.md):
-  * every weight is upcast to fp32 exactly (bf16, FP8 e4m3 x block scale, MXFP4 e2m1 x e8m0);
+  * every weight is upcast to fp32 exactly (bf16, FP8 e4m3 x block scale);
   * full recompute, no cache: forward(ids) -> logits [T, V];
   * the DSA indexer uses exact fp32 scores (no FP8 quantization, no Hadamard rotation);
     top-k ties are broken by "lower position wins";
@@ -18,8 +16,8 @@ Conventions (see docs/REFERENCE_NOTES.md):
     l2-normalized q, k and an explicit scale K^-0.5 (self_test() checks it against a direct loop
     of MODEL.md 4.5 and against fla's chunked `naive_chunk_kda`).
 
-Usage: python tools/kimi_k3_reference.py MODEL_DIR [ids...]   (prints the last logits' argmax)
-       python tools/kimi_k3_reference.py --self-test
+Usage: python tools/model_md_reference.py MODEL_DIR [ids...]   (prints the last logits' argmax)
+       python tools/model_md_reference.py --self-test
 """
 
 import json
@@ -33,23 +31,9 @@ from safetensors.torch import load_file
 
 from fla.ops.kda.naive import naive_chunk_kda, naive_recurrent_kda
 
-E2M1_VALUES = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0]
-
 
 # ----------------------------------------------------------------------------------------------
 # Loading
-
-
-def dequantize_mxfp4(blocks, scales):
-    """blocks U8 [rows, cols/32, 16] (low nibble = element 2j, high = 2j+1), scales U8 [rows, cols/32]
-    (e8m0: 2^(s-127)) -> fp32 [rows, cols]."""
-    table = torch.tensor(E2M1_VALUES, dtype=torch.float32)
-    blocks = blocks.to(torch.int64)
-    lo = table[blocks & 0xF]
-    hi = table[blocks >> 4]
-    values = torch.stack([lo, hi], dim=-1).reshape(blocks.shape[0], blocks.shape[1], 32)
-    scale = torch.pow(2.0, scales.to(torch.float64) - 127.0).to(torch.float32)
-    return (values * scale[..., None]).reshape(blocks.shape[0], -1)
 
 
 def dequantize_fp8_block(weight, scale_inv, block=128):
@@ -67,12 +51,7 @@ def load_tensors(folder):
             raw.update(load_file(os.path.join(folder, name)))
     out = {}
     for key, value in raw.items():
-        if key.endswith(".weight_blocks"):
-            prefix = key[: -len(".weight_blocks")]
-            out[prefix + ".weight"] = dequantize_mxfp4(value, raw[prefix + ".weight_scales"])
-        elif key.endswith(".weight_scales"):
-            continue
-        elif key.endswith(".weight_scale_inv"):
+        if key.endswith(".weight_scale_inv"):
             continue
         elif key.endswith(".weight") and key[: -len(".weight")] + ".weight_scale_inv" in raw:
             out[key] = dequantize_fp8_block(value, raw[key[: -len(".weight")] + ".weight_scale_inv"])
@@ -122,7 +101,6 @@ class Config:
         self.dn = cfg["qk_nope_head_dim"]
         self.dr = cfg["qk_rope_head_dim"]
         self.dv = cfg["v_head_dim"]
-        self.output_gate = bool(cfg.get("mla_output_gate", False))
         self.use_rope = self.model_type in ROPE_MODEL_TYPES
         self.rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
         if "type" in self.rope:  # rope_scaling as DeepSeek and Moonshot write it
@@ -302,8 +280,6 @@ class Model:
             allowed = self.indexer_mask(i, x, qr, positions)
         logits = logits.masked_fill(~allowed[None], float("-inf"))
         o = torch.einsum("hts,shd->thd", torch.softmax(logits, dim=-1), v)
-        if c.output_gate:
-            o = o * torch.sigmoid(linear(x, self.t(p + "g_proj.weight"))).view(T, H, dv)
         return linear(o.reshape(T, H * dv), self.t(p + "o_proj.weight"))
 
     def indexer_mask(self, i, x, qr, positions):
