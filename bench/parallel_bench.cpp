@@ -242,8 +242,8 @@ void merge(const Args& a) {
           parallel::TopkMergeStats stats;
           // The local top-k again before each run (the steps replace it).
           const auto reset = [&] {
-            backend.copy_2d(reinterpret_cast<float*>(p.selected), k, d_topk.as<float>(), k, rows,
-                            k);
+            backend.copy_2d(
+                {reinterpret_cast<float*>(p.selected), k, d_topk.as<float>(), k, rows, k});
           };
           const double seconds = time_it(
               comm, backend,
@@ -314,8 +314,8 @@ std::unique_ptr<Model> rank_model(const Args& a, const ModelConfig& c, int rank,
                                   parallel::Communicator* dcp_comm, int64_t token_sharded) {
   ModelOptions o;
   o.latent_cache = latent_dtype(a);
-  o.tp = {rank, a.ranks, &comm};
-  if (dcp_comm != nullptr) o.dcp = {dcp_comm->rank(), dcp_comm->size(), dcp_comm};
+  o.parallel.tp = {rank, a.ranks, &comm};
+  if (dcp_comm != nullptr) o.parallel.dcp = {dcp_comm->rank(), dcp_comm->size(), dcp_comm};
   o.token_sharded_prefill = token_sharded;
   return Model::create(c, std::make_unique<RandomWeights>(c, 1), o, std::move(backend));
 }

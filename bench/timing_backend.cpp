@@ -66,7 +66,8 @@ void TimingBackend::linear(const LinearParams& p) {
         [&] { inner_->linear(p); });
 }
 
-void TimingBackend::linears(std::span<const LinearParams> ps) {
+void TimingBackend::linears(const LinearsParams& lp) {
+  const std::span<const LinearParams> ps = lp.linears;
   double bytes = 0, flops = 0;
   for (const LinearParams& p : ps) {
     const double t = p.num_tokens, r = p.w->rows, c = p.w->cols;
@@ -74,7 +75,7 @@ void TimingBackend::linears(std::span<const LinearParams> ps) {
     flops += 2 * t * r * c;
   }
   if (!ps.empty()) bytes += 4.0 * ps[0].num_tokens * ps[0].w->cols;
-  timed("linear", bytes, flops, [&] { inner_->linears(ps); });
+  timed("linear", bytes, flops, [&] { inner_->linears(lp); });
 }
 
 void TimingBackend::embedding_lookup(const EmbeddingParams& p) {
@@ -98,12 +99,14 @@ void TimingBackend::layer_norm(const LayerNormParams& p) {
         [&] { inner_->layer_norm(p); });
 }
 
-void TimingBackend::rope(const RopeTable& table, const RopeParams& p, bool neox) {
-  timed("rope", 8.0 * p.num_tokens * p.num_heads * table.rotary_dim,
-        6.0 * p.num_tokens * p.num_heads * table.rotary_dim, [&] { inner_->rope(table, p, neox); });
+void TimingBackend::rope(const RopeOpParams& op) {
+  const RopeParams& p = op.rope;
+  timed("rope", 8.0 * p.num_tokens * p.num_heads * op.table->rotary_dim,
+        6.0 * p.num_tokens * p.num_heads * op.table->rotary_dim, [&] { inner_->rope(op); });
 }
 
-void TimingBackend::mla_attention(const MlaAttentionParams& p, bool absorbed) {
+void TimingBackend::mla_attention(const MlaAttentionOpParams& op) {
+  const MlaAttentionParams& p = op.attn;
   // Keys per query: the top-k set, or every causal key (decode: all S).
   const double t = p.num_tokens, s = p.num_keys, row = p.kv_lora + p.dr;
   const double keys = p.topk ? std::min<double>(p.topk_width, s) * t : t * (s - (t - 1) / 2.0);
@@ -111,19 +114,17 @@ void TimingBackend::mla_attention(const MlaAttentionParams& p, bool absorbed) {
   const double kvb = p.kv_b->storage_bytes();
   const double absorb = 2.0 * t * p.num_heads * p.kv_lora * (p.dn + p.dv);
   timed("mla_attention", rows_read * row * 4 + kvb + 4 * t * p.num_heads * (p.dn + p.dr + p.dv),
-        2.0 * p.num_heads * keys * (row + p.kv_lora) + absorb,
-        [&] { inner_->mla_attention(p, absorbed); });
+        2.0 * p.num_heads * keys * (row + p.kv_lora) + absorb, [&] { inner_->mla_attention(op); });
 }
 
-void TimingBackend::hadamard_rotate(float* x, int64_t rows, int64_t dim) {
-  timed("hadamard", 8.0 * rows * dim, rows * dim * std::log2(static_cast<double>(dim)),
-        [&] { inner_->hadamard_rotate(x, rows, dim); });
+void TimingBackend::hadamard_rotate(const HadamardParams& p) {
+  timed("hadamard", 8.0 * p.rows * p.dim, p.rows * p.dim * std::log2(static_cast<double>(p.dim)),
+        [&] { inner_->hadamard_rotate(p); });
 }
 
-void TimingBackend::quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
-                                       float* scales) {
-  timed("quantize_fp8", 5.0 * rows * dim, 2.0 * rows * dim,
-        [&] { inner_->quantize_fp8_ue8m0(x, rows, dim, q, scales); });
+void TimingBackend::quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) {
+  timed("quantize_fp8", 5.0 * p.rows * p.dim, 2.0 * p.rows * p.dim,
+        [&] { inner_->quantize_fp8_ue8m0(p); });
 }
 
 void TimingBackend::indexer_scores(const IndexerScoreParams& p) {
@@ -138,10 +139,9 @@ void TimingBackend::indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p
         [&] { inner_->indexer_scores_fp8_cache(p); });
 }
 
-void TimingBackend::causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s,
-                                int64_t k, int32_t* out) {
-  timed("topk", 4.0 * t * s + 4.0 * t * k, 0,
-        [&] { inner_->causal_topk(scores, q_pos, t, s, k, out); });
+void TimingBackend::causal_topk(const CausalTopkParams& p) {
+  timed("topk", 4.0 * p.num_queries * p.num_keys + 4.0 * p.num_queries * p.topk, 0,
+        [&] { inner_->causal_topk(p); });
 }
 
 void TimingBackend::short_conv_silu(const ShortConvParams& p) {
@@ -154,9 +154,8 @@ void TimingBackend::kda_gate(const KdaGateParams& p) {
   timed("kda_gate", 8.0 * n, 10.0 * n, [&] { inner_->kda_gate(p); });
 }
 
-void TimingBackend::l2norm_rows(float* x, int64_t rows, int64_t dim, float s) {
-  timed("l2norm", 8.0 * rows * dim, 3.0 * rows * dim,
-        [&] { inner_->l2norm_rows(x, rows, dim, s); });
+void TimingBackend::l2norm_rows(const L2NormRowsParams& p) {
+  timed("l2norm", 8.0 * p.rows * p.dim, 3.0 * p.rows * p.dim, [&] { inner_->l2norm_rows(p); });
 }
 
 void TimingBackend::kda_recurrent(const KdaParams& p) {
@@ -214,17 +213,17 @@ void TimingBackend::moe(const MoeParams& p) {
   timed("moe", bytes, flops, [&] { inner_->moe(p); });
 }
 
-void TimingBackend::add(float* y, const float* x, int64_t n) {
-  timed("add", 12.0 * n, n, [&] { inner_->add(y, x, n); });
+void TimingBackend::add(const ResidualAddParams& p) {
+  timed("add", 12.0 * p.n, p.n, [&] { inner_->add(p); });
 }
-void TimingBackend::sigmoid_mul(float* y, const float* g, int64_t n) {
-  timed("sigmoid_mul", 12.0 * n, 4.0 * n, [&] { inner_->sigmoid_mul(y, g, n); });
+void TimingBackend::sigmoid_mul(const SigmoidGateParams& p) {
+  timed("sigmoid_mul", 12.0 * p.n, 4.0 * p.n, [&] { inner_->sigmoid_mul(p); });
 }
-void TimingBackend::sigmoid(float* x, int64_t n) {
-  timed("sigmoid", 8.0 * n, 4.0 * n, [&] { inner_->sigmoid(x, n); });
+void TimingBackend::sigmoid(const SigmoidParams& p) {
+  timed("sigmoid", 8.0 * p.n, 4.0 * p.n, [&] { inner_->sigmoid(p); });
 }
-void TimingBackend::scale(float* x, float s, int64_t n) {
-  timed("scale", 8.0 * n, n, [&] { inner_->scale(x, s, n); });
+void TimingBackend::scale(const ScaleParams& p) {
+  timed("scale", 8.0 * p.n, p.n, [&] { inner_->scale(p); });
 }
 void TimingBackend::scatter_rows(const ScatterRowsParams& p) {
   timed("scatter_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
@@ -234,14 +233,12 @@ void TimingBackend::gather_rows(const GatherRowsParams& p) {
   timed("gather_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
         [&] { inner_->gather_rows(p); });
 }
-void TimingBackend::copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
-                            int64_t rows, int64_t width) {
-  timed("copy_2d", 8.0 * rows * width, 0,
-        [&] { inner_->copy_2d(dst, dst_stride, src, src_stride, rows, width); });
+void TimingBackend::copy_2d(const Copy2dParams& p) {
+  timed("copy_2d", 8.0 * p.rows * p.width, 0, [&] { inner_->copy_2d(p); });
 }
 
-void TimingBackend::mul(float* y, const float* x, int64_t n) {
-  timed("mul", 12.0 * n, n, [&] { inner_->mul(y, x, n); });
+void TimingBackend::mul(const MulParams& p) {
+  timed("mul", 12.0 * p.n, p.n, [&] { inner_->mul(p); });
 }
 
 void TimingBackend::dcp_localize(const DcpLocalizeParams& p) {

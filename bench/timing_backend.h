@@ -59,23 +59,21 @@ class TimingBackend final : public Backend {
   void release_graph(int64_t id) override { inner_->release_graph(id); }
 
   void linear(const LinearParams& p) override;
-  void linears(std::span<const LinearParams> ps) override;
+  void linears(const LinearsParams& p) override;
   void embedding_lookup(const EmbeddingParams& p) override;
   void rms_norm(const RmsNormParams& p) override;
   void layer_norm(const LayerNormParams& p) override;
   void attn_res_norm(const AttnResNormParams& p) override;
-  void rope(const RopeTable& table, const RopeParams& p, bool neox) override;
-  void mla_attention(const MlaAttentionParams& p, bool absorbed) override;
-  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override;
-  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
-                          float* scales) override;
+  void rope(const RopeOpParams& p) override;
+  void mla_attention(const MlaAttentionOpParams& p) override;
+  void hadamard_rotate(const HadamardParams& p) override;
+  void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) override;
   void indexer_scores(const IndexerScoreParams& p) override;
   void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override;
-  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
-                   int32_t* out) override;
+  void causal_topk(const CausalTopkParams& p) override;
   void short_conv_silu(const ShortConvParams& p) override;
   void kda_gate(const KdaGateParams& p) override;
-  void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) override;
+  void l2norm_rows(const L2NormRowsParams& p) override;
   void kda_recurrent(const KdaParams& p) override;
   void kda_chunked(const KdaParams& p) override;
   void gated_rms_norm(const GatedRmsNormParams& p) override;
@@ -83,15 +81,14 @@ class TimingBackend final : public Backend {
   void mlp(const MlpParams& p) override;
   void route_experts(const RouterParams& p) override;
   void moe(const MoeParams& p) override;
-  void add(float* y, const float* x, int64_t n) override;
-  void sigmoid_mul(float* y, const float* g, int64_t n) override;
-  void sigmoid(float* x, int64_t n) override;
-  void scale(float* x, float s, int64_t n) override;
+  void add(const ResidualAddParams& p) override;
+  void sigmoid_mul(const SigmoidGateParams& p) override;
+  void sigmoid(const SigmoidParams& p) override;
+  void scale(const ScaleParams& p) override;
   void scatter_rows(const ScatterRowsParams& p) override;
   void gather_rows(const GatherRowsParams& p) override;
-  void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
-               int64_t width) override;
-  void mul(float* y, const float* x, int64_t n) override;
+  void copy_2d(const Copy2dParams& p) override;
+  void mul(const MulParams& p) override;
   void dcp_localize(const DcpLocalizeParams& p) override;
   void attention_merge(const AttentionMergeParams& p) override;
   void topk_merge_pack(const TopkMergeParams& p) override;

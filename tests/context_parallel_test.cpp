@@ -63,12 +63,12 @@ std::vector<RankRun> run_group(const MakeModel& make, int tp, int dcp,
         std::unique_ptr<parallel::Communicator> dcp_comm;
         ModelOptions o;
         o.batch_invariant = batch_invariant;
-        o.tp = {rank, tp, tp_comm.get()};
+        o.parallel.tp = {rank, tp, tp_comm.get()};
         o.token_sharded_prefill = token_sharded;
         if (dcp > 1) {
           dcp_comm = parallel::make_cpu_communicator(store, rank % dcp, dcp, 60s,
                                                      "dcp" + std::to_string(rank / dcp));
-          o.dcp = {rank % dcp, dcp, dcp_comm.get()};
+          o.parallel.dcp = {rank % dcp, dcp, dcp_comm.get()};
         }
         std::unique_ptr<Model> model = make(o);
         SequenceState s = model->new_sequence();
@@ -315,14 +315,14 @@ std::vector<StepsRun> run_steps(const std::filesystem::path& dir, const GroupOpt
         auto tp_comm = parallel::make_cpu_communicator(store, rank, g.tp, 60s, "tp");
         std::unique_ptr<parallel::Communicator> dcp_comm;
         ModelOptions o;
-        o.tp = {rank, g.tp, tp_comm.get()};
+        o.parallel.tp = {rank, g.tp, tp_comm.get()};
         o.token_sharded_prefill = g.token_sharded;
         o.indexer_fp8 = g.indexer_fp8;
         o.latent_cache = g.latent;
         if (g.dcp > 1) {
           dcp_comm = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 60s,
                                                      "dcp" + std::to_string(rank / g.dcp));
-          o.dcp = {rank % g.dcp, g.dcp, dcp_comm.get()};
+          o.parallel.dcp = {rank % g.dcp, g.dcp, dcp_comm.get()};
         }
         std::unique_ptr<Model> model = Model::load(dir, o);
         StepsRun& run = runs[static_cast<size_t>(rank)];
@@ -479,9 +479,9 @@ TEST(GatheredContextPrefillBudget, ContextTransientCountsTheGatheredContext) {
         auto dcp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "dcp");
         for (int i = 0; i < 3; ++i) {
           ModelOptions o;
-          o.tp = {rank, 2, tp_comm.get()};
+          o.parallel.tp = {rank, 2, tp_comm.get()};
           o.token_sharded_prefill = i < 2 ? 1 : 0;
-          if (i > 0) o.dcp = {rank, 2, dcp_comm.get()};
+          if (i > 0) o.parallel.dcp = {rank, 2, dcp_comm.get()};
           const auto model = Model::load(dir, o);
           if (rank == 0) bytes[i] = model->context_transient_bytes(kContext);
         }
@@ -518,8 +518,8 @@ TEST(GatheredContextPrefillBudget, ReservedScratchHoldsStepsUpToTheLongestContex
         auto tp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "tp");
         auto dcp_comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "dcp");
         ModelOptions o;
-        o.tp = {rank, 2, tp_comm.get()};
-        o.dcp = {rank, 2, dcp_comm.get()};
+        o.parallel.tp = {rank, 2, tp_comm.get()};
+        o.parallel.dcp = {rank, 2, dcp_comm.get()};
         o.token_sharded_prefill = 1;
         const auto model = Model::load(dir, o);
         ASSERT_FALSE(model->config().has_indexer());
@@ -559,12 +559,14 @@ TEST(ContextParallelConfig, RefusesAGroupThatDoesNotDivideTheTpGroup) {
   parallel::HashStore store;
   auto comm = parallel::make_cpu_communicator(store, 0, 1, 10s, "one");
   ModelOptions o;
-  o.dcp = {0, 2, comm.get()};
+  o.parallel.dcp = {0, 2, comm.get()};
   try {
     Model::load(fixture("tests/fixtures/deepseek_v32_tiny"), o);
     FAIL() << "dcp 2 inside tp 1 accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("decode context parallelism"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find(
+                  "decode context parallel size 2 must divide the tensor parallel size 1"),
+              std::string::npos)
         << e.what();
   }
 }

@@ -105,13 +105,13 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
   const auto load = [&](int rank, parallel::Communicator* comm) {
     ModelOptions o;
     o.batch_invariant = g.batch_invariant;
-    o.tp = {rank, g.tp, comm};
+    o.parallel.tp = {rank, g.tp, comm};
     o.token_sharded_prefill = g.token_sharded;
     if (g.dcp > 1) {
       auto& dc = dcp_comms[static_cast<size_t>(rank)];
       dc = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 5s,
                                            "dcp" + std::to_string(rank / g.dcp));
-      o.dcp = {rank % g.dcp, g.dcp, dc.get()};
+      o.parallel.dcp = {rank % g.dcp, g.dcp, dc.get()};
     }
     return Model::load(g.dir, o);
   };

@@ -185,7 +185,7 @@ std::vector<std::vector<float>> run_ranks(int tp, bool batch_invariant, Make mak
             parallel::make_cpu_communicator(store, rank, tp, 60s, "tp");
         ModelOptions o;
         o.batch_invariant = batch_invariant;
-        o.tp = {rank, tp, comm.get()};
+        o.parallel.tp = {rank, tp, comm.get()};
         std::unique_ptr<Model> model = make(o);
         SequenceState s = model->new_sequence();
         model->forward(prompt, s, logits[rank], true);
@@ -446,10 +446,10 @@ TEST(TensorParallel, RefusesAShardThatSplitsAQuantizationGroup) {
   std::unique_ptr<parallel::Communicator> comm =
       parallel::make_cpu_communicator(store, 0, 1, 10s, "one");
   ModelOptions o;
-  o.tp = {0, 2, nullptr};
+  o.parallel.tp = {0, 2, nullptr};
   EXPECT_THROW(Model::load(dir, o), Error);  // no communicator for a group of 2
   // (Group of one communicator reports size 1, not 2: refused before any weight loads.)
-  o.tp.comm = comm.get();
+  o.parallel.tp.comm = comm.get();
   EXPECT_THROW(Model::load(dir, o), Error);
   // The real refusal: a group of 2 whose shards split the MXFP4 groups, by tensor name.
   const ModelConfig c = ModelConfig::load(dir);
@@ -482,7 +482,7 @@ TEST_P(ExpertParallel, LogitsMatchTheWholeModelOnEveryRank) {
   const auto whole_model = [&](const ModelOptions& o) { return Model::load(dir, o); };
   const auto ep_model = [&](const ModelOptions& o) {
     ModelOptions ep = o;
-    ep.expert_parallel = true;
+    ep.parallel.expert_parallel = true;
     return Model::load(dir, ep);
   };
   const std::vector<float> whole = run_ranks(1, false, whole_model, prompt)[0];
@@ -506,7 +506,7 @@ TEST(ExpertParallelLatentMoe, KimiK3MatchesTheWholeModelAndIsBitwiseRepeatable) 
   const std::vector<int32_t> prompt = prompt_for(c);
   const auto make = [&](const ModelOptions& o) {
     ModelOptions ep = o;
-    ep.expert_parallel = o.tp.size > 1;
+    ep.parallel.expert_parallel = o.parallel.tp.size > 1;
     return Model::create(c, std::make_unique<RandomWeights>(c, 9), ep);
   };
   const std::vector<float> whole = run_ranks(1, false, make, prompt)[0];

@@ -128,25 +128,23 @@ class Backend {
   // Several linears of one input (the same x, num_tokens and input width): each result as
   // linear() gives it; a backend may share work on x (the CUDA tensor-core path rounds it to
   // bf16 once).
-  virtual void linears(std::span<const LinearParams> ps) {
-    for (const LinearParams& p : ps) linear(p);
+  virtual void linears(const LinearsParams& p) {
+    for (const LinearParams& l : p.linears) linear(l);
   }
   virtual void embedding_lookup(const EmbeddingParams& p) = 0;
   virtual void rms_norm(const RmsNormParams& p) = 0;
   virtual void layer_norm(const LayerNormParams& p) = 0;
   virtual void attn_res_norm(const AttnResNormParams& p) = 0;
-  virtual void rope(const RopeTable& table, const RopeParams& p, bool neox) = 0;
-  virtual void mla_attention(const MlaAttentionParams& p, bool absorbed) = 0;
-  virtual void hadamard_rotate(float* x, int64_t rows, int64_t dim) = 0;
-  virtual void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
-                                  float* scales) = 0;
+  virtual void rope(const RopeOpParams& p) = 0;
+  virtual void mla_attention(const MlaAttentionOpParams& p) = 0;
+  virtual void hadamard_rotate(const HadamardParams& p) = 0;
+  virtual void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) = 0;
   virtual void indexer_scores(const IndexerScoreParams& p) = 0;
   virtual void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) = 0;
-  virtual void causal_topk(const float* scores, const int64_t* q_pos, int64_t num_queries,
-                           int64_t num_keys, int64_t topk, int32_t* out) = 0;
+  virtual void causal_topk(const CausalTopkParams& p) = 0;
   virtual void short_conv_silu(const ShortConvParams& p) = 0;
   virtual void kda_gate(const KdaGateParams& p) = 0;
-  virtual void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale) = 0;
+  virtual void l2norm_rows(const L2NormRowsParams& p) = 0;
   virtual void kda_recurrent(const KdaParams& p) = 0;
   virtual void kda_chunked(const KdaParams& p) = 0;
   virtual void gated_rms_norm(const GatedRmsNormParams& p) = 0;
@@ -155,15 +153,12 @@ class Backend {
   virtual void route_experts(const RouterParams& p) = 0;
   virtual void moe(const MoeParams& p) = 0;
 
-  // Elementwise helpers over n floats.
-  virtual void add(float* y, const float* x, int64_t n) = 0;          // y += x
-  virtual void sigmoid_mul(float* y, const float* g, int64_t n) = 0;  // y *= sigmoid(g)
-  virtual void sigmoid(float* x, int64_t n) = 0;                      // x = sigmoid(x)
-  virtual void scale(float* x, float s, int64_t n) = 0;               // x *= s
-  // A strided block copy of rows x width floats: dst[r * dst_stride + j] =
-  // src[r * src_stride + j].
-  virtual void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride,
-                       int64_t rows, int64_t width) = 0;
+  // Elementwise helpers over n floats (kernels/elementwise/params.h).
+  virtual void add(const ResidualAddParams& p) = 0;          // h += x
+  virtual void sigmoid_mul(const SigmoidGateParams& p) = 0;  // o *= sigmoid(g)
+  virtual void sigmoid(const SigmoidParams& p) = 0;          // x = sigmoid(x)
+  virtual void scale(const ScaleParams& p) = 0;              // x *= scale
+  virtual void copy_2d(const Copy2dParams& p) = 0;           // a strided block copy
   // Writes rows into their slots of a paged cache (kernels/cache/params.h).
   virtual void scatter_rows(const ScatterRowsParams& p) = 0;
   // Reads a sequence's rows of a paged cache into a contiguous buffer (the same params.h).
@@ -182,7 +177,7 @@ class Backend {
   virtual void topk_merge_resend_decide(const TopkMergeParams& p) = 0;
 
   // The FP8 latent cache (kernels/latent/params.h, kernels/dsa/params.h).
-  virtual void mul(float* y, const float* x, int64_t n) = 0;  // y *= x
+  virtual void mul(const MulParams& p) = 0;  // y *= x
   virtual void quantize_e4m3(const QuantizeE4m3Params& p) = 0;
   virtual void round_bf16(const RoundBf16Params& p) = 0;
   virtual void mla_absorb_q(const MlaAbsorbParams& p) = 0;

@@ -118,39 +118,37 @@ class CpuBackend final : public Backend {
   void rms_norm(const RmsNormParams& p) override { cpu::rms_norm(p); }
   void layer_norm(const LayerNormParams& p) override { cpu::layer_norm(p); }
   void attn_res_norm(const AttnResNormParams& p) override { cpu::attn_res_norm(p); }
-  void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
-    if (neox) {
-      cpu::apply_rope_neox(table, p);
+  void rope(const RopeOpParams& p) override {
+    if (p.neox) {
+      cpu::apply_rope_neox(*p.table, p.rope);
     } else {
-      cpu::apply_rope_interleaved(table, p);
+      cpu::apply_rope_interleaved(*p.table, p.rope);
     }
   }
-  void mla_attention(const MlaAttentionParams& p, bool absorbed) override {
-    if (absorbed) {
-      cpu::mla_attention_absorbed(p);
+  void mla_attention(const MlaAttentionOpParams& p) override {
+    if (p.absorbed) {
+      cpu::mla_attention_absorbed(p.attn);
     } else {
-      cpu::mla_attention_expanded(p);
+      cpu::mla_attention_expanded(p.attn);
     }
   }
-  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override {
-    cpu::hadamard_rotate(x, rows, dim);
+  void hadamard_rotate(const HadamardParams& p) override {
+    cpu::hadamard_rotate(p.x, p.rows, p.dim);
   }
-  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
-                          float* scales) override {
-    cpu::quantize_fp8_ue8m0(x, rows, dim, q, scales);
+  void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) override {
+    cpu::quantize_fp8_ue8m0(p.x, p.rows, p.dim, p.q, p.scales);
   }
   void indexer_scores(const IndexerScoreParams& p) override { cpu::indexer_scores(p); }
   void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override {
     cpu::indexer_scores_fp8_cache(p);
   }
-  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
-                   int32_t* out) override {
-    cpu::causal_topk(scores, q_pos, t, s, k, out);
+  void causal_topk(const CausalTopkParams& p) override {
+    cpu::causal_topk(p.scores, p.q_pos, p.num_queries, p.num_keys, p.topk, p.out);
   }
   void short_conv_silu(const ShortConvParams& p) override { cpu::short_conv_silu(p); }
   void kda_gate(const KdaGateParams& p) override { cpu::kda_gate(p); }
-  void l2norm_rows(float* x, int64_t rows, int64_t dim, float s) override {
-    cpu::l2norm_rows(x, rows, dim, s);
+  void l2norm_rows(const L2NormRowsParams& p) override {
+    cpu::l2norm_rows(p.x, p.rows, p.dim, p.scale);
   }
   void kda_recurrent(const KdaParams& p) override { cpu::kda_recurrent(p); }
   void kda_chunked(const KdaParams& p) override { cpu::kda_chunked(p); }
@@ -160,15 +158,11 @@ class CpuBackend final : public Backend {
   void route_experts(const RouterParams& p) override { cpu::route_experts(p); }
   void moe(const MoeParams& p) override { cpu::moe(p); }
 
-  void add(float* y, const float* x, int64_t n) override {
-    cpu::residual_add(ResidualAddParams{y, x, n});
-  }
-  void sigmoid_mul(float* y, const float* g, int64_t n) override {
-    cpu::sigmoid_gate(SigmoidGateParams{y, g, n});
-  }
-  void sigmoid(float* x, int64_t n) override { cpu::sigmoid(SigmoidParams{x, n}); }
-  void scale(float* x, float s, int64_t n) override { cpu::scale(ScaleParams{x, n, s}); }
-  void mul(float* y, const float* x, int64_t n) override { cpu::mul(MulParams{y, x, n}); }
+  void add(const ResidualAddParams& p) override { cpu::residual_add(p); }
+  void sigmoid_mul(const SigmoidGateParams& p) override { cpu::sigmoid_gate(p); }
+  void sigmoid(const SigmoidParams& p) override { cpu::sigmoid(p); }
+  void scale(const ScaleParams& p) override { cpu::scale(p); }
+  void mul(const MulParams& p) override { cpu::mul(p); }
   void dcp_localize(const DcpLocalizeParams& p) override { cpu::dcp_localize(p); }
   void attention_merge(const AttentionMergeParams& p) override { cpu::attention_merge(p); }
   void topk_merge_pack(const TopkMergeParams& p) override { cpu::topk_merge_pack(p); }
@@ -179,10 +173,10 @@ class CpuBackend final : public Backend {
   }
   void scatter_rows(const ScatterRowsParams& p) override { cpu::scatter_rows(p); }
   void gather_rows(const GatherRowsParams& p) override { cpu::gather_rows(p); }
-  void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
-               int64_t width) override {
-    for (int64_t r = 0; r < rows; ++r)
-      std::memmove(dst + r * dst_stride, src + r * src_stride, static_cast<size_t>(width) * 4);
+  void copy_2d(const Copy2dParams& p) override {
+    for (int64_t r = 0; r < p.rows; ++r)
+      std::memmove(p.dst + r * p.dst_stride, p.src + r * p.src_stride,
+                   static_cast<size_t>(p.width) * 4);
   }
   void quantize_e4m3(const QuantizeE4m3Params& p) override { cpu::quantize_e4m3(p); }
   void round_bf16(const RoundBf16Params& p) override { cpu::round_bf16(p); }

@@ -309,19 +309,19 @@ RankModel load_rank(const ServeArgs& a, const std::filesystem::path& dir, const 
   mo.indexer_fp8 = index_cache == IndexCacheDtype::kFp8;
   mo.latent_cache = resolve_latent_cache_dtype(latent_flag, config.cache_spec());
   mo.batch_invariant = a.batch_invariant;
-  mo.expert_parallel = a.enable_expert_parallel;
+  mo.parallel.expert_parallel = a.enable_expert_parallel;
   mo.token_sharded_prefill = a.token_sharded_prefill;
   if (g.size > 1) {
     rm.comm = parallel::make_backend_communicator(*backend, *store, g.rank, g.size,
                                                   distributed_timeout(), "tp");
-    mo.tp = {g.rank, g.size, rm.comm.get()};
+    mo.parallel.tp = {g.rank, g.size, rm.comm.get()};
   }
   // DCP groups: consecutive ranks of the TP group, each caching every W-th position.
   const int dcp = static_cast<int>(a.decode_context_parallel_size);
   if (dcp > 1) {
     rm.dcp_comm = parallel::make_backend_communicator(
         *backend, *store, g.rank % dcp, dcp, distributed_timeout(), str_cat("dcp", g.rank / dcp));
-    mo.dcp = {g.rank % dcp, dcp, rm.dcp_comm.get()};
+    mo.parallel.dcp = {g.rank % dcp, dcp, rm.dcp_comm.get()};
   }
   rm.model = Model::load(dir, mo, std::move(backend));
   // Ranks load at their own pace; the first collective waits for the slowest.
@@ -423,11 +423,8 @@ int run_serve(const ServeArgs& a) {
   cors.allow_credentials = a.allow_credentials;
   require(a.tensor_parallel_size >= 1 && a.tensor_parallel_size <= 1024,
           "--tensor-parallel-size must be from 1 to 1024, got ", a.tensor_parallel_size);
-  require(a.decode_context_parallel_size >= 1 &&
-              a.tensor_parallel_size % a.decode_context_parallel_size == 0,
-          "--decode-context-parallel-size ", a.decode_context_parallel_size,
-          " must divide --tensor-parallel-size ", a.tensor_parallel_size,
-          " (DCP groups are made of the TP group's ranks, as in vLLM)");
+  parallel::ParallelLayout::check_sizes(a.tensor_parallel_size, a.decode_context_parallel_size,
+                                        "--tensor-parallel-size", "--decode-context-parallel-size");
   require(a.token_sharded_prefill >= 0, "--token-sharded-prefill must be >= 0, got ",
           a.token_sharded_prefill);
   require(a.nnodes >= 1 && a.tensor_parallel_size % a.nnodes == 0, "--nnodes ", a.nnodes,

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 
+#include "core/dcp_position.h"
 #include "core/paged.h"
 #include "util/error.h"
 
@@ -161,7 +162,7 @@ int64_t DecodeStep::check_row(const SequenceInput& in, int64_t i, int64_t j) con
         " of sequence ", i);
   CHECK(cache_.plan().kda_state_rows == 0 || (in.state_block >= 0 && in.state_block < pad_),
         "decode step: KDA state block ", in.state_block, " of sequence ", i, " outside the pool");
-  return in.slots.empty() ? slot_index(in.blocks.data(), bs, position / dcp)
+  return in.slots.empty() ? slot_index(in.blocks.data(), bs, dcp_local_slot(position, dcp))
                           : in.slots[static_cast<size_t>(j)];
 }
 
@@ -346,7 +347,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
   CHECK(source.rows.empty() || std::ssize(source.rows) == num_seqs,
         "decode step: ", source.rows.size(), " token source rows for ", num_seqs, " sequences");
   bool gather = false;
-  // One block id covers block_size * dcp positions (position p at local slot p / dcp).
+  // One block id covers block_size * dcp positions (core/dcp_position.h).
   const int64_t bs = cache_.plan().block_size, dcp = cache_.plan().options.dcp;
   const bool has_state = cache_.plan().kda_state_rows > 0;
   for (int64_t i = 0; i < rows; ++i) {
@@ -373,8 +374,9 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
           "block ", in.state_block, " of sequence ", i, " outside the pool");
     set_table_row(i, in.blocks);
     pos[i] = in.num_computed;
-    slots[i] =
-        in.slots.empty() ? slot_index(in.blocks.data(), bs, in.num_computed / dcp) : in.slots[0];
+    slots[i] = in.slots.empty()
+                   ? slot_index(in.blocks.data(), bs, dcp_local_slot(in.num_computed, dcp))
+                   : in.slots[0];
     ids[i] = sources[i] >= 0 ? 0 : in.tokens[0];
     seq_lens[i] = static_cast<int32_t>(in.num_computed + 1);
     state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;

@@ -173,7 +173,7 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
 
 void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& scheduler) {
   CHECK(pending_.size() < 2, "model runner: a third step launched before the first is collected");
-  const TensorParallel& tp = model_.options().tp;
+  const TensorParallel& tp = model_.options().parallel.tp;
   CHECK(config_.samples && (tp.size == 1 || (tp.rank == 0 && plan_sink_ != nullptr)),
         "model runner: steps are launched on rank 0 of a tensor-parallel group, with a plan sink ",
         "(this is rank ", tp.rank, " of ", tp.size, ")");
@@ -564,13 +564,13 @@ StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<cons
 }
 
 void ModelRunner::broadcast_sampled(int32_t count) {
-  const TensorParallel& tp = model_.options().tp;
+  const TensorParallel& tp = model_.options().parallel.tp;
   if (tp.size <= 1 || count == 0) return;
   tp.comm->broadcast(tokens_.data(), static_cast<size_t>(count) * 4, 0);
 }
 
 void ModelRunner::run_plan(const StepPlan& plan) {
-  const TensorParallel& tp = model_.options().tp;
+  const TensorParallel& tp = model_.options().parallel.tp;
   CHECK(tp.size > 1 && tp.rank > 0, "model runner: run_plan on rank ", tp.rank, " of ", tp.size);
   if (!plan.commits.empty()) decode_.commit(plan.commits);
   for (const std::string& id : plan.dropped) plan_tables_.erase(id);

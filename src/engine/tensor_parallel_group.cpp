@@ -36,7 +36,7 @@ std::optional<std::string> LeaderLink::diagnose(std::chrono::milliseconds grace)
 
 void run_tensor_parallel_worker(const Model& model, const EngineConfig& config,
                                 parallel::WorkerChannel& channel) {
-  const int rank = model.options().tp.rank;
+  const int rank = model.options().parallel.tp.rank;
   try {
     const std::unique_ptr<KvCache> cache =
         model.new_cache(config.num_blocks, config.min_block_size);

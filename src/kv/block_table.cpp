@@ -1,5 +1,6 @@
 #include "kv/block_table.h"
 
+#include "core/dcp_position.h"
 #include "core/paged.h"
 
 #include "util/error.h"
@@ -19,15 +20,15 @@ void BlockTable::append(std::span<const int32_t> blocks) {
 Slot BlockTable::slot(int64_t token_pos) const {
   CHECK(token_pos >= 0 && token_pos < capacity_tokens(), "position ", token_pos,
         " outside the table's ", capacity_tokens(), " positions");
-  const int64_t local = token_pos / dcp_;
-  return {static_cast<int32_t>(token_pos % dcp_), blocks_[local / block_size_],
+  const int64_t local = dcp_local_slot(token_pos, dcp_);
+  return {static_cast<int32_t>(dcp_owner(token_pos, dcp_)), blocks_[local / block_size_],
           static_cast<int32_t>(local % block_size_)};
 }
 
 int64_t BlockTable::slot_index(int64_t token_pos) const {
   CHECK(token_pos >= 0 && token_pos < capacity_tokens(), "position ", token_pos,
         " outside the table's ", capacity_tokens(), " positions");
-  return hyserve::slot_index(blocks_.data(), block_size_, token_pos / dcp_);
+  return hyserve::slot_index(blocks_.data(), block_size_, dcp_local_slot(token_pos, dcp_));
 }
 
 uint64_t row_address(uint64_t base, const CachePlan& plan, int32_t block) {

@@ -1,7 +1,8 @@
 // BlockTable: one request's blocks, the slot of each of its token positions, and the
 // translation of block ids into the byte addresses kernels read (pure arithmetic).
 //
-// Position p of a sequence lives on DCP rank p % dcp, at local slot q = p / dcp:
+// Position p of a sequence lives on DCP rank p % dcp, at local slot q = p / dcp (the rule of
+// core/dcp_position.h):
 //
 //   block = blocks[q / block_size], offset = q % block_size
 //

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "parallel/parallel_layout.h"
 #include "util/error.h"
 #include "util/format.h"
 
@@ -82,10 +83,7 @@ const KdaStatePage& CachePlan::kda_page(int64_t layer) const {
 }
 
 CachePlan plan_cache(const CacheSpec& spec, const CachePlanOptions& options) {
-  CHECK(options.tp >= 1 && options.dcp >= 1, "tp and dcp must be >= 1, got ", options.tp, ", ",
-        options.dcp);
-  CHECK(options.tp % options.dcp == 0, "dcp (", options.dcp, ") must divide tp (", options.tp,
-        "): DCP shards the latent that TP replicates");
+  parallel::ParallelLayout::check_sizes(options.tp, options.dcp);
   CHECK(is_power_of_two(options.min_block_size), "min_block_size must be a power of two, got ",
         options.min_block_size);
   CachePlan plan;

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/dcp_position.h"
 #include "parallel/communicator.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -27,11 +28,11 @@ RopeTable make_rope_table(const ModelConfig& c) {
 }
 
 // Cache slot of new token j of a sequence on the rank that stores it: the caller's slot
-// mapping, or from its blocks (position p at local slot p / dcp, kv/block_table.h).
+// mapping, or from its blocks (its local slot, core/dcp_position.h, kv/block_table.h).
 int64_t slot_of(const SequenceInput& in, size_t j, const CachePlan& plan) {
   if (!in.slots.empty()) return in.slots[j];
   return slot_index(in.blocks.data(), plan.block_size,
-                    (in.num_computed + static_cast<int64_t>(j)) / plan.options.dcp);
+                    dcp_local_slot(in.num_computed + static_cast<int64_t>(j), plan.options.dcp));
 }
 
 }  // namespace
@@ -43,8 +44,10 @@ std::string Model::layer_name(int64_t layer, const char* what) {
 Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOptions options,
              std::unique_ptr<Backend> backend)
     : full_config_(std::move(config)),
-      config_(shard_config(full_config_, options.tp.size, options.expert_parallel)),
-      vocab_(vocab_shard(full_config_.vocab_size, options.tp.rank, options.tp.size)),
+      config_(
+          shard_config(full_config_, options.parallel.tp.size, options.parallel.expert_parallel)),
+      vocab_(
+          vocab_shard(full_config_.vocab_size, options.parallel.tp.rank, options.parallel.tp.size)),
       source_(std::move(source)),
       options_(options),
       backend_(std::move(backend)) {
@@ -63,18 +66,8 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
           kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
           config_.qk_rope_head_dim);
   }
-  const TensorParallel& tp = options_.tp;
-  CHECK(tp.size == 1 ||
-            (tp.comm != nullptr && tp.comm->size() == tp.size && tp.comm->rank() == tp.rank),
-        "tensor parallelism: rank ", tp.rank, " of ", tp.size, " needs its group's communicator");
-  const ContextParallel& dcp = options_.dcp;
-  if (dcp.size > 1) {
-    CHECK(tp.size % dcp.size == 0 && dcp.rank == tp.rank % dcp.size && dcp.comm != nullptr &&
-              dcp.comm->size() == dcp.size && dcp.comm->rank() == dcp.rank,
-          "decode context parallelism: rank ", dcp.rank, " of ", dcp.size,
-          " needs its group's communicator inside a tensor-parallel group of a multiple of ",
-          dcp.size, " (tp rank ", tp.rank, " of ", tp.size, ")");
-  }
+  options_.parallel.validate();
+  const TensorParallel& tp = options_.parallel.tp;
   CHECK(options_.token_sharded_prefill >= 0, "token_sharded_prefill ",
         options_.token_sharded_prefill);
   if (options_.token_sharded_prefill > 0 && tp.size > 1) {
@@ -86,7 +79,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   }
   host_weights_ = load_weights(full_config_, *source_);
   shard_weights(full_config_, tp.rank, tp.size, host_weights_, kv_b_ranks(),
-                options_.expert_parallel);
+                options_.parallel.expert_parallel);
   weights_ = host_weights_.views;
   if (backend_->kind() != DeviceKind::kCpu) {
     // Copy every tensor into backend memory and point the views there.
@@ -122,7 +115,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   cache_options_.latent = latent;
   cache_options_.index = options_.indexer_fp8 ? IndexCacheDtype::kFp8 : IndexCacheDtype::kFp32;
   cache_options_.tp = tp.size;
-  cache_options_.dcp = dcp.size;
+  cache_options_.dcp = options_.parallel.dcp.size;
   backend_->set_batch_invariant(options_.batch_invariant);
 }
 
@@ -248,7 +241,7 @@ std::vector<float*> Model::project(Pass& pass, const float* x, int64_t num_token
     p.num_tokens = num_tokens;
     ps.push_back(p);
   }
-  backend_->linears(ps);
+  backend_->linears({ps});
   return ys;
 }
 
@@ -507,11 +500,11 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
   dump("embed", h, t, d);
   // Decode context parallelism: this rank's causal bounds, and its slots (only the tokens it
   // stores are written).
-  if (options_.dcp.size > 1) {
+  if (options_.parallel.dcp.size > 1) {
     int64_t* local_pos = pass.ws.longs(t);
     int64_t* local_slots = pass.ws.longs(t);
-    backend_->dcp_localize(
-        {pos_dev, slots_dev, t, options_.dcp.rank, options_.dcp.size, local_pos, local_slots});
+    const ContextParallel& dcp = options_.parallel.dcp;
+    backend_->dcp_localize({pos_dev, slots_dev, t, dcp.rank, dcp.size, local_pos, local_slots});
     pass.dcp_pos = local_pos;
     slots_dev = local_slots;
   }
@@ -550,7 +543,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
     if (boundary) {
       backend_->copy(h, out, static_cast<size_t>(t * d) * 4);
     } else {
-      backend_->add(h, out, t * d);
+      backend_->add({h, out, t * d});
     }
     // h = h + mlp(rms(h)) (AttnRes: of rms(mix(bank, P))), over the whole batch.
     trace(layer_name(layer, "mlp"));
@@ -563,7 +556,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
     feed_forward(pass, layer, x, t, out);
     pass.ws.rewind(mark);
     dump(layer_name(layer, "mlp_out"), out, t, d);
-    backend_->add(h, out, t * d);
+    backend_->add({h, out, t * d});
     dump(layer_name(layer, "hidden"), h, t, d);
   }
   return hs;
@@ -607,9 +600,10 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   m.hidden = c.hidden_size;
   m.experts = lw.moe.experts.data();
   m.num_experts = static_cast<int64_t>(lw.moe.experts.size());
-  if (options_.expert_parallel && options_.tp.size > 1) {
+  if (options_.parallel.expert_parallel && options_.parallel.tp.size > 1) {
     m.local_experts_only = true;
-    m.expert_offset = expert_shard(c.num_experts, options_.tp.rank, options_.tp.size).first;
+    m.expert_offset =
+        expert_shard(c.num_experts, options_.parallel.tp.rank, options_.parallel.tp.size).first;
   }
   m.expert_ids = ids;
   m.expert_weights = weights;
@@ -647,11 +641,11 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   p.w = &lw.moe.shared;
   p.num_tokens = t;
   p.act = activation_;
-  if (options_.tp.rank == 0) {
+  if (options_.parallel.tp.rank == 0) {
     linear_into(latent, t, lw.moe.latent_up, out);
     p.y = pass.ws.floats(t * c.hidden_size);
     backend_->mlp(p);
-    backend_->add(out, p.y, t * c.hidden_size);
+    backend_->add({out, p.y, t * c.hidden_size});
   } else {
     p.y = out;
     backend_->mlp(p);

@@ -55,23 +55,23 @@ struct ModelOptions {
   // prefill chunk runs the chunked KDA form. Decode and prefill remain different
   // computations: a token scored in a prompt and the same token decoded may differ.
   bool batch_invariant = false;
-  // This process's rank of a tensor-parallel group (model/tensor_parallel.h): the model
-  // loads the full checkpoint's names and shapes, keeps its share of the weights and runs
-  // with the local config (config()); each layer's partial output is summed over the
-  // group by tp.comm (in rank order in batch-invariant mode). size 1: the whole model.
-  TensorParallel tp;
-  // Decode context parallelism within the TP group (model/tensor_parallel.h): size 1 off.
-  ContextParallel dcp;
-  // Expert parallelism within the TP group (vLLM's --enable-expert-parallel): each rank
-  // keeps E / tp whole routed experts instead of 1 / tp of every one; the MoE's partial
-  // sums meet in the same all-reduce.
-  bool expert_parallel = false;
+  // Where this process sits in the parallel schemes (parallel/parallel_layout.h), validated
+  // once when the model loads:
+  //   tp   this rank of a tensor-parallel group (model/tensor_parallel.h): the model loads
+  //        the full checkpoint's names and shapes, keeps its share of the weights and runs
+  //        with the local config (config()); each layer's partial output is summed over the
+  //        group by tp.comm (in rank order in batch-invariant mode). size 1: the whole model.
+  //   dcp  decode context parallelism within the TP group: size 1 off.
+  //   expert_parallel  (vLLM's --enable-expert-parallel) each rank keeps E / tp whole routed
+  //        experts instead of 1 / tp of every one; the MoE's partial sums meet in the same
+  //        all-reduce.
+  ParallelLayout parallel;
   // Token-sharded prefill (DESIGN.md "Parallelism"), TP > 1: a forward of at least this many
   // tokens (prefill, not a batched decode) runs each MLA layer's indexer and attention with
   // every head on 1 / N of the tokens (each sequence cut into 2N pieces, rank r taking pieces
   // r and 2N - 1 - r), two all-to-alls turning (all tokens, h heads) into (its tokens, all
   // heads) and back; kv_b_proj is kept whole. 0: off (heads split in every forward).
-  // With decode context parallelism (dcp.size W > 1) such a forward attends over the
+  // With decode context parallelism (parallel.dcp.size W > 1) such a forward attends over the
   // gathered context instead: each layer, every sequence's latents and index keys (written
   // by their owners first) are all-gathered within the DCP group into one contiguous
   // workspace buffer in position order (model_token_sharded.cpp), so the indexer and the

@@ -72,17 +72,17 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   float* ckv = px[1];
   {
     float* cn = pass.ws.floats(t * kv);
-    backend_->copy_2d(cn, kv, ckv, width, t, kv);
+    backend_->copy_2d({cn, kv, ckv, width, t, kv});
     rms_norm(cn, w.kv_a_norm, t, kv, c.kv_norm_eps, cn);
-    backend_->copy_2d(ckv, width, cn, kv, t, kv);
+    backend_->copy_2d({ckv, width, cn, kv, t, kv});
   }
 
   // 3. RoPE on q_pe and k_pe (deepseek_v32, interleaved pairs); kimi_* are NoPE.
   if (c.rope.enabled) {
     RopeParams rq{q, pos, t, h, dqk, dn};
-    backend_->rope(rope_, rq, /*neox=*/false);
+    backend_->rope({&rope_, rq, /*neox=*/false});
     RopeParams rk{ckv, pos, t, 1, width, kv};
-    backend_->rope(rope_, rk, /*neox=*/false);
+    backend_->rope({&rope_, rk, /*neox=*/false});
   }
   dump(layer_name(layer, "q"), q, t, h * dqk);
   dump(layer_name(layer, "latent"), ckv, t, width);
@@ -108,7 +108,7 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul(o, px[2], t * h * dv);
+  if (c.mla_output_gate) backend_->sigmoid_mul({o, px[2], t * h * dv});
   linear_into(o, t, w.o_proj, out);
 }
 
@@ -121,7 +121,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   const int64_t dv = c.v_head_dim, dqk = dn + dr;
   // Decode context parallelism: this rank attends with its group's heads (ha) over its own
   // positions; causal bounds among them (cpos), key counts local_keys().
-  const ContextParallel& dcp = options_.dcp;
+  const ContextParallel& dcp = options_.parallel.dcp;
   const int64_t world = dcp.size;
   const int64_t ha = h * world;
   const int64_t* cpos = world > 1 ? pass.dcp_pos : pos;
@@ -166,7 +166,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     p.lse = lse ? lse + offset * ha : nullptr;
     p.num_tokens = n;
     p.num_keys = num_keys;
-    backend_->mla_attention(p, absorbed);
+    backend_->mla_attention({p, absorbed});
   };
   if (pass.decode.cache != nullptr) {
     attend(0, t, local_keys(pass.decode.max_keys), *pass.decode.cache,
@@ -182,22 +182,20 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
 }
 
 int64_t Model::local_keys(int64_t num_positions) const {
-  const ContextParallel& dcp = options_.dcp;
-  if (dcp.size == 1) return num_positions;
-  return num_positions > dcp.rank ? (num_positions - dcp.rank + dcp.size - 1) / dcp.size : 0;
+  return options_.parallel.dcp.local_count(num_positions);
 }
 
 void Model::merge_partials(Pass& pass, const float* oa, const float* lse, int64_t t, int64_t h,
                            int64_t dv, float* o) const {
   // Rank r's heads of every rank's partial results go to rank r (all-to-all), which merges
   // them in rank order: [T, W * h, dv] -> W blocks [T, h, dv] -> [W, T, h, dv] received.
-  const ContextParallel& dcp = options_.dcp;
+  const ContextParallel& dcp = options_.parallel.dcp;
   const int64_t world = dcp.size, ha = h * world;
   float* send_o = pass.ws.floats(world * t * h * dv);
   float* send_l = pass.ws.floats(world * t * h);
   for (int64_t r = 0; r < world; ++r) {
-    backend_->copy_2d(send_o + r * t * h * dv, h * dv, oa + r * h * dv, ha * dv, t, h * dv);
-    backend_->copy_2d(send_l + r * t * h, h, lse + r * h, ha, t, h);
+    backend_->copy_2d({send_o + r * t * h * dv, h * dv, oa + r * h * dv, ha * dv, t, h * dv});
+    backend_->copy_2d({send_l + r * t * h, h, lse + r * h, ha, t, h});
   }
   float* parts = pass.ws.floats(world * t * h * dv);
   float* lses = pass.ws.floats(world * t * h);
@@ -233,8 +231,9 @@ MlaAttentionParams Model::mla_params(int64_t layer, const KvCache& cache, const 
 }
 
 int Model::kv_b_ranks() const {
-  if (options_.token_sharded_prefill > 0 && options_.tp.size > 1) return options_.tp.size;
-  return options_.dcp.size;
+  if (options_.token_sharded_prefill > 0 && options_.parallel.tp.size > 1)
+    return options_.parallel.tp.size;
+  return options_.parallel.dcp.size;
 }
 
 Weight Model::own_kv_b(const MlaWeights& w, int ranks) const {
@@ -242,7 +241,8 @@ Weight Model::own_kv_b(const MlaWeights& w, int ranks) const {
   // share (rank % held) / ranks.
   const int held = kv_b_ranks();
   if (ranks == held) return w.kv_b_proj;
-  return row_shard(w.kv_b_proj, options_.tp.rank % held / ranks, held / ranks, "kv_b_proj");
+  return row_shard(w.kv_b_proj, options_.parallel.tp.rank % held / ranks, held / ranks,
+                   "kv_b_proj");
 }
 
 Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,
@@ -269,17 +269,17 @@ Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, 
   // 2. deepseek_v32: half-split RoPE on the first dims, layout [pe | nope].
   if (c.index_rope_dims > 0) {
     RopeParams rq{qi, pos, t, hi, di, 0};
-    backend_->rope(rope_, rq, /*neox=*/true);
+    backend_->rope({&rope_, rq, /*neox=*/true});
     RopeParams rk{ki, pos, t, 1, di, 0};
-    backend_->rope(rope_, rk, /*neox=*/true);
+    backend_->rope({&rope_, rk, /*neox=*/true});
   }
   // 5. w_h = weights_proj(x)_h * Hi^-0.5 * di^-0.5
   float* hw = px[1];
-  backend_->scale(hw, 1.0f / std::sqrt(static_cast<float>(hi * di)), t * hi);
+  backend_->scale({hw, t * hi, 1.0f / std::sqrt(static_cast<float>(hi * di))});
   // 3. FP8 path: Hadamard on both sides (keys are cached quantized below).
   if (options_.indexer_fp8) {
-    backend_->hadamard_rotate(qi, t * hi, di);
-    backend_->hadamard_rotate(ki, t, di);
+    backend_->hadamard_rotate({qi, t * hi, di});
+    backend_->hadamard_rotate({ki, t, di});
   }
   dump(layer_name(layer, "indexer.q"), qi, t, hi * di);
   dump(layer_name(layer, "indexer.k"), ki, t, di);
@@ -288,7 +288,7 @@ Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, 
   if (options_.indexer_fp8) {
     uint8_t* codes = pass.ws.bytes(t * di);
     float* scales = pass.ws.floats(t);
-    backend_->quantize_fp8_ue8m0(ki, t, di, codes, scales);
+    backend_->quantize_fp8_ue8m0({ki, t, di, codes, scales});
     write_cache(CacheRows::kIndexKeys, layer, codes, di, slots, seqs);
     write_cache(CacheRows::kIndexScales, layer, scales, 4, slots, seqs);
   } else {
@@ -301,7 +301,7 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
                              const int64_t* pos, std::span<const SequenceSlice> seqs) const {
   const int64_t k = config_.index_topk;
   int32_t* selected = pass.ws.ints(t * k);
-  const bool merge = options_.dcp.size > 1;
+  const bool merge = options_.parallel.dcp.size > 1;
   if (pass.decode.cache != nullptr) {
     const KvCache& cache = *pass.decode.cache;
     select_in_context(pass, iq, 0, t, pos, local_keys(pass.decode.max_keys),
@@ -320,11 +320,11 @@ int32_t* Model::index_select(Pass& pass, int64_t layer, const IndexQuery& iq, in
 void Model::merge_selection(Pass& pass, const float* scores, int64_t num_keys, int64_t rows,
                             int64_t k, int32_t* selected) const {
   const Workspace::Mark mark = pass.ws.mark();
-  TopkMergeParams p = parallel::topk_merge_params(scores, num_keys, selected, rows, k,
-                                                  options_.dcp.rank, options_.dcp.size);
+  TopkMergeParams p = parallel::topk_merge_params(
+      scores, num_keys, selected, rows, k, options_.parallel.dcp.rank, options_.parallel.dcp.size);
   const parallel::MergeScratch scratch = parallel::bind_merge_scratch(
       p, pass.ws.bytes(static_cast<int64_t>(parallel::merge_scratch_bytes(p))));
-  parallel::merge_topk_steps(*backend_, *options_.dcp.comm, p, scratch);
+  parallel::merge_topk_steps(*backend_, *options_.parallel.dcp.comm, p, scratch);
   pass.ws.rewind(mark);
 }
 
@@ -350,12 +350,12 @@ std::vector<std::string> Model::kernel_plan() const {
                      " MLA)");
     }
     if (use_dsa_decode()) return s + "decode: fused DSA decode step; prefill: DSA kernels)";
-    std::string why = !options_.dsa_decode_ops ? "turned off"
-                      : options_.dcp.size > 1  ? "not under DCP (its top-k would be the rank's own)"
-                      : !options_.indexer_fp8
-                          ? "needs FP8 index keys"
-                          : str_cat("index heads ", c.index_n_heads, " x ", c.index_head_dim,
-                                    ", top-", c.index_topk, " outside its shapes");
+    std::string why =
+        !options_.dsa_decode_ops         ? "turned off"
+        : options_.parallel.dcp.size > 1 ? "not under DCP (its top-k would be the rank's own)"
+        : !options_.indexer_fp8          ? "needs FP8 index keys"
+                                : str_cat("index heads ", c.index_n_heads, " x ", c.index_head_dim,
+                                          ", top-", c.index_topk, " outside its shapes");
     return s + "decode: generic indexer path, the fused DSA decode step " + why + ")";
   };
   const auto mlp = [&](int64_t layer) -> std::string {
@@ -388,19 +388,19 @@ std::vector<std::string> Model::kernel_plan() const {
     lines.push_back(str_cat(layers.size() == 1 ? "layer " : "layers ", list, ": ", ops));
   }
   // Parallelism, when there is any: how the MLA layers split their work.
-  const TensorParallel& tp = options_.tp;
+  const TensorParallel& tp = options_.parallel.tp;
   if (tp.size > 1) {
     std::string s = str_cat("parallel: TP rank ", tp.rank, " of ", tp.size,
-                            options_.expert_parallel ? ", whole experts per rank" : "");
-    if (options_.dcp.size > 1) {
-      s += str_cat("; DCP ", options_.dcp.size, " (position p on rank p % ", options_.dcp.size,
-                   ", log-sum-exp merge",
+                            options_.parallel.expert_parallel ? ", whole experts per rank" : "");
+    if (options_.parallel.dcp.size > 1) {
+      s += str_cat("; DCP ", options_.parallel.dcp.size, " (position p on rank p % ",
+                   options_.parallel.dcp.size, ", log-sum-exp merge",
                    c.has_indexer() ? ", exact top-k merge, decode without graphs" : "", ")");
     }
     if (options_.token_sharded_prefill > 0) {
       s +=
           str_cat("; prefill steps of >= ", options_.token_sharded_prefill, " tokens token-sharded",
-                  options_.dcp.size > 1 ? " over the gathered context" : "");
+                  options_.parallel.dcp.size > 1 ? " over the gathered context" : "");
     }
     lines.push_back(s);
   }
@@ -408,13 +408,13 @@ std::vector<std::string> Model::kernel_plan() const {
 }
 
 bool Model::decode_capturable() const {
-  return options_.dcp.size == 1 || !config_.has_indexer();
+  return options_.parallel.dcp.size == 1 || !config_.has_indexer();
 }
 
 bool Model::use_dsa_decode() const {
   const ModelConfig& c = config_;
   // Not under DCP: the fused step's top-k would be the rank's own, not the group's.
-  return options_.dsa_decode_ops && options_.dcp.size == 1 &&
+  return options_.dsa_decode_ops && options_.parallel.dcp.size == 1 &&
          options_.latent_cache == LatentCacheDtype::kFp8 && options_.indexer_fp8 &&
          c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 && c.index_n_heads <= 64 &&
          c.index_topk <= kDsaMaxTopk;
@@ -449,7 +449,7 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
   // Decode context parallelism, as in latent_attention: the group's heads (ha) over this
   // rank's positions (causal bounds cpos, key counts local_keys), merged by log-sum-exp in
   // the latent space (W_UV is linear) before this rank's heads go through W_UV.
-  const int64_t world = options_.dcp.size, ha = h * world;
+  const int64_t world = options_.parallel.dcp.size, ha = h * world;
   const int64_t* cpos = world > 1 ? pass.dcp_pos : pos;
   const float* qa = world > 1 ? group_queries(pass, q, t, h, dn + dr) : q;
 
@@ -468,8 +468,8 @@ void Model::dsa_attention(Pass& pass, int64_t layer, const float* x, const float
     const int64_t hi = c.index_n_heads;
     uint8_t* q8 = pass.ws.bytes(t * hi * kDsaIndexDim);
     float* q_scales = pass.ws.floats(t * hi);
-    backend_->quantize_fp8_ue8m0(iq.q, t * hi, kDsaIndexDim, q8, q_scales);
-    backend_->mul(iq.head_weights, q_scales, t * hi);  // weights * q scale
+    backend_->quantize_fp8_ue8m0({iq.q, t * hi, kDsaIndexDim, q8, q_scales});
+    backend_->mul({iq.head_weights, q_scales, t * hi});  // weights * q scale
     DsaDecodeParams p;
     p.cache = dsa_cache(*pass.decode.cache, layer);
     p.batch = {pass.decode.tables,  pass.decode.seq_lens, t, pass.decode.table_stride, 1,
@@ -556,13 +556,13 @@ void Model::dsa_sparse(const DsaCache& cache, const SparseQueries& q, int64_t of
 
 const float* Model::group_queries(Pass& pass, const float* q, int64_t t, int64_t h,
                                   int64_t dq) const {
-  const ContextParallel& dcp = options_.dcp;
+  const ContextParallel& dcp = options_.parallel.dcp;
   const int64_t world = dcp.size, ha = h * world;
   float* gathered = pass.ws.floats(world * t * h * dq);
   dcp.comm->all_gather(q, gathered, static_cast<size_t>(t * h * dq) * 4);
   float* all = pass.ws.floats(t * ha * dq);
   for (int64_t r = 0; r < world; ++r) {
-    backend_->copy_2d(all + r * h * dq, ha * dq, gathered + r * t * h * dq, h * dq, t, h * dq);
+    backend_->copy_2d({all + r * h * dq, ha * dq, gathered + r * t * h * dq, h * dq, t, h * dq});
   }
   return all;
 }

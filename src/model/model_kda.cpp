@@ -159,11 +159,11 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
 
   // 3. beta = sigmoid(b_proj(x))
   float* beta = px[4];
-  backend_->sigmoid(beta, t * h);
+  backend_->sigmoid({beta, t * h});
 
   // 4. q = l2norm(q) * K^-0.5, k = l2norm(k)
-  backend_->l2norm_rows(q, t * h, k, 1.0f / std::sqrt(static_cast<float>(k)));
-  backend_->l2norm_rows(kk, t * h, k, 1.0f);
+  backend_->l2norm_rows({q, t * h, k, 1.0f / std::sqrt(static_cast<float>(k))});
+  backend_->l2norm_rows({kk, t * h, k, 1.0f});
 
   // 5./6. The delta-rule recurrence per sequence, chunked (a one-token chunk recurrent).
   for (const SequenceSlice& sq : seqs) {

@@ -20,7 +20,7 @@ void Model::embed(Pass& pass, const int32_t* ids, int64_t t, float* h) const {
 }
 
 void Model::lm_head(Pass& pass, const float* x, int64_t rows, float* logits) const {
-  const TensorParallel& tp = options_.tp;
+  const TensorParallel& tp = options_.parallel.tp;
   if (tp.size == 1) {
     linear_into(x, rows, weights_.lm_head, logits);
     return;
@@ -39,13 +39,13 @@ void Model::lm_head(Pass& pass, const float* x, int64_t rows, float* logits) con
   tp.comm->all_gather(part, all, static_cast<size_t>(block) * 4);
   for (int r = 0; r < tp.size; ++r) {
     const VocabShard v = vocab_shard(vocab, r, tp.size);
-    backend_->copy_2d(logits + v.first, vocab, all + r * block, v.rows, rows, v.rows);
+    backend_->copy_2d({logits + v.first, vocab, all + r * block, v.rows, rows, v.rows});
   }
   pass.ws.rewind(mark);
 }
 
 void Model::tp_reduce(Pass& pass, float* data, int64_t n) const {
-  const TensorParallel& tp = options_.tp;
+  const TensorParallel& tp = options_.parallel.tp;
   if (tp.size == 1 || n == 0) return;
   if (!options_.batch_invariant) {
     tp.comm->all_reduce(data, n);
@@ -56,7 +56,7 @@ void Model::tp_reduce(Pass& pass, float* data, int64_t n) const {
   float* all = pass.ws.floats(n * tp.size);
   tp.comm->all_gather(data, all, static_cast<size_t>(n) * 4);
   backend_->copy(data, all, static_cast<size_t>(n) * 4);
-  for (int r = 1; r < tp.size; ++r) backend_->add(data, all + r * n, n);
+  for (int r = 1; r < tp.size; ++r) backend_->add({data, all + r * n, n});
   pass.ws.rewind(mark);
 }
 

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "core/dcp_position.h"
 #include "model/model.h"
 #include "parallel/communicator.h"
 #include "util/error.h"
@@ -23,7 +24,7 @@
 namespace hyserve {
 
 bool Model::token_sharded(const Pass& pass, int64_t t) const {
-  return options_.tp.size > 1 && options_.token_sharded_prefill > 0 &&
+  return options_.parallel.tp.size > 1 && options_.token_sharded_prefill > 0 &&
          pass.decode.cache == nullptr && t >= options_.token_sharded_prefill;
 }
 
@@ -67,7 +68,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
                                     float* o) const {
   const ModelConfig& c = config_;
   const MlaWeights& w = weights_.layers[layer].mla;
-  const TensorParallel& tp = options_.tp;
+  const TensorParallel& tp = options_.parallel.tp;
   const int64_t n_ranks = tp.size;
   const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
   const int64_t dv = c.v_head_dim, dqk = dn + dr, ha = h * n_ranks;
@@ -130,7 +131,8 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   tp.comm->all_to_all(send, recv, static_cast<size_t>(block * h * dqk) * 4);
   float* qa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dqk);
   for (int64_t i = 0; i < n_ranks; ++i) {
-    backend_->copy_2d(qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk);
+    backend_->copy_2d(
+        {qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk});
   }
 
   // Sequence by sequence (its context, gathered under DCP, is live for its pieces only):
@@ -160,7 +162,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   for (size_t i = 0; i < seqs.size(); ++i) {
     const Workspace::Mark mark = pass.ws.mark();
     const ContextRows ctx =
-        options_.dcp.size > 1
+        options_.parallel.dcp.size > 1
             ? gather_context(pass, layer, seqs[i])
             : cache_context(*seqs[i].cache, seqs[i].cache->pages(seqs[i].blocks), layer);
     for (size_t k = 0; k < local.size(); ++k) {
@@ -171,7 +173,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
         select_in_context(pass, mine_iq, sq.offset, sq.n, local_pos, num_keys, ctx, 0,
                           /*merge=*/false, topk + sq.offset * c.index_topk);
       }
-      if (fp8 && options_.dcp.size == 1) {
+      if (fp8 && options_.parallel.dcp.size == 1) {
         dsa_sparse(dsa_cache(*sq.cache, layer), sparse, sq.offset, sq.n, sq.blocks, 0,
                    sq.cache->plan().blocks_for_tokens(num_keys), num_keys);
         continue;
@@ -210,7 +212,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
       p.out = oa + sq.offset * ha * dv;
       p.num_tokens = sq.n;
       p.num_keys = num_keys;
-      backend_->mla_attention(p, /*absorbed=*/seqs[i].n == 1);
+      backend_->mla_attention({p, /*absorbed=*/seqs[i].n == 1});
     }
     pass.ws.rewind(mark);
   }
@@ -224,7 +226,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   float* send_o = pass.ws.floats(n_ranks * block * h * dv);
   float* recv_o = pass.ws.floats(n_ranks * block * h * dv);
   for (int64_t j = 0; j < n_ranks; ++j) {
-    backend_->copy_2d(send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv);
+    backend_->copy_2d({send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv});
   }
   tp.comm->all_to_all(send_o, recv_o, static_cast<size_t>(block * h * dv) * 4);
   for (int64_t i = 0; i < n_ranks; ++i) {
@@ -250,9 +252,10 @@ Model::ContextRows Model::cache_context(const KvCache& cache, PagedRows pages,
 }
 
 Model::ContextRows Model::gather_context(Pass& pass, int64_t layer, const SequenceSlice& sq) const {
-  const ContextParallel& dcp = options_.dcp;
+  const ContextParallel& dcp = options_.parallel.dcp;
   const int64_t world = dcp.size;
-  const int64_t local_rows = (sq.num_computed + sq.n + world - 1) / world;
+  // Rows per rank: the most any rank caches (rank 0's), the others' padded to it.
+  const int64_t local_rows = dcp_local_count(sq.num_computed + sq.n, 0, world);
   const ContextRows own = cache_context(*sq.cache, sq.cache->pages(sq.blocks), layer);
   const CachePlan& plan = sq.cache->plan();
   const CachePage& page = plan.page(layer);
@@ -278,7 +281,8 @@ Model::ContextRows Model::gather_context(Pass& pass, int64_t layer, const Sequen
     g.dst_stride_bytes = rb;
     backend_->gather_rows(g);
     dcp.comm->all_gather(send, recv, static_cast<size_t>(local_rows * rb));
-    // Rank r's local row j is position j * W + r: every W-th row of the context from r.
+    // Rank r's local row j is position dcp_position(j, r, W): every W-th row of the context
+    // from r.
     for (int64_t r = 0; r < world; ++r) {
       g.src = recv + r * local_rows * rb;
       g.src_pages = {};
@@ -299,11 +303,11 @@ std::array<int64_t, 3> Model::context_row_bytes() const {
 }
 
 int64_t Model::gathered_context_bytes(int64_t num_positions) const {
-  const int64_t world = options_.dcp.size;
-  if (world == 1 || options_.token_sharded_prefill == 0 || options_.tp.size == 1) return 0;
+  const int64_t world = options_.parallel.dcp.size;
+  if (world == 1 || options_.token_sharded_prefill == 0 || options_.parallel.tp.size == 1) return 0;
   // The context of every kind, live through the layer's attention, and the send and receive
   // buffers of one kind at a time; each take may be rounded up to the workspace's alignment.
-  const int64_t local_rows = (num_positions + world - 1) / world;
+  const int64_t local_rows = dcp_local_count(num_positions, 0, world);
   constexpr auto kAlign = static_cast<int64_t>(Workspace::kAlignBytes);
   int64_t live = 0, transient = 0;
   for (const int64_t rb : context_row_bytes()) {
@@ -350,7 +354,7 @@ void Model::select_in_context(Pass& pass, const IndexQuery& iq, int64_t offset, 
       p.k = static_cast<const float*>(ctx.index_keys);
       backend_->indexer_scores(p);
     }
-    backend_->causal_topk(scores, pos + row, m, num_keys, k, selected + b * k);
+    backend_->causal_topk({scores, pos + row, m, num_keys, k, selected + b * k});
     if (merge) merge_selection(pass, scores, num_keys, m, k, selected + b * k);
   }
   pass.ws.rewind(mark);

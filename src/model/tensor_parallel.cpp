@@ -244,8 +244,7 @@ ModelConfig shard_config(const ModelConfig& full, int tp_size, bool expert_paral
 void shard_weights(const ModelConfig& full, int rank, int size, LoadedWeights& w, int dcp,
                    bool expert_parallel) {
   CHECK(size >= 1 && rank >= 0 && rank < size, "tensor-parallel rank ", rank, " of ", size);
-  CHECK(dcp >= 1 && size % dcp == 0, "decode context parallel size ", dcp,
-        " must divide the tensor-parallel size ", size);
+  ParallelLayout::check_sizes(size, dcp);
   if (size == 1) return;
   const Slicer s{w, rank, size};
   const ModelConfig& c = full;

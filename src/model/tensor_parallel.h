@@ -27,34 +27,14 @@
 #include "core/weight.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "parallel/parallel_layout.h"
 
 namespace hyserve {
-namespace parallel {
-class Communicator;
-}
 
-struct TensorParallel {
-  int rank = 0;
-  int size = 1;
-  // The group's collectives (size > 1); not owned.
-  parallel::Communicator* comm = nullptr;
-};
-
-// Decode context parallelism (DESIGN.md "Parallelism"): the TP group's ranks in groups of
-// `size` consecutive ranks (size divides the TP size); rank `rank` of its group (the TP
-// rank % size) caches the positions p with p % size == rank (the cache plan's layout,
-// kv/block_table.h). Each MLA layer gathers the group's query heads, attends with all of
-// them over the rank's own positions, and the partial outputs meet again by log-sum-exp
-// (each rank keeps its heads'); DSA layers merge the indexer's top-k exactly
-// (parallel/topk_merge.h). KDA layers are as under TP (heads split). kv_b_proj is kept for
-// the group's heads (1 / (tp / size) of it; whole with token-sharded prefill, whose steps
-// attend over the group's gathered context instead, model.h).
-struct ContextParallel {
-  int rank = 0;
-  int size = 1;
-  // The DCP group's collectives (size > 1); not owned.
-  parallel::Communicator* comm = nullptr;
-};
+// The layout's pieces (parallel/parallel_layout.h) under the names the model code uses.
+using parallel::ContextParallel;
+using parallel::ParallelLayout;
+using parallel::TensorParallel;
 
 // The config a rank runs: heads and intermediate widths divided by tp.size (vocab_size
 // stays the whole vocabulary: the logits are). Throws ConfigError naming the field when one

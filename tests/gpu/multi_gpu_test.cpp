@@ -106,8 +106,8 @@ std::vector<std::vector<float>> run_model(const MakeModel& make, int tp, int dcp
             [&](int rank, std::unique_ptr<Backend> backend, parallel::Communicator& tp_comm,
                 parallel::Communicator* dcp_comm) {
               ModelOptions o;
-              o.tp = {rank, tp, &tp_comm};
-              if (dcp > 1) o.dcp = {rank % dcp, dcp, dcp_comm};
+              o.parallel.tp = {rank, tp, &tp_comm};
+              if (dcp > 1) o.parallel.dcp = {rank % dcp, dcp, dcp_comm};
               o.token_sharded_prefill = token_sharded;
               std::unique_ptr<Model> model = make(o, std::move(backend));
               SequenceState s = model->new_sequence();

@@ -143,9 +143,9 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void linears(std::span<const LinearParams> ps) override {
-    const size_t need = cuda::linears_workspace_bytes(ps);
-    cuda::linears(ps, *blas_, scratch(need), need, stream_, linear_kernel());
+  void linears(const LinearsParams& p) override {
+    const size_t need = cuda::linears_workspace_bytes(p.linears);
+    cuda::linears(p.linears, *blas_, scratch(need), need, stream_, linear_kernel());
   }
   void linear(const LinearParams& p) override {
     const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
@@ -155,42 +155,40 @@ class CudaBackend final : public Backend {
   void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
   void layer_norm(const LayerNormParams& p) override { cuda::layer_norm(p, stream_); }
   void attn_res_norm(const AttnResNormParams& p) override { cuda::attn_res_norm(p, stream_); }
-  void rope(const RopeTable& table, const RopeParams& p, bool neox) override {
-    auto it = rope_tables_.find(&table);
+  void rope(const RopeOpParams& p) override {
+    auto it = rope_tables_.find(p.table);
     if (it == rope_tables_.end()) {
       CHECK(!frozen_, "RoPE table first used after the CUDA backend was frozen");
-      it = rope_tables_.emplace(&table, cuda::DeviceRopeTable::upload(table)).first;
+      it = rope_tables_.emplace(p.table, cuda::DeviceRopeTable::upload(*p.table)).first;
     }
-    if (neox) {
-      cuda::apply_rope_neox(it->second, p, stream_);
+    if (p.neox) {
+      cuda::apply_rope_neox(it->second, p.rope, stream_);
     } else {
-      cuda::apply_rope_interleaved(it->second, p, stream_);
+      cuda::apply_rope_interleaved(it->second, p.rope, stream_);
     }
   }
-  void mla_attention(const MlaAttentionParams& p, bool /*absorbed*/) override {
+  void mla_attention(const MlaAttentionOpParams& p) override {
     // The GPU runs the absorbed form for prefill and decode alike.
-    const size_t need = cuda::mla_attention_workspace_bytes(p);
-    cuda::mla_attention_absorbed(p, scratch(need), need, stream_, batch_invariant_);
+    const size_t need = cuda::mla_attention_workspace_bytes(p.attn);
+    cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_);
   }
-  void hadamard_rotate(float* x, int64_t rows, int64_t dim) override {
-    cuda::hadamard_rotate(x, rows, dim, stream_);
+  void hadamard_rotate(const HadamardParams& p) override {
+    cuda::hadamard_rotate(p.x, p.rows, p.dim, stream_);
   }
-  void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q,
-                          float* scales) override {
-    cuda::quantize_fp8_ue8m0(x, rows, dim, q, scales, stream_);
+  void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) override {
+    cuda::quantize_fp8_ue8m0(p.x, p.rows, p.dim, p.q, p.scales, stream_);
   }
   void indexer_scores(const IndexerScoreParams& p) override { cuda::indexer_scores(p, stream_); }
   void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override {
     cuda::indexer_scores_fp8_cache(p, stream_);
   }
-  void causal_topk(const float* scores, const int64_t* q_pos, int64_t t, int64_t s, int64_t k,
-                   int32_t* out) override {
-    cuda::causal_topk(scores, q_pos, t, s, k, out, stream_);
+  void causal_topk(const CausalTopkParams& p) override {
+    cuda::causal_topk(p.scores, p.q_pos, p.num_queries, p.num_keys, p.topk, p.out, stream_);
   }
   void short_conv_silu(const ShortConvParams& p) override { cuda::short_conv_silu(p, stream_); }
   void kda_gate(const KdaGateParams& p) override { cuda::kda_gate(p, stream_); }
-  void l2norm_rows(float* x, int64_t rows, int64_t dim, float s) override {
-    cuda::l2norm_rows(x, rows, dim, s, stream_);
+  void l2norm_rows(const L2NormRowsParams& p) override {
+    cuda::l2norm_rows(p.x, p.rows, p.dim, p.scale, stream_);
   }
   void kda_recurrent(const KdaParams& p) override { cuda::kda_recurrent(p, stream_); }
   void kda_chunked(const KdaParams& p) override {
@@ -217,15 +215,11 @@ class CudaBackend final : public Backend {
     cuda::moe(p, it->second, *blas_, scratch(need), need, stream_, batch_invariant_);
   }
 
-  void add(float* y, const float* x, int64_t n) override {
-    cuda::residual_add(ResidualAddParams{y, x, n}, stream_);
-  }
-  void sigmoid_mul(float* y, const float* g, int64_t n) override {
-    cuda::sigmoid_gate(SigmoidGateParams{y, g, n}, stream_);
-  }
-  void sigmoid(float* x, int64_t n) override { cuda::sigmoid(SigmoidParams{x, n}, stream_); }
-  void scale(float* x, float s, int64_t n) override { cuda::scale(ScaleParams{x, n, s}, stream_); }
-  void mul(float* y, const float* x, int64_t n) override { cuda::mul(MulParams{y, x, n}, stream_); }
+  void add(const ResidualAddParams& p) override { cuda::residual_add(p, stream_); }
+  void sigmoid_mul(const SigmoidGateParams& p) override { cuda::sigmoid_gate(p, stream_); }
+  void sigmoid(const SigmoidParams& p) override { cuda::sigmoid(p, stream_); }
+  void scale(const ScaleParams& p) override { cuda::scale(p, stream_); }
+  void mul(const MulParams& p) override { cuda::mul(p, stream_); }
   void dcp_localize(const DcpLocalizeParams& p) override { cuda::dcp_localize(p, stream_); }
   void attention_merge(const AttentionMergeParams& p) override {
     cuda::attention_merge(p, stream_);
@@ -240,12 +234,11 @@ class CudaBackend final : public Backend {
   }
   void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
   void gather_rows(const GatherRowsParams& p) override { cuda::gather_rows(p, stream_); }
-  void copy_2d(float* dst, int64_t dst_stride, const float* src, int64_t src_stride, int64_t rows,
-               int64_t width) override {
-    if (rows == 0 || width == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(dst, static_cast<size_t>(dst_stride) * 4, src,
-                                 static_cast<size_t>(src_stride) * 4,
-                                 static_cast<size_t>(width) * 4, static_cast<size_t>(rows),
+  void copy_2d(const Copy2dParams& p) override {
+    if (p.rows == 0 || p.width == 0) return;
+    CUDA_CHECK(cudaMemcpy2DAsync(p.dst, static_cast<size_t>(p.dst_stride) * 4, p.src,
+                                 static_cast<size_t>(p.src_stride) * 4,
+                                 static_cast<size_t>(p.width) * 4, static_cast<size_t>(p.rows),
                                  cudaMemcpyDeviceToDevice, stream_));
   }
   void quantize_e4m3(const QuantizeE4m3Params& p) override { cuda::quantize_e4m3(p, stream_); }

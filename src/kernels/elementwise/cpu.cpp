@@ -73,8 +73,8 @@ void dcp_localize(const DcpLocalizeParams& p) {
         ", rank ", p.rank, " of ", p.size);
   for (int64_t i = 0; i < p.n; ++i) {
     const int64_t pos = p.pos[i];
-    p.local_pos[i] = pos >= p.rank ? (pos - p.rank) / p.size : -1;
-    p.local_slot[i] = pos % p.size == p.rank ? p.slots[i] : -1;
+    p.local_pos[i] = dcp_causal_bound(pos, p.rank, p.size);
+    p.local_slot[i] = dcp_owner(pos, p.size) == p.rank ? p.slots[i] : -1;
   }
 }
 

@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "core/dcp_position.h"
+
 namespace hyserve {
 
 // h[i] += x[i]
@@ -30,12 +32,13 @@ struct SiluMulParams {
   int64_t n = 0;
 };
 
-// x[i] *= scale
+// x[i] = sigmoid(x[i])
 struct SigmoidParams {
-  float* x = nullptr;  // [n], x = sigmoid(x)
+  float* x = nullptr;  // [n]
   int64_t n = 0;
 };
 
+// x[i] *= scale
 struct ScaleParams {
   float* x = nullptr;  // [n]
   int64_t n = 0;
@@ -49,12 +52,22 @@ struct MulParams {
   int64_t n = 0;
 };
 
-// Decode context parallelism (model/tensor_parallel.h ContextParallel): rank `rank` of
-// `size` caches position p iff p % size == rank, at the scheduler's slot; its keys are the
-// positions rank, rank + size, ... (local key j is position j * size + rank), so a query at
-// position p sees its local keys 0 .. (p - rank) / size (none when p < rank):
-//   local_pos[i]   = pos[i] >= rank ? (pos[i] - rank) / size : -1
-//   local_slot[i]  = pos[i] % size == rank ? slots[i] : -1
+// A strided block copy of rows x width floats:
+//   dst[r * dst_stride + j] = src[r * src_stride + j]
+struct Copy2dParams {
+  float* dst = nullptr;        // [rows, dst_stride]
+  int64_t dst_stride = 0;      // floats
+  const float* src = nullptr;  // [rows, src_stride]
+  int64_t src_stride = 0;      // floats
+  int64_t rows = 0;
+  int64_t width = 0;  // floats per row, <= both strides
+};
+
+// Decode context parallelism (core/dcp_position.h's rule): rank `rank` of `size` caches
+// position p iff dcp_owner(p, size) == rank, at the scheduler's slot; a query at position p
+// sees its local keys 0 .. dcp_causal_bound(p, rank, size):
+//   local_pos[i]   = dcp_causal_bound(pos[i], rank, size)      (-1: none)
+//   local_slot[i]  = dcp_owner(pos[i], size) == rank ? slots[i] : -1
 struct DcpLocalizeParams {
   const int64_t* pos = nullptr;    // [n]
   const int64_t* slots = nullptr;  // [n]

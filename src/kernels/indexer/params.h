@@ -56,4 +56,31 @@ struct IndexerFp8CacheScoreParams {
   int64_t head_dim = 0;                 // d <= 128
 };
 
+// In-place Hadamard rotation of each row (cpu.h hadamard_rotate).
+struct HadamardParams {
+  float* x = nullptr;  // [rows, dim]
+  int64_t rows = 0;    // >= 0
+  int64_t dim = 0;     // a power of two
+};
+
+// ue8m0 FP8 quantization of each row, one power-of-two scale per block of 128 values (cpu.h
+// quantize_fp8_ue8m0).
+struct QuantizeFp8Ue8m0Params {
+  const float* x = nullptr;  // [rows, dim]
+  int64_t rows = 0;          // >= 0
+  int64_t dim = 0;           // > 0
+  uint8_t* q = nullptr;      // [rows, dim] e4m3 codes, out
+  float* scales = nullptr;   // [rows, ceil(dim / 128)] out
+};
+
+// Per query the top-k keys among the causally visible ones (cpu.h causal_topk).
+struct CausalTopkParams {
+  const float* scores = nullptr;   // [T, S]
+  const int64_t* q_pos = nullptr;  // [T] key s is visible iff s <= q_pos[t]
+  int64_t num_queries = 0;         // T >= 0
+  int64_t num_keys = 0;            // S >= 0
+  int64_t topk = 0;                // slots per query
+  int32_t* out = nullptr;          // [T, topk] ascending positions, padded with -1
+};
+
 }  // namespace hyserve

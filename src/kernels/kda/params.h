@@ -48,6 +48,15 @@ struct KdaGateParams {
   float lower_bound = 0.0f;        // 0: the softplus form; < 0: the bounded form
 };
 
+// Each row of x becomes x / sqrt(sum x^2 + 1e-6) * scale, in place (q and k before the
+// delta rule).
+struct L2NormRowsParams {
+  float* x = nullptr;  // [rows, dim]
+  int64_t rows = 0;    // >= 0
+  int64_t dim = 0;
+  float scale = 1.0f;  // K^-0.5 for q, 1 for k
+};
+
 // The gated delta rule, per head, state S [K, V]:
 //   S = diag(exp(g_t)) S;  S += beta_t * k_t (v_t - S^T k_t)^T;  o_t = S^T q_t.
 struct KdaParams {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "core/weight.h"
 
@@ -18,6 +19,13 @@ struct LinearParams {
   float* y = nullptr;         // [num_tokens, w->rows]
   int64_t num_tokens = 0;
   const float* bias = nullptr;  // [w->rows], or null
+};
+
+// Several linears of one input (the same x, num_tokens and input width): each result as
+// LinearParams gives it; a backend may share work on x (the CUDA tensor-core path rounds
+// it to bf16 once).
+struct LinearsParams {
+  std::span<const LinearParams> linears;
 };
 
 // out[i] = table[ids[i] - first_id] decoded to fp32, for a table holding the vocabulary

@@ -49,4 +49,11 @@ struct MlaAttentionParams {
   float softmax_scale = 0.0f;      // (dn+dr)^-0.5, times mscale^2 with YaRN
 };
 
+// The backend's MLA op: the CPU computes the form asked for (cpu.h); the GPU runs the
+// absorbed form always (the two agree).
+struct MlaAttentionOpParams {
+  MlaAttentionParams attn;
+  bool absorbed = false;  // absorbed (kv_b folded into q and out), else expanded
+};
+
 }  // namespace hyserve

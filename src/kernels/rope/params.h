@@ -58,4 +58,11 @@ struct RopeParams {
   int64_t offset = 0;                  // first rotated dim within a head
 };
 
+// The backend's rope op: RopeParams rotated with a table's angles, in one of two pairings.
+struct RopeOpParams {
+  const RopeTable* table = nullptr;  // host table; a device backend keeps its copy per table
+  RopeParams rope;
+  bool neox = false;  // half-split (NeoX) pairs (the indexer), else interleaved pairs (MLA)
+};
+
 }  // namespace hyserve

@@ -46,8 +46,8 @@ struct DcpLocalize {
   DcpLocalizeParams p;
   __device__ void operator()(int64_t i) const {
     const int64_t pos = p.pos[i];
-    p.local_pos[i] = pos >= p.rank ? (pos - p.rank) / p.size : -1;
-    p.local_slot[i] = pos % p.size == p.rank ? p.slots[i] : -1;
+    p.local_pos[i] = dcp_causal_bound(pos, p.rank, p.size);
+    p.local_slot[i] = dcp_owner(pos, p.size) == p.rank ? p.slots[i] : -1;
   }
 };
 
