@@ -171,228 +171,88 @@ RunnerStepResult ModelRunner::execute(const SchedulerOutput& scheduled,
   return collect();
 }
 
+// A launch, phase by phase: the input batch from the scheduler's output, its sampling rows,
+// the forwards (the plan to the workers first), then sampling into the step's pinned slot.
 void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& scheduler) {
-  CHECK(pending_.size() < 2, "model runner: a third step launched before the first is collected");
-  const TensorParallel& tp = model_.options().parallel.tp;
-  CHECK(config_.samples && (tp.size == 1 || (tp.rank == 0 && plan_sink_ != nullptr)),
-        "model runner: steps are launched on rank 0 of a tensor-parallel group, with a plan sink ",
-        "(this is rank ", tp.rank, " of ", tp.size, ")");
+  begin_launch(scheduled);
   Pending pending;
   pending.slot = static_cast<int>(num_launches_++ % 2);
-  RunnerStepResult& result = pending.result;
-  for (const std::string& id : scheduled.finished_request_ids) remove_request(id);
-  for (const std::string& id : scheduled.preempted_request_ids) {
-    if (const auto it = requests_.find(id); it != requests_.end()) release_penalty_row(it->second);
-  }
-
-  // The forward's inputs, one per scheduled request, at the scheduler's slots. An input
-  // that is a placeholder (the last step samples it) names its row of tokens_.
-  std::vector<SequenceInput> inputs;
-  std::vector<const Request*> requests;
-  std::vector<int32_t> source_rows(scheduled.requests.size(), -1);
-  for (const ScheduledRequest& s : scheduled.requests) {
-    const Request* r = scheduler.find_request(s.request_id);
-    CHECK(r != nullptr, "model runner: scheduled request ", s.request_id, " is unknown");
-    requests.push_back(r);
-    const int64_t num_prompt = r->num_prompt_tokens();
-    // Prompt logprobs: the row at position j scores prompt token j + 1 (computed once:
-    // not again when a preempted request recomputes its prompt).
-    const bool all_logits = r->sampling_params.prompt_logprobs && r->num_output_tokens() == 0 &&
-                            s.start_position + 1 < num_prompt;
-    // A prefill chunk: prompt tokens, or several known tokens at once (a recompute).
-    const bool prefill =
-        s.start_position < num_prompt || s.num_new_tokens() - s.num_draft_tokens > 1;
-    SequenceInput in;
-    in.cache = &cache_;
-    in.blocks = s.block_ids;
-    in.state_block = s.state_block.value_or(-1);
-    in.num_computed = s.start_position;
-    in.tokens = s.token_ids;
-    in.slots = s.slot_mapping;
-    in.all_logits = all_logits;
-    in.prefill = prefill;
-    for (size_t j = 0; j < s.token_ids.size(); ++j) {
-      if (s.token_ids[j] != kPlaceholderToken) continue;
-      CHECK(j + 1 == s.token_ids.size() && r->num_output_placeholders >= 1,
-            "model runner: request ", s.request_id, " has a placeholder input at ", j, " of ",
-            s.token_ids.size());
-      const auto it = last_rows_.find(s.request_id);
-      CHECK(it != last_rows_.end(), "model runner: request ", s.request_id,
-            " has a placeholder that the last step does not sample");
-      source_rows[inputs.size()] = it->second;
-    }
-    inputs.push_back(in);
-  }
-  // Host copies of inputs whose placeholder is resolved on the host (a forward that is not
-  // the decode step's).
-  std::vector<std::vector<int32_t>> resolved(inputs.size());
-  // Batch-invariant mode runs prefill chunks and decode tokens as two forwards; so does a
-  // step with drafts, whose decode tokens (with or without drafts) are one verification.
-  std::vector<int> part_of(inputs.size(), 0);
-  int num_parts = 1;
-  const bool verifies =
-      std::any_of(scheduled.requests.begin(), scheduled.requests.end(),
-                  [](const ScheduledRequest& s) { return s.num_draft_tokens > 0; });
-  std::vector<bool> verified(inputs.size(), false);
-  if (verifies) {
-    num_parts = 2;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const ScheduledRequest& s = scheduled.requests[i];
-      verified[i] = s.samples && !inputs[i].prefill && !inputs[i].all_logits;
-      part_of[i] = verified[i] ? 1 : 0;
-      CHECK(verified[i] || s.num_draft_tokens == 0, "model runner: request ", s.request_id,
-            " has drafts after a prefill chunk");
-      CHECK(s.num_draft_tokens == 0 || speculates(requests[i]->sampling_params),
-            "model runner: request ", s.request_id,
-            " has drafts but samples with penalties or a "
-            "constraint");
-    }
-  } else if (!inputs.empty() && model_.mixes_prefill_and_decode(inputs)) {
-    num_parts = 2;
-    for (size_t i = 0; i < inputs.size(); ++i) part_of[i] = inputs[i].prefill ? 0 : 1;
-  }
-
-  // The sampling rows, ordered by logprobs asked (descending, stable): one per request that
-  // samples, and in a verification one per verified position (the token after each draft and
-  // after the last), drawn with the request's draw indices of those outputs.
-  std::vector<Sampling> rows;
-  std::vector<int64_t> logit_row(inputs.size(), 0);
-  {
-    int64_t next[2] = {0, 0};
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      const int p = part_of[i];
-      logit_row[i] = next[p];
-      const int64_t n = inputs[i].all_logits || verified[i] ? std::ssize(inputs[i].tokens) : 1;
-      next[p] += n;
-      const ScheduledRequest& s = scheduled.requests[i];
-      if (!s.samples) continue;
-      const auto it = requests_.find(s.request_id);
-      CHECK(it != requests_.end(), "model runner: request ", s.request_id, " was never added");
-      const auto& lp = requests[i]->sampling_params.logprobs;
-      const int64_t draw = requests[i]->num_outputs_with_placeholders() - 1;
-      const int64_t positions = verified[i] ? n : 1;
-      for (int64_t j = 0; j < positions; ++j) {
-        rows.push_back({&s, requests[i], &it->second, p, logit_row[i] + n - positions + j,
-                        lp ? *lp : -1, draw + j});
-      }
-    }
-  }
-  CHECK(std::ssize(rows) <= sample_rows_, "model runner: ", rows.size(),
-        " sampling rows in one step, at most ", sample_rows_);
-  std::stable_sort(rows.begin(), rows.end(),
-                   [](const Sampling& a, const Sampling& b) { return a.logprobs > b.logprobs; });
-  // The verification's sequences in its batch order, with their rows: one pass over the rows,
-  // whose stable sort kept each request's in draw order.
-  std::vector<std::vector<size_t>> rows_of(inputs.size());
-  for (size_t k = 0; k < rows.size(); ++k) {
-    rows_of[static_cast<size_t>(rows[k].scheduled - scheduled.requests.data())].push_back(k);
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (!verified[i]) continue;
-    const ScheduledRequest& s = scheduled.requests[i];
-    Verified v;
-    v.request_id = s.request_id;
-    v.drafts.assign(s.token_ids.begin() + 1, s.token_ids.end());
-    v.seed = requests_.at(s.request_id).seed;
-    v.draw = requests[i]->num_outputs_with_placeholders() - 1;
-    v.rows = std::move(rows_of[i]);
-    pending.verified.push_back(std::move(v));
-  }
-
-  // Each forward's batch, and where it runs; placeholders of a forward that is not the
-  // decode step's are resolved on the host (waiting for the step before).
-  std::vector<PartRun> runs;
-  for (int part = 0; part < num_parts; ++part) {
-    PartRun run;
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (part_of[i] != part) continue;
-      run.batch.push_back(inputs[i]);
-      run.index.push_back(i);
-      run.rows_of_batch.push_back(source_rows[i]);
-      run.placeholder = run.placeholder || source_rows[i] >= 0;
-    }
-    if (run.batch.empty()) continue;
-    if (verifies && part == 1) {
-      run.verify = true;
-      CHECK(!run.placeholder && decode_.accepts_verify(run.batch), "model runner: the step's ",
-            run.batch.size(), " decode sequences do not fit one verification");
-      runs.push_back(std::move(run));
-      continue;
-    }
-    run.decode = decode_.accepts(run.batch);
-    if (!run.decode) {
-      for (size_t b = 0; b < run.batch.size(); ++b) {
-        if (run.rows_of_batch[b] < 0) continue;
-        const size_t i = run.index[b];
-        resolved[i].assign(run.batch[b].tokens.begin(), run.batch[b].tokens.end());
-        resolved[i].back() = pending_token(scheduled.requests[i].request_id);
-        run.batch[b].tokens = resolved[i];
-        run.rows_of_batch[b] = -1;
-      }
-      run.placeholder = false;
-    }
-    runs.push_back(std::move(run));
-  }
+  InputBatch batch = build_input_batch(scheduled, scheduler);
+  const std::vector<Sampling> rows = gather_sampling_rows(scheduled, batch);
+  pending.verified = verified_sequences(scheduled, batch, rows);
+  const std::vector<PartRun> runs = plan_forwards(scheduled, batch);
   if (plan_sink_ != nullptr) {
     plan_sink_->send(make_plan(scheduled, runs, static_cast<int32_t>(rows.size())));
   }
   prepare_state_rows(scheduled);
-
-  for (const PartRun& run : runs) {
-    const int part = part_of[run.index.front()];
-    const std::vector<size_t>& index = run.index;
-    const float* logits = run.verify    ? decode_.verify(run.batch)
-                          : !run.decode ? model_.forward_logits(run.batch, ws_)
-                          : run.placeholder
-                              ? decode_.run(run.batch, {tokens_.as<int32_t>(), run.rows_of_batch})
-                              : decode_.run(run.batch);
-    // Prompt logprobs of the rows that asked, from this forward's logits.
-    for (size_t i : index) {
-      if (!inputs[i].all_logits) continue;
-      const ScheduledRequest& s = scheduled.requests[i];
-      const Request& r = *requests[i];
-      std::vector<int32_t> targets;
-      for (int64_t pos = s.start_position;
-           pos < s.start_position + s.num_new_tokens() && pos + 1 < r.num_prompt_tokens(); ++pos) {
-        targets.push_back(r.prompt_token_ids[static_cast<size_t>(pos + 1)]);
-      }
-      const std::vector<OutputToken> entries =
-          prompt_logprobs(logits + logit_row[i] * vocab_, targets,
-                          *r.sampling_params.prompt_logprobs, result.bytes_downloaded);
-      auto& dst = result.requests[s.request_id].prompt_logprobs;
-      for (size_t j = 0; j < entries.size(); ++j) {
-        dst.emplace_back(s.start_position + static_cast<int64_t>(j) + 1, entries[j]);
-      }
-    }
-    // The sampling rows of this forward into raw, runs of consecutive rows in one copy.
-    for (size_t k = 0; k < rows.size();) {
-      if (rows[k].part != part) {
-        ++k;
-        continue;
-      }
-      size_t end = k + 1;
-      while (end < rows.size() && rows[end].part == part &&
-             rows[end].logit_row == rows[end - 1].logit_row + 1) {
-        ++end;
-      }
-      backend_.copy(raw_.as<float>() + static_cast<int64_t>(k) * vocab_,
-                    logits + rows[k].logit_row * vocab_,
-                    static_cast<size_t>((static_cast<int64_t>(end - k)) * vocab_) * 4);
-      k = end;
-    }
-  }
+  for (const PartRun& run : runs) run_forward(scheduled, batch, run, rows, pending.result);
   // KDA snapshots at block boundaries, for later prefix hits (stream-ordered after the
   // forward that computed the state).
   for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
     cache_.copy_block(copy.snapshot_block, copy.state_block);
   }
-  if (rows.empty()) {
-    last_rows_.clear();
-    pending.fence = backend_.fence();
-    pending_.push_back(std::move(pending));
-    return;
-  }
+  if (!rows.empty()) sample_rows(rows, pending);
+  finish_launch(rows, batch.verifies, std::move(pending));
+}
 
+void ModelRunner::begin_launch(const SchedulerOutput& scheduled) {
+  CHECK(pending_.size() < 2, "model runner: a third step launched before the first is collected");
+  const TensorParallel& tp = model_.options().parallel.tp;
+  CHECK(config_.samples && (tp.size == 1 || (tp.rank == 0 && plan_sink_ != nullptr)),
+        "model runner: steps are launched on rank 0 of a tensor-parallel group, with a plan sink ",
+        "(this is rank ", tp.rank, " of ", tp.size, ")");
+  for (const std::string& id : scheduled.finished_request_ids) remove_request(id);
+  for (const std::string& id : scheduled.preempted_request_ids) {
+    if (const auto it = requests_.find(id); it != requests_.end()) release_penalty_row(it->second);
+  }
+}
+
+void ModelRunner::run_forward(const SchedulerOutput& scheduled, const InputBatch& batch,
+                              const PartRun& run, std::span<const Sampling> rows,
+                              RunnerStepResult& result) {
+  const int part = batch.part_of[run.index.front()];
+  const float* logits = run.verify    ? decode_.verify(run.batch)
+                        : !run.decode ? model_.forward_logits(run.batch, ws_)
+                        : run.placeholder
+                            ? decode_.run(run.batch, {tokens_.as<int32_t>(), run.rows_of_batch})
+                            : decode_.run(run.batch);
+  // Prompt logprobs of the rows that asked, from this forward's logits.
+  for (size_t i : run.index) {
+    if (!batch.inputs[i].all_logits) continue;
+    const ScheduledRequest& s = scheduled.requests[i];
+    const Request& r = *batch.requests[i];
+    std::vector<int32_t> targets;
+    for (int64_t pos = s.start_position;
+         pos < s.start_position + s.num_new_tokens() && pos + 1 < r.num_prompt_tokens(); ++pos) {
+      targets.push_back(r.prompt_token_ids[static_cast<size_t>(pos + 1)]);
+    }
+    const std::vector<OutputToken> entries =
+        prompt_logprobs(logits + batch.logit_row[i] * vocab_, targets,
+                        *r.sampling_params.prompt_logprobs, result.bytes_downloaded);
+    auto& dst = result.requests[s.request_id].prompt_logprobs;
+    for (size_t j = 0; j < entries.size(); ++j) {
+      dst.emplace_back(s.start_position + static_cast<int64_t>(j) + 1, entries[j]);
+    }
+  }
+  // The sampling rows of this forward into raw, runs of consecutive rows in one copy.
+  for (size_t k = 0; k < rows.size();) {
+    if (rows[k].part != part) {
+      ++k;
+      continue;
+    }
+    size_t end = k + 1;
+    while (end < rows.size() && rows[end].part == part &&
+           rows[end].logit_row == rows[end - 1].logit_row + 1) {
+      ++end;
+    }
+    backend_.copy(raw_.as<float>() + static_cast<int64_t>(k) * vocab_,
+                  logits + rows[k].logit_row * vocab_,
+                  static_cast<size_t>((static_cast<int64_t>(end - k)) * vocab_) * 4);
+    k = end;
+  }
+}
+
+void ModelRunner::sample_rows(std::span<const Sampling> rows, Pending& pending) {
   if (observer_) {
     std::vector<float> row(static_cast<size_t>(vocab_));
     for (size_t k = 0; k < rows.size(); ++k) {
@@ -412,10 +272,17 @@ void ModelRunner::launch(const SchedulerOutput& scheduled, const Scheduler& sche
   broadcast_sampled(static_cast<int32_t>(rows.size()));
   HostSlot& slot = slots_[pending.slot];
   backend_.download_async(slot.tokens.data(), tokens_.data(), rows.size() * 4);
-  result.bytes_downloaded += std::ssize(rows) * 4;
-  logprobs_of_samples(rows, slot, result.bytes_downloaded);
+  pending.result.bytes_downloaded += std::ssize(rows) * 4;
+  logprobs_of_samples(rows, slot, pending.result.bytes_downloaded);
+}
+
+void ModelRunner::finish_launch(std::span<const Sampling> rows, bool verifies, Pending pending) {
   pending.fence = backend_.fence();
   last_rows_.clear();
+  if (rows.empty()) {
+    pending_.push_back(std::move(pending));
+    return;
+  }
   for (size_t k = 0; k < rows.size(); ++k) {
     pending.sample_ids.push_back(rows[k].scheduled->request_id);
     pending.top_n.push_back(rows[k].logprobs);
@@ -510,57 +377,6 @@ RunnerStepResult ModelRunner::collect() {
     if (plan_sink_ != nullptr) plan_commits_ = std::move(commits);
   }
   return result;
-}
-
-StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<const PartRun> parts,
-                                int32_t num_sampled) {
-  StepPlan plan;
-  plan.step = ++num_plans_;
-  plan.commits = std::move(plan_commits_);
-  plan_commits_.clear();
-  for (const auto* ids : {&scheduled.finished_request_ids, &scheduled.preempted_request_ids}) {
-    for (const std::string& id : *ids) {
-      if (plan_tables_.erase(id) > 0) plan.dropped.push_back(id);
-    }
-  }
-  for (const ScheduledRequest& s : scheduled.requests) {
-    if (!s.state_block) continue;
-    if (s.restore_state_from) {
-      plan.state_ops.push_back({*s.state_block, *s.restore_state_from});
-    } else if (s.start_position == 0) {
-      plan.state_ops.push_back({*s.state_block, -1});
-    }
-  }
-  for (const PartRun& run : parts) {
-    PlanPart part;
-    part.decode_step = run.decode;
-    part.verify = run.verify;
-    for (size_t b = 0; b < run.batch.size(); ++b) {
-      const SequenceInput& in = run.batch[b];
-      PlanSequence q;
-      q.request_id = scheduled.requests[run.index[b]].request_id;
-      q.num_computed = in.num_computed;
-      q.state_block = in.state_block;
-      q.all_logits = in.all_logits;
-      q.prefill = in.prefill;
-      q.tokens.assign(in.tokens.begin(), in.tokens.end());
-      q.source_row = run.rows_of_batch[b];
-      q.slots.assign(in.slots.begin(), in.slots.end());
-      // Only what changed of the table the workers hold for this request.
-      std::vector<int32_t>& sent = plan_tables_[q.request_id];
-      const auto kept = std::mismatch(sent.begin(), sent.end(), in.blocks.begin(), in.blocks.end());
-      q.blocks_kept = kept.first - sent.begin();
-      q.new_blocks.assign(kept.second, in.blocks.end());
-      sent.assign(in.blocks.begin(), in.blocks.end());
-      part.sequences.push_back(std::move(q));
-    }
-    plan.parts.push_back(std::move(part));
-  }
-  for (const SnapshotCopy& copy : scheduled.snapshot_copies) {
-    plan.snapshots.push_back({copy.state_block, copy.snapshot_block});
-  }
-  plan.num_sampled = num_sampled;
-  return plan;
 }
 
 void ModelRunner::broadcast_sampled(int32_t count) {

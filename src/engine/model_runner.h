@@ -22,6 +22,8 @@
 // prefix hits; prompt logprobs of the rows that asked; the sampling rows gathered; then on
 // the device: penalties, logit_bias, min_tokens bans, guided-decoding masks, sampling, the
 // counts of the new tokens, and the logprobs of the sampled tokens (of the raw logits).
+// launch() runs these as named phases around the step's InputBatch (the inputs, one per
+// scheduled request, and the forward each runs in; model_runner_inputs.cpp builds it).
 // Only the sampled ids and the asked-for logprobs are copied back: per step at most
 // rows x (1 + 2 x logprobs) x 8 bytes (id, logprob, top ids and logprobs) plus the prompt
 // logprobs asked for (with their ranks).
@@ -237,6 +239,40 @@ class ModelRunner {
     bool decode = false;  // on the decode step
     bool verify = false;  // a verification on the decode step (speculative decoding)
   };
+  // The input batch of a launched step (the role of vLLM's InputBatch): one entry per
+  // scheduled request, in the scheduler's order, and how the step's forwards share them.
+  struct InputBatch {
+    std::vector<SequenceInput> inputs;     // the forwards' inputs, at the scheduler's slots
+    std::vector<const Request*> requests;  // each input's request
+    // A placeholder input (the last step samples it): its row of tokens_; -1: none.
+    std::vector<int32_t> source_rows;
+    // Host copies of inputs whose placeholder is resolved on the host (a forward that is
+    // not the decode step's); sized once, the inputs' spans point into them.
+    std::vector<std::vector<int32_t>> resolved;
+    std::vector<int> part_of;        // which forward runs each input
+    std::vector<bool> verified;      // the input is a sequence of the verification
+    std::vector<int64_t> logit_row;  // each input's first row in its forward's logits
+    int num_parts = 1;
+    bool verifies = false;  // some request brings drafts: its decode tokens are one verification
+  };
+  // A launch's phases, in order. Drops the finished requests and the preempted ones' rows.
+  void begin_launch(const SchedulerOutput& scheduled);
+  // The inputs, one per scheduled request, and the forward each runs in.
+  InputBatch build_input_batch(const SchedulerOutput& scheduled, const Scheduler& scheduler);
+  // The sampling rows (sets batch.logit_row), ordered by logprobs asked.
+  std::vector<Sampling> gather_sampling_rows(const SchedulerOutput& scheduled, InputBatch& batch);
+  // The verification's sequences in its batch order, with their sampling rows.
+  std::vector<Verified> verified_sequences(const SchedulerOutput& scheduled,
+                                           const InputBatch& batch, std::span<const Sampling> rows);
+  // Each forward's batch and where it runs (placeholders off the decode step resolved).
+  std::vector<PartRun> plan_forwards(const SchedulerOutput& scheduled, InputBatch& batch);
+  // Runs one forward; its prompt logprobs into `result`, its sampling rows into raw_.
+  void run_forward(const SchedulerOutput& scheduled, const InputBatch& batch, const PartRun& run,
+                   std::span<const Sampling> rows, RunnerStepResult& result);
+  // Processors, sampling and the copies of the ids and logprobs into the step's pinned slot.
+  void sample_rows(std::span<const Sampling> rows, Pending& pending);
+  // Queues the launched step for collect(); its rows become the placeholders' sources.
+  void finish_launch(std::span<const Sampling> rows, bool verifies, Pending pending);
   // The plan of a launched step for the workers (and rank 0's mirror of their tables).
   StepPlan make_plan(const SchedulerOutput& scheduled, std::span<const PartRun> parts,
                      int32_t num_sampled);
