@@ -131,86 +131,94 @@ void print_plan(const ModelConfig& c, const PlanArgs& a) {
   std::printf("%s", format_cache_plan(plan, plan_memory(plan, b)).c_str());
 }
 
-int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_args) {
-  const std::filesystem::path path =
-      path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
-  const ModelConfig c = ModelConfig::load(path);
-  if (const std::string w = c.unknown_fields_warning(); !w.empty())
-    log::warn("{}: {}", path.string(), w);
-  const ParamCount p = count_params(c);
-  std::vector<bool> kda(c.num_hidden_layers), mla(c.num_hidden_layers), dense(c.num_hidden_layers);
+// Which layers are of which kind: [num_layers] each.
+struct LayerKinds {
+  std::vector<bool> kda, mla, dense;
   int64_t num_dense = 0;
+};
+
+LayerKinds layer_kinds(const ModelConfig& c) {
+  LayerKinds k;
+  k.kda.resize(c.num_hidden_layers);
+  k.mla.resize(c.num_hidden_layers);
+  k.dense.resize(c.num_hidden_layers);
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
-    kda[i] = c.is_kda(i);
-    mla[i] = !c.is_kda(i);
-    dense[i] = !c.is_moe(i);
-    num_dense += dense[i];
+    k.kda[i] = c.is_kda(i);
+    k.mla[i] = !c.is_kda(i);
+    k.dense[i] = !c.is_moe(i);
+    k.num_dense += k.dense[i];
   }
+  return k;
+}
+
+struct CacheRow {
+  LatentCacheDtype latent;
+  IndexCacheDtype index;
+  int64_t bytes;
+  bool keys = true;  // index keys included (models with an indexer)
+};
+
+// Cache bytes per token of every latent and index-key format the model can use.
+std::vector<CacheRow> cache_rows(const ModelConfig& c) {
   const std::vector<LatentCacheDtype> latents = {LatentCacheDtype::kBf16, LatentCacheDtype::kFp8,
                                                  LatentCacheDtype::kFp8WithScales,
                                                  LatentCacheDtype::kNvfp4};
   std::vector<IndexCacheDtype> indexes = {IndexCacheDtype::kFp8};
   if (c.has_indexer() && c.index_head_dim % 32 == 0) indexes.push_back(IndexCacheDtype::kMxfp4);
-
-  struct CacheRow {
-    LatentCacheDtype latent;
-    IndexCacheDtype index;
-    int64_t bytes;
-    bool keys = true;  // index keys included (models with an indexer)
-  };
   std::vector<CacheRow> rows;
   const CacheSpec spec = c.cache_spec();
-  if (c.num_mla_layers() > 0) {
-    for (auto l : latents) {
-      if (l == LatentCacheDtype::kFp8WithScales && c.kv_lora_rank % 128 != 0) continue;
-      if (l == LatentCacheDtype::kNvfp4 && c.kv_lora_rank % 16 != 0) continue;
-      // With an indexer also the latent alone (Kimi K3's cache, without index keys).
-      if (c.has_indexer() && l == LatentCacheDtype::kFp8)
-        rows.push_back({l, IndexCacheDtype::kFp8,
-                        c.num_mla_layers() * latent_bytes_per_token(spec, l), false});
-      for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(spec, l, ix)});
-    }
+  if (c.num_mla_layers() == 0) return rows;
+  for (auto l : latents) {
+    if (l == LatentCacheDtype::kFp8WithScales && c.kv_lora_rank % 128 != 0) continue;
+    if (l == LatentCacheDtype::kNvfp4 && c.kv_lora_rank % 16 != 0) continue;
+    // With an indexer also the latent alone (Kimi K3's cache, without index keys).
+    if (c.has_indexer() && l == LatentCacheDtype::kFp8)
+      rows.push_back(
+          {l, IndexCacheDtype::kFp8, c.num_mla_layers() * latent_bytes_per_token(spec, l), false});
+    for (auto ix : indexes) rows.push_back({l, ix, cache_bytes_per_token(spec, l, ix)});
   }
-  const int64_t kda_state = c.num_kda_layers() > 0 ? kda_state_bytes_per_request(spec) : 0;
+  return rows;
+}
 
-  if (as_json) {
-    nlohmann::json j;
-    j["path"] = path.string();
-    j["model_type"] = c.model_type_name;
-    j["num_layers"] = c.num_hidden_layers;
-    j["num_kda_layers"] = c.num_kda_layers();
-    j["num_mla_layers"] = c.num_mla_layers();
-    j["indexer"] = c.has_indexer();
-    j["num_dense_mlp_layers"] = num_dense;
-    j["num_moe_layers"] = c.num_hidden_layers - num_dense;
-    j["params_total"] = p.total;
-    j["params_active"] = p.active;
-    j["kda_state_bytes_per_request"] = kda_state;
-    j["attn_res_block_size"] = c.attn_res_block_size;
-    j["hidden_act"] = c.situ ? "situ" : "silu";
-    j["kda_gate_lower_bound"] = c.kda_gate_lower_bound;
-    j["kda_full_rank_gate"] = c.kda_full_rank_gate;
-    j["moe_latent_size"] = c.moe_latent_size;
-    j["unknown_fields"] = c.unknown_fields;
-    nlohmann::json cache = nlohmann::json::array();
-    for (const auto& r : rows) {
-      cache.push_back(
-          {{"latent", latent_cache_dtype_name(r.latent)},
-           {"index", c.has_indexer() && r.keys ? index_cache_dtype_name(r.index) : "none"},
-           {"bytes_per_token", r.bytes}});
-    }
-    j["cache"] = cache;
-    std::printf("%s\n", j.dump(1).c_str());
-    return 0;
+void print_json(const std::filesystem::path& path, const ModelConfig& c, const ParamCount& p,
+                const LayerKinds& kinds, const std::vector<CacheRow>& rows, int64_t kda_state) {
+  nlohmann::json j;
+  j["path"] = path.string();
+  j["model_type"] = c.model_type_name;
+  j["num_layers"] = c.num_hidden_layers;
+  j["num_kda_layers"] = c.num_kda_layers();
+  j["num_mla_layers"] = c.num_mla_layers();
+  j["indexer"] = c.has_indexer();
+  j["num_dense_mlp_layers"] = kinds.num_dense;
+  j["num_moe_layers"] = c.num_hidden_layers - kinds.num_dense;
+  j["params_total"] = p.total;
+  j["params_active"] = p.active;
+  j["kda_state_bytes_per_request"] = kda_state;
+  j["attn_res_block_size"] = c.attn_res_block_size;
+  j["hidden_act"] = c.situ ? "situ" : "silu";
+  j["kda_gate_lower_bound"] = c.kda_gate_lower_bound;
+  j["kda_full_rank_gate"] = c.kda_full_rank_gate;
+  j["moe_latent_size"] = c.moe_latent_size;
+  j["unknown_fields"] = c.unknown_fields;
+  nlohmann::json cache = nlohmann::json::array();
+  for (const auto& r : rows) {
+    cache.push_back(
+        {{"latent", latent_cache_dtype_name(r.latent)},
+         {"index", c.has_indexer() && r.keys ? index_cache_dtype_name(r.index) : "none"},
+         {"bytes_per_token", r.bytes}});
   }
+  j["cache"] = cache;
+  std::printf("%s\n", j.dump(1).c_str());
+}
 
-  std::printf("model: %s (%s)\n", path.string().c_str(), c.model_type_name.c_str());
+// The attention layers: which are KDA and MLA, their shapes.
+void print_attention(const ModelConfig& c, const LayerKinds& kinds) {
   std::printf("layers: %lld = %lld KDA + %lld %s\n", static_cast<long long>(c.num_hidden_layers),
               static_cast<long long>(c.num_kda_layers()),
               static_cast<long long>(c.num_mla_layers()),
               c.has_indexer() ? "MLA+DSA" : "MLA (dense)");
-  std::printf("  KDA: %s\n", ranges(kda).c_str());
-  std::printf("  MLA: %s\n", ranges(mla).c_str());
+  std::printf("  KDA: %s\n", ranges(kinds.kda).c_str());
+  std::printf("  MLA: %s\n", ranges(kinds.mla).c_str());
   if (c.num_mla_layers() > 0) {
     std::printf("  MLA: %lld heads, q_lora %lld, kv_lora %lld, qk %lld+%lld, v %lld, %s%s\n",
                 static_cast<long long>(c.num_attention_heads),
@@ -232,9 +240,13 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
                 c.kda_gate_lower_bound < 0 ? "bounded" : "softplus",
                 c.kda_full_rank_gate ? "full-rank" : "low-rank");
   }
-  std::printf("  MLP: dense %s; MoE %s\n", ranges(dense).c_str(),
-              num_dense == c.num_hidden_layers ? "none" : "the rest");
-  if (num_dense < c.num_hidden_layers) {
+}
+
+// The MLPs (dense and MoE), the activation and the residual stream.
+void print_mlp(const ModelConfig& c, const LayerKinds& kinds) {
+  std::printf("  MLP: dense %s; MoE %s\n", ranges(kinds.dense).c_str(),
+              kinds.num_dense == c.num_hidden_layers ? "none" : "the rest");
+  if (kinds.num_dense < c.num_hidden_layers) {
     std::printf(
         "  MoE: %lld experts, %lld active, %lld shared, width %lld, groups %lld/%lld, %s\n",
         static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
@@ -250,6 +262,9 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
                                   std::to_string(c.attn_res_block_size) + " layers")
                                      .c_str()
                                : "plain");
+}
+
+void print_params(const ParamCount& p) {
   std::printf("parameters: total %s (%s), active %s (%s)\n", human(p.total).c_str(),
               with_commas(p.total).c_str(), human(p.active).c_str(), with_commas(p.active).c_str());
   std::printf(
@@ -258,17 +273,41 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
       human(p.embedding).c_str(), human(p.attention_mla).c_str(), human(p.attention_kda).c_str(),
       human(p.dense_mlp).c_str(), human(p.routed_experts).c_str(), human(p.moe_other).c_str(),
       human(p.norms).c_str());
-  if (!rows.empty()) {
-    std::printf("cache bytes per token (all %lld full-attention layers, per GPU):\n",
-                static_cast<long long>(c.num_mla_layers()));
-    std::printf("  %-12s %-12s %12s\n", "latent", "index keys", "bytes/token");
-    for (const auto& r : rows) {
-      std::printf(
-          "  %-12s %-12s %12s\n", std::string(latent_cache_dtype_name(r.latent)).c_str(),
-          c.has_indexer() && r.keys ? std::string(index_cache_dtype_name(r.index)).c_str() : "-",
-          with_commas(r.bytes).c_str());
-    }
+}
+
+void print_cache_rows(const ModelConfig& c, const std::vector<CacheRow>& rows) {
+  if (rows.empty()) return;
+  std::printf("cache bytes per token (all %lld full-attention layers, per GPU):\n",
+              static_cast<long long>(c.num_mla_layers()));
+  std::printf("  %-12s %-12s %12s\n", "latent", "index keys", "bytes/token");
+  for (const auto& r : rows) {
+    std::printf(
+        "  %-12s %-12s %12s\n", std::string(latent_cache_dtype_name(r.latent)).c_str(),
+        c.has_indexer() && r.keys ? std::string(index_cache_dtype_name(r.index)).c_str() : "-",
+        with_commas(r.bytes).c_str());
   }
+}
+
+int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_args) {
+  const std::filesystem::path path =
+      path_arg.empty() ? default_model_dir() : std::filesystem::path(path_arg);
+  const ModelConfig c = ModelConfig::load(path);
+  if (const std::string w = c.unknown_fields_warning(); !w.empty())
+    log::warn("{}: {}", path.string(), w);
+  const ParamCount p = count_params(c);
+  const LayerKinds kinds = layer_kinds(c);
+  const std::vector<CacheRow> rows = cache_rows(c);
+  const int64_t kda_state =
+      c.num_kda_layers() > 0 ? kda_state_bytes_per_request(c.cache_spec()) : 0;
+  if (as_json) {
+    print_json(path, c, p, kinds, rows, kda_state);
+    return 0;
+  }
+  std::printf("model: %s (%s)\n", path.string().c_str(), c.model_type_name.c_str());
+  print_attention(c, kinds);
+  print_mlp(c, kinds);
+  print_params(p);
+  print_cache_rows(c, rows);
   if (!plan_args.gpu_memory.empty()) {
     std::printf("\n");
     print_plan(c, plan_args);
