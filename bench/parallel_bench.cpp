@@ -167,8 +167,8 @@ void collectives(const Args& a) {
         Backend& backend = *owned;
         for (int64_t bytes = int64_t{1} << 20; bytes <= a.max_bytes; bytes *= 4) {
           const int64_t per = bytes / a.ranks / 4 * 4;  // all_gather / all_to_all blocks
-          BackendBuffer x(&backend, static_cast<size_t>(bytes));
-          BackendBuffer y(&backend, static_cast<size_t>(bytes));
+          DeviceAllocation x(&backend, static_cast<size_t>(bytes));
+          DeviceAllocation y(&backend, static_cast<size_t>(bytes));
           const auto report = [&](const char* op, double seconds, double factor) {
             if (rank != 0) return;
             const double algbw = static_cast<double>(bytes) / seconds;
@@ -224,16 +224,16 @@ void merge(const Args& a) {
           std::copy(order.begin(), order.begin() + static_cast<long>(keep), topk.begin() + row * k);
         }
         const auto buffer = [&](size_t bytes) {
-          return BackendBuffer(&backend, std::max<size_t>(bytes, 8));
+          return DeviceAllocation(&backend, std::max<size_t>(bytes, 8));
         };
-        BackendBuffer d_scores = buffer(scores.size() * 4), d_topk = buffer(topk.size() * 4),
+        DeviceAllocation d_scores = buffer(scores.size() * 4), d_topk = buffer(topk.size() * 4),
                       selected = buffer(topk.size() * 4);
         backend.upload(d_scores.data(), scores.data(), scores.size() * 4);
         backend.upload(d_topk.data(), topk.data(), topk.size() * 4);
         TopkMergeParams p = parallel::topk_merge_params(d_scores.as<float>(), local_keys,
                                                         static_cast<int32_t*>(selected.data()),
                                                         rows, k, rank, world);
-        BackendBuffer scratch_buffer = buffer(parallel::merge_scratch_bytes(p));
+        DeviceAllocation scratch_buffer = buffer(parallel::merge_scratch_bytes(p));
         const parallel::MergeScratch scratch =
             parallel::bind_merge_scratch(p, scratch_buffer.data());
         std::vector<int32_t> exact_out;

@@ -36,8 +36,8 @@ std::vector<OpRecord> TimingBackend::end() {
 }
 
 template <typename F>
-void TimingBackend::timed(const char* op, double bytes, double flops, F&& run) {
-  if (!recording_) {
+void TimingBackend::timed(const char* op, const OpCost& cost, F&& run) {
+  if (!recording_ || !cost.timed) {
     run();
     return;
   }
@@ -50,23 +50,39 @@ void TimingBackend::timed(const char* op, double bytes, double flops, F&& run) {
   CUDA_CHECK(cudaEventRecord(events_[2 * i], stream_));
   run();
   CUDA_CHECK(cudaEventRecord(events_[2 * i + 1], stream_));
-  records_.push_back({section_, op, bytes, flops, 0.0f});
+  records_.push_back({section_, op, cost.bytes, cost.flops, 0.0f});
 }
 
 // Bytes: every byte an op must read or write at least once (weights in their stored
 // format, fp32 activations, the cache rows it attends over). FLOPs: multiply-adds x 2.
 
 void TimingBackend::copy(void* d, const void* s, size_t n) {
-  timed("copy", 2.0 * n, 0, [&] { inner_->copy(d, s, n); });
+  timed("copy", {2.0 * n, 0}, [&] { inner_->copy(d, s, n); });
 }
 
-void TimingBackend::linear(const LinearParams& p) {
+namespace {
+
+// One tag per op of the table, so that an op_cost overload names its op and not only its
+// Params type (kda_recurrent and kda_chunked share KdaParams).
+namespace op {
+#define HYSERVE_OP_TAG(name, P, cuda) \
+  struct name {};
+HYSERVE_BACKEND_OPS(HYSERVE_OP_TAG)
+#undef HYSERVE_OP_TAG
+}  // namespace op
+
+// An op without an op_cost overload below runs untimed.
+template <typename Tag, typename P>
+OpCost op_cost(Tag, const P&) {
+  return {0, 0, false};
+}
+
+OpCost op_cost(op::linear, const LinearParams& p) {
   const double t = p.num_tokens, r = p.w->rows, c = p.w->cols;
-  timed("linear", p.w->storage_bytes() + 4 * t * (r + c), 2 * t * r * c,
-        [&] { inner_->linear(p); });
+  return {p.w->storage_bytes() + 4 * t * (r + c), 2 * t * r * c};
 }
 
-void TimingBackend::linears(const LinearsParams& lp) {
+OpCost op_cost(op::linears, const LinearsParams& lp) {
   const std::span<const LinearParams> ps = lp.linears;
   double bytes = 0, flops = 0;
   for (const LinearParams& p : ps) {
@@ -75,37 +91,34 @@ void TimingBackend::linears(const LinearsParams& lp) {
     flops += 2 * t * r * c;
   }
   if (!ps.empty()) bytes += 4.0 * ps[0].num_tokens * ps[0].w->cols;
-  timed("linear", bytes, flops, [&] { inner_->linears(lp); });
+  return {bytes, flops};
 }
 
-void TimingBackend::embedding_lookup(const EmbeddingParams& p) {
-  timed("embedding", p.num_tokens * p.table->cols * 6.0, 0, [&] { inner_->embedding_lookup(p); });
+OpCost op_cost(op::embedding_lookup, const EmbeddingParams& p) {
+  return {p.num_tokens * p.table->cols * 6.0, 0};
 }
 
-void TimingBackend::rms_norm(const RmsNormParams& p) {
-  timed("rms_norm", 8.0 * p.num_rows * p.dim, 4.0 * p.num_rows * p.dim,
-        [&] { inner_->rms_norm(p); });
+OpCost op_cost(op::rms_norm, const RmsNormParams& p) {
+  return {8.0 * p.num_rows * p.dim, 4.0 * p.num_rows * p.dim};
 }
 
-void TimingBackend::attn_res_norm(const AttnResNormParams& p) {
+OpCost op_cost(op::attn_res_norm, const AttnResNormParams& p) {
   // Reads every candidate and the weights, writes y.
   const double elems = static_cast<double>(p.num_tokens) * p.dim;
-  timed("attn_res_norm", 4.0 * elems * (p.num_snapshots + 2), 6.0 * elems * (p.num_snapshots + 2),
-        [&] { inner_->attn_res_norm(p); });
+  return {4.0 * elems * (p.num_snapshots + 2), 6.0 * elems * (p.num_snapshots + 2)};
 }
 
-void TimingBackend::layer_norm(const LayerNormParams& p) {
-  timed("layer_norm", 8.0 * p.num_rows * p.dim, 6.0 * p.num_rows * p.dim,
-        [&] { inner_->layer_norm(p); });
+OpCost op_cost(op::layer_norm, const LayerNormParams& p) {
+  return {8.0 * p.num_rows * p.dim, 6.0 * p.num_rows * p.dim};
 }
 
-void TimingBackend::rope(const RopeOpParams& op) {
+OpCost op_cost(op::rope, const RopeOpParams& op) {
   const RopeParams& p = op.rope;
-  timed("rope", 8.0 * p.num_tokens * p.num_heads * op.table->rotary_dim,
-        6.0 * p.num_tokens * p.num_heads * op.table->rotary_dim, [&] { inner_->rope(op); });
+  return {8.0 * p.num_tokens * p.num_heads * op.table->rotary_dim,
+          6.0 * p.num_tokens * p.num_heads * op.table->rotary_dim};
 }
 
-void TimingBackend::mla_attention(const MlaAttentionOpParams& op) {
+OpCost op_cost(op::mla_attention, const MlaAttentionOpParams& op) {
   const MlaAttentionParams& p = op.attn;
   // Keys per query: the top-k set, or every causal key (decode: all S).
   const double t = p.num_tokens, s = p.num_keys, row = p.kv_lora + p.dr;
@@ -113,90 +126,80 @@ void TimingBackend::mla_attention(const MlaAttentionOpParams& op) {
   const double rows_read = p.topk ? std::min(s, keys) : s;
   const double kvb = p.kv_b->storage_bytes();
   const double absorb = 2.0 * t * p.num_heads * p.kv_lora * (p.dn + p.dv);
-  timed("mla_attention", rows_read * row * 4 + kvb + 4 * t * p.num_heads * (p.dn + p.dr + p.dv),
-        2.0 * p.num_heads * keys * (row + p.kv_lora) + absorb, [&] { inner_->mla_attention(op); });
+  return {rows_read * row * 4 + kvb + 4 * t * p.num_heads * (p.dn + p.dr + p.dv),
+          2.0 * p.num_heads * keys * (row + p.kv_lora) + absorb};
 }
 
-void TimingBackend::hadamard_rotate(const HadamardParams& p) {
-  timed("hadamard", 8.0 * p.rows * p.dim, p.rows * p.dim * std::log2(static_cast<double>(p.dim)),
-        [&] { inner_->hadamard_rotate(p); });
+OpCost op_cost(op::hadamard_rotate, const HadamardParams& p) {
+  return {8.0 * p.rows * p.dim, p.rows * p.dim * std::log2(static_cast<double>(p.dim))};
 }
 
-void TimingBackend::quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) {
-  timed("quantize_fp8", 5.0 * p.rows * p.dim, 2.0 * p.rows * p.dim,
-        [&] { inner_->quantize_fp8_ue8m0(p); });
+OpCost op_cost(op::quantize_fp8_ue8m0, const QuantizeFp8Ue8m0Params& p) {
+  return {5.0 * p.rows * p.dim, 2.0 * p.rows * p.dim};
 }
 
-void TimingBackend::indexer_scores(const IndexerScoreParams& p) {
+OpCost op_cost(op::indexer_scores, const IndexerScoreParams& p) {
   const double t = p.num_tokens, s = p.num_keys, h = p.num_heads, d = p.head_dim;
-  timed("indexer_scores", s * d * 4 + t * h * d * 4 + t * s * 4, 2 * t * h * s * d,
-        [&] { inner_->indexer_scores(p); });
+  return {s * d * 4 + t * h * d * 4 + t * s * 4, 2 * t * h * s * d};
 }
 
-void TimingBackend::indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
+OpCost op_cost(op::indexer_scores_fp8_cache, const IndexerFp8CacheScoreParams& p) {
   const double t = p.num_tokens, s = p.num_keys, h = p.num_heads, d = p.head_dim;
-  timed("indexer_scores_fp8", s * (d + 4) + t * h * d * 4 + t * s * 4, 2 * t * h * s * d,
-        [&] { inner_->indexer_scores_fp8_cache(p); });
+  return {s * (d + 4) + t * h * d * 4 + t * s * 4, 2 * t * h * s * d};
 }
 
-void TimingBackend::causal_topk(const CausalTopkParams& p) {
-  timed("topk", 4.0 * p.num_queries * p.num_keys + 4.0 * p.num_queries * p.topk, 0,
-        [&] { inner_->causal_topk(p); });
+OpCost op_cost(op::causal_topk, const CausalTopkParams& p) {
+  return {4.0 * p.num_queries * p.num_keys + 4.0 * p.num_queries * p.topk, 0};
 }
 
-void TimingBackend::short_conv_silu(const ShortConvParams& p) {
-  timed("short_conv", 8.0 * p.num_tokens * p.channels,
-        2.0 * p.num_tokens * p.channels * p.kernel_size, [&] { inner_->short_conv_silu(p); });
+OpCost op_cost(op::short_conv_silu, const ShortConvParams& p) {
+  return {8.0 * p.num_tokens * p.channels, 2.0 * p.num_tokens * p.channels * p.kernel_size};
 }
 
-void TimingBackend::kda_gate(const KdaGateParams& p) {
+OpCost op_cost(op::kda_gate, const KdaGateParams& p) {
   const double n = static_cast<double>(p.num_tokens) * p.num_heads * p.head_dim;
-  timed("kda_gate", 8.0 * n, 10.0 * n, [&] { inner_->kda_gate(p); });
+  return {8.0 * n, 10.0 * n};
 }
 
-void TimingBackend::l2norm_rows(const L2NormRowsParams& p) {
-  timed("l2norm", 8.0 * p.rows * p.dim, 3.0 * p.rows * p.dim, [&] { inner_->l2norm_rows(p); });
+OpCost op_cost(op::l2norm_rows, const L2NormRowsParams& p) {
+  return {8.0 * p.rows * p.dim, 3.0 * p.rows * p.dim};
 }
 
-void TimingBackend::kda_recurrent(const KdaParams& p) {
+OpCost op_cost(op::kda_recurrent, const KdaParams& p) {
   const double t = p.num_tokens, h = p.num_heads, k = p.head_dim;
-  timed("kda_recurrent", 2 * h * k * k * 4 + t * h * (4 * k + 1) * 4, t * h * k * k * 8,
-        [&] { inner_->kda_recurrent(p); });
+  return {2 * h * k * k * 4 + t * h * (4 * k + 1) * 4, t * h * k * k * 8};
 }
 
-void TimingBackend::kda_chunked(const KdaParams& p) {
+OpCost op_cost(op::kda_chunked, const KdaParams& p) {
   const double t = p.num_tokens, h = p.num_heads, k = p.head_dim;
-  timed("kda_chunked", 2 * h * k * k * 4 + t * h * (5 * k + 1) * 4,
-        t * h * (8 * k * k + 4 * 64 * k), [&] { inner_->kda_chunked(p); });
+  return {2 * h * k * k * 4 + t * h * (5 * k + 1) * 4, t * h * (8 * k * k + 4 * 64 * k)};
 }
 
-void TimingBackend::gated_rms_norm(const GatedRmsNormParams& p) {
+OpCost op_cost(op::gated_rms_norm, const GatedRmsNormParams& p) {
   const double n = static_cast<double>(p.num_tokens) * p.num_heads * p.head_dim;
-  timed("gated_rms_norm", 12.0 * n, 8.0 * n, [&] { inner_->gated_rms_norm(p); });
+  return {12.0 * n, 8.0 * n};
 }
 
-void TimingBackend::kda_decode(const KdaDecodeParams& p) {
+OpCost op_cost(op::kda_decode, const KdaDecodeParams& p) {
   // Bytes: each state read and written once (recurrent and conv), per token the six
   // inputs and y; FLOPs: the delta rule's four products per state element and token.
   const double b = p.num_rows, t = p.num_tokens, h = p.num_heads, k = p.head_dim;
   const double w = p.kernel_size;
-  timed("kda_decode", 2 * b * h * k * (k + 3 * (w - 1)) * 4 + t * h * (6 * k + 1) * 4,
-        t * h * k * k * 8, [&] { inner_->kda_decode(p); });
+  return {2 * b * h * k * (k + 3 * (w - 1)) * 4 + t * h * (6 * k + 1) * 4, t * h * k * k * 8};
 }
 
-void TimingBackend::mlp(const MlpParams& p) {
+OpCost op_cost(op::mlp, const MlpParams& p) {
   const double t = p.num_tokens, d = p.w->down.rows, i = p.w->down.cols;
   const double wb = p.w->gate.storage_bytes() + p.w->up.storage_bytes() + p.w->down.storage_bytes();
-  timed("mlp", wb + 8 * t * d, 6 * t * d * i, [&] { inner_->mlp(p); });
+  return {wb + 8 * t * d, 6 * t * d * i};
 }
 
-void TimingBackend::route_experts(const RouterParams& p) {
+OpCost op_cost(op::route_experts, const RouterParams& p) {
   const double t = p.num_tokens, e = p.num_experts, d = p.gate->cols;
-  timed("router", p.gate->storage_bytes() + 4 * t * d, 2 * t * e * d,
-        [&] { inner_->route_experts(p); });
+  return {p.gate->storage_bytes() + 4 * t * d, 2 * t * e * d};
 }
 
-void TimingBackend::moe(const MoeParams& p) {
+OpCost op_cost(op::moe, const MoeParams& p) {
   // Expected distinct experts among T*k uniform picks: E (1 - (1 - k/E)^T).
   const MlpWeights& e0 = p.experts[0];
   const double t = p.num_tokens, e = p.num_experts, k = p.top_k;
@@ -210,107 +213,98 @@ void TimingBackend::moe(const MoeParams& p) {
              p.shared->down.storage_bytes();
     flops += 6 * t * d * p.shared->down.cols;
   }
-  timed("moe", bytes, flops, [&] { inner_->moe(p); });
+  return {bytes, flops};
 }
 
-void TimingBackend::add(const ResidualAddParams& p) {
-  timed("add", 12.0 * p.n, p.n, [&] { inner_->add(p); });
+OpCost op_cost(op::residual_add, const ResidualAddParams& p) {
+  return {12.0 * p.n, 1.0 * p.n};
 }
-void TimingBackend::sigmoid_mul(const SigmoidGateParams& p) {
-  timed("sigmoid_mul", 12.0 * p.n, 4.0 * p.n, [&] { inner_->sigmoid_mul(p); });
+OpCost op_cost(op::sigmoid_gate, const SigmoidGateParams& p) {
+  return {12.0 * p.n, 4.0 * p.n};
 }
-void TimingBackend::sigmoid(const SigmoidParams& p) {
-  timed("sigmoid", 8.0 * p.n, 4.0 * p.n, [&] { inner_->sigmoid(p); });
+OpCost op_cost(op::sigmoid, const SigmoidParams& p) {
+  return {8.0 * p.n, 4.0 * p.n};
 }
-void TimingBackend::scale(const ScaleParams& p) {
-  timed("scale", 8.0 * p.n, p.n, [&] { inner_->scale(p); });
+OpCost op_cost(op::scale, const ScaleParams& p) {
+  return {8.0 * p.n, 1.0 * p.n};
 }
-void TimingBackend::scatter_rows(const ScatterRowsParams& p) {
-  timed("scatter_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
-        [&] { inner_->scatter_rows(p); });
+OpCost op_cost(op::scatter_rows, const ScatterRowsParams& p) {
+  return {2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0};
 }
-void TimingBackend::gather_rows(const GatherRowsParams& p) {
-  timed("gather_rows", 2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0,
-        [&] { inner_->gather_rows(p); });
+OpCost op_cost(op::gather_rows, const GatherRowsParams& p) {
+  return {2.0 * static_cast<double>(p.num_rows * p.row_bytes), 0};
 }
-void TimingBackend::copy_2d(const Copy2dParams& p) {
-  timed("copy_2d", 8.0 * p.rows * p.width, 0, [&] { inner_->copy_2d(p); });
+OpCost op_cost(op::copy_2d, const Copy2dParams& p) {
+  return {8.0 * p.rows * p.width, 0};
 }
 
-void TimingBackend::mul(const MulParams& p) {
-  timed("mul", 12.0 * p.n, p.n, [&] { inner_->mul(p); });
+OpCost op_cost(op::mul, const MulParams& p) {
+  return {12.0 * p.n, 1.0 * p.n};
 }
 
-void TimingBackend::dcp_localize(const DcpLocalizeParams& p) {
-  timed("dcp_localize", 32.0 * p.n, 0, [&] { inner_->dcp_localize(p); });
+OpCost op_cost(op::dcp_localize, const DcpLocalizeParams& p) {
+  return {32.0 * p.n, 0};
 }
 
-void TimingBackend::attention_merge(const AttentionMergeParams& p) {
+OpCost op_cost(op::attention_merge, const AttentionMergeParams& p) {
   const double bytes = 4.0 * (p.num_parts + 1) * p.rows * (p.width + 1);
-  timed("attention_merge", bytes, 2 * p.num_parts * p.rows * p.width,
-        [&] { inner_->attention_merge(p); });
+  return {bytes, 2.0 * p.num_parts * p.rows * p.width};
 }
 
 // The merge steps' bytes: the row's top-k lists and messages they read and write.
-void TimingBackend::topk_merge_pack(const TopkMergeParams& p) {
-  timed("topk_merge_pack", p.rows * (16.0 * p.k + 4.0 * p.candidates), 0,
-        [&] { inner_->topk_merge_pack(p); });
+OpCost op_cost(op::topk_merge_pack, const TopkMergeParams& p) {
+  return {p.rows * (16.0 * p.k + 4.0 * p.candidates), 0};
 }
 
-void TimingBackend::topk_merge_decide(const TopkMergeParams& p) {
-  timed("topk_merge_decide", p.rows * (4.0 * p.world * (p.candidates + 1) + 20.0 * p.k), 0,
-        [&] { inner_->topk_merge_decide(p); });
+OpCost op_cost(op::topk_merge_decide, const TopkMergeParams& p) {
+  return {p.rows * (4.0 * p.world * (p.candidates + 1) + 20.0 * p.k), 0};
 }
 
-void TimingBackend::topk_merge_resend_pack(const TopkMergeParams& p) {
-  timed("topk_merge_resend_pack", 16.0 * p.num_resend * p.k, 0,
-        [&] { inner_->topk_merge_resend_pack(p); });
+OpCost op_cost(op::topk_merge_resend_pack, const TopkMergeParams& p) {
+  return {16.0 * p.num_resend * p.k, 0};
 }
 
-void TimingBackend::topk_merge_resend_decide(const TopkMergeParams& p) {
-  timed("topk_merge_resend_decide", p.num_resend * (8.0 * p.world * p.k + 20.0 * p.k), 0,
-        [&] { inner_->topk_merge_resend_decide(p); });
+OpCost op_cost(op::topk_merge_resend_decide, const TopkMergeParams& p) {
+  return {p.num_resend * (8.0 * p.world * p.k + 20.0 * p.k), 0};
 }
 
-void TimingBackend::round_bf16(const RoundBf16Params& p) {
-  timed("round_bf16", 6.0 * p.n, 1.0 * p.n, [&] { inner_->round_bf16(p); });
+OpCost op_cost(op::round_bf16, const RoundBf16Params& p) {
+  return {6.0 * p.n, 1.0 * p.n};
 }
 
-void TimingBackend::quantize_e4m3(const QuantizeE4m3Params& p) {
-  timed("quantize_e4m3", 5.0 * p.n, 2.0 * p.n, [&] { inner_->quantize_e4m3(p); });
+OpCost op_cost(op::quantize_e4m3, const QuantizeE4m3Params& p) {
+  return {5.0 * p.n, 2.0 * p.n};
 }
 // Absorb / project: the kv_b weight in its stored format plus fp32 activations; 2 FLOPs
 // per multiply-add of q_nope W_UK (dn x kv_lora per head) or W_UV o_lat (kv_lora x dv).
-void TimingBackend::mla_absorb_q(const MlaAbsorbParams& p) {
+OpCost op_cost(op::mla_absorb_q, const MlaAbsorbParams& p) {
   const double rows = static_cast<double>(p.num_tokens * p.num_heads);
   const double bytes =
       static_cast<double>(p.kv_b->storage_bytes()) + 4.0 * rows * (p.dn + p.dr + p.kv_lora + p.dr);
-  timed("mla_absorb_q", bytes, 2.0 * rows * p.dn * p.kv_lora, [&] { inner_->mla_absorb_q(p); });
+  return {bytes, 2.0 * rows * p.dn * p.kv_lora};
 }
-void TimingBackend::mla_project_uv(const MlaProjectParams& p) {
+OpCost op_cost(op::mla_project_uv, const MlaProjectParams& p) {
   const double rows = static_cast<double>(p.num_tokens * p.num_heads);
   const double bytes =
       static_cast<double>(p.kv_b->storage_bytes()) + 4.0 * rows * (p.kv_lora + p.dv);
-  timed("mla_project_uv", bytes, 2.0 * rows * p.dv * p.kv_lora, [&] { inner_->mla_project_uv(p); });
+  return {bytes, 2.0 * rows * p.dv * p.kv_lora};
 }
-void TimingBackend::dsa_query_slots(const DsaQuerySlotsParams& p) {
-  timed("dsa_query_slots", 8.0 * static_cast<double>(p.num_tokens * p.topk), 0,
-        [&] { inner_->dsa_query_slots(p); });
+OpCost op_cost(op::dsa_query_slots, const DsaQuerySlotsParams& p) {
+  return {8.0 * static_cast<double>(p.num_tokens * p.topk), 0};
 }
 // Sparse MLA: each query reads its topk_width latents (576 B) and its q (fp32), writes
 // o_lat and lse; 2 x (576 + 512) FLOPs per head and key.
-void TimingBackend::dsa_mla_decode(const DsaMlaParams& p) {
+OpCost op_cost(op::dsa_mla_decode, const DsaMlaParams& p) {
   const double rows = static_cast<double>(p.batch.num_requests * p.batch.num_q);
   const double keys = p.slots != nullptr ? static_cast<double>(p.topk_width)
                                          : static_cast<double>(p.batch.max_context);
   const double bytes = rows * keys * kDsaLatentDim +
                        4.0 * rows * p.num_heads * (kDsaLoraDim + kDsaRopeDim + kDsaLoraDim + 1);
-  timed("dsa_mla_decode", bytes, 2.0 * rows * p.num_heads * keys * (kDsaLatentDim + kDsaLoraDim),
-        [&] { inner_->dsa_mla_decode(p); });
+  return {bytes, 2.0 * rows * p.num_heads * keys * (kDsaLatentDim + kDsaLoraDim)};
 }
 // The whole step: every request's index keys up to max_context (132 B each), the top-k
 // latents, the queries and outputs; the indexer's and the attention's FLOPs.
-void TimingBackend::dsa_decode(const DsaDecodeParams& p) {
+OpCost op_cost(op::dsa_decode, const DsaDecodeParams& p) {
   const double rows = static_cast<double>(p.batch.num_requests * p.batch.num_q);
   const double ctx = static_cast<double>(p.batch.max_context);
   const double bytes = static_cast<double>(p.batch.num_requests) * ctx * kDsaIndexKeyBytes +
@@ -318,7 +312,18 @@ void TimingBackend::dsa_decode(const DsaDecodeParams& p) {
                        4.0 * rows * p.num_heads * (kDsaLoraDim + kDsaRopeDim + kDsaLoraDim + 1);
   const double flops = 2.0 * rows * ctx * p.index_num_heads * kDsaIndexDim +
                        2.0 * rows * p.num_heads * p.topk * (kDsaLatentDim + kDsaLoraDim);
-  timed("dsa_decode", bytes, flops, [&] { inner_->dsa_decode(p); });
+  return {bytes, flops};
 }
+
+}  // namespace
+
+// Every op of the table: timed with its op_cost when it has one, else passed straight
+// through (logits processing and sampling).
+#define HYSERVE_TIMED_OP(name, P, cuda)                             \
+  void TimingBackend::name(const P& p) {                            \
+    timed(#name, op_cost(op::name{}, p), [&] { inner_->name(p); }); \
+  }
+HYSERVE_BACKEND_OPS(HYSERVE_TIMED_OP)
+#undef HYSERVE_TIMED_OP
 
 }  // namespace hyserve::bench

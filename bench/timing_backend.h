@@ -23,6 +23,13 @@ struct OpRecord {
   float time_us = 0;
 };
 
+// What an op must move and compute (bytes, FLOPs); timed false: not recorded.
+struct OpCost {
+  double bytes = 0;
+  double flops = 0;
+  bool timed = true;
+};
+
 class TimingBackend final : public Backend {
  public:
   explicit TimingBackend(std::unique_ptr<Backend> inner);
@@ -50,7 +57,6 @@ class TimingBackend final : public Backend {
   uint64_t fence() override { return inner_->fence(); }
   void wait_fence(uint64_t f) override { inner_->wait_fence(f); }
   void freeze() override { inner_->freeze(); }
-  void set_batch_invariant(bool on) override { inner_->set_batch_invariant(on); }
   void* native_stream() const override { return inner_->native_stream(); }
   // Graphs are captured while not recording: the ops pass straight to the inner backend.
   bool supports_graphs() const override { return inner_->supports_graphs(); }
@@ -58,66 +64,20 @@ class TimingBackend final : public Backend {
   void replay_graph(int64_t id) override { inner_->replay_graph(id); }
   void release_graph(int64_t id) override { inner_->release_graph(id); }
 
-  void linear(const LinearParams& p) override;
-  void linears(const LinearsParams& p) override;
-  void embedding_lookup(const EmbeddingParams& p) override;
-  void rms_norm(const RmsNormParams& p) override;
-  void layer_norm(const LayerNormParams& p) override;
-  void attn_res_norm(const AttnResNormParams& p) override;
-  void rope(const RopeOpParams& p) override;
-  void mla_attention(const MlaAttentionOpParams& p) override;
-  void hadamard_rotate(const HadamardParams& p) override;
-  void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) override;
-  void indexer_scores(const IndexerScoreParams& p) override;
-  void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override;
-  void causal_topk(const CausalTopkParams& p) override;
-  void short_conv_silu(const ShortConvParams& p) override;
-  void kda_gate(const KdaGateParams& p) override;
-  void l2norm_rows(const L2NormRowsParams& p) override;
-  void kda_recurrent(const KdaParams& p) override;
-  void kda_chunked(const KdaParams& p) override;
-  void gated_rms_norm(const GatedRmsNormParams& p) override;
-  void kda_decode(const KdaDecodeParams& p) override;
-  void mlp(const MlpParams& p) override;
-  void route_experts(const RouterParams& p) override;
-  void moe(const MoeParams& p) override;
-  void add(const ResidualAddParams& p) override;
-  void sigmoid_mul(const SigmoidGateParams& p) override;
-  void sigmoid(const SigmoidParams& p) override;
-  void scale(const ScaleParams& p) override;
-  void scatter_rows(const ScatterRowsParams& p) override;
-  void gather_rows(const GatherRowsParams& p) override;
-  void copy_2d(const Copy2dParams& p) override;
-  void mul(const MulParams& p) override;
-  void dcp_localize(const DcpLocalizeParams& p) override;
-  void attention_merge(const AttentionMergeParams& p) override;
-  void topk_merge_pack(const TopkMergeParams& p) override;
-  void topk_merge_decide(const TopkMergeParams& p) override;
-  void topk_merge_resend_pack(const TopkMergeParams& p) override;
-  void topk_merge_resend_decide(const TopkMergeParams& p) override;
-  void quantize_e4m3(const QuantizeE4m3Params& p) override;
-  void round_bf16(const RoundBf16Params& p) override;
-  void mla_absorb_q(const MlaAbsorbParams& p) override;
-  void mla_project_uv(const MlaProjectParams& p) override;
-  void dsa_query_slots(const DsaQuerySlotsParams& p) override;
-  void dsa_mla_decode(const DsaMlaParams& p) override;
-  void dsa_decode(const DsaDecodeParams& p) override;
+  void set_batch_invariant(bool on) override { inner_->set_batch_invariant(on); }
   size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
     return inner_->dsa_decode_scratch_bytes(p);
   }
   void reserve_scratch(size_t n) override { inner_->reserve_scratch(n); }
-  // Logits processing and sampling pass straight through, untimed.
-  void apply_penalties(const PenaltyParams& p) override { inner_->apply_penalties(p); }
-  void count_tokens(const CountTokensParams& p) override { inner_->count_tokens(p); }
-  void adjust_logits(const LogitAdjustParams& p) override { inner_->adjust_logits(p); }
-  void apply_token_mask(const TokenMaskParams& p) override { inner_->apply_token_mask(p); }
-  void token_logprobs(const LogprobParams& p) override { inner_->token_logprobs(p); }
-  void sample_tokens(const SampleParams& p) override { inner_->sample_tokens(p); }
-  void gather_tokens(const GatherTokensParams& p) override { inner_->gather_tokens(p); }
+
+  // The op table (backend/ops.h), each op recorded under its table name.
+#define HYSERVE_TIMED_OP(name, P, cuda) void name(const P& p) override;
+  HYSERVE_BACKEND_OPS(HYSERVE_TIMED_OP)
+#undef HYSERVE_TIMED_OP
 
  private:
   template <typename F>
-  void timed(const char* op, double bytes, double flops, F&& run);
+  void timed(const char* op, const OpCost& cost, F&& run);
 
   std::unique_ptr<Backend> inner_;
   cudaStream_t stream_;

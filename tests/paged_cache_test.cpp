@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "kernels/cache/cpu.h"
 #include "kernels/indexer/cpu.h"
 #include "kernels/mla/cpu.h"

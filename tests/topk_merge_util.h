@@ -98,7 +98,7 @@ inline MergeStepsRun run_merge_steps(Backend& b, const Rows& rows, int world, in
                                      bool resend_all = false) {
   const auto num_rows = std::ssize(rows);
   struct Rank {
-    BackendBuffer scores, selected, scratch;
+    DeviceAllocation scores, selected, scratch;
     TopkMergeParams p;
     parallel::MergeScratch s;
   };
@@ -106,15 +106,15 @@ inline MergeStepsRun run_merge_steps(Backend& b, const Rows& rows, int world, in
   for (int r = 0; r < world; ++r) {
     Rank& rank = ranks[static_cast<size_t>(r)];
     const RankInputs in = rank_inputs(rows, r, world, k);
-    rank.scores = BackendBuffer(&b, std::max<size_t>(in.scores.size() * 4, 8));
-    rank.selected = BackendBuffer(&b, std::max<size_t>(in.selected.size() * 4, 8));
+    rank.scores = DeviceAllocation(&b, std::max<size_t>(in.scores.size() * 4, 8));
+    rank.selected = DeviceAllocation(&b, std::max<size_t>(in.selected.size() * 4, 8));
     b.upload(rank.scores.data(), in.scores.data(), in.scores.size() * 4);
     b.upload(rank.selected.data(), in.selected.data(), in.selected.size() * 4);
     rank.p = parallel::topk_merge_params(static_cast<const float*>(rank.scores.data()), in.num_keys,
                                          static_cast<int32_t*>(rank.selected.data()), num_rows, k,
                                          r, world);
     rank.p.resend_all = resend_all;
-    rank.scratch = BackendBuffer(&b, parallel::merge_scratch_bytes(rank.p));
+    rank.scratch = DeviceAllocation(&b, parallel::merge_scratch_bytes(rank.p));
     rank.s = parallel::bind_merge_scratch(rank.p, rank.scratch.data());
     rank.p.gathered = rank.s.gathered;
     rank.p.gathered2 = rank.s.gathered2;

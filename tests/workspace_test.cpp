@@ -1,4 +1,5 @@
 // Workspace: the forward pass's bump allocator over backend memory.
+#include "backend/backend.h"
 #include "model/workspace.h"
 
 #include <cstdint>

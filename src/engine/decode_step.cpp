@@ -56,26 +56,26 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
   const auto rows = static_cast<size_t>(config_.max_batch);
   // A verification's tokens each take a table row too.
   const auto table_rows = std::max(rows, static_cast<size_t>(config_.max_verify_tokens));
-  tables_ = BackendBuffer(&backend_, table_rows * static_cast<size_t>(width_) * 4);
-  inputs_ = BackendBuffer(&backend_, static_cast<size_t>(input_layout(config_.max_batch).bytes));
-  logits_ = BackendBuffer(&backend_, rows * static_cast<size_t>(model_.config().vocab_size) * 4);
+  tables_ = DeviceAllocation(&backend_, table_rows * static_cast<size_t>(width_) * 4);
+  inputs_ = DeviceAllocation(&backend_, static_cast<size_t>(input_layout(config_.max_batch).bytes));
+  logits_ = DeviceAllocation(&backend_, rows * static_cast<size_t>(model_.config().vocab_size) * 4);
   table_host_.assign(table_rows * static_cast<size_t>(width_), pad_);
   backend_.upload(tables_.data(), table_host_.data(), table_host_.size() * 4);
   row_used_.assign(table_rows, 0);
   staging_.resize(inputs_.size());
   if (config_.max_verify_tokens > 0) {
     const VerifyLayout l = verify_layout(config_.max_verify_tokens, config_.max_batch + 1);
-    verify_inputs_ = BackendBuffer(&backend_, static_cast<size_t>(l.bytes));
+    verify_inputs_ = DeviceAllocation(&backend_, static_cast<size_t>(l.bytes));
     staging_.resize(std::max(staging_.size(), static_cast<size_t>(l.bytes)));
     if (config_.graph_max_batch > 0 && backend_.supports_graphs()) {
       // A graph writes its logits at fixed addresses.
       verify_logits_ =
-          BackendBuffer(&backend_, static_cast<size_t>(config_.max_verify_tokens) *
+          DeviceAllocation(&backend_, static_cast<size_t>(config_.max_verify_tokens) *
                                        static_cast<size_t>(model_.config().vocab_size) * 4);
     }
     const int64_t floats = model_.kda_stash_floats(config_.max_verify_tokens);
     if (floats > 0) {
-      stash_buffer_ = BackendBuffer(&backend_, static_cast<size_t>(floats) * 4);
+      stash_buffer_ = DeviceAllocation(&backend_, static_cast<size_t>(floats) * 4);
       stash_ = {stash_buffer_.as<float>(), config_.max_verify_tokens};
     }
   }

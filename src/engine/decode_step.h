@@ -121,10 +121,10 @@ class DecodeStep {
   DecodeStepConfig config_;
   int64_t width_ = 0;  // table entries per row
   int32_t pad_ = 0;    // the cache's scratch block
-  BackendBuffer tables_, inputs_, logits_;
+  DeviceAllocation tables_, inputs_, logits_;
   // Verification: its per-token and per-sequence inputs, the KDA stash, and the last
   // verify's sequences (commit() reads them).
-  BackendBuffer verify_inputs_, stash_buffer_, verify_logits_;
+  DeviceAllocation verify_inputs_, stash_buffer_, verify_logits_;
   std::map<std::tuple<int64_t, int64_t, int64_t>, Graph> verify_graphs_;
   KdaStash stash_;
   int64_t verify_sequences_ = 0, verify_tokens_ = 0;

@@ -6,11 +6,11 @@
 
 namespace hyserve {
 
-KvCache::KvCache(Backend& backend, CachePlan plan, int64_t num_blocks)
-    : backend_(&backend), plan_(std::move(plan)), num_blocks_(num_blocks) {
+KvCache::KvCache(Device& device, CachePlan plan, int64_t num_blocks)
+    : device_(&device), plan_(std::move(plan)), num_blocks_(num_blocks) {
   CHECK(num_blocks >= 1, "KV cache: num_blocks must be >= 1, got ", num_blocks);
   CHECK(plan_.row_bytes > 0 && plan_.block_size > 0, "KV cache: empty plan");
-  pool_ = BackendBuffer(backend_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
+  pool_ = DeviceAllocation(device_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
 }
 
 void KvCache::check_block(int32_t block) const {
@@ -60,18 +60,18 @@ float* KvCache::kda_recurrent_state(int32_t block, int64_t layer) const {
 }
 
 void KvCache::zero_block(int32_t block) {
-  backend_->fill_zero(row(block), static_cast<size_t>(plan_.row_bytes));
+  device_->fill_zero(row(block), static_cast<size_t>(plan_.row_bytes));
 }
 
 void KvCache::copy_block(int32_t dst, int32_t src) {
   if (dst == src) return;
-  backend_->copy(row(dst), row(src), static_cast<size_t>(plan_.row_bytes));
+  device_->copy(row(dst), row(src), static_cast<size_t>(plan_.row_bytes));
 }
 
 void KvCache::grow(int64_t num_blocks) {
   if (num_blocks <= num_blocks_) return;
-  BackendBuffer bigger(backend_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
-  backend_->copy(bigger.data(), pool_.data(), static_cast<size_t>(num_blocks_ * plan_.row_bytes));
+  DeviceAllocation bigger(device_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
+  device_->copy(bigger.data(), pool_.data(), static_cast<size_t>(num_blocks_ * plan_.row_bytes));
   pool_ = std::move(bigger);
   num_blocks_ = num_blocks;
 }

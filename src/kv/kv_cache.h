@@ -1,4 +1,4 @@
-// KvCache: the packed hybrid block cache in backend memory (DESIGN.md "The packed hybrid
+// KvCache: the packed hybrid block cache in device memory (DESIGN.md "The packed hybrid
 // block cache"): num_blocks rows of plan.row_bytes, laid out by a CachePlan. A row is either
 // a token block (the latent and index-key pages of every full-attention layer) or a KDA
 // state block (one request's conv and recurrent states of every KDA layer); the block pool
@@ -14,7 +14,7 @@
 
 #include <cstdint>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 #include "core/paged.h"
 #include "kv/cache_plan.h"
 
@@ -22,7 +22,7 @@ namespace hyserve {
 
 class KvCache {
  public:
-  KvCache(Backend& backend, CachePlan plan, int64_t num_blocks);
+  KvCache(Device& device, CachePlan plan, int64_t num_blocks);
 
   const CachePlan& plan() const { return plan_; }
   int64_t num_blocks() const { return num_blocks_; }
@@ -39,7 +39,7 @@ class KvCache {
   uint8_t* index_page(int64_t layer) const;
   // FP8 index keys: the fp32 scales follow the block_size codes rows inside the page.
   float* index_scale_page(int64_t layer) const;
-  // PagedRows over a block table (in backend memory) for this pool.
+  // PagedRows over a block table (in device memory) for this pool.
   PagedRows pages(const int32_t* block_table) const;
 
   // KDA state tensors of layer `layer` in state row `block`; which: 0 q, 1 k, 2 v.
@@ -60,10 +60,10 @@ class KvCache {
   uint8_t* row(int32_t block) const;
   uint64_t address() const;
 
-  Backend* backend_;
+  Device* device_;
   CachePlan plan_;
   int64_t num_blocks_;
-  BackendBuffer pool_;
+  DeviceAllocation pool_;
 };
 
 }  // namespace hyserve

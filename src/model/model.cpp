@@ -86,19 +86,19 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
     for_each_tensor(
         weights_,
         [&](Weight& w) {
-          BackendBuffer data(backend_.get(), static_cast<size_t>(w.data_bytes()));
+          DeviceAllocation data(backend_.get(), static_cast<size_t>(w.data_bytes()));
           backend_->upload(data.data(), w.data, data.size());
           w.data = data.data();
           weight_buffers_.push_back(std::move(data));
           if (const auto sb = static_cast<size_t>(w.scale_bytes())) {
-            BackendBuffer scales(backend_.get(), sb);
+            DeviceAllocation scales(backend_.get(), sb);
             backend_->upload(scales.data(), w.scales, sb);
             w.scales = scales.data();
             weight_buffers_.push_back(std::move(scales));
           }
         },
         [&](Vec& v) {
-          BackendBuffer data(backend_.get(), static_cast<size_t>(v.size) * 4);
+          DeviceAllocation data(backend_.get(), static_cast<size_t>(v.size) * 4);
           backend_->upload(data.data(), v.data, data.size());
           v.data = data.as<float>();
           weight_buffers_.push_back(std::move(data));
@@ -543,7 +543,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
     if (boundary) {
       backend_->copy(h, out, static_cast<size_t>(t * d) * 4);
     } else {
-      backend_->add({h, out, t * d});
+      backend_->residual_add({h, out, t * d});
     }
     // h = h + mlp(rms(h)) (AttnRes: of rms(mix(bank, P))), over the whole batch.
     trace(layer_name(layer, "mlp"));
@@ -556,7 +556,7 @@ Model::Hidden Model::run_layers(Pass& pass, const int32_t* ids_dev, const int64_
     feed_forward(pass, layer, x, t, out);
     pass.ws.rewind(mark);
     dump(layer_name(layer, "mlp_out"), out, t, d);
-    backend_->add({h, out, t * d});
+    backend_->residual_add({h, out, t * d});
     dump(layer_name(layer, "hidden"), h, t, d);
   }
   return hs;
@@ -645,7 +645,7 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
     linear_into(latent, t, lw.moe.latent_up, out);
     p.y = pass.ws.floats(t * c.hidden_size);
     backend_->mlp(p);
-    backend_->add({out, p.y, t * c.hidden_size});
+    backend_->residual_add({out, p.y, t * c.hidden_size});
   } else {
     p.y = out;
     backend_->mlp(p);

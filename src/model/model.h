@@ -482,7 +482,7 @@ class Model {
   std::unique_ptr<Backend> backend_;
   LoadedWeights host_weights_;
   ModelWeights weights_;                       // views in backend memory
-  std::vector<BackendBuffer> weight_buffers_;  // backend copies (non-CPU backends)
+  std::vector<DeviceAllocation> weight_buffers_;  // backend copies (non-CPU backends)
   RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
   GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)
   CachePlanOptions cache_options_;

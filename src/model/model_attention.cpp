@@ -108,7 +108,7 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
   dump(layer_name(layer, "attn"), o, t, h * dv);
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
-  if (c.mla_output_gate) backend_->sigmoid_mul({o, px[2], t * h * dv});
+  if (c.mla_output_gate) backend_->sigmoid_gate({o, px[2], t * h * dv});
   linear_into(o, t, w.o_proj, out);
 }
 

@@ -56,7 +56,7 @@ void Model::tp_reduce(Pass& pass, float* data, int64_t n) const {
   float* all = pass.ws.floats(n * tp.size);
   tp.comm->all_gather(data, all, static_cast<size_t>(n) * 4);
   backend_->copy(data, all, static_cast<size_t>(n) * 4);
-  for (int r = 1; r < tp.size; ++r) backend_->add({data, all + r * n, n});
+  for (int r = 1; r < tp.size; ++r) backend_->residual_add({data, all + r * n, n});
   pass.ws.rewind(mark);
 }
 

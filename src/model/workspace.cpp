@@ -36,7 +36,7 @@ void* Workspace::take(size_t num_bytes) {
   CHECK(!frozen_, "workspace is frozen at ", capacity_bytes(), " bytes and cannot grow by ", need,
         " (the step is larger than the one it was sized for)");
   const size_t size = std::max({need, kMinBlock, capacity_bytes()});
-  blocks_.emplace_back(backend_, size);
+  blocks_.emplace_back(device_, size);
   current_ = blocks_.size() - 1;
   offset_ = need;
   return blocks_.back().data();
@@ -47,7 +47,7 @@ void Workspace::reserve(size_t num_bytes) {
   const size_t total = std::max(num_bytes, capacity_bytes());
   if (blocks_.size() != 1 || blocks_[0].size() < total) {
     blocks_.clear();
-    blocks_.emplace_back(backend_, total);
+    blocks_.emplace_back(device_, total);
   }
   reset();
 }
@@ -56,7 +56,7 @@ void Workspace::freeze() {
   if (blocks_.size() > 1) {
     const size_t total = capacity_bytes();
     blocks_.clear();
-    blocks_.emplace_back(backend_, total);
+    blocks_.emplace_back(device_, total);
   }
   reset();
   frozen_ = true;

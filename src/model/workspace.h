@@ -1,4 +1,4 @@
-// Workspace: the forward pass's scratch memory, a bump allocator over backend
+// Workspace: the forward pass's scratch memory, a bump allocator over device
 // memory. reset() at the start of a forward; mark()/rewind() free what a
 // per-sequence step took. It grows by adding blocks (never moving earlier ones)
 // until freeze(); after that a request beyond capacity is an error, so a frozen
@@ -9,7 +9,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "backend/backend.h"
+#include "backend/device.h"
 
 namespace hyserve {
 
@@ -18,7 +18,7 @@ class Workspace {
   // Every take is rounded up to a multiple of this (its address stays aligned to it).
   static constexpr size_t kAlignBytes = 256;
 
-  explicit Workspace(Backend* backend) : backend_(backend) {}
+  explicit Workspace(Device* device) : device_(device) {}
 
   struct Mark {
     size_t block;
@@ -47,8 +47,8 @@ class Workspace {
  private:
   void* take(size_t num_bytes);
 
-  Backend* backend_;
-  std::vector<BackendBuffer> blocks_;
+  Device* device_;
+  std::vector<DeviceAllocation> blocks_;
   size_t current_ = 0;  // block in use
   size_t offset_ = 0;   // bytes used in it
   bool frozen_ = false;

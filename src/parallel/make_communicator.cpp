@@ -1,6 +1,6 @@
 #include "parallel/make_communicator.h"
 
-#include "backend/backend.h"
+#include "backend/device.h"
 #if HYSERVE_WITH_NCCL
 #include "parallel/cuda/nccl_communicator.h"
 #endif
@@ -28,15 +28,15 @@ std::unique_ptr<Communicator> make_cpu_communicator(
 #endif
 }
 
-std::unique_ptr<Communicator> make_backend_communicator(Backend& backend, Store& store, int rank,
+std::unique_ptr<Communicator> make_backend_communicator(Device& device, Store& store, int rank,
                                                         int size, std::chrono::milliseconds timeout,
                                                         const std::string& prefix) {
-  if (backend.kind() == DeviceKind::kCpu) {
+  if (device.kind() == DeviceKind::kCpu) {
     return make_cpu_communicator(store, rank, size, timeout, prefix);
   }
 #if HYSERVE_WITH_NCCL
-  return make_nccl_communicator(
-      store, rank, size, 0, static_cast<cudaStream_t>(backend.native_stream()), timeout, prefix);
+  return make_nccl_communicator(store, rank, size, 0,
+                                static_cast<cudaStream_t>(device.native_stream()), timeout, prefix);
 #else
   if (size == 1) return make_cpu_communicator(store, rank, size, timeout, prefix);
   throw CommError(str_cat("a group of ", size, " GPUs needs NCCL: hyserve was built without it"));

@@ -10,7 +10,7 @@
 #include "parallel/store.h"
 
 namespace hyserve {
-class Backend;
+class Device;
 }
 
 namespace hyserve::parallel {
@@ -20,10 +20,10 @@ std::unique_ptr<Communicator> make_cpu_communicator(Store& store, int rank, int 
                                                     std::chrono::milliseconds timeout,
                                                     const std::string& prefix);
 
-// The communicator for buffers of `backend`: NCCL on its stream and device 0 (each rank's
-// process sees its one GPU) for the CUDA backend, make_cpu_communicator for the CPU one.
-// CommError when the backend's library was not built in.
-std::unique_ptr<Communicator> make_backend_communicator(Backend& backend, Store& store, int rank,
+// The communicator for buffers of `device` (a backend): NCCL on its stream and device 0 (each
+// rank's process sees its one GPU) for the CUDA backend, make_cpu_communicator for the CPU one.
+// CommError when the device's library was not built in.
+std::unique_ptr<Communicator> make_backend_communicator(Device& device, Store& store, int rank,
                                                         int size, std::chrono::milliseconds timeout,
                                                         const std::string& prefix);
 

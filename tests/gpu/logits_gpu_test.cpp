@@ -357,7 +357,7 @@ struct BackendBatch {
     return v;
   }
   Backend* backend;
-  std::vector<BackendBuffer> buffers;
+  std::vector<DeviceAllocation> buffers;
 };
 
 // The runner's sequence through both Backends: count the last outputs, penalties, bias,

@@ -143,129 +143,26 @@ class CudaBackend final : public Backend {
     }
   }
 
-  void linears(const LinearsParams& p) override {
-    const size_t need = cuda::linears_workspace_bytes(p.linears);
-    cuda::linears(p.linears, *blas_, scratch(need), need, stream_, linear_kernel());
+  // The op table: STREAM ops launch cuda::name(p, stream_); OWN ops are defined below the
+  // class (they take the scratch workspace, cuBLAS, per-weight device tables or the
+  // batch-invariant choice).
+#define HYSERVE_CUDA_OP_STREAM(name, P) \
+  void name(const P& p) override {      \
+    cuda::name(p, stream_);             \
   }
-  void linear(const LinearParams& p) override {
-    const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
-    cuda::linear(p, *blas_, scratch(need), need, stream_, linear_kernel());
-  }
-  void embedding_lookup(const EmbeddingParams& p) override { cuda::embedding_lookup(p, stream_); }
-  void rms_norm(const RmsNormParams& p) override { cuda::rms_norm(p, stream_); }
-  void layer_norm(const LayerNormParams& p) override { cuda::layer_norm(p, stream_); }
-  void attn_res_norm(const AttnResNormParams& p) override { cuda::attn_res_norm(p, stream_); }
-  void rope(const RopeOpParams& p) override {
-    auto it = rope_tables_.find(p.table);
-    if (it == rope_tables_.end()) {
-      CHECK(!frozen_, "RoPE table first used after the CUDA backend was frozen");
-      it = rope_tables_.emplace(p.table, cuda::DeviceRopeTable::upload(*p.table)).first;
-    }
-    if (p.neox) {
-      cuda::apply_rope_neox(it->second, p.rope, stream_);
-    } else {
-      cuda::apply_rope_interleaved(it->second, p.rope, stream_);
-    }
-  }
-  void mla_attention(const MlaAttentionOpParams& p) override {
-    // The GPU runs the absorbed form for prefill and decode alike.
-    const size_t need = cuda::mla_attention_workspace_bytes(p.attn);
-    cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_);
-  }
-  void hadamard_rotate(const HadamardParams& p) override {
-    cuda::hadamard_rotate(p.x, p.rows, p.dim, stream_);
-  }
-  void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) override {
-    cuda::quantize_fp8_ue8m0(p.x, p.rows, p.dim, p.q, p.scales, stream_);
-  }
-  void indexer_scores(const IndexerScoreParams& p) override { cuda::indexer_scores(p, stream_); }
-  void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) override {
-    cuda::indexer_scores_fp8_cache(p, stream_);
-  }
-  void causal_topk(const CausalTopkParams& p) override {
-    cuda::causal_topk(p.scores, p.q_pos, p.num_queries, p.num_keys, p.topk, p.out, stream_);
-  }
-  void short_conv_silu(const ShortConvParams& p) override { cuda::short_conv_silu(p, stream_); }
-  void kda_gate(const KdaGateParams& p) override { cuda::kda_gate(p, stream_); }
-  void l2norm_rows(const L2NormRowsParams& p) override {
-    cuda::l2norm_rows(p.x, p.rows, p.dim, p.scale, stream_);
-  }
-  void kda_recurrent(const KdaParams& p) override { cuda::kda_recurrent(p, stream_); }
-  void kda_chunked(const KdaParams& p) override {
-    const size_t need = cuda::kda_chunked_workspace_bytes(p);
-    cuda::kda_chunked(p, scratch(need), need, stream_);
-  }
-  void gated_rms_norm(const GatedRmsNormParams& p) override { cuda::gated_rms_norm(p, stream_); }
-  void kda_decode(const KdaDecodeParams& p) override { cuda::kda_decode(p, stream_); }
-  void mlp(const MlpParams& p) override {
-    const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
-    cuda::mlp(p, *blas_, scratch(need), need, stream_, linear_kernel());
-  }
-  void route_experts(const RouterParams& p) override {
-    const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts);
-    cuda::route_experts(p, scratch(need), need, stream_);
-  }
-  void moe(const MoeParams& p) override {
-    auto it = experts_.find(p.experts);
-    if (it == experts_.end()) {
-      CHECK(!frozen_, "MoE experts first used after the CUDA backend was frozen");
-      it = experts_.emplace(p.experts, cuda::MoeExperts::upload(p.experts, p.num_experts)).first;
-    }
-    const size_t need = cuda::moe_workspace_bytes(it->second, p.shared, p.num_tokens, p.top_k);
-    cuda::moe(p, it->second, *blas_, scratch(need), need, stream_, batch_invariant_);
-  }
+#define HYSERVE_CUDA_OP_OWN(name, P) void name(const P& p) override;
+#define HYSERVE_CUDA_OP(name, P, how) HYSERVE_CUDA_OP_##how(name, P)
+  HYSERVE_BACKEND_OPS(HYSERVE_CUDA_OP)
+#undef HYSERVE_CUDA_OP
+#undef HYSERVE_CUDA_OP_OWN
+#undef HYSERVE_CUDA_OP_STREAM
 
-  void add(const ResidualAddParams& p) override { cuda::residual_add(p, stream_); }
-  void sigmoid_mul(const SigmoidGateParams& p) override { cuda::sigmoid_gate(p, stream_); }
-  void sigmoid(const SigmoidParams& p) override { cuda::sigmoid(p, stream_); }
-  void scale(const ScaleParams& p) override { cuda::scale(p, stream_); }
-  void mul(const MulParams& p) override { cuda::mul(p, stream_); }
-  void dcp_localize(const DcpLocalizeParams& p) override { cuda::dcp_localize(p, stream_); }
-  void attention_merge(const AttentionMergeParams& p) override {
-    cuda::attention_merge(p, stream_);
-  }
-  void topk_merge_pack(const TopkMergeParams& p) override { cuda::topk_merge_pack(p, stream_); }
-  void topk_merge_decide(const TopkMergeParams& p) override { cuda::topk_merge_decide(p, stream_); }
-  void topk_merge_resend_pack(const TopkMergeParams& p) override {
-    cuda::topk_merge_resend_pack(p, stream_);
-  }
-  void topk_merge_resend_decide(const TopkMergeParams& p) override {
-    cuda::topk_merge_resend_decide(p, stream_);
-  }
-  void scatter_rows(const ScatterRowsParams& p) override { cuda::scatter_rows(p, stream_); }
-  void gather_rows(const GatherRowsParams& p) override { cuda::gather_rows(p, stream_); }
-  void copy_2d(const Copy2dParams& p) override {
-    if (p.rows == 0 || p.width == 0) return;
-    CUDA_CHECK(cudaMemcpy2DAsync(p.dst, static_cast<size_t>(p.dst_stride) * 4, p.src,
-                                 static_cast<size_t>(p.src_stride) * 4,
-                                 static_cast<size_t>(p.width) * 4, static_cast<size_t>(p.rows),
-                                 cudaMemcpyDeviceToDevice, stream_));
-  }
-  void quantize_e4m3(const QuantizeE4m3Params& p) override { cuda::quantize_e4m3(p, stream_); }
-  void round_bf16(const RoundBf16Params& p) override { cuda::round_bf16(p, stream_); }
-  void mla_absorb_q(const MlaAbsorbParams& p) override { cuda::mla_absorb_q(p, stream_); }
-  void mla_project_uv(const MlaProjectParams& p) override { cuda::mla_project_uv(p, stream_); }
-  void dsa_query_slots(const DsaQuerySlotsParams& p) override { cuda::dsa_query_slots(p, stream_); }
-  void dsa_mla_decode(const DsaMlaParams& p) override {
-    const size_t need = cuda::dsa_mla_workspace_bytes(p);
-    cuda::dsa_mla_decode(p, scratch(need), need, stream_, batch_invariant_);
-  }
-  void dsa_decode(const DsaDecodeParams& p) override {
-    const size_t need = cuda::dsa_decode_workspace_bytes(p);
-    cuda::dsa_decode(p, scratch(need), need, stream_, batch_invariant_);
-  }
   size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
     return cuda::dsa_decode_workspace_bytes(p);
   }
-  void reserve_scratch(size_t num_bytes) override { scratch(num_bytes); }
-
-  void apply_penalties(const PenaltyParams& p) override { cuda::apply_penalties(p, stream_); }
-  void count_tokens(const CountTokensParams& p) override { cuda::count_tokens(p, stream_); }
-  void adjust_logits(const LogitAdjustParams& p) override { cuda::adjust_logits(p, stream_); }
-  void apply_token_mask(const TokenMaskParams& p) override { cuda::apply_token_mask(p, stream_); }
-  void token_logprobs(const LogprobParams& p) override { cuda::token_logprobs(p, stream_); }
-  void sample_tokens(const SampleParams& p) override { cuda::sample_tokens(p, stream_); }
-  void gather_tokens(const GatherTokensParams& p) override { cuda::gather_tokens(p, stream_); }
+  void reserve_scratch(size_t num_bytes) override {
+    scratch(num_bytes);
+  }
 
  private:
   cuda::LinearKernel linear_kernel() const {
@@ -300,6 +197,78 @@ class CudaBackend final : public Backend {
   bool frozen_ = false;
   bool batch_invariant_ = false;
 };
+
+void CudaBackend::linear(const LinearParams& p) {
+  const size_t need = cuda::linear_workspace_bytes(*p.w, p.num_tokens);
+  cuda::linear(p, *blas_, scratch(need), need, stream_, linear_kernel());
+}
+
+void CudaBackend::linears(const LinearsParams& p) {
+  const size_t need = cuda::linears_workspace_bytes(p.linears);
+  cuda::linears(p.linears, *blas_, scratch(need), need, stream_, linear_kernel());
+}
+
+void CudaBackend::mlp(const MlpParams& p) {
+  const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
+  cuda::mlp(p, *blas_, scratch(need), need, stream_, linear_kernel());
+}
+
+void CudaBackend::route_experts(const RouterParams& p) {
+  const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts);
+  cuda::route_experts(p, scratch(need), need, stream_);
+}
+
+void CudaBackend::moe(const MoeParams& p) {
+  auto it = experts_.find(p.experts);
+  if (it == experts_.end()) {
+    CHECK(!frozen_, "MoE experts first used after the CUDA backend was frozen");
+    it = experts_.emplace(p.experts, cuda::MoeExperts::upload(p.experts, p.num_experts)).first;
+  }
+  const size_t need = cuda::moe_workspace_bytes(it->second, p.shared, p.num_tokens, p.top_k);
+  cuda::moe(p, it->second, *blas_, scratch(need), need, stream_, batch_invariant_);
+}
+
+void CudaBackend::rope(const RopeOpParams& p) {
+  auto it = rope_tables_.find(p.table);
+  if (it == rope_tables_.end()) {
+    CHECK(!frozen_, "RoPE table first used after the CUDA backend was frozen");
+    it = rope_tables_.emplace(p.table, cuda::DeviceRopeTable::upload(*p.table)).first;
+  }
+  if (p.neox) {
+    cuda::apply_rope_neox(it->second, p.rope, stream_);
+  } else {
+    cuda::apply_rope_interleaved(it->second, p.rope, stream_);
+  }
+}
+
+void CudaBackend::mla_attention(const MlaAttentionOpParams& p) {
+  // The GPU runs the absorbed form for prefill and decode alike.
+  const size_t need = cuda::mla_attention_workspace_bytes(p.attn);
+  cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_);
+}
+
+void CudaBackend::kda_chunked(const KdaParams& p) {
+  const size_t need = cuda::kda_chunked_workspace_bytes(p);
+  cuda::kda_chunked(p, scratch(need), need, stream_);
+}
+
+void CudaBackend::copy_2d(const Copy2dParams& p) {
+  if (p.rows == 0 || p.width == 0) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(p.dst, static_cast<size_t>(p.dst_stride) * 4, p.src,
+                               static_cast<size_t>(p.src_stride) * 4,
+                               static_cast<size_t>(p.width) * 4, static_cast<size_t>(p.rows),
+                               cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::dsa_mla_decode(const DsaMlaParams& p) {
+  const size_t need = cuda::dsa_mla_workspace_bytes(p);
+  cuda::dsa_mla_decode(p, scratch(need), need, stream_, batch_invariant_);
+}
+
+void CudaBackend::dsa_decode(const DsaDecodeParams& p) {
+  const size_t need = cuda::dsa_decode_workspace_bytes(p);
+  cuda::dsa_decode(p, scratch(need), need, stream_, batch_invariant_);
+}
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #include "kernels/elementwise/cpu.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "util/error.h"
 #include "util/parallel.h"
@@ -76,6 +77,12 @@ void dcp_localize(const DcpLocalizeParams& p) {
     p.local_pos[i] = dcp_causal_bound(pos, p.rank, p.size);
     p.local_slot[i] = dcp_owner(pos, p.size) == p.rank ? p.slots[i] : -1;
   }
+}
+
+void copy_2d(const Copy2dParams& p) {
+  for (int64_t r = 0; r < p.rows; ++r)
+    std::memmove(p.dst + r * p.dst_stride, p.src + r * p.src_stride,
+                 static_cast<size_t>(p.width) * sizeof(float));
 }
 
 }  // namespace hyserve::cpu

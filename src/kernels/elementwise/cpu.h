@@ -12,5 +12,6 @@ void sigmoid(const SigmoidParams& p);
 void scale(const ScaleParams& p);
 void mul(const MulParams& p);
 void dcp_localize(const DcpLocalizeParams& p);
+void copy_2d(const Copy2dParams& p);
 
 }  // namespace hyserve::cpu

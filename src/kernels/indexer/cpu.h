@@ -26,4 +26,15 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p);
 void causal_topk(const float* scores /* [T, S] */, const int64_t* q_pos /* [T] */, int64_t T,
                  int64_t S, int64_t topk, int32_t* out /* [T, topk] */);
 
+// The backend ops (backend/ops.h) over their Params.
+inline void hadamard_rotate(const HadamardParams& p) {
+  hadamard_rotate(p.x, p.rows, p.dim);
+}
+inline void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p) {
+  quantize_fp8_ue8m0(p.x, p.rows, p.dim, p.q, p.scales);
+}
+inline void causal_topk(const CausalTopkParams& p) {
+  causal_topk(p.scores, p.q_pos, p.num_queries, p.num_keys, p.topk, p.out);
+}
+
 }  // namespace hyserve::cpu

@@ -43,4 +43,15 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t 
 void causal_topk(const float* scores /* [T, S] */, const int64_t* q_pos /* [T] */, int64_t T,
                  int64_t S, int64_t topk, int32_t* out /* [T, topk] */, cudaStream_t stream);
 
+// The backend ops (backend/ops.h) over their Params.
+inline void hadamard_rotate(const HadamardParams& p, cudaStream_t stream) {
+  hadamard_rotate(p.x, p.rows, p.dim, stream);
+}
+inline void quantize_fp8_ue8m0(const QuantizeFp8Ue8m0Params& p, cudaStream_t stream) {
+  quantize_fp8_ue8m0(p.x, p.rows, p.dim, p.q, p.scales, stream);
+}
+inline void causal_topk(const CausalTopkParams& p, cudaStream_t stream) {
+  causal_topk(p.scores, p.q_pos, p.num_queries, p.num_keys, p.topk, p.out, stream);
+}
+
 }  // namespace hyserve::cuda

@@ -18,6 +18,9 @@ void kda_gate(const KdaGateParams& p);
 
 // Each row of x [rows, dim] becomes x / sqrt(sum x^2 + 1e-6) * scale, in place.
 void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale);
+inline void l2norm_rows(const L2NormRowsParams& p) {
+  l2norm_rows(p.x, p.rows, p.dim, p.scale);
+}
 
 // Token by token (decode; also the definition the chunked form must match).
 void kda_recurrent(const KdaParams& p);

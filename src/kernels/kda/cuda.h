@@ -22,6 +22,9 @@ void kda_gate(const KdaGateParams& p, cudaStream_t stream);
 
 // Each row of x [rows, dim] becomes x / sqrt(sum x^2 + 1e-6) * scale, in place.
 void l2norm_rows(float* x, int64_t rows, int64_t dim, float scale, cudaStream_t stream);
+inline void l2norm_rows(const L2NormRowsParams& p, cudaStream_t stream) {
+  l2norm_rows(p.x, p.rows, p.dim, p.scale, stream);
+}
 
 // Token by token (one-token prefill chunks). Grid: heads x V-slices of 32 columns (the
 // columns of S are independent given k, q, g, beta).

@@ -99,4 +99,8 @@ void embedding_lookup(const EmbeddingParams& p) {
       16);
 }
 
+void linears(const LinearsParams& p) {
+  for (const LinearParams& l : p.linears) linear(l);
+}
+
 }  // namespace hyserve::cpu

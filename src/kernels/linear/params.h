@@ -45,6 +45,8 @@ struct EmbeddingParams {
 namespace cpu {
 
 void linear(const LinearParams& p);
+// Each of p.linears as linear() computes it.
+void linears(const LinearsParams& p);
 // Throws naming the id when one is outside [0, vocab_size).
 void embedding_lookup(const EmbeddingParams& p);
 

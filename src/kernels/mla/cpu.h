@@ -15,4 +15,13 @@ void mla_attention_expanded(const MlaAttentionParams& p);
 // o_lat = softmax(logit) @ c; o = W_UV o_lat.
 void mla_attention_absorbed(const MlaAttentionParams& p);
 
+// The backend op: p.attn in the form p.absorbed names.
+inline void mla_attention(const MlaAttentionOpParams& p) {
+  if (p.absorbed) {
+    mla_attention_absorbed(p.attn);
+  } else {
+    mla_attention_expanded(p.attn);
+  }
+}
+
 }  // namespace hyserve::cpu

@@ -11,5 +11,13 @@ namespace hyserve::cpu {
 
 void apply_rope_interleaved(const RopeTable& table, const RopeParams& p);
 void apply_rope_neox(const RopeTable& table, const RopeParams& p);
+// The backend op: p.rope rotated with p.table's angles in p's pairing.
+inline void rope(const RopeOpParams& p) {
+  if (p.neox) {
+    apply_rope_neox(*p.table, p.rope);
+  } else {
+    apply_rope_interleaved(*p.table, p.rope);
+  }
+}
 
 }  // namespace hyserve::cpu
