@@ -1,5 +1,4 @@
 // Workspace: the forward pass's bump allocator over backend memory.
-#include "backend/backend.h"
 #include "model/workspace.h"
 
 #include <cstdint>
@@ -7,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/backend.h"
 #include "util/error.h"
 
 namespace hyserve {
