@@ -1,3 +1,4 @@
+// The Worker (worker.h): a rank's shard loaded, warmed up, its KV pool planned and agreed.
 #include "engine/worker.h"
 
 #include <algorithm>
