@@ -25,7 +25,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda/device_buffer.h"
-#include "kernels/dsa/cuda.h"
+#include "kernels/attention/dsa/cuda.h"
 #include "peaks.h"
 #include "util/cuda_check.h"
 

@@ -6,7 +6,7 @@
 //                       rank: time, algorithm bandwidth (bytes / time) and bus bandwidth
 //                       (nccl-tests' definitions: all_reduce x 2 (N-1)/N, the others x (N-1)/N)
 //   --case merge        the DCP top-k merge as the model runs it (the backend's steps of
-//                       kernels/topk_merge with the communicator's all_gathers), exact vs
+//                       kernels/attention/topk_merge with the communicator's all_gathers), exact vs
 //                       generic (every rank's full top-k as score + position, 8 bytes each):
 //                       bytes sent per rank and time, for --rows rows (64 requests x 5 query
 //                       tokens) of --context keys over the group, k = --topk
@@ -227,7 +227,7 @@ void merge(const Args& a) {
           return DeviceAllocation(&backend, std::max<size_t>(bytes, 8));
         };
         DeviceAllocation d_scores = buffer(scores.size() * 4), d_topk = buffer(topk.size() * 4),
-                      selected = buffer(topk.size() * 4);
+                         selected = buffer(topk.size() * 4);
         backend.upload(d_scores.data(), scores.data(), scores.size() * 4);
         backend.upload(d_topk.data(), topk.data(), topk.size() * 4);
         TopkMergeParams p = parallel::topk_merge_params(d_scores.as<float>(), local_keys,

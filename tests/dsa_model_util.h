@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "kernels/dsa/params.h"
+#include "kernels/attention/dsa/params.h"
 #include "kv/cache_format.h"
 #include "model/model.h"
 #include "model/random_weights.h"

@@ -1,8 +1,8 @@
-// CPU reference of DSA decode over the packed cache (kernels/dsa/cpu.h): sparse MLA over
+// CPU reference of DSA decode over the packed cache (kernels/attention/dsa/cpu.h): sparse MLA over
 // a top-k that holds every visible key equals dense MLA bitwise; the top-k tie rule
 // (higher score, then lower position); short, empty and all-masked rows; indexer scores
 // against the formula of MODEL.md §3.6 computed independently.
-#include "kernels/dsa/cpu.h"
+#include "kernels/attention/dsa/cpu.h"
 
 #include <cmath>
 #include <cstring>

@@ -1,4 +1,4 @@
-// A packed block pool for DSA decode tests (kernels/dsa/params.h), on the host: random
+// A packed block pool for DSA decode tests (kernels/attention/dsa/params.h), on the host: random
 // finite e4m3 latents and index keys, power-of-two key scales, shuffled block tables,
 // the layer's pages at non-zero offsets inside each row (another layer's pages before
 // them), and random queries. Shared by the CPU and GPU DSA tests.
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "kernels/dsa/params.h"
+#include "kernels/attention/dsa/params.h"
 
 namespace hyserve::test {
 

@@ -15,7 +15,7 @@
 
 #include "core/dtype.h"
 #include "dsa_model_util.h"
-#include "kernels/latent/cpu.h"
+#include "kernels/attention/latent/cpu.h"
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "paged_test_util.h"

@@ -1,7 +1,7 @@
 // DSA lightning indexer: Hadamard rotation, ue8m0 FP8 quantization, the fp32 and FP8
 // scores against naive formulas written here, the FP8 key-cache entry, and causal top-k
 // against a naive stable sort.
-#include "kernels/indexer/cpu.h"
+#include "kernels/attention/indexer/cpu.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,7 +1,7 @@
 // MLA attention over the latent cache: the absorbed form against the expanded form, both
 // against a naive double-precision attention written here, the top-k path against the
 // dense path, and the empty / invalid cases.
-#include "kernels/mla/cpu.h"
+#include "kernels/attention/mla/cpu.h"
 
 #include <cmath>
 #include <cstring>
@@ -12,7 +12,7 @@
 #include <gtest/gtest.h>
 
 #include "core/dtype.h"
-#include "kernels/indexer/cpu.h"
+#include "kernels/attention/indexer/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {

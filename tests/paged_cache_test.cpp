@@ -15,9 +15,9 @@
 #include <gtest/gtest.h>
 
 #include "backend/backend.h"
+#include "kernels/attention/indexer/cpu.h"
+#include "kernels/attention/mla/cpu.h"
 #include "kernels/cache/cpu.h"
-#include "kernels/indexer/cpu.h"
-#include "kernels/mla/cpu.h"
 #include "kv/block_table.h"
 #include "kv/kv_cache.h"
 #include "model/config.h"

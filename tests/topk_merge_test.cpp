@@ -2,7 +2,7 @@
 // keys (ranks as threads, Gloo): random scores, a skew that puts most of the top-k on one
 // rank (the resend path), heavy ties across ranks, rows shorter than k; and the bytes it
 // moves against the generic merge. The same cases through the backend ops
-// (kernels/topk_merge, the model's path) on the CPU backend, against both.
+// (kernels/attention/topk_merge, the model's path) on the CPU backend, against both.
 #include "parallel/topk_merge.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Helpers of the top-k merge tests: rows of scores over global positions, the single-rank
-// top-k they must equal, and a driver that runs the merge steps of kernels/topk_merge on a
-// backend for `world` ranks in one process (the all_gathers done by concatenation), as
+// top-k they must equal, and a driver that runs the merge steps of kernels/attention/topk_merge on
+// a backend for `world` ranks in one process (the all_gathers done by concatenation), as
 // Model::merge_selection runs them on each rank.
 #pragma once
 
@@ -16,7 +16,7 @@
 
 #include "backend/backend.h"
 #include "core/order_key.h"
-#include "kernels/topk_merge/params.h"
+#include "kernels/attention/topk_merge/params.h"
 #include "parallel/topk_merge.h"
 
 namespace hyserve::test {

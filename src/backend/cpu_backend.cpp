@@ -8,22 +8,22 @@
 #include <sys/mman.h>
 
 #include "backend/backend.h"
-#include "kernels/attention_merge/cpu.h"
+#include "kernels/attention/dsa/cpu.h"
+#include "kernels/attention/indexer/cpu.h"
+#include "kernels/attention/latent/cpu.h"
+#include "kernels/attention/merge/cpu.h"
+#include "kernels/attention/mla/cpu.h"
+#include "kernels/attention/topk_merge/cpu.h"
 #include "kernels/cache/cpu.h"
-#include "kernels/dsa/cpu.h"
 #include "kernels/elementwise/cpu.h"
-#include "kernels/indexer/cpu.h"
 #include "kernels/kda/cpu.h"
-#include "kernels/latent/cpu.h"
 #include "kernels/linear/params.h"
 #include "kernels/logits/cpu.h"
-#include "kernels/mla/cpu.h"
 #include "kernels/mlp/params.h"
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"
 #include "kernels/rope/cpu.h"
 #include "kernels/sampling/cpu.h"
-#include "kernels/topk_merge/cpu.h"
 #include "util/error.h"
 
 namespace hyserve {

@@ -40,7 +40,7 @@ struct ModelOptions {
   bool indexer_fp8 = false;
   // How the MLA latents are cached: kFp32 (the exact reference) or kFp8 (576 e4m3 codes
   // per token with a per-layer scale, MODEL.md §6; DSA models only: attention then runs
-  // on the DSA kernels, kernels/dsa/params.h).
+  // on the DSA kernels, kernels/attention/dsa/params.h).
   LatentCacheDtype latent_cache = LatentCacheDtype::kFp32;
   // With the FP8 latent and FP8 index keys, decode batches run the indexer, the top-k and
   // the sparse MLA as the DSA decode step (Backend::dsa_decode). Off: the generic chunked
@@ -408,13 +408,13 @@ class Model {
   // [r * h, (r + 1) * h), from this rank's [T, h, dq].
   const float* group_queries(Pass& pass, const float* q, int64_t t, int64_t h, int64_t dq) const;
   // Decode context parallelism: replaces each row's local top-k by this rank's share of
-  // the group's exact top-k (kernels/topk_merge/params.h), in backend memory. When a row
+  // the group's exact top-k (kernels/attention/topk_merge/params.h), in backend memory. When a row
   // needs round 2 it reads a count back (a host sync: no decode graphs with DCP + DSA).
   void merge_selection(Pass& pass, const float* scores, int64_t num_keys, int64_t rows, int64_t k,
                        int32_t* selected) const;
   int32_t* index_select(Pass& pass, int64_t layer, const IndexQuery& iq, int64_t num_tokens,
                         const int64_t* pos, std::span<const SequenceSlice> seqs) const;
-  // MLA over the fp32 or bf16 latent (kernels/mla): dense, or over the indexer's top-k.
+  // MLA over the fp32 or bf16 latent (kernels/attention/mla): dense, or over the indexer's top-k.
   void latent_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
                         const float* q, int64_t num_tokens, const int64_t* pos,
                         const int64_t* slots, std::span<const SequenceSlice> seqs, float* o) const;
@@ -481,7 +481,7 @@ class Model {
   ModelOptions options_;
   std::unique_ptr<Backend> backend_;
   LoadedWeights host_weights_;
-  ModelWeights weights_;                       // views in backend memory
+  ModelWeights weights_;                          // views in backend memory
   std::vector<DeviceAllocation> weight_buffers_;  // backend copies (non-CPU backends)
   RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
   GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)

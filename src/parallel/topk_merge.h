@@ -23,7 +23,7 @@
 #include <span>
 #include <vector>
 
-#include "kernels/topk_merge/params.h"
+#include "kernels/attention/topk_merge/params.h"
 #include "parallel/communicator.h"
 
 namespace hyserve {
@@ -76,7 +76,7 @@ struct MergeScratch {
 size_t merge_scratch_bytes(const TopkMergeParams& p);
 MergeScratch bind_merge_scratch(TopkMergeParams& p, void* scratch);
 
-// The merge as the model runs it, in backend memory (kernels/topk_merge/params.h): the
+// The merge as the model runs it, in backend memory (kernels/attention/topk_merge/params.h): the
 // backend's steps with comm's all_gathers between them. p's inputs and scratch are set
 // except gathered / gathered2, given here writable: gathered [world, rows, c + 1] uint32,
 // gathered2 and p.send2 sized for every row ([world, rows, k] and [rows, k] uint64), so

@@ -10,8 +10,8 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
-#include "kernels/attention_merge/cpu.h"
-#include "kernels/attention_merge/cuda.h"
+#include "kernels/attention/merge/cpu.h"
+#include "kernels/attention/merge/cuda.h"
 #include "kernels/elementwise/cpu.h"
 #include "kernels/elementwise/cuda.h"
 

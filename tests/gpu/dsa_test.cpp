@@ -1,8 +1,8 @@
-// CUDA DSA decode (kernels/dsa/cuda.h) against the CPU reference over the same packed
+// CUDA DSA decode (kernels/attention/dsa/cuda.h) against the CPU reference over the same packed
 // pool bytes: indexer scores within the FP8 tensor cores' accumulation tolerance; sparse
 // and dense MLA o_lat / lse within the fp16 tolerance; the whole step. The top-k's own
 // tests are in dsa_topk_test.cpp.
-#include "kernels/dsa/cuda.h"
+#include "kernels/attention/dsa/cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -21,7 +21,7 @@
 #include "core/dtype.h"
 #include "dsa_test_pool.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/dsa/cpu.h"
+#include "kernels/attention/dsa/cpu.h"
 
 namespace hyserve {
 namespace {

@@ -1,6 +1,6 @@
-// CUDA DSA top-k (kernels/dsa/cuda.h) against cpu::dsa_topk, exactly (slots and positions):
-// ties, short, empty and all-masked rows, 1M rows, rows from lists, refined lists and the
-// whole row, ties at the threshold across tiles and chunks, clustered and spread winners,
+// CUDA DSA top-k (kernels/attention/dsa/cuda.h) against cpu::dsa_topk, exactly (slots and
+// positions): ties, short, empty and all-masked rows, 1M rows, rows from lists, refined lists and
+// the whole row, ties at the threshold across tiles and chunks, clustered and spread winners,
 // misaligned rows. The indexer, MLA and whole-step tests are in dsa_test.cpp.
 #include <algorithm>
 #include <cmath>
@@ -15,8 +15,8 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
-#include "kernels/dsa/cpu.h"
-#include "kernels/dsa/cuda.h"
+#include "kernels/attention/dsa/cpu.h"
+#include "kernels/attention/dsa/cuda.h"
 
 namespace hyserve {
 namespace {

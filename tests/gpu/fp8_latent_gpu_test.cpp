@@ -1,4 +1,4 @@
-// The FP8 MLA latent on the GPU: the CUDA helper ops (kernels/latent) against the CPU
+// The FP8 MLA latent on the GPU: the CUDA helper ops (kernels/attention/latent) against the CPU
 // reference, and a DSA-shaped tiny model with the FP8 latent on CUDA against the CPU, and
 // with decode graphs against eager decode.
 #include <algorithm>
@@ -16,8 +16,8 @@
 #include "dsa_model_util.h"
 #include "engine/decode_step.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/latent/cpu.h"
-#include "kernels/latent/cuda.h"
+#include "kernels/attention/latent/cpu.h"
+#include "kernels/attention/latent/cuda.h"
 #include "model/model.h"
 #include "model/random_weights.h"
 

@@ -2,7 +2,7 @@
 // scores within fp32 summation-order tolerance (the tensor-core scorer on paged caches
 // within its accumulation tolerance), causal top-k exactly (sets and order, ties at the
 // threshold, short and fully masked rows, 1M-key rows).
-#include "kernels/indexer/cuda.h"
+#include "kernels/attention/indexer/cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -16,7 +16,7 @@
 
 #include "core/dtype.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/indexer/cpu.h"
+#include "kernels/attention/indexer/cpu.h"
 
 namespace hyserve {
 namespace {

@@ -1,7 +1,7 @@
 // CUDA MLA attention (absorbed, split-KV) against the CPU absorbed op: dense causal and
 // top-k, prefill and decode, long contexts (many splits), queries that see no key, and
 // kv_b in every Weight format (F32, BF16, FP8 block, MXFP4).
-#include "kernels/mla/cuda.h"
+#include "kernels/attention/mla/cuda.h"
 
 #include <algorithm>
 #include <cmath>
@@ -15,9 +15,9 @@
 
 #include "core/dtype.h"
 #include "gpu/gpu_test_util.h"
-#include "kernels/latent/cpu.h"
-#include "kernels/latent/cuda.h"
-#include "kernels/mla/cpu.h"
+#include "kernels/attention/latent/cpu.h"
+#include "kernels/attention/latent/cuda.h"
+#include "kernels/attention/mla/cpu.h"
 
 namespace hyserve {
 namespace {

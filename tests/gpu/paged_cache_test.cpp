@@ -12,12 +12,12 @@
 #include <gtest/gtest.h>
 
 #include "gpu/gpu_test_util.h"
+#include "kernels/attention/indexer/cpu.h"
+#include "kernels/attention/indexer/cuda.h"
+#include "kernels/attention/mla/cpu.h"
+#include "kernels/attention/mla/cuda.h"
 #include "kernels/cache/cpu.h"
 #include "kernels/cache/cuda.h"
-#include "kernels/indexer/cpu.h"
-#include "kernels/indexer/cuda.h"
-#include "kernels/mla/cpu.h"
-#include "kernels/mla/cuda.h"
 #include "paged_test_util.h"
 #include "util/error.h"
 

@@ -1,4 +1,4 @@
-// The DCP top-k merge steps on the GPU (kernels/topk_merge) against the CPU ops, ranks
+// The DCP top-k merge steps on the GPU (kernels/attention/topk_merge) against the CPU ops, ranks
 // simulated in one process: every rank's share equal (integer keys), the union the
 // single-rank top-k, the same rows resent; at the DSA shape (k = 2048, W = 8, 32K keys)
 // and small k, with a skew that forces round 2 and ties that span ranks.
