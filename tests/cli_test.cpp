@@ -44,6 +44,36 @@ TEST(Cli, InfoOnKimiK31ProShowsCacheBytes) {
   EXPECT_NE(r.output.find("total 2.78T"), std::string::npos) << r.output;
 }
 
+// The attention backend the flags lead to, as serve would choose it at load.
+TEST(Cli, InfoNamesTheAttentionBackend) {
+  if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
+  const std::string info = "info " + shared_configs() + "/kimi-k3.1-pro-published.json";
+  const RunResult def = run(info);
+  ASSERT_EQ(def.exit_code, 0) << def.output;
+  EXPECT_NE(def.output.find("attention backend: dsa_fp8_fused (sparse MLA over the FP8 latent"),
+            std::string::npos)
+      << def.output;
+  const RunResult dcp = run(info + " --dcp 2");
+  EXPECT_NE(dcp.output.find("attention backend: dsa_fp8 ("), std::string::npos) << dcp.output;
+  EXPECT_NE(dcp.output.find("the fused DSA decode step not under DCP"), std::string::npos)
+      << dcp.output;
+  const RunResult bf16 = run(info + " --kv-cache-dtype bf16");
+  EXPECT_NE(bf16.output.find("attention backend: mla_sparse"), std::string::npos) << bf16.output;
+  const RunResult dense = run(info + " --kv-cache-dtype bf16 --attention-backend mla");
+  ASSERT_EQ(dense.exit_code, 0) << dense.output;
+  EXPECT_NE(dense.output.find("attention backend: none (attention backend mla cannot run: this "
+                              "kimi_k3 model has the DSA indexer"),
+            std::string::npos)
+      << dense.output;
+  const RunResult json = run(info + " --json --index-cache-dtype fp32");
+  EXPECT_NE(json.output.find("\"attention_backend\": \"dsa_fp8\""), std::string::npos)
+      << json.output;
+  const RunResult bad = run(info + " --attention-backend flashmla");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+  EXPECT_NE(bad.output.find("unknown attention backend 'flashmla'"), std::string::npos)
+      << bad.output;
+}
+
 TEST(Cli, InfoOnKimiK3ShowsDenseMlaCache) {
   if (!has_shared_configs()) GTEST_SKIP() << "shared/configs not found";
   const RunResult r = run("info " + shared_configs() + "/kimi-k3-published.json");
@@ -221,6 +251,7 @@ TEST(Cli, ServeRefusesBadFlagsBeforeLoading) {
        "method 'dspark' is refused until its drafter is specified"},
       {"--speculative-config '{\"method\": \"ngram\"}'", "num_speculative_tokens is required"},
       {"--speculative-config 'ngram'", "--speculative-config is not JSON"},
+      {"--attention-backend flashmla", "unknown attention backend 'flashmla' (one of auto, mla"},
       {"--async-scheduling --speculative-config "
        "'{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'",
        "speculative decoding runs without asynchronous scheduling"},

@@ -34,11 +34,11 @@ inline ModelConfig dsa_config(const char* dir) {
 // Random weights (seed 11), FP8 index keys, the given latent format; backend null: CPU.
 inline std::unique_ptr<Model> make_dsa_model(const ModelConfig& c, LatentCacheDtype latent,
                                              std::unique_ptr<Backend> backend = nullptr,
-                                             bool dsa_decode_ops = true) {
+                                             AttentionBackend attention = AttentionBackend::kAuto) {
   ModelOptions o;
   o.indexer_fp8 = true;
   o.latent_cache = latent;
-  o.dsa_decode_ops = dsa_decode_ops;
+  o.attention_backend = attention;
   return Model::create(c, std::make_unique<RandomWeights>(c, 11), o, std::move(backend));
 }
 

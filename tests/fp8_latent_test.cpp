@@ -242,7 +242,9 @@ void first_attention_close_to_fp32(const char* model, LatentCacheDtype latent, d
 TEST_P(Fp8LatentModel, PrefillThenDecodeEqualsOneLongPrefill) {
   const ModelConfig c = dsa_config(GetParam());
   for (const bool dsa_ops : {true, false}) {
-    const auto m = test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, dsa_ops);
+    const auto m =
+        test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr,
+                             dsa_ops ? AttentionBackend::kDsaFp8Fused : AttentionBackend::kDsaFp8);
     const std::vector<int32_t> tokens = random_prompt(22, 6, c.vocab_size);
     const std::vector<float> all = prompt_logits(*m, tokens);
     SequenceState s = m->new_sequence();
@@ -326,8 +328,11 @@ TEST_P(Fp8LatentModel, DsaDecodeOpsEqualTheGenericPath) {
   std::vector<std::vector<int32_t>> outputs[2];
   std::vector<std::vector<float>> logits[2];
   for (int variant = 0; variant < 2; ++variant) {
-    const auto m =
-        test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, /*dsa_decode_ops=*/variant == 0);
+    const auto m = test::make_dsa_model(
+        c, LatentCacheDtype::kFp8, nullptr,
+        variant == 0 ? AttentionBackend::kDsaFp8Fused : AttentionBackend::kDsaFp8);
+    ASSERT_EQ(m->attention().backend,
+              variant == 0 ? AttentionBackend::kDsaFp8Fused : AttentionBackend::kDsaFp8);
     Workspace ws(&m->backend());
     const CachePlan plan = m->cache_plan();
     const bool kda = plan.kda_state_rows > 0;

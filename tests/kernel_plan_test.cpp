@@ -69,7 +69,8 @@ TEST(KernelPlan, TheFp8PathNamesTheFusedDecodeStepOrWhyNot) {
     EXPECT_NE(line.find("fp8 latent"), std::string::npos) << line;
     EXPECT_NE(line.find("decode: fused DSA decode step"), std::string::npos) << line;
   }
-  const auto off = mla_lines(*test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, false));
+  const auto off = mla_lines(
+      *test::make_dsa_model(c, LatentCacheDtype::kFp8, nullptr, AttentionBackend::kDsaFp8));
   ASSERT_FALSE(off.empty());
   for (const std::string& line : off) {
     EXPECT_NE(line.find("generic indexer path, the fused DSA decode step turned off"),

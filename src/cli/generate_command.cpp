@@ -29,6 +29,7 @@ struct GenerateArgs {
   std::string kv_cache_dtype = "auto";
   std::string index_cache_dtype = "fp8";  // serve's default: the same request, the same tokens
   bool indexer_fp8 = false;               // the old spelling of --index-cache-dtype fp8
+  std::string attention_backend = "auto";
   bool enforce_eager = false;
   bool batch_invariant = false;
 };
@@ -50,6 +51,7 @@ int run_generate(const GenerateArgs& a) {
   options.latent_cache = resolve_latent_cache_dtype(parse_latent_cache_dtype(a.kv_cache_dtype),
                                                     ModelConfig::load(dir).cache_spec());
   options.batch_invariant = a.batch_invariant;
+  options.attention_backend = parse_attention_backend(a.attention_backend);
   auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig c = model->config();
@@ -123,6 +125,10 @@ std::function<int()> add_generate_command(CLI::App& app) {
                   "fp32 (exact scores, as the golden references)")
       ->capture_default_str();
   cmd->add_flag("--indexer-fp8", a->indexer_fp8, "the same as --index-cache-dtype fp8");
+  cmd->add_option("--attention-backend", a->attention_backend,
+                  "how MLA layers attend: auto, mla, mla_sparse, dsa_fp8 or dsa_fp8_fused (auto: "
+                  "from the config and the cache dtypes; see hyserve info)")
+      ->capture_default_str();
   cmd->add_option("--kv-cache-dtype", a->kv_cache_dtype,
                   "MLA latent cache: auto (fp8 for DSA models with a 576-wide latent, else bf16), "
                   "bf16, fp32 or fp8 (DSA models)")

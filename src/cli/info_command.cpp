@@ -3,6 +3,7 @@
 // dtype combination.
 #include <cctype>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "kv/cache_format.h"
 #include "kv/cache_plan.h"
 #include "kv/memory_plan.h"
+#include "model/attention_backend.h"
 #include "model/config.h"
 #include "model/param_count.h"
 #include "model/weight_bytes.h"
@@ -75,6 +77,7 @@ struct PlanArgs {
   int64_t dcp = 1;
   std::string kv_cache_dtype = "auto";  // as serve
   std::string index_cache_dtype = "fp8";
+  std::string attention_backend = "auto";
   double gpu_memory_utilization = 0.9;
   std::string reserve = "8GiB";
 };
@@ -113,6 +116,20 @@ int64_t parse_bytes(const std::string& s, const char* flag) {
   }
   CHECK(v >= 0, flag, " must not be negative");
   return static_cast<int64_t>(v * mult);
+}
+
+// The MLA layers' attention backend under the flags (as serve and the model choose it), or
+// none for a model without MLA layers.
+std::optional<AttentionChoice> attention_choice(const ModelConfig& c, const PlanArgs& a) {
+  const AttentionBackend requested = parse_attention_backend(a.attention_backend);
+  if (c.num_mla_layers() == 0) return std::nullopt;
+  AttentionInputs in;
+  in.latent_cache =
+      resolve_latent_cache_dtype(parse_latent_cache_dtype(a.kv_cache_dtype), c.cache_spec());
+  in.indexer_fp8 = parse_index_cache_dtype(a.index_cache_dtype) == IndexCacheDtype::kFp8;
+  in.dcp_size = static_cast<int>(a.dcp);
+  in.requested = requested;
+  return choose_attention_backend(c, in);
 }
 
 void print_plan(const ModelConfig& c, const PlanArgs& a) {
@@ -181,9 +198,12 @@ std::vector<CacheRow> cache_rows(const ModelConfig& c) {
 }
 
 void print_json(const std::filesystem::path& path, const ModelConfig& c, const ParamCount& p,
-                const LayerKinds& kinds, const std::vector<CacheRow>& rows, int64_t kda_state) {
+                const LayerKinds& kinds, const std::vector<CacheRow>& rows, int64_t kda_state,
+                const std::optional<AttentionChoice>& attention) {
   nlohmann::json j;
   j["path"] = path.string();
+  j["attention_backend"] =
+      attention ? nlohmann::json(std::string(attention_backend_name(attention->backend))) : nullptr;
   j["model_type"] = c.model_type_name;
   j["num_layers"] = c.num_hidden_layers;
   j["num_kda_layers"] = c.num_kda_layers();
@@ -299,12 +319,24 @@ int run_info(const std::string& path_arg, bool as_json, const PlanArgs& plan_arg
   const std::vector<CacheRow> rows = cache_rows(c);
   const int64_t kda_state =
       c.num_kda_layers() > 0 ? kda_state_bytes_per_request(c.cache_spec()) : 0;
+  // A combination of flags no backend runs is printed, not fatal: info describes the model.
+  parse_attention_backend(plan_args.attention_backend);  // a bad name is an error
+  std::optional<AttentionChoice> attention;
+  std::string attention_refusal;
+  try {
+    attention = attention_choice(c, plan_args);
+  } catch (const InvalidArgument& e) {
+    attention_refusal = e.what();
+  }
   if (as_json) {
-    print_json(path, c, p, kinds, rows, kda_state);
+    print_json(path, c, p, kinds, rows, kda_state, attention);
     return 0;
   }
   std::printf("model: %s (%s)\n", path.string().c_str(), c.model_type_name.c_str());
   print_attention(c, kinds);
+  if (attention) std::printf("  attention backend: %s\n", attention->describe().c_str());
+  if (!attention && c.num_mla_layers() > 0)
+    std::printf("  attention backend: none (%s)\n", attention_refusal.c_str());
   print_mlp(c, kinds);
   print_params(p);
   print_cache_rows(c, rows);
@@ -340,6 +372,10 @@ std::function<int()> add_info_command(CLI::App& app) {
                       " (auto: fp8 for DSA models with a 576-wide latent, bf16 otherwise)")
       ->capture_default_str();
   cmd->add_option("--index-cache-dtype", plan->index_cache_dtype, index_cache_dtype_choices())
+      ->capture_default_str();
+  cmd->add_option("--attention-backend", plan->attention_backend,
+                  "how MLA layers attend: auto, mla, mla_sparse, dsa_fp8 or dsa_fp8_fused (auto: "
+                  "from the config and the cache dtypes; see hyserve info)")
       ->capture_default_str();
   cmd->add_option("--gpu-memory-utilization", plan->gpu_memory_utilization,
                   "fraction of GPU memory hyserve may use")

@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "core/cuda/device_buffer.h"
 #include "kv/cache_format.h"
+#include "model/attention_backend.h"
 #include "parallel/parallel_layout.h"
 #include "server/speculative_config.h"
 #include "tokenizer/parser_registry.h"
@@ -116,6 +117,7 @@ void check_engine_flags(const ServeArgs& a) {
   CHECK(!(a.async_scheduling && a.no_async_scheduling),
         "--async-scheduling and --no-async-scheduling contradict each other");
   parse_latent_cache_dtype(a.kv_cache_dtype);  // a bad value fails before anything loads
+  parse_attention_backend(a.attention_backend);
   CHECK(parse_index_cache_dtype(a.index_cache_dtype) != IndexCacheDtype::kMxfp4,
         "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
@@ -237,6 +239,10 @@ void add_engine_flags(CLI::App& cmd, ServeArgs& a) {
                  "bf16, fp32 or fp8 (DSA models)")
       ->capture_default_str();
   cmd.add_option("--index-cache-dtype", a.index_cache_dtype)->capture_default_str();
+  cmd.add_option("--attention-backend", a.attention_backend,
+                 "how MLA layers attend: auto, mla, mla_sparse, dsa_fp8 or dsa_fp8_fused (auto: "
+                 "from the config and the cache dtypes; see hyserve info)")
+      ->capture_default_str();
   cmd.add_option("--kv-cache-memory-bytes", a.kv_cache_memory_bytes,
                  "KV pool size (default: from --gpu-memory-utilization; CPU: 4 GiB at most)");
   cmd.add_flag("--enable-prefix-caching", a.enable_prefix_caching);

@@ -37,6 +37,7 @@ struct ServeArgs {
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
   std::string index_cache_dtype = "fp8";
+  std::string attention_backend = "auto";  // model/attention_backend.h
   int64_t kv_cache_memory_bytes = 0;
   bool enable_prefix_caching = false;
   bool no_enable_prefix_caching = false;

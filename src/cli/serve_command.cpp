@@ -21,6 +21,7 @@
 #include "engine/worker.h"
 #include "kv/cache_format.h"
 #include "kv/memory_plan.h"
+#include "model/attention_backend.h"
 #include "model/config.h"
 #include "model/model.h"
 #include "model/tensor_parallel.h"
@@ -126,6 +127,7 @@ WorkerConfig worker_config(const ServeArgs& a, const ServeSetup& s) {
   wc.device = s.device;
   wc.model.indexer_fp8 = parse_index_cache_dtype(a.index_cache_dtype) == IndexCacheDtype::kFp8;
   wc.model.batch_invariant = a.batch_invariant;
+  wc.model.attention_backend = parse_attention_backend(a.attention_backend);
   wc.model.parallel.expert_parallel = a.enable_expert_parallel;
   wc.model.token_sharded_prefill = a.token_sharded_prefill;
   wc.kv_cache_dtype = parse_latent_cache_dtype(a.kv_cache_dtype);

@@ -57,15 +57,11 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
             latent == LatentCacheDtype::kFp8,
         "--kv-cache-dtype ", latent_cache_dtype_name(latent),
         ": the model caches MLA latents as fp32, bf16 or fp8 only");
-  if (latent == LatentCacheDtype::kFp8) {
-    CHECK(config_.has_indexer(), "--kv-cache-dtype fp8 needs a model with the DSA indexer ",
-          "(index_topk > 0): the FP8 latent is read by the sparse DSA kernels; this ",
-          config_.model_type_name, " model has none (use --kv-cache-dtype fp32)");
-    CHECK(config_.kv_lora_rank == kDsaLoraDim && config_.qk_rope_head_dim == kDsaRopeDim,
-          "--kv-cache-dtype fp8 needs kv_lora_rank ", kDsaLoraDim, " and qk_rope_head_dim ",
-          kDsaRopeDim, " (the DSA kernels' 576-byte latent), got ", config_.kv_lora_rank, " and ",
-          config_.qk_rope_head_dim);
-  }
+  // The attention backend (it refuses the FP8 latent for a model the DSA kernels cannot
+  // read), then the layout.
+  attention_ = choose_attention_backend(
+      config_,
+      {latent, options_.indexer_fp8, options_.parallel.dcp.size, options_.attention_backend});
   options_.parallel.validate();
   const TensorParallel& tp = options_.parallel.tp;
   CHECK(options_.token_sharded_prefill >= 0, "token_sharded_prefill ",

@@ -26,6 +26,7 @@
 
 #include "backend/backend.h"
 #include "kv/kv_cache.h"
+#include "model/attention_backend.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/tensor_parallel.h"
@@ -42,10 +43,11 @@ struct ModelOptions {
   // per token with a per-layer scale, MODEL.md §6; DSA models only: attention then runs
   // on the DSA kernels, kernels/attention/dsa/params.h).
   LatentCacheDtype latent_cache = LatentCacheDtype::kFp32;
-  // With the FP8 latent and FP8 index keys, decode batches run the indexer, the top-k and
-  // the sparse MLA as the DSA decode step (Backend::dsa_decode). Off: the generic chunked
-  // indexer path (the same selection; kept for tests and comparisons).
-  bool dsa_decode_ops = true;
+  // How MLA layers attend (model/attention_backend.h; serve --attention-backend): auto
+  // picks from the config and the cache formats, with the FP8 latent and FP8 index keys the
+  // fused DSA decode step (Backend::dsa_decode) where its shapes allow; kDsaFp8 keeps the
+  // generic chunked indexer path for decode (the same selection; for tests and comparisons).
+  AttentionBackend attention_backend = AttentionBackend::kAuto;
   // Batch-invariant mode (serve --batch-invariant): a request's logits are bitwise the
   // same whatever else is in its batch, however its prompt is chunked (64-token aligned
   // chunks, as the scheduler makes them) and whether its prefix came from the cache.
@@ -273,6 +275,8 @@ class Model {
   // (cache dtypes, DSA decode or the generic indexer path and why) is named here, so none is
   // a silent fallback.
   std::vector<std::string> kernel_plan() const;
+  // How the MLA layers attend, chosen at load (ModelOptions::attention_backend).
+  const AttentionChoice& attention() const { return attention_; }
 
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
   // Called with the name of each section as it starts ("embed", "layers.3.attention",
@@ -441,8 +445,8 @@ class Model {
   void dsa_sparse(const DsaCache& cache, const SparseQueries& q, int64_t offset, int64_t n,
                   const int32_t* table, int64_t table_stride, int64_t max_blocks,
                   int64_t max_context) const;
-  // Whether decode batches run Backend::dsa_decode (see ModelOptions::dsa_decode_ops).
-  bool use_dsa_decode() const;
+  // Whether decode batches run Backend::dsa_decode (the dsa_fp8_fused attention backend).
+  bool use_dsa_decode() const { return attention_.fused_decode(); }
   // One layer's view of a cache for the DSA kernels.
   DsaCache dsa_cache(const KvCache& cache, int64_t layer) const;
   // Writes rows [T, row_bytes] of the batch into their slots of one kind of page.
@@ -486,6 +490,7 @@ class Model {
   RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
   GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)
   CachePlanOptions cache_options_;
+  AttentionChoice attention_;  // chosen once in the constructor
 
   // Batch-invariant mode: a batch of prefill chunks and decode tokens as two forwards.
   void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits,

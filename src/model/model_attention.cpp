@@ -94,15 +94,18 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
     uint8_t* codes = pass.ws.bytes(t * width);
     backend_->quantize_e4m3({ckv, t * width, 1.0f / kLatentScale, codes});
     write_cache(CacheRows::kLatent, layer, codes, width, slots, seqs);
-    // 6. Attention over the FP8 latent on the DSA kernels.
-    dsa_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   } else if (options_.latent_cache == LatentCacheDtype::kBf16) {
     auto* bits = reinterpret_cast<uint16_t*>(pass.ws.bytes(t * width * 2));
     backend_->round_bf16({ckv, t * width, bits});
     write_cache(CacheRows::kLatent, layer, bits, width * 2, slots, seqs);
-    latent_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   } else {
     write_cache(CacheRows::kLatent, layer, ckv, width * 4, slots, seqs);
+  }
+  // 6. Attention, by the backend chosen at load: over the FP8 latent on the DSA kernels
+  //    (dsa_fp8, dsa_fp8_fused), else MLA over the fp32 / bf16 latent (mla, mla_sparse).
+  if (attention_.fp8_latent()) {
+    dsa_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
+  } else {
     latent_attention(pass, layer, x, q_lat, q, t, pos, slots, seqs, o);
   }
   dump(layer_name(layer, "attn"), o, t, h * dv);
@@ -132,9 +135,9 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   // The kv_b rows of the heads this rank attends with: its own, or its DCP group's.
   const Weight kv_b = own_kv_b(w, static_cast<int>(world));
 
-  // DSA indexer: top-k past positions per token.
+  // mla_sparse: the DSA indexer's top-k past positions per token.
   const int32_t* topk = nullptr;
-  if (c.has_indexer()) {
+  if (attention_.sparse()) {
     const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
     topk = index_select(pass, layer, iq, t, cpos, seqs);
   }
@@ -342,21 +345,11 @@ std::vector<std::string> Model::kernel_plan() const {
     }
     std::string s = str_cat("MLA (", c.num_attention_heads, " heads, ",
                             latent_cache_dtype_name(options_.latent_cache), " latent");
-    if (!c.has_indexer()) return s + ", dense)";
-    s += str_cat("; DSA top-", c.index_topk, " over ", options_.indexer_fp8 ? "FP8" : "fp32",
-                 " index keys; ");
-    if (options_.latent_cache != LatentCacheDtype::kFp8) {
-      return str_cat(s, "generic indexer + sparse ", latent_cache_dtype_name(options_.latent_cache),
-                     " MLA)");
+    if (c.has_indexer()) {
+      s += str_cat("; DSA top-", c.index_topk, " over ", options_.indexer_fp8 ? "FP8" : "fp32",
+                   " index keys");
     }
-    if (use_dsa_decode()) return s + "decode: fused DSA decode step; prefill: DSA kernels)";
-    std::string why =
-        !options_.dsa_decode_ops         ? "turned off"
-        : options_.parallel.dcp.size > 1 ? "not under DCP (its top-k would be the rank's own)"
-        : !options_.indexer_fp8          ? "needs FP8 index keys"
-                                : str_cat("index heads ", c.index_n_heads, " x ", c.index_head_dim,
-                                          ", top-", c.index_topk, " outside its shapes");
-    return s + "decode: generic indexer path, the fused DSA decode step " + why + ")";
+    return str_cat(s, "; attention backend ", attention_.describe(), ")");
   };
   const auto mlp = [&](int64_t layer) -> std::string {
     if (!c.is_moe(layer)) return "dense " + act + " MLP";
@@ -409,15 +402,6 @@ std::vector<std::string> Model::kernel_plan() const {
 
 bool Model::decode_capturable() const {
   return options_.parallel.dcp.size == 1 || !config_.has_indexer();
-}
-
-bool Model::use_dsa_decode() const {
-  const ModelConfig& c = config_;
-  // Not under DCP: the fused step's top-k would be the rank's own, not the group's.
-  return options_.dsa_decode_ops && options_.parallel.dcp.size == 1 &&
-         options_.latent_cache == LatentCacheDtype::kFp8 && options_.indexer_fp8 &&
-         c.index_head_dim == kDsaIndexDim && c.index_n_heads % 16 == 0 && c.index_n_heads <= 64 &&
-         c.index_topk <= kDsaMaxTopk;
 }
 
 DsaCache Model::dsa_cache(const KvCache& cache, int64_t layer) const {

@@ -109,7 +109,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
     return dst;
   };
   IndexQuery mine_iq{nullptr, nullptr};
-  if (c.has_indexer()) {
+  if (attention_.sparse()) {
     const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
     mine_iq = {my_rows(iq.q, c.index_n_heads * c.index_head_dim),
                my_rows(iq.head_weights, c.index_n_heads)};
@@ -142,7 +142,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
   // The FP8 latent: the DSA kernels' absorbed form over the cache (every head's queries
   // absorbed with the whole kv_b_proj; W_UV after the last piece).
-  const bool fp8 = options_.latent_cache == LatentCacheDtype::kFp8;
+  const bool fp8 = attention_.fp8_latent();
   SparseQueries sparse{};
   if (fp8) {
     const int64_t kv = c.kv_lora_rank, rows = std::max<int64_t>(m, 1);
