@@ -399,6 +399,34 @@ class Model {
   // index scales; 0: none), and its peak workspace bytes for a context of num_positions.
   std::array<int64_t, 3> context_row_bytes() const;
   int64_t gathered_context_bytes(int64_t num_positions) const;
+  // The phases of token_sharded_attention (model_token_sharded.cpp). TokenShards: every
+  // rank's pieces of the batch's tokens, this rank's as slices of its m tokens and their
+  // positions; ShardedQueries: this rank's tokens' queries with every head (N * h) and their
+  // outputs.
+  struct TokenShards;
+  struct ShardedQueries;
+  TokenShards shard_tokens(Pass& pass, const int64_t* pos,
+                           std::span<const SequenceSlice> seqs) const;
+  // Rows [m, width] of this rank's tokens from src [T, width].
+  float* own_token_rows(Pass& pass, const TokenShards& s, const float* src, int64_t width) const;
+  // The all-to-all: x [T, width] (every token, this rank's heads) -> [m, N * width] (this
+  // rank's tokens, every rank's heads), and back into x [T, width].
+  float* tokens_to_own(Pass& pass, const TokenShards& s, const float* x, int64_t width) const;
+  void own_to_tokens(Pass& pass, const TokenShards& s, const float* xa, int64_t width,
+                     float* x) const;
+  // The FP8 latent: qs.sparse, the queries qs.q absorbed with the whole kv_b_proj, with the
+  // DSA kernels' outputs and scratch.
+  void absorb_queries(Pass& pass, int64_t layer, const TokenShards& s, ShardedQueries& qs) const;
+  // Sequence seqs[i]'s context (gathered under DCP) and, piece by piece, the indexer's top-k
+  // and the attention of this rank's tokens of it.
+  void attend_sequence(Pass& pass, int64_t layer, const TokenShards& s, const ShardedQueries& qs,
+                       std::span<const SequenceSlice> seqs, size_t i) const;
+  // One piece sq (rows of qs) over the FP8 latent gathered under DCP, on the DSA kernels.
+  void gathered_dsa_sparse(Pass& pass, int64_t layer, const ContextRows& ctx,
+                           const SequenceSlice& sq, const ShardedQueries& qs) const;
+  // One piece sq (rows of qs) over the fp32 or bf16 latent of ctx (mla_attention).
+  void context_mla(int64_t layer, const ContextRows& ctx, const SequenceSlice& sq,
+                   const ShardedQueries& qs, const int64_t* pos, bool absorbed) const;
   // The indexer's causal top-k [n, index_topk] of queries iq rows [offset, offset + n) over
   // num_keys keys of ctx (its pages per query with table_stride > 0), scored in chunks of
   // kIndexerQueryChunk queries (a bounded buffer); merge: DCP's exact merge of each chunk

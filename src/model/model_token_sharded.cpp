@@ -62,181 +62,244 @@ int64_t count_tokens(const std::vector<TokenPiece>& pieces) {
 
 }  // namespace
 
+// A layer's token-sharded layout: every rank's pieces (the same on every rank), the
+// all-to-all blocks of the largest share, this rank's pieces as slices of its m tokens.
+struct Model::TokenShards {
+  std::vector<std::vector<TokenPiece>> pieces;  // [rank] its pieces, in batch order
+  int64_t block = 1;                            // tokens per all-to-all block
+  int64_t m = 0;                                // this rank's tokens
+  size_t rank = 0;
+  std::vector<SequenceSlice> local;  // one per piece of mine: offset into the m rows
+  int64_t* pos = nullptr;            // [m] positions of this rank's tokens (workspace)
+  int64_t rows() const { return std::max<int64_t>(m, 1); }
+  const std::vector<TokenPiece>& mine() const { return pieces[rank]; }
+};
+
+// The queries of this rank's tokens with every head and where their outputs go.
+struct Model::ShardedQueries {
+  IndexQuery iq{nullptr, nullptr};  // the indexer's, [m] rows (sparse backends)
+  int32_t* topk = nullptr;          // [m, index_topk] out; null without an indexer
+  const float* q = nullptr;         // [m, N * h, dn + dr]
+  float* o = nullptr;               // [m, N * h, dv] out (fp32 / bf16 latent)
+  bool fp8 = false;                 // the FP8 latent: the DSA kernels' absorbed form
+  SparseQueries sparse{};           // its queries and outputs
+};
+
+Model::TokenShards Model::shard_tokens(Pass& pass, const int64_t* pos,
+                                       std::span<const SequenceSlice> seqs) const {
+  const TensorParallel& tp = options_.parallel.tp;
+  TokenShards s;
+  s.pieces.resize(static_cast<size_t>(tp.size));
+  for (int r = 0; r < tp.size; ++r) {
+    s.pieces[static_cast<size_t>(r)] = token_pieces(seqs, r, tp.size);
+    s.block = std::max(s.block, count_tokens(s.pieces[static_cast<size_t>(r)]));
+  }
+  s.rank = static_cast<size_t>(tp.rank);
+  s.m = count_tokens(s.mine());
+  s.pos = pass.ws.longs(s.rows());
+  int64_t at = 0;
+  for (const TokenPiece& p : s.mine()) {
+    SequenceSlice sq = seqs[p.seq];
+    sq.offset = at;
+    sq.n = p.n;
+    sq.num_computed = seqs[p.seq].num_computed + p.begin;
+    s.local.push_back(sq);
+    backend_->copy(s.pos + at, pos + p.row, static_cast<size_t>(p.n) * 8);
+    at += p.n;
+  }
+  return s;
+}
+
+float* Model::own_token_rows(Pass& pass, const TokenShards& s, const float* src,
+                             int64_t width) const {
+  float* dst = pass.ws.floats(s.rows() * width);
+  int64_t at = 0;
+  for (const TokenPiece& p : s.mine()) {
+    backend_->copy(dst + at * width, src + p.row * width, static_cast<size_t>(p.n * width) * 4);
+    at += p.n;
+  }
+  return dst;
+}
+
+float* Model::tokens_to_own(Pass& pass, const TokenShards& s, const float* x, int64_t width) const {
+  const TensorParallel& tp = options_.parallel.tp;
+  const int64_t n_ranks = tp.size;
+  // Block j of the send buffer is rank j's tokens with this rank's heads.
+  float* send = pass.ws.floats(n_ranks * s.block * width);
+  float* recv = pass.ws.floats(n_ranks * s.block * width);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    int64_t at = 0;
+    for (const TokenPiece& p : s.pieces[static_cast<size_t>(j)]) {
+      backend_->copy(send + (j * s.block + at) * width, x + p.row * width,
+                     static_cast<size_t>(p.n * width) * 4);
+      at += p.n;
+    }
+  }
+  tp.comm->all_to_all(send, recv, static_cast<size_t>(s.block * width) * 4);
+  float* xa = pass.ws.floats(s.rows() * n_ranks * width);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    backend_->copy_2d(
+        {xa + i * width, n_ranks * width, recv + i * s.block * width, width, s.m, width});
+  }
+  return xa;
+}
+
+void Model::own_to_tokens(Pass& pass, const TokenShards& s, const float* xa, int64_t width,
+                          float* x) const {
+  const TensorParallel& tp = options_.parallel.tp;
+  const int64_t n_ranks = tp.size;
+  // Block j of the send buffer is this rank's tokens with rank j's heads; block i received
+  // is rank i's tokens with this rank's heads, placed at their rows of x.
+  float* send = pass.ws.floats(n_ranks * s.block * width);
+  float* recv = pass.ws.floats(n_ranks * s.block * width);
+  for (int64_t j = 0; j < n_ranks; ++j) {
+    backend_->copy_2d(
+        {send + j * s.block * width, width, xa + j * width, n_ranks * width, s.m, width});
+  }
+  tp.comm->all_to_all(send, recv, static_cast<size_t>(s.block * width) * 4);
+  for (int64_t i = 0; i < n_ranks; ++i) {
+    int64_t at = 0;
+    for (const TokenPiece& p : s.pieces[static_cast<size_t>(i)]) {
+      backend_->copy(x + p.row * width, recv + (i * s.block + at) * width,
+                     static_cast<size_t>(p.n * width) * 4);
+      at += p.n;
+    }
+  }
+}
+
+void Model::absorb_queries(Pass& pass, int64_t layer, const TokenShards& s,
+                           ShardedQueries& qs) const {
+  const ModelConfig& c = config_;
+  const int64_t kv = c.kv_lora_rank, rows = s.rows();
+  const int64_t ha = c.num_attention_heads * options_.parallel.tp.size;
+  float* q_lat = pass.ws.floats(rows * ha * kv);
+  float* q_pe = pass.ws.floats(rows * ha * c.qk_rope_head_dim);
+  backend_->mla_absorb_q({qs.q, &weights_.layers[layer].mla.kv_b_proj, q_lat, q_pe, s.m, ha,
+                          c.qk_nope_head_dim, c.qk_rope_head_dim, c.v_head_dim, kv});
+  qs.sparse = {qs.topk,
+               s.pos,
+               q_lat,
+               q_pe,
+               pass.ws.floats(rows * ha * kv),
+               pass.ws.floats(rows * ha),
+               ha,
+               pass.ws.ints(rows * c.index_topk),
+               pass.ws.ints(rows)};
+}
+
+void Model::gathered_dsa_sparse(Pass& pass, int64_t layer, const ContextRows& ctx,
+                                const SequenceSlice& sq, const ShardedQueries& qs) const {
+  // The gathered latent as pages of the DSA kernels' form: blocks of the cache's block
+  // size, one 576-byte row per position, an identity block table.
+  CHECK(context_row_bytes()[0] == kDsaLatentDim, "gathered FP8 latent rows of ",
+        context_row_bytes()[0], " bytes");
+  const int64_t num_keys = sq.num_computed + sq.n;
+  DsaCache view = dsa_cache(*sq.cache, layer);
+  const int64_t bs = view.block_size, blocks = (num_keys + bs - 1) / bs;
+  view.pool = static_cast<const uint8_t*>(ctx.latent);
+  view.row_bytes = bs * kDsaLatentDim;
+  view.latent_offset = 0;
+  view.index_offset = 0;
+  view.num_blocks = blocks;
+  std::vector<int32_t> identity(static_cast<size_t>(blocks));
+  for (int64_t b = 0; b < blocks; ++b) identity[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+  int32_t* table = pass.ws.ints(blocks);
+  backend_->upload(table, identity.data(), identity.size() * 4);
+  dsa_sparse(view, qs.sparse, sq.offset, sq.n, table, 0, blocks, num_keys);
+}
+
+void Model::context_mla(int64_t layer, const ContextRows& ctx, const SequenceSlice& sq,
+                        const ShardedQueries& qs, const int64_t* pos, bool absorbed) const {
+  const ModelConfig& c = config_;
+  const int64_t ha = c.num_attention_heads * options_.parallel.tp.size;
+  const int64_t dqk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  MlaAttentionParams p = mla_params(layer, *sq.cache, weights_.layers[layer].mla.kv_b_proj, ha);
+  if (p.latent_bf16 != nullptr) {
+    p.latent_bf16 = static_cast<const uint16_t*>(ctx.latent);
+  } else {
+    p.latent = static_cast<const float*>(ctx.latent);
+  }
+  p.latent_pages = ctx.pages;
+  p.q = qs.q + sq.offset * ha * dqk;
+  p.q_pos = pos + sq.offset;
+  p.topk = qs.topk ? qs.topk + sq.offset * c.index_topk : nullptr;
+  p.topk_width = qs.topk ? c.index_topk : 0;
+  p.out = qs.o + sq.offset * ha * c.v_head_dim;
+  p.num_tokens = sq.n;
+  p.num_keys = sq.num_computed + sq.n;
+  backend_->mla_attention({p, absorbed});
+}
+
+void Model::attend_sequence(Pass& pass, int64_t layer, const TokenShards& s,
+                            const ShardedQueries& qs, std::span<const SequenceSlice> seqs,
+                            size_t i) const {
+  const int64_t k_width = config_.index_topk;
+  const bool dcp = options_.parallel.dcp.size > 1;
+  const Workspace::Mark mark = pass.ws.mark();
+  const ContextRows ctx =
+      dcp ? gather_context(pass, layer, seqs[i])
+          : cache_context(*seqs[i].cache, seqs[i].cache->pages(seqs[i].blocks), layer);
+  for (size_t k = 0; k < s.local.size(); ++k) {
+    if (s.mine()[k].seq != i) continue;
+    const SequenceSlice& sq = s.local[k];
+    const int64_t num_keys = sq.num_computed + sq.n;
+    if (qs.topk != nullptr) {
+      select_in_context(pass, qs.iq, sq.offset, sq.n, s.pos, num_keys, ctx, 0,
+                        /*merge=*/false, qs.topk + sq.offset * k_width);
+    }
+    if (qs.fp8 && !dcp) {
+      dsa_sparse(dsa_cache(*sq.cache, layer), qs.sparse, sq.offset, sq.n, sq.blocks, 0,
+                 sq.cache->plan().blocks_for_tokens(num_keys), num_keys);
+    } else if (qs.fp8) {
+      gathered_dsa_sparse(pass, layer, ctx, sq, qs);
+    } else {
+      context_mla(layer, ctx, sq, qs, s.pos, /*absorbed=*/seqs[i].n == 1);
+    }
+  }
+  pass.ws.rewind(mark);
+}
+
 void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
                                     const float* q, int64_t t, const int64_t* pos,
                                     const int64_t* slots, std::span<const SequenceSlice> seqs,
                                     float* o) const {
   const ModelConfig& c = config_;
-  const MlaWeights& w = weights_.layers[layer].mla;
-  const TensorParallel& tp = options_.parallel.tp;
-  const int64_t n_ranks = tp.size;
-  const int64_t h = c.num_attention_heads, dn = c.qk_nope_head_dim, dr = c.qk_rope_head_dim;
-  const int64_t dv = c.v_head_dim, dqk = dn + dr, ha = h * n_ranks;
-  // Every rank's pieces (the same on every rank), blocks of the largest share.
-  std::vector<std::vector<TokenPiece>> pieces(static_cast<size_t>(n_ranks));
-  int64_t block = 1;
-  for (int r = 0; r < tp.size; ++r) {
-    pieces[static_cast<size_t>(r)] = token_pieces(seqs, r, tp.size);
-    block = std::max(block, count_tokens(pieces[static_cast<size_t>(r)]));
-  }
-  const std::vector<TokenPiece>& mine = pieces[static_cast<size_t>(tp.rank)];
-  const int64_t m = count_tokens(mine);
+  const int64_t h = c.num_attention_heads, dr = c.qk_rope_head_dim;
+  const int64_t dv = c.v_head_dim, dqk = c.qk_nope_head_dim + dr;
+  const int64_t ha = h * options_.parallel.tp.size;
+  const TokenShards s = shard_tokens(pass, pos, seqs);
 
   // The index keys of every token go to the cache (the positions this rank stores); the
-  // indexer's queries of this rank's tokens, with their positions and one slice per piece.
-  int32_t* topk = nullptr;
-  std::vector<SequenceSlice> local;
-  int64_t* local_pos = pass.ws.longs(std::max<int64_t>(m, 1));
-  {
-    int64_t at = 0;
-    for (const TokenPiece& p : mine) {
-      SequenceSlice s = seqs[p.seq];
-      s.offset = at;
-      s.n = p.n;
-      s.num_computed = seqs[p.seq].num_computed + p.begin;
-      local.push_back(s);
-      backend_->copy(local_pos + at, pos + p.row, static_cast<size_t>(p.n) * 8);
-      at += p.n;
-    }
-  }
-  const auto my_rows = [&](const float* src, int64_t width) {
-    float* dst = pass.ws.floats(std::max<int64_t>(m, 1) * width);
-    int64_t at = 0;
-    for (const TokenPiece& p : mine) {
-      backend_->copy(dst + at * width, src + p.row * width, static_cast<size_t>(p.n * width) * 4);
-      at += p.n;
-    }
-    return dst;
-  };
-  IndexQuery mine_iq{nullptr, nullptr};
+  // indexer's queries of this rank's tokens.
+  ShardedQueries qs;
   if (attention_.sparse()) {
     const IndexQuery iq = index_query(pass, layer, x, q_in, t, pos, slots, seqs);
-    mine_iq = {my_rows(iq.q, c.index_n_heads * c.index_head_dim),
-               my_rows(iq.head_weights, c.index_n_heads)};
-    topk = pass.ws.ints(std::max<int64_t>(m, 1) * c.index_topk);
+    qs.iq = {own_token_rows(pass, s, iq.q, c.index_n_heads * c.index_head_dim),
+             own_token_rows(pass, s, iq.head_weights, c.index_n_heads)};
+    qs.topk = pass.ws.ints(s.rows() * c.index_topk);
   }
 
-  // (all tokens, h heads) -> (this rank's tokens, all heads): block j of the send buffer is
-  // rank j's tokens with this rank's heads.
-  float* send = pass.ws.floats(n_ranks * block * h * dqk);
-  float* recv = pass.ws.floats(n_ranks * block * h * dqk);
-  for (int64_t j = 0; j < n_ranks; ++j) {
-    int64_t at = 0;
-    for (const TokenPiece& p : pieces[static_cast<size_t>(j)]) {
-      backend_->copy(send + (j * block + at) * h * dqk, q + p.row * h * dqk,
-                     static_cast<size_t>(p.n * h * dqk) * 4);
-      at += p.n;
-    }
-  }
-  tp.comm->all_to_all(send, recv, static_cast<size_t>(block * h * dqk) * 4);
-  float* qa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dqk);
-  for (int64_t i = 0; i < n_ranks; ++i) {
-    backend_->copy_2d(
-        {qa + i * h * dqk, ha * dqk, recv + i * block * h * dqk, h * dqk, m, h * dqk});
-  }
+  // (all tokens, h heads) -> (this rank's tokens, all heads).
+  qs.q = tokens_to_own(pass, s, q, h * dqk);
+  qs.o = pass.ws.floats(s.rows() * ha * dv);
+  // The FP8 latent: the DSA kernels' absorbed form over the cache (every head's queries
+  // absorbed with the whole kv_b_proj; W_UV after the last piece).
+  qs.fp8 = attention_.fp8_latent();
+  if (qs.fp8) absorb_queries(pass, layer, s, qs);
 
   // Sequence by sequence (its context, gathered under DCP, is live for its pieces only):
   // the indexer's top-k and the attention of this rank's tokens with every head, piece by
   // piece, in the form the head-sharded forward gives each sequence (absorbed for one-token
   // sequences).
-  float* oa = pass.ws.floats(std::max<int64_t>(m, 1) * ha * dv);
-  // The FP8 latent: the DSA kernels' absorbed form over the cache (every head's queries
-  // absorbed with the whole kv_b_proj; W_UV after the last piece).
-  const bool fp8 = attention_.fp8_latent();
-  SparseQueries sparse{};
-  if (fp8) {
-    const int64_t kv = c.kv_lora_rank, rows = std::max<int64_t>(m, 1);
-    float* q_lat = pass.ws.floats(rows * ha * kv);
-    float* q_pe = pass.ws.floats(rows * ha * dr);
-    backend_->mla_absorb_q({qa, &w.kv_b_proj, q_lat, q_pe, m, ha, dn, dr, dv, kv});
-    sparse = {topk,
-              local_pos,
-              q_lat,
-              q_pe,
-              pass.ws.floats(rows * ha * kv),
-              pass.ws.floats(rows * ha),
-              ha,
-              pass.ws.ints(rows * c.index_topk),
-              pass.ws.ints(rows)};
-  }
-  for (size_t i = 0; i < seqs.size(); ++i) {
-    const Workspace::Mark mark = pass.ws.mark();
-    const ContextRows ctx =
-        options_.parallel.dcp.size > 1
-            ? gather_context(pass, layer, seqs[i])
-            : cache_context(*seqs[i].cache, seqs[i].cache->pages(seqs[i].blocks), layer);
-    for (size_t k = 0; k < local.size(); ++k) {
-      if (mine[k].seq != i) continue;
-      const SequenceSlice& sq = local[k];
-      const int64_t num_keys = sq.num_computed + sq.n;
-      if (topk != nullptr) {
-        select_in_context(pass, mine_iq, sq.offset, sq.n, local_pos, num_keys, ctx, 0,
-                          /*merge=*/false, topk + sq.offset * c.index_topk);
-      }
-      if (fp8 && options_.parallel.dcp.size == 1) {
-        dsa_sparse(dsa_cache(*sq.cache, layer), sparse, sq.offset, sq.n, sq.blocks, 0,
-                   sq.cache->plan().blocks_for_tokens(num_keys), num_keys);
-        continue;
-      }
-      if (fp8) {
-        // The gathered latent as pages of the DSA kernels' form: blocks of the cache's
-        // block size, one 576-byte row per position, an identity block table.
-        CHECK(context_row_bytes()[0] == kDsaLatentDim, "gathered FP8 latent rows of ",
-              context_row_bytes()[0], " bytes");
-        DsaCache view = dsa_cache(*sq.cache, layer);
-        const int64_t bs = view.block_size, blocks = (num_keys + bs - 1) / bs;
-        view.pool = static_cast<const uint8_t*>(ctx.latent);
-        view.row_bytes = bs * kDsaLatentDim;
-        view.latent_offset = 0;
-        view.index_offset = 0;
-        view.num_blocks = blocks;
-        std::vector<int32_t> identity(static_cast<size_t>(blocks));
-        for (int64_t b = 0; b < blocks; ++b)
-          identity[static_cast<size_t>(b)] = static_cast<int32_t>(b);
-        int32_t* table = pass.ws.ints(blocks);
-        backend_->upload(table, identity.data(), identity.size() * 4);
-        dsa_sparse(view, sparse, sq.offset, sq.n, table, 0, blocks, num_keys);
-        continue;
-      }
-      MlaAttentionParams p = mla_params(layer, *sq.cache, w.kv_b_proj, ha);
-      if (p.latent_bf16 != nullptr) {
-        p.latent_bf16 = static_cast<const uint16_t*>(ctx.latent);
-      } else {
-        p.latent = static_cast<const float*>(ctx.latent);
-      }
-      p.latent_pages = ctx.pages;
-      p.q = qa + sq.offset * ha * dqk;
-      p.q_pos = local_pos + sq.offset;
-      p.topk = topk ? topk + sq.offset * c.index_topk : nullptr;
-      p.topk_width = topk ? c.index_topk : 0;
-      p.out = oa + sq.offset * ha * dv;
-      p.num_tokens = sq.n;
-      p.num_keys = num_keys;
-      backend_->mla_attention({p, /*absorbed=*/seqs[i].n == 1});
-    }
-    pass.ws.rewind(mark);
+  for (size_t i = 0; i < seqs.size(); ++i) attend_sequence(pass, layer, s, qs, seqs, i);
+
+  if (qs.fp8) {
+    backend_->mla_project_uv({qs.sparse.o_lat, &weights_.layers[layer].mla.kv_b_proj, qs.o, s.m, ha,
+                              c.qk_nope_head_dim, dv, c.kv_lora_rank});
   }
 
-  if (fp8) {
-    backend_->mla_project_uv({sparse.o_lat, &w.kv_b_proj, oa, m, ha, dn, dv, c.kv_lora_rank});
-  }
-
-  // Back: block j of the send buffer is this rank's tokens with rank j's heads; block i
-  // received is rank i's tokens with this rank's heads, placed at their rows of o.
-  float* send_o = pass.ws.floats(n_ranks * block * h * dv);
-  float* recv_o = pass.ws.floats(n_ranks * block * h * dv);
-  for (int64_t j = 0; j < n_ranks; ++j) {
-    backend_->copy_2d({send_o + j * block * h * dv, h * dv, oa + j * h * dv, ha * dv, m, h * dv});
-  }
-  tp.comm->all_to_all(send_o, recv_o, static_cast<size_t>(block * h * dv) * 4);
-  for (int64_t i = 0; i < n_ranks; ++i) {
-    int64_t at = 0;
-    for (const TokenPiece& p : pieces[static_cast<size_t>(i)]) {
-      backend_->copy(o + p.row * h * dv, recv_o + (i * block + at) * h * dv,
-                     static_cast<size_t>(p.n * h * dv) * 4);
-      at += p.n;
-    }
-  }
+  // Back: (this rank's tokens, all heads) -> (all tokens, h heads) at their rows of o.
+  own_to_tokens(pass, s, qs.o, h * dv, o);
 }
 
 Model::ContextRows Model::cache_context(const KvCache& cache, PagedRows pages,
