@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/attention/dsa/check.h"
 #include "util/error.h"
 
 namespace hyserve::cpu {
@@ -15,29 +16,10 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-void check_cache(const DsaCache& c) {
-  CHECK(c.pool != nullptr, "null pool");
-  CHECK(c.block_size > 0 && (c.block_size & (c.block_size - 1)) == 0,
-        "block_size must be a power of two, got ", c.block_size);
-  CHECK(c.row_bytes > 0 && c.row_bytes % 256 == 0, "row_bytes ", c.row_bytes,
-        " must be a positive multiple of 256");
-  CHECK(c.latent_offset % 256 == 0 && c.index_offset % 256 == 0, "page offsets ", c.latent_offset,
-        ", ", c.index_offset, " must be 256-byte aligned");
-  CHECK(c.latent_offset >= 0 &&
-            c.latent_offset + int64_t{c.block_size} * kDsaLatentDim <= c.row_bytes,
-        "latent page does not fit the row");
-  CHECK(c.index_offset >= 0 &&
-            c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <= c.row_bytes,
-        "index page does not fit the row");
-}
-
-void check_batch(const DsaBatch& b) {
-  CHECK(b.num_requests >= 0, "num_requests ", b.num_requests);
-  CHECK(b.num_q >= 1 && b.num_q <= 8, "num_q must be in 1..8, got ", b.num_q);
-  if (b.num_requests == 0) return;
-  CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
+// The lengths, read on the host (validate reads no data).
+void check_seq_lens(const DsaBatch& b, const char* op) {
   for (int64_t r = 0; r < b.num_requests; ++r) {
-    CHECK(b.seq_lens[r] >= 0 && b.seq_lens[r] <= b.max_context, "seq_lens[", r,
+    CHECK(b.seq_lens[r] >= 0 && b.seq_lens[r] <= b.max_context, op, ": seq_lens[", r,
           "] = ", b.seq_lens[r], " outside 0..max_context ", b.max_context);
   }
 }
@@ -60,14 +42,8 @@ float decode(uint8_t code) {
 }  // namespace
 
 void dsa_indexer_scores(const DsaIndexerParams& p) {
-  check_batch(p.batch);
-  CHECK(p.num_heads > 0, "num_heads ", p.num_heads);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
-        p.batch.max_context);
-  if (p.batch.num_requests == 0) return;
-  check_cache(p.cache);
-  CHECK(p.q8 != nullptr && p.weights != nullptr && p.scores != nullptr,
-        "null q8, weights or scores");
+  validate(p);
+  check_seq_lens(p.batch, "dsa_indexer_scores");
   const DsaBatch& batch = p.batch;
   const int64_t hi = p.num_heads;
   std::vector<float> q(static_cast<size_t>(hi * kDsaIndexDim));
@@ -104,14 +80,8 @@ void dsa_indexer_scores(const DsaIndexerParams& p) {
 }
 
 void dsa_topk(const DsaTopkParams& p) {
-  check_batch(p.batch);
-  CHECK(p.topk > 0, "topk ", p.topk);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
-        p.batch.max_context);
-  if (p.batch.num_requests == 0) return;
-  CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0,
-        "block_size must be a power of two, got ", p.block_size);
-  CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
+  validate(p);
+  check_seq_lens(p.batch, "dsa_topk");
   const DsaBatch& batch = p.batch;
   std::vector<int32_t> keys;
   for (int64_t b = 0; b < batch.num_requests; ++b) {
@@ -120,7 +90,8 @@ void dsa_topk(const DsaTopkParams& p) {
       const float* s = p.scores + row * p.score_stride;
       const int64_t n = num_visible(batch, b, i);
       for (int64_t pos = 0; pos < n; ++pos) {
-        CHECK(!std::isnan(s[pos]), "NaN score at request ", b, ", query ", i, ", position ", pos);
+        CHECK(!std::isnan(s[pos]), "dsa_topk: NaN score at request ", b, ", query ", i,
+              ", position ", pos);
       }
       const int64_t keep = std::min(p.topk, n);
       keys.resize(static_cast<size_t>(n));
@@ -141,15 +112,9 @@ void dsa_topk(const DsaTopkParams& p) {
 }
 
 void dsa_mla_decode(const DsaMlaParams& p) {
-  check_batch(p.batch);
-  CHECK(p.num_heads > 0, "num_heads ", p.num_heads);
-  CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
-        p.softmax_scale);
-  if (p.slots != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
+  validate(p);
+  check_seq_lens(p.batch, "dsa_mla_decode");
   if (p.batch.num_requests == 0) return;
-  check_cache(p.cache);
-  CHECK(p.q_lat != nullptr && p.q_pe != nullptr && p.o_lat != nullptr && p.lse != nullptr,
-        "null q_lat, q_pe, o_lat or lse");
   const DsaBatch& batch = p.batch;
   const float scale = p.cache.latent_scale;
   std::vector<int64_t> slots;
@@ -216,7 +181,8 @@ void dsa_mla_decode(const DsaMlaParams& p) {
 }
 
 void dsa_decode(const DsaDecodeParams& p) {
-  check_batch(p.batch);
+  validate(p);
+  check_seq_lens(p.batch, "dsa_decode");
   if (p.batch.num_requests == 0) return;
   const int64_t rows = p.batch.num_requests * p.batch.num_q;
   std::vector<float> scores(static_cast<size_t>(rows * std::max<int64_t>(p.batch.max_context, 1)));

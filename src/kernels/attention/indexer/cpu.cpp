@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/attention/indexer/check.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
@@ -24,11 +25,6 @@ float pow2_ceil(float v) {
   int exponent = 0;
   const float mantissa = std::frexp(v, &exponent);  // v = mantissa * 2^exponent, [0.5, 1)
   return std::ldexp(1.0f, mantissa == 0.5f ? exponent - 1 : exponent);
-}
-
-void check_score_sizes(int64_t num_tokens, int64_t num_keys, int64_t num_heads, int64_t head_dim) {
-  CHECK(num_tokens >= 0 && num_keys >= 0, "num_tokens ", num_tokens, ", num_keys ", num_keys);
-  CHECK(num_heads > 0 && head_dim > 0, "num_heads ", num_heads, ", head_dim ", head_dim);
 }
 
 // scores[t, s] = -inf for every key; the visible prefix is then overwritten by row_fn.
@@ -60,10 +56,8 @@ std::vector<float> decode_e4m3(const uint8_t* codes, int64_t n) {
 }  // namespace
 
 void hadamard_rotate(float* x, int64_t rows, int64_t dim) {
-  CHECK(dim > 0 && (dim & (dim - 1)) == 0, "Hadamard size must be a power of two, got ", dim);
-  CHECK(rows >= 0, "rows ", rows);
+  validate(HadamardParams{.x = x, .rows = rows, .dim = dim});
   if (rows == 0) return;
-  CHECK(x != nullptr, "null x");
   const float norm = 1.0f / std::sqrt(static_cast<float>(dim));
   parallel_for(
       rows,
@@ -86,9 +80,8 @@ void hadamard_rotate(float* x, int64_t rows, int64_t dim) {
 }
 
 void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q, float* scales) {
-  CHECK(rows >= 0 && dim > 0, "rows ", rows, ", dim ", dim);
+  validate(QuantizeFp8Ue8m0Params{.x = x, .rows = rows, .dim = dim, .q = q, .scales = scales});
   if (rows == 0) return;
-  CHECK(x != nullptr && q != nullptr && scales != nullptr, "null x, q or scales");
   const int64_t blocks = num_blocks(dim);
   parallel_for(
       rows,
@@ -129,17 +122,10 @@ bool per_query_tables(const Params& p, Fn score) {
 }
 
 void indexer_scores(const IndexerScoreParams& p) {
-  check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
+  validate(p);
   if (per_query_tables(p, [](const IndexerScoreParams& one) { indexer_scores(one); })) return;
   if (p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr &&
-            (p.scores != nullptr || p.num_keys == 0),
-        "null q, head_weights, q_pos or scores");
-  if (p.num_keys > 0) CHECK(p.k != nullptr, "null k");
   if (p.fp8) {
-    CHECK(p.head_dim <= kIndexerFp8BlockSize,
-          "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
-          p.head_dim);
     std::vector<float> k(static_cast<size_t>(p.num_keys * p.head_dim));
     for (int64_t s = 0; s < p.num_keys; ++s) {
       std::copy_n(p.k_pages.row(p.k, s, p.head_dim), p.head_dim, &k[s * p.head_dim]);
@@ -172,19 +158,12 @@ void indexer_scores(const IndexerScoreParams& p) {
 }
 
 void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
-  check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
+  validate(p);
   if (per_query_tables(
           p, [](const IndexerFp8CacheScoreParams& one) { indexer_scores_fp8_cache(one); })) {
     return;
   }
-  CHECK(p.head_dim <= kIndexerFp8BlockSize,
-        "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
-        p.head_dim);
   if (p.num_tokens == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr &&
-            (p.scores != nullptr || p.num_keys == 0),
-        "null q, head_weights, q_pos or scores");
-  if (p.num_keys > 0) CHECK(p.k_fp8 != nullptr && p.k_scales != nullptr, "null k_fp8 or k_scales");
   const int64_t d = p.head_dim;
   const int64_t num_q_rows = p.num_tokens * p.num_heads;
   std::vector<uint8_t> q_fp8(static_cast<size_t>(num_q_rows * d));
@@ -213,15 +192,13 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
 
 void causal_topk(const float* scores, const int64_t* q_pos, int64_t T, int64_t S, int64_t topk,
                  int32_t* out) {
-  CHECK(T >= 0 && S >= 0 && topk > 0, "T ", T, ", S ", S, ", topk ", topk);
-  CHECK(S <= std::numeric_limits<int32_t>::max(), "S ", S, " does not fit int32 positions");
+  validate(CausalTopkParams{
+      .scores = scores, .q_pos = q_pos, .num_queries = T, .num_keys = S, .topk = topk, .out = out});
   if (T == 0) return;
-  CHECK(q_pos != nullptr && out != nullptr, "null q_pos or out");
-  if (S > 0) CHECK(scores != nullptr, "null scores");
   for (int64_t t = 0; t < T; ++t) {
     const int64_t num_visible = std::clamp<int64_t>(q_pos[t] + 1, 0, S);
     for (int64_t s = 0; s < num_visible; ++s) {
-      CHECK(!std::isnan(scores[t * S + s]), "NaN score at query ", t, ", key ", s);
+      CHECK(!std::isnan(scores[t * S + s]), "causal_topk: NaN score at query ", t, ", key ", s);
     }
   }
   parallel_for(T, [&](int64_t begin, int64_t end) {

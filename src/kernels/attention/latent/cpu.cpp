@@ -22,7 +22,7 @@ std::vector<float> dequantize_rows(const Weight& w, int64_t first, int64_t n) {
 }  // namespace
 
 void quantize_e4m3(const QuantizeE4m3Params& p) {
-  check_quantize_e4m3(p);
+  validate(p);
   parallel_for(
       p.n,
       [&](int64_t begin, int64_t end) {
@@ -32,12 +32,12 @@ void quantize_e4m3(const QuantizeE4m3Params& p) {
 }
 
 void round_bf16(const RoundBf16Params& p) {
-  check_round_bf16(p);
+  validate(p);
   for (int64_t i = 0; i < p.n; ++i) p.out[i] = f32_to_bf16(p.x[i]);
 }
 
 void mla_absorb_q(const MlaAbsorbParams& p) {
-  check_mla_absorb(p);
+  validate(p);
   if (p.num_tokens == 0) return;
   const int64_t h_all = p.num_heads, dqk = p.dn + p.dr, kv = p.kv_lora;
   parallel_for(h_all, [&](int64_t begin, int64_t end) {
@@ -59,7 +59,7 @@ void mla_absorb_q(const MlaAbsorbParams& p) {
 }
 
 void mla_project_uv(const MlaProjectParams& p) {
-  check_mla_project(p);
+  validate(p);
   if (p.num_tokens == 0) return;
   const int64_t h_all = p.num_heads, kv = p.kv_lora;
   parallel_for(h_all, [&](int64_t begin, int64_t end) {
@@ -79,7 +79,7 @@ void mla_project_uv(const MlaProjectParams& p) {
 }
 
 void dsa_query_slots(const DsaQuerySlotsParams& p) {
-  check_query_slots(p);
+  validate(p);
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     const int32_t* table = p.block_table + t * p.table_stride;
     for (int64_t j = 0; j < p.topk; ++j) {

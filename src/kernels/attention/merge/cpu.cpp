@@ -1,17 +1,16 @@
+// CPU attention merge; see cpu.h and params.h.
 #include "kernels/attention/merge/cpu.h"
 
 #include <cmath>
 #include <limits>
 
-#include "util/error.h"
+#include "kernels/attention/merge/check.h"
 #include "util/parallel.h"
 
 namespace hyserve::cpu {
 
 void attention_merge(const AttentionMergeParams& p) {
-  CHECK(p.num_parts >= 1 && p.rows >= 0 && p.width >= 0, "attention_merge: ", p.num_parts,
-        " parts, ", p.rows, " rows, width ", p.width);
-  CHECK(p.rows == 0 || (p.parts && p.lses && p.out), "attention_merge: null buffer");
+  validate(p);
   const float neg_inf = -std::numeric_limits<float>::infinity();
   const auto merge_row = [&](int64_t r) {
     float m = neg_inf;

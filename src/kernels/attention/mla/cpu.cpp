@@ -9,44 +9,28 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "kernels/attention/mla/check.h"
 #include "util/error.h"
 #include "util/parallel.h"
 
 namespace hyserve::cpu {
 namespace {
 
-void check_params(const MlaAttentionParams& p) {
-  CHECK(p.num_tokens >= 0 && p.num_keys >= 0, "num_tokens ", p.num_tokens, ", num_keys ",
-        p.num_keys);
-  CHECK(p.num_heads > 0 && p.dn > 0 && p.dr >= 0 && p.dv > 0 && p.kv_lora > 0,
-        "bad MLA sizes: heads ", p.num_heads, ", dn ", p.dn, ", dr ", p.dr, ", dv ", p.dv,
-        ", kv_lora ", p.kv_lora);
-  CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
-        p.softmax_scale);
-  CHECK(p.kv_b != nullptr && !p.kv_b->empty(), "kv_b is null");
-  CHECK(p.kv_b->rows == p.num_heads * (p.dn + p.dv) && p.kv_b->cols == p.kv_lora, "kv_b is [",
-        p.kv_b->rows, ", ", p.kv_b->cols, "], expected [", p.num_heads * (p.dn + p.dv), ", ",
-        p.kv_lora, "]");
-  if (p.num_tokens > 0) {
-    CHECK(p.q != nullptr && p.q_pos != nullptr && p.out != nullptr, "null q, q_pos or out");
-  }
-  if (p.num_keys > 0) {
-    CHECK((p.latent != nullptr) != (p.latent_bf16 != nullptr),
-          "exactly one of latent and latent_bf16 must be set");
-  }
+// The top-k list's entries, read on the host (validate reads no data).
+void check_topk_entries(const MlaAttentionParams& p) {
   if (p.topk == nullptr) return;
-  CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
   std::vector<int32_t> row;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     row.assign(p.topk + t * p.topk_width, p.topk + (t + 1) * p.topk_width);
     for (const int32_t s : row) {
       if (s == -1) continue;
-      CHECK(s >= 0 && s < p.num_keys && s <= p.q_pos[t], "query ", t, " (position ", p.q_pos[t],
-            ") lists key ", s, " of ", p.num_keys);
+      CHECK(s >= 0 && s < p.num_keys && s <= p.q_pos[t], "mla_attention: query ", t, " (position ",
+            p.q_pos[t], ") lists key ", s, " of ", p.num_keys);
     }
     std::sort(row.begin(), row.end());
     for (size_t i = 1; i < row.size(); ++i) {
-      CHECK(row[i] == -1 || row[i] != row[i - 1], "query ", t, " lists key ", row[i], " twice");
+      CHECK(row[i] == -1 || row[i] != row[i - 1], "mla_attention: query ", t, " lists key ", row[i],
+            " twice");
     }
   }
 }
@@ -196,7 +180,7 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
 
 template <typename HeadFn>
 void run_heads(const MlaAttentionParams& p, HeadFn head_fn) {
-  check_params(p);
+  check_topk_entries(p);
   if (p.num_tokens == 0) return;
   parallel_for(p.num_heads, [&](int64_t begin, int64_t end) {
     for (int64_t h = begin; h < end; ++h) head_fn(p, h);
@@ -206,12 +190,12 @@ void run_heads(const MlaAttentionParams& p, HeadFn head_fn) {
 }  // namespace
 
 void mla_attention_expanded(const MlaAttentionParams& p) {
-  CHECK(p.table_stride == 0, "the expanded MLA form reads one block table (table_stride ",
-        p.table_stride, ")");
+  validate(MlaAttentionOpParams{.attn = p, .absorbed = false});
   run_heads(p, expanded_head);
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p) {
+  validate(p);
   run_heads(p, absorbed_head);
 }
 

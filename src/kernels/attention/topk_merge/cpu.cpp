@@ -1,3 +1,4 @@
+// CPU top-k merge steps; see cpu.h and params.h.
 #include "kernels/attention/topk_merge/cpu.h"
 
 #include <algorithm>
@@ -5,18 +6,12 @@
 #include <vector>
 
 #include "core/order_key.h"
+#include "kernels/attention/topk_merge/check.h"
 #include "kernels/attention/topk_merge/verdict.h"
 #include "util/error.h"
 
 namespace hyserve::cpu {
 namespace {
-
-void check(const TopkMergeParams& p) {
-  CHECK(p.k >= 1 && p.k <= kTopkMergeMaxK && p.candidates >= 1 && p.candidates <= p.k &&
-            p.world >= 1 && p.rank >= 0 && p.rank < p.world && p.rows >= 0,
-        "top-k merge: k ", p.k, " (at most ", kTopkMergeMaxK, "), candidates ", p.candidates,
-        ", rank ", p.rank, " of ", p.world, ", rows ", p.rows);
-}
 
 int64_t stride(const TopkMergeParams& p) {
   return p.candidates + 1;
@@ -50,7 +45,7 @@ int64_t valid_keys(const uint64_t* list, int64_t k) {
 }  // namespace
 
 void topk_merge_pack(const TopkMergeParams& p) {
-  check(p);
+  validate(p, TopkMergeStep::kPack);
   std::vector<uint64_t> keys;
   for (int64_t row = 0; row < p.rows; ++row) {
     keys.clear();
@@ -72,7 +67,7 @@ void topk_merge_pack(const TopkMergeParams& p) {
 }
 
 void topk_merge_decide(const TopkMergeParams& p) {
-  check(p);
+  validate(p, TopkMergeStep::kDecide);
   const int64_t c = p.candidates, k = p.k;
   int32_t undecided_rows = 0;
   std::vector<uint32_t> keys;
@@ -118,7 +113,7 @@ void topk_merge_decide(const TopkMergeParams& p) {
 }
 
 void topk_merge_resend_pack(const TopkMergeParams& p) {
-  check(p);
+  validate(p, TopkMergeStep::kResendPack);
   int64_t j = 0;
   for (int64_t row = 0; row < p.rows; ++row) {
     if (p.take[row] != -1) continue;
@@ -138,7 +133,7 @@ void topk_merge_resend_pack(const TopkMergeParams& p) {
 }
 
 void topk_merge_resend_decide(const TopkMergeParams& p) {
-  check(p);
+  validate(p, TopkMergeStep::kResendDecide);
   const int64_t k = p.k;
   std::vector<uint64_t> keys;
   int64_t j = 0;

@@ -1,5 +1,6 @@
-// Small device helpers shared by the DSA decode kernels: validation of the Params on the
-// host, workspace alignment, and the warp-level MMA wrappers (PTX, sm_89+).
+// Small device helpers shared by the DSA decode kernels: the CUDA-only limits of the
+// Params (after validate, check.h), workspace alignment, and the warp-level MMA wrappers (PTX,
+// sm_89+).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +10,7 @@
 #include <utility>
 
 #include "core/cuda/cp_async.cuh"
+#include "kernels/attention/dsa/check.h"
 #include "kernels/attention/dsa/params.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -21,34 +23,21 @@ inline size_t align_up(size_t n) {
   return (n + kAlign - 1) / kAlign * kAlign;
 }
 
-inline void check_cache(const DsaCache& c) {
-  CHECK(c.pool != nullptr, "null pool");
-  CHECK(reinterpret_cast<uintptr_t>(c.pool) % 256 == 0, "pool must be 256-byte aligned");
-  CHECK(c.block_size >= 32 && c.block_size <= (1 << 20) && (c.block_size & (c.block_size - 1)) == 0,
-        "block_size must be a power of two in 32..2^20, got ", c.block_size);
-  CHECK(c.row_bytes > 0 && c.row_bytes % 256 == 0, "row_bytes ", c.row_bytes,
-        " must be a positive multiple of 256");
-  CHECK(c.latent_offset >= 0 && c.latent_offset % 256 == 0 && c.index_offset >= 0 &&
-            c.index_offset % 256 == 0,
-        "page offsets ", c.latent_offset, ", ", c.index_offset, " must be 256-byte aligned");
-  CHECK(c.latent_offset + int64_t{c.block_size} * kDsaLatentDim <= c.row_bytes,
-        "latent page does not fit the row");
-  CHECK(c.index_offset + int64_t{c.block_size} * kDsaIndexKeyBytes <= c.row_bytes,
-        "index page does not fit the row");
-  CHECK(c.num_blocks * c.block_size < (int64_t{1} << 31), "slot ids must fit int32: ", c.num_blocks,
-        " blocks of ", c.block_size);
+// The CUDA-only limits of the cache and the batch, checked after validate (check.h): the
+// pool is read with aligned vector loads and cp.async; the kernels' tiles take block sizes
+// of 32..2^20 and run slot ids and positions in int32; the grids hold the requests.
+inline void check_cuda_limits(const DsaCache& c, const char* op) {
+  CHECK(reinterpret_cast<uintptr_t>(c.pool) % 256 == 0, op,
+        ": cache pool must be 256-byte aligned");
+  CHECK(c.block_size >= 32 && c.block_size <= (1 << 20), op,
+        ": cache block_size must be a power of two in 32..2^20, got ", c.block_size);
+  CHECK(c.num_blocks * c.block_size < (int64_t{1} << 31), op,
+        ": slot ids must fit int32: ", c.num_blocks, " blocks of ", c.block_size);
 }
 
-// need_pointers false: sizes only (workspace planning before the buffers exist).
-inline void check_batch(const DsaBatch& b, bool need_pointers = true) {
-  CHECK(b.num_requests >= 0 && b.num_requests < 65536, "num_requests ", b.num_requests);
-  CHECK(b.num_q >= 1 && b.num_q <= 8, "num_q must be in 1..8, got ", b.num_q);
-  CHECK(b.max_context >= 0 && b.max_context < (int64_t{1} << 31), "max_context ", b.max_context);
-  if (b.num_requests == 0) return;
-  CHECK(b.max_blocks > 0, "max_blocks ", b.max_blocks);
-  if (need_pointers) {
-    CHECK(b.block_tables != nullptr && b.seq_lens != nullptr, "null block_tables or seq_lens");
-  }
+inline void check_cuda_limits(const DsaBatch& b, const char* op) {
+  CHECK(b.num_requests < 65536, op, ": num_requests ", b.num_requests);
+  CHECK(b.max_context < (int64_t{1} << 31), op, ": max_context ", b.max_context);
 }
 
 // d += a * b, m16n8k16, f16 x f16 -> f32.

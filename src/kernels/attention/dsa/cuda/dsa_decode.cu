@@ -82,16 +82,18 @@ Step plan_step(const DsaDecodeParams& p, char* base) {
 }  // namespace
 
 size_t dsa_decode_workspace_bytes(const DsaDecodeParams& p) {
-  dsa::check_batch(p.batch, /*need_pointers=*/false);
-  CHECK(p.topk > 0, "topk ", p.topk);
+  validate_sizes(p);
+  dsa::check_cuda_limits(p.batch, "dsa_decode");
   return plan_step(p, nullptr).total;
 }
 
 void dsa_decode(const DsaDecodeParams& p, void* workspace, size_t workspace_bytes,
                 cudaStream_t stream, bool batch_invariant) {
-  dsa::check_batch(p.batch);
-  CHECK(p.topk > 0, "topk ", p.topk);
+  validate(p);
+  // The CUDA-only limits; the three launches below check their own too.
+  dsa::check_cuda_limits(p.batch, "dsa_decode");
   if (p.batch.num_requests == 0) return;
+  dsa::check_cuda_limits(p.cache, "dsa_decode");
   CHECK(workspace != nullptr && reinterpret_cast<uintptr_t>(workspace) % dsa::kAlign == 0,
         "dsa_decode workspace must be non-null and 256-byte aligned");
   auto* base = static_cast<char*>(workspace);

@@ -113,7 +113,7 @@ __global__ void __launch_bounds__(kThreads, 2)
   int* hist_s = p.histogram != nullptr ? reinterpret_cast<int*>(w_s + num_rows) : nullptr;
 
   const int64_t b = blockIdx.y;
-  // Positions fit int32 (max_context < 2^31, check_batch). Clamped so that a length
+  // Positions fit int32 (max_context < 2^31, check_cuda_limits). Clamped so that a length
   // beyond the host bound (a caller bug) cannot write outside.
   const int seq_len = static_cast<int>(min(int64_t{p.batch.seq_lens[b]}, p.batch.max_context));
   const int64_t begin64 = blockIdx.x * keys_per_block;
@@ -265,20 +265,21 @@ int resident_blocks(int64_t num_q, int64_t num_heads, bool histogram) {
 }  // namespace
 
 void dsa_indexer_scores(const DsaIndexerParams& p, cudaStream_t stream) {
-  dsa::check_batch(p.batch);
+  validate(p);
+  // CUDA-only limits: the head count the wgmma B operand takes, the grid.
+  dsa::check_cuda_limits(p.batch, "dsa_indexer_scores");
   CHECK(p.num_heads >= 16 && p.num_heads <= 64 && p.num_heads % 16 == 0,
-        "indexer heads must be 16, 32, 48 or 64, got ", p.num_heads);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
-        p.batch.max_context);
+        "dsa_indexer_scores: num_heads (indexer heads) must be 16, 32, 48 or 64, got ",
+        p.num_heads);
   if (p.batch.num_requests == 0 || p.batch.max_context == 0) return;
-  dsa::check_cache(p.cache);
-  CHECK(p.q8 != nullptr && p.weights != nullptr && p.scores != nullptr,
-        "null q8, weights or scores");
-  CHECK(reinterpret_cast<uintptr_t>(p.q8) % 16 == 0, "q8 must be 16-byte aligned");
+  dsa::check_cuda_limits(p.cache, "dsa_indexer_scores");
+  CHECK(reinterpret_cast<uintptr_t>(p.q8) % 16 == 0,
+        "dsa_indexer_scores: q8 must be 16-byte aligned");
   const int64_t rows = p.batch.num_q * p.num_heads;
-  CHECK(rows <= kMaxRows, "n_q * Hi = ", rows);
+  CHECK(rows <= kMaxRows, "dsa_indexer_scores: n_q * Hi = ", rows);
   // Positions run in int32 inside the kernel, with a few tiles of slack past the end.
-  CHECK(p.batch.max_context <= INT32_MAX - 4096, "max_context ", p.batch.max_context);
+  CHECK(p.batch.max_context <= INT32_MAX - 4096, "dsa_indexer_scores: max_context ",
+        p.batch.max_context);
   int device = 0, num_sms = 0;
   CUDA_CHECK(cudaGetDevice(&device));
   CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));

@@ -535,12 +535,17 @@ Plan make_plan(const DsaMlaParams& p, bool batch_invariant) {
   return plan;
 }
 
+// validate (need_pointers) or validate_sizes (check.h), then the CUDA-only limits: the
+// grid, and the head groups of the MMA tiles.
 void check_params(const DsaMlaParams& p, bool need_pointers = true) {
-  dsa::check_batch(p.batch, need_pointers);
-  CHECK(p.num_heads >= 1 && p.num_heads <= 128, "MLA heads must be in 1..128, got ", p.num_heads);
-  CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
-        p.softmax_scale);
-  if (p.slots != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
+  if (need_pointers) {
+    validate(p);
+  } else {
+    validate_sizes(p);
+  }
+  dsa::check_cuda_limits(p.batch, "dsa_mla_decode");
+  CHECK(p.num_heads <= 128, "dsa_mla_decode: num_heads (MLA heads) must be in 1..128, got ",
+        p.num_heads);
 }
 
 }  // namespace
@@ -555,11 +560,7 @@ void dsa_mla_decode(const DsaMlaParams& p, void* workspace, size_t workspace_byt
                     cudaStream_t stream, bool batch_invariant) {
   check_params(p);
   if (p.batch.num_requests == 0) return;
-  dsa::check_cache(p.cache);
-  CHECK(std::isfinite(p.cache.latent_scale) && p.cache.latent_scale > 0.0f, "latent_scale ",
-        p.cache.latent_scale);
-  CHECK(p.q_lat != nullptr && p.q_pe != nullptr && p.o_lat != nullptr && p.lse != nullptr,
-        "null q_lat, q_pe, o_lat or lse");
+  dsa::check_cuda_limits(p.cache, "dsa_mla_decode");
   CHECK(reinterpret_cast<uintptr_t>(p.q_lat) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.q_pe) % 16 == 0 &&
             reinterpret_cast<uintptr_t>(p.o_lat) % 16 == 0,

@@ -483,13 +483,17 @@ Layout make_layout(const Plan& plan) {
   return l;
 }
 
+// validate (need_pointers) or validate_sizes (check.h), then the CUDA-only limits: the
+// grids, and a row's list in its select block's shared memory.
 void check_params(const DsaTopkParams& p, bool need_pointers = true) {
-  dsa::check_batch(p.batch, need_pointers);
-  CHECK(p.topk > 0 && p.topk <= kMaxTopk, "dsa_topk supports topk in 1..", kMaxTopk,
+  if (need_pointers) {
+    validate(p);
+  } else {
+    validate_sizes(p);
+  }
+  dsa::check_cuda_limits(p.batch, "dsa_topk");
+  CHECK(p.topk <= kMaxTopk, "dsa_topk supports topk in 1..", kMaxTopk,
         " (a row's list must leave room beside the winners), got ", p.topk);
-  CHECK(p.score_stride >= p.batch.max_context, "score_stride ", p.score_stride, " < max_context ",
-        p.batch.max_context);
-  CHECK(p.block_size > 0 && (p.block_size & (p.block_size - 1)) == 0, "block_size ", p.block_size);
 }
 
 }  // namespace
@@ -508,7 +512,6 @@ void run_topk(const DsaTopkParams& p, void* workspace, size_t workspace_bytes, c
               bool prezeroed, bool after_kernel) {
   check_params(p);
   if (p.batch.num_requests == 0) return;
-  CHECK(p.scores != nullptr && p.slots != nullptr, "null scores or slots");
   CHECK(reinterpret_cast<uintptr_t>(p.scores) % sizeof(float) == 0,
         "dsa_topk scores must be 4-byte aligned");
   int device = 0, num_sms = 0, max_smem = 0;

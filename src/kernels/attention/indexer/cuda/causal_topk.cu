@@ -29,6 +29,7 @@
 #include <limits>
 
 #include "core/order_key.h"
+#include "kernels/attention/indexer/check.h"
 #include "kernels/attention/indexer/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -311,12 +312,11 @@ __global__ void __launch_bounds__(kThreads)
 
 void causal_topk(const float* scores, const int64_t* q_pos, int64_t T, int64_t S, int64_t topk,
                  int32_t* out, cudaStream_t stream) {
-  CHECK(T >= 0 && S >= 0 && topk > 0, "T ", T, ", S ", S, ", topk ", topk);
-  CHECK(S <= std::numeric_limits<int32_t>::max(), "S ", S, " does not fit int32 positions");
-  CHECK(T < (int64_t{1} << 31), "T ", T);
+  validate(CausalTopkParams{
+      .scores = scores, .q_pos = q_pos, .num_queries = T, .num_keys = S, .topk = topk, .out = out});
+  // CUDA-only limit: one block per query.
+  CHECK(T < (int64_t{1} << 31), "causal_topk: num_queries ", T);
   if (T == 0) return;
-  CHECK(q_pos != nullptr && out != nullptr, "null q_pos or out");
-  if (S > 0) CHECK(scores != nullptr, "null scores");
   CUDA_CHECK(cudaFuncSetAttribute(causal_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(kDynamicSmem)));
   causal_topk_kernel<<<static_cast<unsigned>(T), kThreads, kDynamicSmem, stream>>>(scores, q_pos, S,

@@ -11,6 +11,7 @@
 #include <limits>
 
 #include "core/cuda/dtype.cuh"
+#include "kernels/attention/indexer/check.h"
 #include "kernels/attention/indexer/cuda.h"
 #include "kernels/attention/indexer/cuda/fp8_quant.cuh"
 #include "kernels/attention/indexer/cuda/indexer_scores_mma.h"
@@ -204,22 +205,22 @@ void launch_scores(const ScoreArgs& a, int64_t num_tokens, cudaStream_t stream) 
   CUDA_CHECK_LAUNCH();
 }
 
-void check_score_sizes(int64_t num_tokens, int64_t num_keys, int64_t num_heads, int64_t head_dim) {
-  CHECK(num_tokens >= 0 && num_keys >= 0, "num_tokens ", num_tokens, ", num_keys ", num_keys);
-  CHECK(num_heads > 0 && head_dim > 0, "num_heads ", num_heads, ", head_dim ", head_dim);
-  CHECK(num_tokens <= 65535, "indexer scores: at most 65535 query tokens per call, got ",
+// CUDA-only limits of the scorers (after validate): the grid's y dimension holds the
+// queries, its x dimension the tiles of keys.
+void check_grid_limits(const char* op, int64_t num_tokens, int64_t num_keys) {
+  CHECK(num_tokens <= 65535, op, ": at most 65535 query tokens (num_tokens) per call, got ",
         num_tokens);
-  CHECK(num_keys < (int64_t{1} << 31) * kScoreTile, "num_keys ", num_keys);
+  CHECK(num_keys < (int64_t{1} << 31) * kScoreTile, op, ": num_keys ", num_keys);
 }
 
 }  // namespace
 
 void hadamard_rotate(float* x, int64_t rows, int64_t dim, cudaStream_t stream) {
-  CHECK(dim > 0 && (dim & (dim - 1)) == 0, "Hadamard size must be a power of two, got ", dim);
-  CHECK(dim <= kMaxHadamardDim, "Hadamard size ", dim, " above ", kMaxHadamardDim);
-  CHECK(rows >= 0 && rows < (int64_t{1} << 31), "rows ", rows);
+  validate(HadamardParams{.x = x, .rows = rows, .dim = dim});
+  // CUDA-only limits: a row lives in one block's shared memory; one block per row.
+  CHECK(dim <= kMaxHadamardDim, "hadamard_rotate: dim ", dim, " above ", kMaxHadamardDim);
+  CHECK(rows < (int64_t{1} << 31), "hadamard_rotate: rows ", rows);
   if (rows == 0) return;
-  CHECK(x != nullptr, "null x");
   const float norm = 1.0f / std::sqrt(static_cast<float>(dim));
   const int threads = static_cast<int>(std::min<int64_t>(256, std::max<int64_t>(32, dim / 2)));
   hadamard_kernel<<<static_cast<unsigned>(rows), threads, dim * sizeof(float), stream>>>(x, dim,
@@ -229,12 +230,12 @@ void hadamard_rotate(float* x, int64_t rows, int64_t dim, cudaStream_t stream) {
 
 void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q, float* scales,
                         cudaStream_t stream) {
-  CHECK(rows >= 0 && dim > 0, "rows ", rows, ", dim ", dim);
+  validate(QuantizeFp8Ue8m0Params{.x = x, .rows = rows, .dim = dim, .q = q, .scales = scales});
   if (rows == 0) return;
-  CHECK(x != nullptr && q != nullptr && scales != nullptr, "null x, q or scales");
   const int64_t num_warps = rows * ((dim + kIndexerFp8BlockSize - 1) / kIndexerFp8BlockSize);
   constexpr int kThreads = 256;
   const int64_t num_blocks = (num_warps * 32 + kThreads - 1) / kThreads;
+  // CUDA-only limit: the grid's x dimension.
   CHECK(num_blocks < (int64_t{1} << 31), "quantize_fp8_ue8m0: too many rows (", rows, ")");
   quantize_kernel<<<static_cast<unsigned>(num_blocks), kThreads, 0, stream>>>(x, rows, dim, q,
                                                                               scales);
@@ -242,16 +243,9 @@ void quantize_fp8_ue8m0(const float* x, int64_t rows, int64_t dim, uint8_t* q, f
 }
 
 void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
-  check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
-  if (p.fp8) {
-    CHECK(p.head_dim <= kIndexerFp8BlockSize,
-          "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
-          p.head_dim);
-  }
+  validate(p);
+  check_grid_limits("indexer_scores", p.num_tokens, p.num_keys);
   if (p.num_tokens == 0 || p.num_keys == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr && p.scores != nullptr,
-        "null q, head_weights, q_pos or scores");
-  CHECK(p.k != nullptr, "null k");
   const ScoreArgs a{.q = p.q,
                     .k = p.k,
                     .k_fp8 = nullptr,
@@ -272,14 +266,9 @@ void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
 }
 
 void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t stream) {
-  check_score_sizes(p.num_tokens, p.num_keys, p.num_heads, p.head_dim);
-  CHECK(p.head_dim <= kIndexerFp8BlockSize,
-        "the FP8 indexer takes head_dim <= ", kIndexerFp8BlockSize, " (one scale per key), got ",
-        p.head_dim);
+  validate(p);
+  check_grid_limits("indexer_scores_fp8_cache", p.num_tokens, p.num_keys);
   if (p.num_tokens == 0 || p.num_keys == 0) return;
-  CHECK(p.q != nullptr && p.head_weights != nullptr && p.q_pos != nullptr && p.scores != nullptr,
-        "null q, head_weights, q_pos or scores");
-  CHECK(p.k_fp8 != nullptr && p.k_scales != nullptr, "null k_fp8 or k_scales");
   if (indexer::mma_scorer_supports(p)) {
     indexer::indexer_scores_fp8_cache_mma(p, stream);
     return;

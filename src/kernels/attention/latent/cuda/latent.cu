@@ -120,24 +120,25 @@ unsigned grid_for(int64_t n) {
 }  // namespace
 
 void quantize_e4m3(const QuantizeE4m3Params& p, cudaStream_t stream) {
-  check_quantize_e4m3(p);
+  validate(p);
   if (p.n == 0) return;
   quantize_kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
 void round_bf16(const RoundBf16Params& p, cudaStream_t stream) {
-  check_round_bf16(p);
+  validate(p);
   if (p.n == 0) return;
   round_bf16_kernel<<<grid_for(p.n), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
 void mla_absorb_q(const MlaAbsorbParams& p, cudaStream_t stream) {
-  check_mla_absorb(p);
+  validate(p);
   if (p.num_tokens == 0) return;
   const WRef w = make_wref(*p.kv_b);
   const size_t smem = sizeof(float) * kTokenTile * p.dn;
+  // CUDA-only limits: the block's shared memory and the grid's y dimension.
   CHECK(smem <= 48 * 1024, "mla_absorb_q: qk_nope_head_dim ", p.dn, " too large");
   CHECK(p.num_heads <= 65535, "mla_absorb_q: ", p.num_heads, " heads");
   const dim3 grid(static_cast<unsigned>((p.num_tokens + kTokenTile - 1) / kTokenTile),
@@ -149,10 +150,11 @@ void mla_absorb_q(const MlaAbsorbParams& p, cudaStream_t stream) {
 }
 
 void mla_project_uv(const MlaProjectParams& p, cudaStream_t stream) {
-  check_mla_project(p);
+  validate(p);
   if (p.num_tokens == 0) return;
   const WRef w = make_wref(*p.kv_b);
   const size_t smem = sizeof(float) * kTokenTile * p.kv_lora;
+  // CUDA-only limits: the block's shared memory and the grid's y dimension.
   CHECK(smem <= 48 * 1024, "mla_project_uv: kv_lora_rank ", p.kv_lora, " too large");
   CHECK(p.num_heads <= 65535, "mla_project_uv: ", p.num_heads, " heads");
   const dim3 grid(static_cast<unsigned>((p.num_tokens + kTokenTile - 1) / kTokenTile),
@@ -164,7 +166,7 @@ void mla_project_uv(const MlaProjectParams& p, cudaStream_t stream) {
 }
 
 void dsa_query_slots(const DsaQuerySlotsParams& p, cudaStream_t stream) {
-  check_query_slots(p);
+  validate(p);
   if (p.num_tokens == 0) return;
   query_slots_kernel<<<grid_for(p.num_tokens * p.topk), kThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();

@@ -2,6 +2,7 @@
 // shared memory, the width strided over the threads (each column summed in part order).
 #include <cmath>
 
+#include "kernels/attention/merge/check.h"
 #include "kernels/attention/merge/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -41,11 +42,11 @@ __global__ void merge_kernel(AttentionMergeParams p) {
 }  // namespace
 
 void attention_merge(const AttentionMergeParams& p, cudaStream_t stream) {
-  CHECK(p.num_parts >= 1 && p.num_parts <= kMaxParts && p.rows >= 0 && p.width >= 0,
-        "attention_merge: ", p.num_parts, " parts (1..", kMaxParts, "), ", p.rows, " rows, width ",
-        p.width);
+  validate(p);
+  // CUDA-only limits: the part weights live in a fixed shared array; one block per row.
+  CHECK(p.num_parts <= kMaxParts, "attention_merge: num_parts ", p.num_parts, " above ", kMaxParts);
   if (p.rows == 0) return;
-  CHECK(p.rows <= 0x7fffffff, "attention_merge: ", p.rows, " rows");
+  CHECK(p.rows <= 0x7fffffff, "attention_merge: rows ", p.rows, " above 2^31 - 1");
   merge_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }

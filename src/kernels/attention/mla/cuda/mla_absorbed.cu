@@ -16,6 +16,7 @@
 #include <cmath>
 
 #include "core/cuda/dtype.cuh"
+#include "kernels/attention/mla/check.h"
 #include "kernels/attention/mla/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -276,36 +277,11 @@ __global__ void combine_project_kernel(MlaArgs a) {
   }
 }
 
-void check_weight(const Weight& w) {
-  try {
-    w.check_layout();
-  } catch (const Error& e) {
-    HYSERVE_THROW(InvalidArgument, "kv_b: ", e.what());
-  }
-}
-
+// validate(p), then the CUDA-only limit: one block per (query, head).
 void check_params(const MlaAttentionParams& p) {
-  CHECK(p.num_tokens >= 0 && p.num_keys >= 0, "num_tokens ", p.num_tokens, ", num_keys ",
-        p.num_keys);
-  CHECK(p.num_heads > 0 && p.dn > 0 && p.dr >= 0 && p.dv > 0 && p.kv_lora > 0,
-        "bad MLA sizes: heads ", p.num_heads, ", dn ", p.dn, ", dr ", p.dr, ", dv ", p.dv,
-        ", kv_lora ", p.kv_lora);
-  CHECK(std::isfinite(p.softmax_scale) && p.softmax_scale > 0.0f, "softmax_scale ",
-        p.softmax_scale);
-  CHECK(p.kv_b != nullptr && !p.kv_b->empty(), "kv_b is null");
-  CHECK(p.kv_b->rows == p.num_heads * (p.dn + p.dv) && p.kv_b->cols == p.kv_lora, "kv_b is [",
-        p.kv_b->rows, ", ", p.kv_b->cols, "], expected [", p.num_heads * (p.dn + p.dv), ", ",
-        p.kv_lora, "]");
-  check_weight(*p.kv_b);
-  if (p.num_tokens > 0) {
-    CHECK(p.q != nullptr && p.q_pos != nullptr && p.out != nullptr, "null q, q_pos or out");
-  }
-  if (p.num_keys > 0) {
-    CHECK((p.latent != nullptr) != (p.latent_bf16 != nullptr),
-          "exactly one of latent and latent_bf16 must be set");
-  }
-  if (p.topk != nullptr) CHECK(p.topk_width > 0, "topk_width ", p.topk_width);
-  CHECK(p.num_tokens * p.num_heads < (int64_t{1} << 31), "T*H = ", p.num_tokens * p.num_heads);
+  validate(p);
+  CHECK(p.num_tokens * p.num_heads < (int64_t{1} << 31),
+        "mla_attention: T*H = ", p.num_tokens * p.num_heads);
 }
 
 }  // namespace
@@ -339,6 +315,7 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
 
   const size_t attend_smem =
       sizeof(const float*) * kKeyTile + sizeof(float) * (2 * p.kv_lora + p.dr + 2 * kKeyTile);
+  // CUDA-only limit: the attend kernel's shared memory.
   CHECK(attend_smem <= 48 * 1024, "MLA: kv_lora ", p.kv_lora, " + dr ", p.dr,
         " too wide for the attend kernel's shared memory");
   const dim3 attend_grid(rows, static_cast<unsigned>(plan.num_splits));

@@ -7,6 +7,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "core/order_key.h"
+#include "kernels/attention/topk_merge/check.h"
 #include "kernels/attention/topk_merge/cuda.h"
 #include "kernels/attention/topk_merge/verdict.h"
 #include "util/cuda_check.h"
@@ -213,43 +214,43 @@ __global__ void resend_decide_kernel(TopkMergeParams p) {
   apply(p, row, take, tmp);
 }
 
-void check(const TopkMergeParams& p) {
-  CHECK(p.k >= 1 && p.k <= kTopkMergeMaxK && p.candidates >= 1 && p.candidates <= p.k &&
-            p.world >= 1 && p.rank >= 0 && p.rank < p.world && p.rows >= 0 &&
-            p.rows < (int64_t{1} << 31),
-        "top-k merge: k ", p.k, " (at most ", kTopkMergeMaxK, "), candidates ", p.candidates,
-        ", rank ", p.rank, " of ", p.world, ", rows ", p.rows);
+// validate(p, step), then the CUDA-only limit: one block per row.
+void check(const TopkMergeParams& p, TopkMergeStep step) {
+  validate(p, step);
+  CHECK(p.rows < (int64_t{1} << 31), topk_merge_op_name(step), ": rows ", p.rows,
+        " above 2^31 - 1");
 }
 
 }  // namespace
 
 void topk_merge_pack(const TopkMergeParams& p, cudaStream_t stream) {
-  check(p);
+  check(p, TopkMergeStep::kPack);
   if (p.rows == 0) return;
   pack_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void topk_merge_decide(const TopkMergeParams& p, cudaStream_t stream) {
-  check(p);
+  check(p, TopkMergeStep::kDecide);
   CUDA_CHECK(cudaMemsetAsync(p.num_undecided, 0, sizeof(int32_t), stream));
   if (p.rows == 0) return;
   const size_t shared = static_cast<size_t>(p.world) * (p.candidates + 1) * sizeof(uint32_t);
-  CHECK(shared <= 48 * 1024, "top-k merge: ", p.world, " ranks x ", p.candidates + 1,
+  // CUDA-only limit: every rank's round-1 message of a row in one block's shared memory.
+  CHECK(shared <= 48 * 1024, "topk_merge_decide: ", p.world, " ranks x ", p.candidates + 1,
         " keys per row exceed the shared memory of one block");
   decide_kernel<<<static_cast<unsigned>(p.rows), kThreads, shared, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void topk_merge_resend_pack(const TopkMergeParams& p, cudaStream_t stream) {
-  check(p);
+  check(p, TopkMergeStep::kResendPack);
   if (p.rows == 0 || p.num_resend == 0) return;
   resend_pack_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
 }
 
 void topk_merge_resend_decide(const TopkMergeParams& p, cudaStream_t stream) {
-  check(p);
+  check(p, TopkMergeStep::kResendDecide);
   if (p.rows == 0 || p.num_resend == 0) return;
   resend_decide_kernel<<<static_cast<unsigned>(p.rows), kThreads, 0, stream>>>(p);
   CUDA_CHECK(cudaGetLastError());
