@@ -49,6 +49,7 @@ class TimingBackend final : public Backend {
   void download(void* d, const void* s, size_t n) override { inner_->download(d, s, n); }
   void fill_zero(void* d, size_t n) override { inner_->fill_zero(d, n); }
   void synchronize() override { inner_->synchronize(); }
+  std::optional<DeviceMemoryInfo> memory_info() const override { return inner_->memory_info(); }
   void* allocate_host(size_t n) override { return inner_->allocate_host(n); }
   void release_host(void* p) override { inner_->release_host(p); }
   void download_async(void* d, const void* s, size_t n) override {

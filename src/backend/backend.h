@@ -75,5 +75,7 @@ std::unique_ptr<Backend> make_cpu_backend();
 std::unique_ptr<Backend> make_cuda_backend(int device = 0);
 // Whether this build includes the CUDA backend.
 bool cuda_backend_built();
+// CUDA devices this process can use: 0 without the CUDA backend, a driver or a GPU.
+int cuda_device_count();
 
 }  // namespace hyserve

@@ -94,6 +94,9 @@ std::unique_ptr<Backend> make_cuda_backend(int) {
 bool cuda_backend_built() {
   return false;
 }
+int cuda_device_count() {
+  return 0;
+}
 #endif
 
 }  // namespace hyserve

@@ -10,12 +10,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 
 #include "util/error.h"
 
 namespace hyserve {
 
 enum class DeviceKind { kCpu, kCuda };
+
+// A device's own memory, free now and in all, in bytes.
+struct DeviceMemoryInfo {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+};
 
 class Device {
  public:
@@ -32,6 +39,9 @@ class Device {
   virtual void fill_zero(void* dst, size_t num_bytes) = 0;
   // Waits until every op issued so far is done.
   virtual void synchronize() = 0;
+  // The device's memory now (what the worker plans the KV pool from), or none for a device
+  // without memory of its own (the CPU: host memory, budgeted by --kv-cache-memory-bytes).
+  virtual std::optional<DeviceMemoryInfo> memory_info() const { return std::nullopt; }
   // Host memory a device copies into without a staging copy (pinned on CUDA), for
   // download_async. The default is plain host memory.
   virtual void* allocate_host(size_t num_bytes);

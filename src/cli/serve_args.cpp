@@ -8,7 +8,6 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
-#include "core/cuda/device_buffer.h"
 #include "kv/cache_format.h"
 #include "model/attention_backend.h"
 #include "parallel/parallel_layout.h"
@@ -149,12 +148,7 @@ std::string resolve_device(const ServeArgs& a) {
 }
 
 int device_count_or_zero() {
-  if (!cuda_backend_built()) return 0;
-#ifdef HYSERVE_WITH_CUDA
-  return cuda::device_count();
-#else
-  return 0;
-#endif
+  return cuda_device_count();
 }
 
 // The context length: --max-model-len, at most the config's max_position_embeddings unless

@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "core/cuda/device_buffer.h"
 #include "engine/model_runner.h"
 #include "engine/tensor_parallel_group.h"
 #include "model/config.h"
@@ -46,21 +45,15 @@ std::vector<int64_t> exchange(const WorkerGroup& g, const std::string& key, int6
 
 // What the device holds now and what the engine takes before its first step (the runner's
 // workspace and buffers), on CUDA: the budget's gpu_memory_bytes and reserve_bytes.
-void measure_device_memory(const WorkerConfig& config, const Model& model, const EngineConfig& ec,
-                           MemoryBudget& budget) {
-#ifdef HYSERVE_WITH_CUDA
-  if (config.device == "cuda") {
-    const cuda::MemoryInfo m = cuda::memory_info();
-    budget.gpu_memory_bytes = static_cast<int64_t>(m.total_bytes);
+void measure_device_memory(const Model& model, const EngineConfig& ec, MemoryBudget& budget) {
+  if (const std::optional<DeviceMemoryInfo> m = model.backend().memory_info()) {
+    budget.gpu_memory_bytes = static_cast<int64_t>(m->total_bytes);
     // In use now (weights, op workspaces, the decode scratch), plus what the engine takes
     // before its first step: the runner's workspace and buffers.
-    budget.reserve_bytes = static_cast<int64_t>(m.total_bytes - m.free_bytes) +
+    budget.reserve_bytes = static_cast<int64_t>(m->total_bytes - m->free_bytes) +
                            static_cast<int64_t>(ec.workspace_bytes) +
                            ModelRunner::device_bytes(model, runner_config(ec));
   }
-#else
-  (void)config, (void)model, (void)ec, (void)budget;
-#endif
 }
 
 }  // namespace
@@ -153,7 +146,7 @@ void Worker::plan_kv_pool() {
   const ModelRunnerConfig rc = runner_config(ec);
   model.reserve_decode_scratch(std::max(sc.max_num_seqs, ModelRunner::max_verify_tokens(rc)),
                                sc.max_model_len);
-  measure_device_memory(config_, model, ec, budget);
+  measure_device_memory(model, ec, budget);
   const MemoryPlan mp = plan_memory(plan, budget);
   CHECK(mp.fits && mp.cache_bytes > 0, "--gpu-memory-utilization ", config_.gpu_memory_utilization,
         ": ", mp.usable_bytes >> 20, " MiB usable, the weights and a step's buffers take ",

@@ -111,6 +111,11 @@ class CudaBackend final : public Backend {
     if (n) CUDA_CHECK(cudaMemsetAsync(dst, 0, n, stream_));
   }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  std::optional<DeviceMemoryInfo> memory_info() const override {
+    CUDA_CHECK(cudaSetDevice(device_));
+    const cuda::MemoryInfo m = cuda::memory_info();
+    return DeviceMemoryInfo{m.free_bytes, m.total_bytes};
+  }
   void* allocate_host(size_t n) override {
     void* p = nullptr;
     CUDA_CHECK(cudaMallocHost(&p, std::max<size_t>(n, 1)));
@@ -274,6 +279,10 @@ void CudaBackend::dsa_decode(const DsaDecodeParams& p) {
 
 bool cuda_backend_built() {
   return true;
+}
+
+int cuda_device_count() {
+  return cuda::device_count();
 }
 
 std::unique_ptr<Backend> make_cuda_backend(int device) {
