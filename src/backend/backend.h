@@ -65,9 +65,6 @@ class Backend : public Device {
   virtual void reserve_scratch(size_t /*num_bytes*/) {}
 };
 
-// The name DeviceAllocation had before the device seam; engine/model_runner* still uses it.
-using BackendBuffer = DeviceAllocation;
-
 // The fp32 reference backend on host memory (src/kernels/*/cpu.cpp).
 std::unique_ptr<Backend> make_cpu_backend();
 // The CUDA kernels on GPU `device` (src/backend/cuda/). Throws when the build has no

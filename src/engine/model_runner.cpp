@@ -75,28 +75,28 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   const auto srows = static_cast<size_t>(sample_rows_);
   const auto vocab = static_cast<size_t>(vocab_);
   const auto words = static_cast<size_t>(token_mask_words(vocab_));
-  tokens_ = BackendBuffer(b, srows * 4);  // a worker's: the sampled ids rank 0 broadcasts
+  tokens_ = DeviceAllocation(b, srows * 4);  // a worker's: the sampled ids rank 0 broadcasts
   if (!config_.samples) return;
-  raw_ = BackendBuffer(b, srows * vocab * 4);
-  work_ = BackendBuffer(b, srows * vocab * 4);
-  weights_ = BackendBuffer(b, srows * vocab * 4);
-  options_ = BackendBuffer(b, srows * sizeof(SamplingOptions));
-  rows_ = BackendBuffer(b, srows * 4);
-  repetition_ = BackendBuffer(b, (seqs + 1) * 4);
-  presence_ = BackendBuffer(b, (seqs + 1) * 4);
-  frequency_ = BackendBuffer(b, (seqs + 1) * 4);
-  counts_ = BackendBuffer(b, (seqs + 1) * vocab * 4);
-  prompt_mask_ = BackendBuffer(b, (seqs + 1) * words * 4);
-  masks_ = BackendBuffer(b, srows * words * 4);
+  raw_ = DeviceAllocation(b, srows * vocab * 4);
+  work_ = DeviceAllocation(b, srows * vocab * 4);
+  weights_ = DeviceAllocation(b, srows * vocab * 4);
+  options_ = DeviceAllocation(b, srows * sizeof(SamplingOptions));
+  rows_ = DeviceAllocation(b, srows * 4);
+  repetition_ = DeviceAllocation(b, (seqs + 1) * 4);
+  presence_ = DeviceAllocation(b, (seqs + 1) * 4);
+  frequency_ = DeviceAllocation(b, (seqs + 1) * 4);
+  counts_ = DeviceAllocation(b, (seqs + 1) * vocab * 4);
+  prompt_mask_ = DeviceAllocation(b, (seqs + 1) * words * 4);
+  masks_ = DeviceAllocation(b, srows * words * 4);
   max_logprob_rows_ = std::max(sample_rows_, config_.max_num_batched_tokens);
   const auto lp_rows = static_cast<size_t>(max_logprob_rows_);
-  targets_ = BackendBuffer(b, lp_rows * 4);
-  zero_rows_ = BackendBuffer(b, lp_rows * 4);
-  mask_rows_ = BackendBuffer(b, srows * 4);
-  logprob_ = BackendBuffer(b, lp_rows * 4);
-  rank_ = BackendBuffer(b, lp_rows * 8);
-  top_ids_ = BackendBuffer(b, lp_rows * kMaxTopLogprobs * 4);
-  top_logprobs_ = BackendBuffer(b, lp_rows * kMaxTopLogprobs * 4);
+  targets_ = DeviceAllocation(b, lp_rows * 4);
+  zero_rows_ = DeviceAllocation(b, lp_rows * 4);
+  mask_rows_ = DeviceAllocation(b, srows * 4);
+  logprob_ = DeviceAllocation(b, lp_rows * 4);
+  rank_ = DeviceAllocation(b, lp_rows * 8);
+  top_ids_ = DeviceAllocation(b, lp_rows * kMaxTopLogprobs * 4);
+  top_logprobs_ = DeviceAllocation(b, lp_rows * kMaxTopLogprobs * 4);
   // Every row starts neutral (allocate() zeroes): repetition 1 in all of them.
   const std::vector<float> ones(seqs + 1, 1.0f);
   backend_.upload(repetition_.data(), ones.data(), ones.size() * 4);
@@ -104,11 +104,11 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
     free_penalty_rows_.push_back(static_cast<int32_t>(row));
   }
   for (HostSlot& slot : slots_) {
-    constexpr auto kHost = BackendBuffer::Memory::kHost;
-    slot.tokens = BackendBuffer(b, srows * 4, kHost);
-    slot.logprob = BackendBuffer(b, srows * 4, kHost);
-    slot.top_ids = BackendBuffer(b, srows * kMaxTopLogprobs * 4, kHost);
-    slot.top_logprobs = BackendBuffer(b, srows * kMaxTopLogprobs * 4, kHost);
+    constexpr auto kHost = DeviceAllocation::Memory::kHost;
+    slot.tokens = DeviceAllocation(b, srows * 4, kHost);
+    slot.logprob = DeviceAllocation(b, srows * 4, kHost);
+    slot.top_ids = DeviceAllocation(b, srows * kMaxTopLogprobs * 4, kHost);
+    slot.top_logprobs = DeviceAllocation(b, srows * kMaxTopLogprobs * 4, kHost);
   }
 }
 

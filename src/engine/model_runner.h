@@ -201,7 +201,7 @@ class ModelRunner {
   };
   // The pinned copies of one step: sampled ids, their logprobs, top ids and logprobs.
   struct HostSlot {
-    BackendBuffer tokens, logprob, top_ids, top_logprobs;  // host memory
+    DeviceAllocation tokens, logprob, top_ids, top_logprobs;  // host memory
   };
   // The token the last launched step samples for `request_id` (its placeholder), from its
   // pinned copy: waits for that step.
@@ -289,18 +289,18 @@ class ModelRunner {
   std::unordered_map<std::string, RequestState> requests_;
   LogitsObserver observer_;
 
-  BackendBuffer raw_, work_;                         // [max_num_seqs, vocab] fp32
-  BackendBuffer weights_;                            // [max_num_seqs, vocab] uint32 (sampling)
-  BackendBuffer options_, tokens_, rows_;            // [max_num_seqs] SamplingOptions / int32
-  BackendBuffer repetition_, presence_, frequency_;  // [max_num_seqs + 1] fp32
-  BackendBuffer counts_;                             // [max_num_seqs + 1, vocab] int32
-  BackendBuffer prompt_mask_;                        // [max_num_seqs + 1, mask words] uint32
-  BackendBuffer masks_;                              // [max_num_seqs, mask words] uint32
-  BackendBuffer targets_, logprob_, rank_;           // [max logprob rows] int32 / fp32 / int64
-  BackendBuffer zero_rows_;                          // [max logprob rows] int32 zeros
-  BackendBuffer mask_rows_;                          // [max_num_seqs] int32
-  BackendBuffer top_ids_, top_logprobs_;             // [max logprob rows, kMaxTopLogprobs]
-  BackendBuffer entries_;                            // sparse adjustments: row, id, value (grown)
+  DeviceAllocation raw_, work_;                         // [max_num_seqs, vocab] fp32
+  DeviceAllocation weights_;                            // [max_num_seqs, vocab] uint32 (sampling)
+  DeviceAllocation options_, tokens_, rows_;            // [max_num_seqs] SamplingOptions / int32
+  DeviceAllocation repetition_, presence_, frequency_;  // [max_num_seqs + 1] fp32
+  DeviceAllocation counts_;                             // [max_num_seqs + 1, vocab] int32
+  DeviceAllocation prompt_mask_;                        // [max_num_seqs + 1, mask words] uint32
+  DeviceAllocation masks_;                              // [max_num_seqs, mask words] uint32
+  DeviceAllocation targets_, logprob_, rank_;           // [max logprob rows] int32 / fp32 / int64
+  DeviceAllocation zero_rows_;                          // [max logprob rows] int32 zeros
+  DeviceAllocation mask_rows_;                          // [max_num_seqs] int32
+  DeviceAllocation top_ids_, top_logprobs_;             // [max logprob rows, kMaxTopLogprobs]
+  DeviceAllocation entries_;  // sparse adjustments: row, id, value (grown)
   int64_t entries_capacity_ = 0;
   int64_t max_logprob_rows_ = 0;
   std::vector<int32_t> free_penalty_rows_;  // the neutral row max_num_seqs is never handed out

@@ -46,7 +46,7 @@ int32_t ModelRunner::take_penalty_row(RequestState& state, const Request& r,
   free_penalty_rows_.pop_back();
   state.penalty_row = row;
   const SamplingParams& sp = r.sampling_params;
-  const auto at = [&](const BackendBuffer& buf) { return buf.as<float>() + row; };
+  const auto at = [&](const DeviceAllocation& buf) { return buf.as<float>() + row; };
   backend_.upload(at(repetition_), &sp.repetition_penalty, 4);
   backend_.upload(at(presence_), &sp.presence_penalty, 4);
   backend_.upload(at(frequency_), &sp.frequency_penalty, 4);
@@ -187,7 +187,7 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
   if (total > 0) {
     if (total > entries_capacity_) {
       entries_capacity_ = std::max<int64_t>(total, 2 * entries_capacity_);
-      entries_ = BackendBuffer(&backend_, static_cast<size_t>(entries_capacity_) * 12);
+      entries_ = DeviceAllocation(&backend_, static_cast<size_t>(entries_capacity_) * 12);
     }
     // [rows | ids | values], adds first, then bans.
     std::vector<int32_t> packed;
