@@ -179,12 +179,17 @@ int run(int argc, char** argv) {
   std::vector<std::string> inputs = {"fp32", "bf16"};
   int iters = 20;
   int prefill_iters = 5;
+  std::vector<std::string> prefill_kernels = {"auto"};
   app.add_option("--shapes", shapes, "k3, deepseek-v32, kimi-linear")->delimiter(',');
   app.add_option("--batches", batches, "tokens per call")->delimiter(',');
   app.add_option("--inputs", inputs, "decode kernels' activations: fp32 (3 bf16 terms), bf16")
       ->delimiter(',');
   app.add_option("--iters", iters, "timed runs per point");
   app.add_option("--prefill-iters", prefill_iters, "timed runs per point past 256 tokens");
+  app.add_option("--prefill-kernels", prefill_kernels,
+                 "experts past 16 tokens: auto, grouped (CUTLASS), warpgroup, tiles; each listed "
+                 "one the shape allows is timed")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
 
   const double copy_bw = measure_copy_bandwidth();
@@ -205,76 +210,98 @@ int run(int argc, char** argv) {
   for (const Shape& s : kShapes) {
     if (std::find(shapes.begin(), shapes.end(), s.name) == shapes.end()) continue;
     ExpertMemory mem = make_experts(s);
-    const cuda::MoeExperts table = cuda::MoeExperts::upload(mem.experts.data(), s.experts);
+    cuda::MoeExperts table = cuda::MoeExperts::upload(mem.experts.data(), s.experts);
+    const cuda::MoePrefillKernel auto_kernel = table.prefill_kernel();
     cuda::Blas blas(stream);
-    std::mt19937_64 rng(7);
-    for (int64_t batch : batches) {
-      constexpr int kDraws = 8;
-      std::vector<cuda::DeviceBuffer> ids, weights;
-      double unique = 0;
-      for (int d = 0; d < kDraws; ++d) {
-        const Routing r = random_routing(batch, s, rng);
-        ids.push_back(cuda::to_device(r.ids));
-        weights.push_back(cuda::to_device(r.weights));
-        unique += static_cast<double>(r.unique) / kDraws;
-      }
-      cuda::DeviceBuffer x(static_cast<size_t>(batch * s.hidden) * 4);
-      fill(x.data(), batch * s.hidden * 4, 4, 0.0f, 99);  // positive fp32 ~ 2^-8
-      cuda::DeviceBuffer y(static_cast<size_t>(batch * s.hidden) * 4);
-      cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(table, nullptr, batch, s.top_k));
-      for (const std::string& input : inputs) {
-        const cuda::MoeDecodeInput in =
-            input == "bf16" ? cuda::MoeDecodeInput::kBf16 : cuda::MoeDecodeInput::kFp32;
-        const auto call = [&](int d) {
-          cuda::moe({.x = x.as<float>(),
-                     .num_tokens = batch,
-                     .hidden = s.hidden,
-                     .num_experts = s.experts,
-                     .expert_ids = ids[d].as<int32_t>(),
-                     .expert_weights = weights[d].as<float>(),
-                     .top_k = s.top_k,
-                     .y = y.as<float>(),
-                     .act = {}},
-                    table, blas, ws.data(), ws.size(), stream, false, in);
-        };
-        std::vector<cudaGraphExec_t> graphs;
-        for (int d = 0; d < kDraws; ++d) {
-          cudaGraph_t graph = nullptr;
-          CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
-          call(d);
-          CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-          cudaGraphExec_t exec = nullptr;
-          CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-          CUDA_CHECK(cudaGraphDestroy(graph));
-          graphs.push_back(exec);
-        }
-        FlushedTimer& timer = batch > 256 ? prefill_timer : decode_timer;
-        int draw = 0;
-        const float us =
-            timer.time_us([&] { CUDA_CHECK(cudaGraphLaunch(graphs[draw++ % kDraws], stream)); });
-        const float eager_us = timer.time_us([&] { call(draw++ % kDraws); });
-        for (cudaGraphExec_t g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g));
-        const double bytes = unique * static_cast<double>(mem.expert_bytes);
-        const double gbps = bytes / (us * 1e-6) / 1e9;
-        const double flops = 6.0 * static_cast<double>(batch * s.top_k) *
-                             static_cast<double>(s.hidden) * static_cast<double>(s.inter);
-        const double rate = flops / (us * 1e-6);
+    for (const std::string& kernel_name : prefill_kernels) {
+      cuda::MoePrefillKernel kernel = auto_kernel;
+      if (kernel_name == "grouped") kernel = cuda::MoePrefillKernel::kGrouped;
+      if (kernel_name == "warpgroup") kernel = cuda::MoePrefillKernel::kWarpgroup;
+      if (kernel_name == "tiles") kernel = cuda::MoePrefillKernel::kTiles;
+      if ((kernel == cuda::MoePrefillKernel::kGrouped && !table.grouped_gemm()) ||
+          (kernel == cuda::MoePrefillKernel::kWarpgroup && !table.prefill_kernels())) {
         std::printf("%s\n", nlohmann::json{{"bench", "moe"},
                                            {"shape", s.name},
-                                           {"batch", batch},
-                                           {"input", input},
-                                           {"unique_experts", unique},
-                                           {"weight_mb", bytes / 1e6},
-                                           {"us", us},
-                                           {"eager_us", eager_us},
-                                           {"gbps", gbps},
-                                           {"copy_ratio", gbps * 1e9 / copy_bw},
-                                           {"tflops", rate / 1e12},
-                                           {"bf16_gemm_ratio", rate / bf16_rate},
-                                           {"fp8_gemm_ratio", rate / fp8_rate}}
+                                           {"prefill_kernel", kernel_name},
+                                           {"skipped", "the experts do not allow it"}}
                                 .dump()
                                 .c_str());
-        std::fflush(stdout);
+        continue;
+      }
+      table.set_prefill_kernel(kernel);
+      const char* kernel_label = kernel == cuda::MoePrefillKernel::kGrouped     ? "grouped"
+                                 : kernel == cuda::MoePrefillKernel::kWarpgroup ? "warpgroup"
+                                                                                : "tiles";
+      std::mt19937_64 rng(7);
+      for (int64_t batch : batches) {
+        constexpr int kDraws = 8;
+        std::vector<cuda::DeviceBuffer> ids, weights;
+        double unique = 0;
+        for (int d = 0; d < kDraws; ++d) {
+          const Routing r = random_routing(batch, s, rng);
+          ids.push_back(cuda::to_device(r.ids));
+          weights.push_back(cuda::to_device(r.weights));
+          unique += static_cast<double>(r.unique) / kDraws;
+        }
+        cuda::DeviceBuffer x(static_cast<size_t>(batch * s.hidden) * 4);
+        fill(x.data(), batch * s.hidden * 4, 4, 0.0f, 99);  // positive fp32 ~ 2^-8
+        cuda::DeviceBuffer y(static_cast<size_t>(batch * s.hidden) * 4);
+        cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(table, nullptr, batch, s.top_k));
+        for (const std::string& input : inputs) {
+          const cuda::MoeDecodeInput in =
+              input == "bf16" ? cuda::MoeDecodeInput::kBf16 : cuda::MoeDecodeInput::kFp32;
+          const auto call = [&](int d) {
+            cuda::moe({.x = x.as<float>(),
+                       .num_tokens = batch,
+                       .hidden = s.hidden,
+                       .num_experts = s.experts,
+                       .expert_ids = ids[d].as<int32_t>(),
+                       .expert_weights = weights[d].as<float>(),
+                       .top_k = s.top_k,
+                       .y = y.as<float>(),
+                       .act = {}},
+                      table, blas, ws.data(), ws.size(), stream, false, in);
+          };
+          std::vector<cudaGraphExec_t> graphs;
+          for (int d = 0; d < kDraws; ++d) {
+            cudaGraph_t graph = nullptr;
+            CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeRelaxed));
+            call(d);
+            CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+            cudaGraphExec_t exec = nullptr;
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            CUDA_CHECK(cudaGraphDestroy(graph));
+            graphs.push_back(exec);
+          }
+          FlushedTimer& timer = batch > 256 ? prefill_timer : decode_timer;
+          int draw = 0;
+          const float us =
+              timer.time_us([&] { CUDA_CHECK(cudaGraphLaunch(graphs[draw++ % kDraws], stream)); });
+          const float eager_us = timer.time_us([&] { call(draw++ % kDraws); });
+          for (cudaGraphExec_t g : graphs) CUDA_CHECK(cudaGraphExecDestroy(g));
+          const double bytes = unique * static_cast<double>(mem.expert_bytes);
+          const double gbps = bytes / (us * 1e-6) / 1e9;
+          const double flops = 6.0 * static_cast<double>(batch * s.top_k) *
+                               static_cast<double>(s.hidden) * static_cast<double>(s.inter);
+          const double rate = flops / (us * 1e-6);
+          std::printf("%s\n", nlohmann::json{{"bench", "moe"},
+                                             {"shape", s.name},
+                                             {"batch", batch},
+                                             {"input", input},
+                                             {"prefill_kernel", kernel_label},
+                                             {"unique_experts", unique},
+                                             {"weight_mb", bytes / 1e6},
+                                             {"us", us},
+                                             {"eager_us", eager_us},
+                                             {"gbps", gbps},
+                                             {"copy_ratio", gbps * 1e9 / copy_bw},
+                                             {"tflops", rate / 1e12},
+                                             {"bf16_gemm_ratio", rate / bf16_rate},
+                                             {"fp8_gemm_ratio", rate / fp8_rate}}
+                                  .dump()
+                                  .c_str());
+          std::fflush(stdout);
+        }
       }
     }
   }

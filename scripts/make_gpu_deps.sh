@@ -11,7 +11,8 @@
 # Gloo is a shared library: .deps/lib gets libgloo.so.0 and the libraries it needs that the
 # GPU machine lacks (ldd libgloo.so.0: libhiredis, libibverbs, libnl-3, libnl-route-3);
 # the build's RPATH points there (CMakeLists.txt). Its CMake config is copied with the
-# library's absolute path made relative to .deps.
+# library's absolute path made relative to .deps. CUTLASS's headers go as
+# .deps/cutlass-include.tar.xz (CMakeLists.txt unpacks it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install_deps.sh
@@ -40,5 +41,8 @@ done | tr ' \\' '\n\n' | sed -n 's|^/usr/include/\(boost/.*\)|\1|p' | sort -u > 
 (cd /usr/include && xargs cp --parents -t "$root/$D/include" < "$root/$D/boost-headers.txt")
 cp -r /usr/include/boost/config "$D/include/boost/"
 rm "$D/boost-headers.txt"
+# CUTLASS / CuTe headers (27 MB) as one archive; CMake unpacks it into the build folder.
+bash scripts/install_cutlass.sh
+tar -C .venv-build/lib/python3*/site-packages/cutlass_library/source -cJf "$D/cutlass-include.tar.xz" include
 if [ -d ../shared/configs ]; then cp ../shared/configs/*.json "$D/configs/"; fi
 du -sh "$D"

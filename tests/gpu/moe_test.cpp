@@ -81,20 +81,76 @@ TEST(GpuRouter, MatchesCpuIdsExactlyWithTies) {
     const cuda::DeviceBuffer dx = cuda::to_device(x);
     const cuda::DeviceBuffer db = cuda::to_device(bias);
     cuda::DeviceBuffer ids(want_ids.size() * 4 + 4), weights(want_w.size() * 4 + 4);
-    cuda::DeviceBuffer ws(cuda::router_workspace_bytes(c.tokens, c.experts) + 4);
+    cuda::DeviceBuffer ws(cuda::router_workspace_bytes(c.tokens, c.experts, c.hidden) + 4);
     p.x = dx.as<float>();
     p.gate = &dg.view();
     p.bias = c.bias ? db.as<float>() : nullptr;
     p.expert_ids = ids.as<int32_t>();
     p.expert_weights = weights.as<float>();
-    cuda::route_experts(p, ws.data(), ws.size(), nullptr);
-    CUDA_CHECK(cudaDeviceSynchronize());
     const auto n = static_cast<size_t>(c.tokens * c.top_k);
     want_ids.resize(n);
     want_w.resize(n);
-    EXPECT_EQ(cuda::to_host<int32_t>(ids, n), want_ids);
-    EXPECT_TRUE(test::all_close(cuda::to_host<float>(weights, n), want_w, 0.0f, 1e-6f));
+    // The GEMV logits, then (past 16 tokens) the tensor-core logits on x's bf16 terms.
+    Stream stream;
+    cuda::Blas blas(stream.s);
+    for (const cuda::Blas* b : std::vector<const cuda::Blas*>{nullptr, &blas}) {
+      SCOPED_TRACE(b != nullptr ? "cuBLAS" : "GEMV");
+      cuda::route_experts(p, ws.data(), ws.size(), stream.s, b);
+      CUDA_CHECK(cudaStreamSynchronize(stream.s));
+      EXPECT_EQ(cuda::to_host<int32_t>(ids, n), want_ids);
+      EXPECT_TRUE(test::all_close(cuda::to_host<float>(weights, n), want_w, 0.0f, 1e-6f));
+    }
   }
+}
+
+// The tensor-core logits (past 16 tokens) on fp32 activations that bf16 cannot hold: the
+// three bf16 terms keep x exact, so the logits match an fp64 reference to fp32 summation
+// error (a single bf16 rounding of x would be off by ~2^-9 relative), and the chosen experts
+// equal the GEMV path's wherever the two best-scored candidates are not within that error.
+TEST(GpuRouter, TensorCoreLogitsKeepFp32Activations) {
+  REQUIRE_GPU();
+  const int64_t tokens = 300, hidden = 512, experts = 64, top_k = 6;
+  const std::vector<float> x = test::random_floats(tokens * hidden, 71, -3.0f, 3.0f);
+  const std::vector<float> gate_f = test::random_floats(experts * hidden, 72, -0.05f, 0.05f);
+  const test::HostWeight gw = test::quantize(gate_f, experts, hidden, Format::kBF16);
+  std::vector<float> gate(gate_f.size());
+  for (int64_t e = 0; e < experts; ++e) gw.w.dequantize_row(e, gate.data() + e * hidden);
+  const cuda::DeviceWeight dg = cuda::DeviceWeight::upload(gw.w);
+  const cuda::DeviceBuffer dx = cuda::to_device(x);
+  cuda::DeviceBuffer ids(tokens * top_k * 4), weights(tokens * top_k * 4);
+  cuda::DeviceBuffer ws(cuda::router_workspace_bytes(tokens, experts, hidden));
+  RouterParams p{.x = dx.as<float>(),
+                 .gate = &dg.view(),
+                 .num_tokens = tokens,
+                 .num_experts = experts,
+                 .top_k = top_k,
+                 .expert_ids = ids.as<int32_t>(),
+                 .expert_weights = weights.as<float>()};
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  std::vector<std::vector<int32_t>> got_ids;
+  for (const cuda::Blas* b : std::vector<const cuda::Blas*>{nullptr, &blas}) {
+    cuda::route_experts(p, ws.data(), ws.size(), stream.s, b);
+    CUDA_CHECK(cudaStreamSynchronize(stream.s));
+    got_ids.push_back(cuda::to_host<int32_t>(ids, static_cast<size_t>(tokens * top_k)));
+    // The logits the selection used are the workspace's first [T, E] floats.
+    const std::vector<float> logits =
+        cuda::to_host<float>(ws, static_cast<size_t>(tokens * experts));
+    double worst = 0;
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < experts; ++e) {
+        double want = 0, mag = 0;
+        for (int64_t d = 0; d < hidden; ++d) {
+          want += static_cast<double>(x[t * hidden + d]) * gate[e * hidden + d];
+          mag += std::abs(static_cast<double>(x[t * hidden + d]) * gate[e * hidden + d]);
+        }
+        worst = std::max(worst, std::abs(logits[t * experts + e] - want) / mag);
+      }
+    }
+    // fp32 accumulation over 512 products: well under 2^-9 relative to the sum of |terms|.
+    EXPECT_LT(worst, 1e-5) << (b != nullptr ? "cuBLAS" : "GEMV");
+  }
+  EXPECT_EQ(got_ids[0], got_ids[1]);
 }
 
 TEST(GpuRouter, RefusesWhatTheCpuRefuses) {
@@ -546,7 +602,8 @@ TEST(GpuMoe, DecodeKernelsMxfp4WideScales) {
 }
 
 // The prefill kernels (moe_prefill.cuh: BF16, FP8 with either scale type, MXFP4 experts
-// with > 16 tokens, hidden and inter multiples of 64) on warpgroup MMAs, against the CPU at
+// with > 16 tokens, hidden and inter multiples of 64) on warpgroup MMAs, and for BF16 also
+// CUTLASS's grouped GEMM (grouped_gemm.h), against the CPU at
 // the tensor-core tiles' tolerance (x and act(gate, up) rounded to bf16: abs 1e-2 * max|y|,
 // rel 1e-2). Per-expert counts around the 128-position tile (17, 63, 64, 65, 128, 129, 300)
 // with a decode-sized (5) and an empty expert in the same call, every token on one expert
@@ -563,9 +620,10 @@ TEST(GpuMoe, PrefillKernelsMatchCpuAtAwkwardCounts) {
   for (Format f : {Format::kBF16, Format::kFp8F32Scales, Format::kFp8Bf16Scales, Format::kMxfp4}) {
     for (Shape s : std::vector<Shape>{{320, 192}, {1024, 768}}) {
       const int64_t num_experts = 64;
-      const Experts e = make_experts(num_experts, s.hidden, s.inter, f, seed);
+      Experts e = make_experts(num_experts, s.hidden, s.inter, f, seed);
       seed += 1000;
       ASSERT_TRUE(e.table.prefill_kernels()) << test::format_name(f);
+      EXPECT_EQ(e.table.grouped_gemm(), f == Format::kBF16) << test::format_name(f);
       // {name, tokens, top_k, routing}
       struct Case {
         std::string name;
@@ -592,36 +650,42 @@ TEST(GpuMoe, PrefillKernelsMatchCpuAtAwkwardCounts) {
         cases.push_back({"one expert", 700, 1, r});
       }
       cases.push_back({"spread", 512, 8, random_routing(512, 8, num_experts, seed++)});
-      for (const Case& c : cases) {
-        for (bool use_situ : {false, true}) {
-          const GatedActivation act = use_situ ? situ : GatedActivation{};
-          SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) +
-                       " I=" + std::to_string(s.inter) + " " + c.name + (use_situ ? " situ" : ""));
-          const std::vector<float> x =
-              test::random_floats(c.tokens * s.hidden, seed++, -2.0f, 2.0f);
-          const bool shared = c.name == "spread";
-          const std::vector<float> want = run_cpu(e, x, c.r, c.tokens, c.top_k, shared, act);
-          const std::vector<float> got =
-              run_gpu(e, x, c.r, c.tokens, c.top_k, shared, false, false, act);
-          EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want), 1e-2f));
-          // Reversed tokens: each token's rows in other tiles, at other rows.
-          std::vector<float> xr(x.size());
-          Routing rr;
-          for (int64_t t = 0; t < c.tokens; ++t) {
-            const int64_t from = c.tokens - 1 - t;
-            std::copy_n(x.begin() + from * s.hidden, s.hidden, xr.begin() + t * s.hidden);
-            rr.ids.insert(rr.ids.end(), c.r.ids.begin() + from * c.top_k,
-                          c.r.ids.begin() + (from + 1) * c.top_k);
-            rr.weights.insert(rr.weights.end(), c.r.weights.begin() + from * c.top_k,
-                              c.r.weights.begin() + (from + 1) * c.top_k);
-          }
-          const std::vector<float> rev =
-              run_gpu(e, xr, rr, c.tokens, c.top_k, shared, true, false, act);
-          for (int64_t t = 0; t < c.tokens; ++t) {
-            ASSERT_EQ(0, std::memcmp(rev.data() + t * s.hidden,
-                                     got.data() + (c.tokens - 1 - t) * s.hidden,
-                                     s.hidden * sizeof(float)))
-                << "token " << t;
+      std::vector<cuda::MoePrefillKernel> kernels = {cuda::MoePrefillKernel::kWarpgroup};
+      if (f == Format::kBF16) kernels.push_back(cuda::MoePrefillKernel::kGrouped);
+      for (cuda::MoePrefillKernel kernel : kernels) {
+        e.table.set_prefill_kernel(kernel);
+        for (const Case& c : cases) {
+          for (bool use_situ : {false, true}) {
+            const GatedActivation act = use_situ ? situ : GatedActivation{};
+            SCOPED_TRACE(test::format_name(f) + " D=" + std::to_string(s.hidden) + " I=" +
+                         std::to_string(s.inter) + " " + c.name + (use_situ ? " situ" : "") +
+                         (kernel == cuda::MoePrefillKernel::kGrouped ? " grouped" : ""));
+            const std::vector<float> x =
+                test::random_floats(c.tokens * s.hidden, seed++, -2.0f, 2.0f);
+            const bool shared = c.name == "spread";
+            const std::vector<float> want = run_cpu(e, x, c.r, c.tokens, c.top_k, shared, act);
+            const std::vector<float> got =
+                run_gpu(e, x, c.r, c.tokens, c.top_k, shared, false, false, act);
+            EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want), 1e-2f));
+            // Reversed tokens: each token's rows in other tiles, at other rows.
+            std::vector<float> xr(x.size());
+            Routing rr;
+            for (int64_t t = 0; t < c.tokens; ++t) {
+              const int64_t from = c.tokens - 1 - t;
+              std::copy_n(x.begin() + from * s.hidden, s.hidden, xr.begin() + t * s.hidden);
+              rr.ids.insert(rr.ids.end(), c.r.ids.begin() + from * c.top_k,
+                            c.r.ids.begin() + (from + 1) * c.top_k);
+              rr.weights.insert(rr.weights.end(), c.r.weights.begin() + from * c.top_k,
+                                c.r.weights.begin() + (from + 1) * c.top_k);
+            }
+            const std::vector<float> rev =
+                run_gpu(e, xr, rr, c.tokens, c.top_k, shared, true, false, act);
+            for (int64_t t = 0; t < c.tokens; ++t) {
+              ASSERT_EQ(0, std::memcmp(rev.data() + t * s.hidden,
+                                       got.data() + (c.tokens - 1 - t) * s.hidden,
+                                       s.hidden * sizeof(float)))
+                  << "token " << t;
+            }
           }
         }
       }
@@ -632,6 +696,49 @@ TEST(GpuMoe, PrefillKernelsMatchCpuAtAwkwardCounts) {
   EXPECT_FALSE(make_experts(2, 96, 64, Format::kBF16, 1).table.prefill_kernels());
   EXPECT_FALSE(make_experts(2, 64, 64, Format::kF16, 1).table.prefill_kernels());
   EXPECT_FALSE(make_experts(2, 64, 64, Format::kInt4, 1).table.prefill_kernels());
+}
+
+// CUTLASS's grouped GEMM (grouped_gemm.h) on BF16 experts whose hidden and inter are
+// multiples of 8 but not of 64 (partial k and n tiles; the warpgroup prefill kernels refuse
+// them), at the tensor-core tiles' tolerance: per-expert counts 0, 1, 3 (the decode
+// kernels, same call), 63, 65, 4,097, and every token on one expert; a refused kernel
+// choice; shapes it does not take.
+TEST(GpuMoe, GroupedGemmMatchesCpuAtAwkwardShapes) {
+  REQUIRE_GPU();
+  uint64_t seed = 61000;
+  for (Shape s : std::vector<Shape>{{200, 136}, {72, 328}}) {
+    Experts e = make_experts(16, s.hidden, s.inter, Format::kBF16, seed);
+    seed += 100;
+    ASSERT_TRUE(e.table.grouped_gemm());
+    EXPECT_FALSE(e.table.prefill_kernels());
+    EXPECT_THROW(e.table.set_prefill_kernel(cuda::MoePrefillKernel::kWarpgroup), InvalidArgument);
+    e.table.set_prefill_kernel(cuda::MoePrefillKernel::kGrouped);
+    std::vector<std::pair<std::string, std::vector<int32_t>>> cases;
+    {
+      const int64_t counts[] = {0, 1, 3, 63, 65, 4097};
+      std::vector<int32_t> ids;
+      for (int32_t x = 0; x < 6; ++x) ids.insert(ids.end(), counts[x], x + 5);
+      std::mt19937_64 rng(seed++);
+      std::shuffle(ids.begin(), ids.end(), rng);
+      cases.push_back({"counts", ids});
+    }
+    cases.push_back({"one expert", std::vector<int32_t>(300, 15)});
+    for (const auto& [name, ids] : cases) {
+      SCOPED_TRACE("D=" + std::to_string(s.hidden) + " I=" + std::to_string(s.inter) + " " + name);
+      const auto tokens = static_cast<int64_t>(ids.size());
+      Routing r;
+      r.ids = ids;
+      std::mt19937_64 rng(seed++);
+      std::uniform_real_distribution<float> w(0.1f, 1.5f);
+      for (size_t i = 0; i < ids.size(); ++i) r.weights.push_back(w(rng));
+      const std::vector<float> x = test::random_floats(tokens * s.hidden, seed++, -2.0f, 2.0f);
+      const std::vector<float> want = run_cpu(e, x, r, tokens, 1, false);
+      const std::vector<float> got = run_gpu(e, x, r, tokens, 1, false, false);
+      EXPECT_TRUE(test::all_close(got, want, 1e-2f * test::max_abs(want), 1e-2f));
+    }
+  }
+  EXPECT_FALSE(make_experts(2, 68, 64, Format::kBF16, 1).table.grouped_gemm());
+  EXPECT_FALSE(make_experts(2, 64, 64, Format::kFp8F32Scales, 1).table.grouped_gemm());
 }
 
 TEST(GpuMoe, EmptyBatchAndBadArguments) {

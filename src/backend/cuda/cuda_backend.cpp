@@ -219,8 +219,10 @@ void CudaBackend::mlp(const MlpParams& p) {
 }
 
 void CudaBackend::route_experts(const RouterParams& p) {
-  const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts);
-  cuda::route_experts(p, scratch(need), need, stream_);
+  const size_t need = cuda::router_workspace_bytes(p.num_tokens, p.num_experts, p.gate->cols);
+  // The router's tensor-core logits (past 16 tokens) once measured on a GPU (BENCHMARKS.md).
+  constexpr bool kRouterTensorCores = false;
+  cuda::route_experts(p, scratch(need), need, stream_, kRouterTensorCores ? blas_.get() : nullptr);
 }
 
 void CudaBackend::moe(const MoeParams& p) {

@@ -15,10 +15,14 @@
 //                                fp32 accumulate) or rounded to bf16 (kBf16)
 //     < kMoeMmaMinTokens tokens: other experts: memory-bound GEMV (exact fp32, like
 //                                linear_gemv)
-//     > kMoeDecodeMaxTokens:     the same experts with hidden and inter multiples of 64
-//                                (MoeExperts::prefill_kernels): the prefill kernels
-//                                (moe/cuda/moe_prefill.cuh), warpgroup MMAs on tiles of
-//                                128 positions, weights decoded to bf16 in shared memory
+//     > kMoeDecodeMaxTokens:     the same experts by MoeExperts::prefill_kernel(): BF16
+//                                experts with hidden and inter multiples of 8 on CUTLASS's
+//                                grouped GEMM (moe/cuda/grouped_gemm.h: rows gathered as
+//                                bf16, TMA + warpgroup MMAs, outputs scattered to slots);
+//                                the others with hidden and inter multiples of 64 on the
+//                                prefill kernels (moe/cuda/moe_prefill.cuh), warpgroup MMAs
+//                                on tiles of 128 positions, weights decoded to bf16 in
+//                                shared memory
 //     >= kMoeMmaMinTokens:       the other experts: mma bf16 tensor-core tiles on weights
 //                                decoded in shared memory (linear/cuda/mma_tile.cuh)
 //   Both tensor-core paths past the decode kernels: fp32 accumulate; x and act(gate, up)
@@ -53,6 +57,14 @@ inline constexpr int64_t kMoeDecodeMaxTokens = 16;
 // fp32 GEMV's precision), or rounded to bf16 (the prefill tiles' precision; fewer MMAs).
 enum class MoeDecodeInput { kFp32, kBf16 };
 
+// Which kernels run the experts with more than kMoeDecodeMaxTokens tokens (outside
+// batch-invariant mode, which keeps the tiles of mma_tile.cuh).
+enum class MoePrefillKernel {
+  kTiles,      // the tensor-core tiles of linear/cuda/mma_tile.cuh
+  kWarpgroup,  // moe/cuda/moe_prefill.cuh: BF16, FP8, MXFP4; hidden, inter multiples of 64
+  kGrouped,    // CUTLASS's grouped GEMM (moe/cuda/grouped_gemm.h): BF16, multiples of 8
+};
+
 // The routed experts of one layer, prepared once at load time: a device table of each
 // expert's data / scales pointers. All experts share one shape and format per
 // projection (gate and up one format, down one format); upload() refuses otherwise.
@@ -79,6 +91,15 @@ class MoeExperts {
   // The prefill kernels (moe/cuda/moe_prefill.cuh) take the experts with more tokens: the
   // decode kernels' formats, hidden and inter multiples of 64.
   bool prefill_kernels() const { return prefill_kernels_; }
+  // CUTLASS's grouped GEMM takes these experts: the decode kernels' BF16 experts with
+  // hidden and inter multiples of 8.
+  bool grouped_gemm() const { return grouped_gemm_; }
+  // What runs the experts past the decode kernels: kWarpgroup where it can, else kTiles
+  // (kGrouped on request until it is measured: moe.cu's kGroupedByDefault). set_prefill_kernel
+  // picks another one these experts allow (benchmarks and tests compare them) and refuses one they
+  // do not.
+  MoePrefillKernel prefill_kernel() const { return prefill_kernel_; }
+  void set_prefill_kernel(MoePrefillKernel k);
   // MXFP4 gate and up (0) / down (1) of every expert have 4-byte aligned scale rows of
   // whole words (cols a multiple of 128): the decode kernels copy their scales
   // asynchronously (else byte by byte, slowly).
@@ -92,16 +113,24 @@ class MoeExperts {
   bool down_aligned_ = false;
   bool decode_kernels_ = false;
   bool prefill_kernels_ = false;
+  bool grouped_gemm_ = false;
+  MoePrefillKernel prefill_kernel_ = MoePrefillKernel::kTiles;
   bool scale_words_[2] = {false, false};
 };
 
-// logits [max_tokens, num_experts] fp32.
-size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts);
+// logits [max_tokens, num_experts] fp32; past kSmallBatchMaxTokens tokens also the tensor-core
+// path's three bf16 terms of x [3, max_tokens, hidden] and three partial logits.
+size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64_t hidden);
 
-// The GPU cannot throw: a token whose scores contain a NaN gets ids -1 and weights 0
-// (the CPU op throws); moe skips such slots.
+// Logits: up to kSmallBatchMaxTokens tokens, or without `blas`, or a gate that is not BF16,
+// by linear_gemv; else on tensor cores without rounding: x = x0 + x1 + x2 as three bf16
+// terms (every fp32 value of a normal range exactly), each term's product with the bf16
+// gate exact in fp32 and accumulated in fp32 by cuBLAS, the three partial logits summed in
+// term order. Either way exact fp32 up to summation order (the selection that follows is a
+// discrete decision: no bf16 rounding of x). The GPU cannot throw: a token whose scores
+// contain a NaN gets ids -1 and weights 0 (the CPU op throws); moe skips such slots.
 void route_experts(const RouterParams& p, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream);
+                   cudaStream_t stream, const Blas* blas = nullptr);
 
 // Buckets, per-slot activations [max_tokens * top_k, inter] and outputs
 // [max_tokens * top_k, hidden], and the shared expert's output and MLP workspace.

@@ -15,10 +15,12 @@
 //                 gate/up writes h as split bf16 terms in down's layout; the activations x
 //                 are split once per call (step 3b)
 //   1..15 tokens  a memory-bound GEMV kernel (the other formats, or misaligned rows)
-//   > 16 tokens   the prefill kernels (moe_prefill.cuh; the decode kernels' experts with
-//                 hidden and inter multiples of 64), launched over their own list of
-//                 128-position tiles (scan_kernel's prefill units); x is rounded to bf16
-//                 once per call and gate/up writes h as bf16 in h's region
+//   > 16 tokens   MoeExperts::prefill_kernel(), over their own list of 128-position
+//                 tiles (scan_kernel's prefill units): CUTLASS's grouped GEMM (grouped_gemm.h,
+//                 BF16: rows gathered as bf16, gate and up in one launch into h's region and
+//                 the `grouped_out` region, act to bf16 rows, down, scatter to slot_out), or
+//                 the prefill kernels (moe_prefill.cuh; hidden and inter multiples of 64: x
+//                 rounded to bf16 once per call, gate/up writes h as bf16 in h's region)
 //   16, > 16      the other experts, and every expert in batch-invariant mode: the small
 //                 and the big tile of mma_tile.cuh (16 only in batch-invariant mode or
 //                 without the decode kernels)
@@ -31,6 +33,7 @@
 #include "kernels/linear/cuda/mma_tile.cuh"
 #include "kernels/mlp/cuda.h"
 #include "kernels/moe/cuda.h"
+#include "kernels/moe/cuda/grouped_gemm.h"
 #include "kernels/moe/cuda/moe_common.cuh"
 #include "kernels/moe/cuda/moe_decode.cuh"
 #include "kernels/moe/cuda/moe_prefill.cuh"
@@ -43,6 +46,8 @@ using moe_internal::assign;
 using moe_internal::Assignment;
 using moe_internal::Buckets;
 using moe_internal::ExpertPtrs;
+static_assert(sizeof(ExpertPtrs) == 6 * sizeof(void*),
+              "grouped_gemm.h reads the table as 6 pointers");
 using moe_internal::Geometry;
 using moe_internal::Path;
 using moe_internal::with_expert;
@@ -57,6 +62,9 @@ using tile::kMmaThreads;
 using tile::MmaSmem;
 
 constexpr int kScanThreads = 1024;
+// CUTLASS's grouped GEMM runs BF16 experts only when picked (set_prefill_kernel) until it
+// is measured against the prefill kernels on a GPU (BENCHMARKS.md).
+constexpr bool kGroupedByDefault = false;
 static_assert(kMoeMmaMinTokens <= kGemvMaxTokens + 1, "small path handles up to 15 tokens");
 
 size_t align_up(size_t n) {
@@ -66,14 +74,19 @@ size_t align_up(size_t n) {
 // Workspace regions, each kAlign-aligned.
 struct Layout {
   size_t counts, cursor, active, sorted_slots, h, slot_out, x_split, h_split, units, unit_counts,
-      partials, arrivals, x_bf16, prefill_units, prefill_count, shared_out, shared_ws, total;
+      partials, arrivals, x_bf16, prefill_units, prefill_count, grouped_rows, grouped_out,
+      grouped_ws, shared_out, shared_ws, total;
+  size_t grouped_ws_bytes = 0;
   size_t arrivals_bytes = 0;
 
   // split: the formats of the decode kernels' split activation rows (gate's for x, down's
-  // for h; the same), or null when the decode kernels do not run. prefill: the prefill
-  // kernels may run (their h, bf16, lies in h's region).
+  // for h; the same), or null when the decode kernels do not run. prefill: what runs the
+  // experts past them (the prefill kernels' h, bf16, lies in h's region; the grouped GEMM's
+  // gate output, fp32, too).
   Layout(int64_t num_experts, int64_t inter, int64_t hidden, int64_t max_tokens, int64_t top_k,
-         const MlpWeights* shared, const WFmt* split, bool prefill) {
+         const MlpWeights* shared, const WFmt* split, MoePrefillKernel prefill_kernel) {
+    const bool prefill = prefill_kernel != MoePrefillKernel::kTiles;
+    const bool grouped = prefill_kernel == MoePrefillKernel::kGrouped;
     const auto e = static_cast<size_t>(num_experts);
     const auto s = static_cast<size_t>(max_tokens * top_k);
     size_t at = 0;
@@ -109,10 +122,15 @@ struct Layout {
                         : 0);
     arrivals_bytes = units_bound * 4;
     arrivals = take(arrivals_bytes);
-    x_bf16 = take(prefill ? static_cast<size_t>(max_tokens * hidden) * 2 : 0);
+    x_bf16 = take(prefill && !grouped ? static_cast<size_t>(max_tokens * hidden) * 2 : 0);
     // At most one partial tile per expert with tokens.
     prefill_units = take(prefill ? (std::min(e, s) + s / prefill::kBM + 1) * sizeof(int4) : 0);
     prefill_count = take(prefill ? 4 : 0);
+    const auto pitch = static_cast<size_t>(std::max(hidden, inter));
+    grouped_rows = take(grouped ? s * pitch * 2 : 0);
+    grouped_out = take(grouped ? s * pitch * 4 : 0);
+    grouped_ws_bytes = grouped ? moe_internal::expert_gemm_workspace_bytes(num_experts, 2) : 0;
+    grouped_ws = take(grouped_ws_bytes);
     shared_out = take(shared != nullptr ? static_cast<size_t>(max_tokens * hidden) * 4 : 0);
     shared_ws = take(shared != nullptr ? mlp_workspace_bytes(*shared, max_tokens) : 0);
     total = at;
@@ -408,7 +426,22 @@ MoeExperts MoeExperts::upload(const MlpWeights* experts, int64_t num_experts) {
                         out.gate_up_aligned_ && out.down_aligned_;
   out.prefill_kernels_ = out.decode_kernels_ && prefill::supported(f) &&
                          out.hidden() % prefill::kBK == 0 && out.inter() % prefill::kBK == 0;
+  out.grouped_gemm_ = out.decode_kernels_ && f == WFmt::kBF16 &&
+                      moe_internal::expert_gemm_supported(out.inter(), out.hidden()) &&
+                      moe_internal::expert_gemm_supported(out.hidden(), out.inter());
+  out.prefill_kernel_ = kGroupedByDefault && out.grouped_gemm_ ? MoePrefillKernel::kGrouped
+                        : out.prefill_kernels_                 ? MoePrefillKernel::kWarpgroup
+                                                               : MoePrefillKernel::kTiles;
   return out;
+}
+
+void MoeExperts::set_prefill_kernel(MoePrefillKernel k) {
+  CHECK(k != MoePrefillKernel::kGrouped || grouped_gemm_,
+        "MoeExperts: the grouped GEMM takes BF16 experts with hidden and inter multiples of 8");
+  CHECK(k != MoePrefillKernel::kWarpgroup || prefill_kernels_,
+        "MoeExperts: the prefill kernels take BF16, FP8 and MXFP4 experts with hidden and inter "
+        "multiples of 64");
+  prefill_kernel_ = k;
 }
 
 size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, int64_t max_tokens,
@@ -418,7 +451,7 @@ size_t moe_workspace_bytes(const MoeExperts& experts, const MlpWeights* shared, 
   CHECK(experts.num_experts() > 0, "moe_workspace_bytes: experts not uploaded");
   const WFmt split = weight_wfmt(experts.layout().gate);
   return Layout(experts.num_experts(), experts.inter(), experts.hidden(), max_tokens, top_k, shared,
-                experts.decode_kernels() ? &split : nullptr, experts.prefill_kernels())
+                experts.decode_kernels() ? &split : nullptr, experts.prefill_kernel())
       .total;
 }
 
@@ -442,7 +475,7 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   const MlpWeights& l = experts.layout();
   const WFmt split_fmt = weight_wfmt(l.gate);
   const Layout lay(p.num_experts, experts.inter(), p.hidden, p.num_tokens, p.top_k, p.shared,
-                   experts.decode_kernels() ? &split_fmt : nullptr, experts.prefill_kernels());
+                   experts.decode_kernels() ? &split_fmt : nullptr, experts.prefill_kernel());
   CHECK(workspace != nullptr && workspace_bytes >= lay.total, "moe: workspace of ", workspace_bytes,
         " bytes, ", p.num_tokens, " tokens need ", lay.total);
   auto* base = static_cast<char*>(workspace);
@@ -465,8 +498,8 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   const bool decode_runs = experts.decode_kernels() && !batch_invariant;
   // Experts with more than the decode kernels' tokens run the prefill kernels when the
   // experts allow them (outside batch-invariant mode, which keeps mma_tile.cuh's tiles).
-  const bool prefill_runs =
-      decode_runs && experts.prefill_kernels() && num_slots > kMoeDecodeMaxTokens;
+  const bool prefill_runs = decode_runs && experts.prefill_kernel() != MoePrefillKernel::kTiles &&
+                            num_slots > kMoeDecodeMaxTokens;
   auto* prefill_units = reinterpret_cast<int4*>(at(lay.prefill_units));
   auto* prefill_count = reinterpret_cast<int32_t*>(at(lay.prefill_count));
   scan_kernel<<<1, kScanThreads, 0, stream>>>(
@@ -594,7 +627,30 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
     });
   }
-  if (prefill_runs) {
+  // Units: at most one partial tile per expert with tokens.
+  const int64_t max_units = static_cast<int64_t>(max_active) + num_slots / prefill::kBM + 1;
+  if (prefill_runs && experts.prefill_kernel() == MoePrefillKernel::kGrouped) {
+    moe_internal::grouped_experts_bf16({.active = active,
+                                        .units = prefill_units,
+                                        .unit_count = prefill_count,
+                                        .max_units = max_units,
+                                        .sorted_slots = sorted_slots,
+                                        .table = table,
+                                        .num_experts = static_cast<int32_t>(p.num_experts),
+                                        .min_rows = static_cast<int32_t>(kMoeDecodeMaxTokens + 1),
+                                        .x = p.x,
+                                        .top_k = p.top_k,
+                                        .hidden = p.hidden,
+                                        .inter = g.inter,
+                                        .act = p.act,
+                                        .rows = reinterpret_cast<uint16_t*>(at(lay.grouped_rows)),
+                                        .gate = h,
+                                        .out = reinterpret_cast<float*>(at(lay.grouped_out)),
+                                        .gemm_workspace = at(lay.grouped_ws),
+                                        .gemm_workspace_bytes = lay.grouped_ws_bytes,
+                                        .slot_out = slot_out},
+                                       stream);
+  } else if (prefill_runs) {
     auto* x_bf16 = reinterpret_cast<uint16_t*>(at(lay.x_bf16));
     prefill::to_bf16_kernel<<<grid_for(p.num_tokens * p.hidden, 256), 256, 0, stream>>>(
         p.x, p.num_tokens * p.hidden, x_bf16);
@@ -609,8 +665,6 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
                               .a = x_bf16,
                               .h = reinterpret_cast<uint16_t*>(h),
                               .slot_out = slot_out};
-    // Units: at most one partial tile per expert with tokens.
-    const int64_t max_units = static_cast<int64_t>(max_active) + num_slots / prefill::kBM + 1;
     dispatch_format(split_fmt, [&]<WFmt F>() {
       if constexpr (prefill::supported(F)) {
         const auto launch = [&]<bool kGateUp>() {

@@ -1,8 +1,12 @@
-// CUDA MoE router: logits by linear_gemv, then one block per token. The per-token
+// CUDA MoE router: logits by linear_gemv, or past 16 tokens by cuBLAS on three bf16 terms
+// of x (cuda.h), then one block per token. The per-token
 // steps mirror cpu::route_experts: the same float expressions, the same
 // (value desc, index asc) order for groups and experts, the weights summed and
 // scaled sequentially in slot order.
+#include <cuda_bf16.h>
 #include <cub/block/block_reduce.cuh>
+
+#include <algorithm>
 
 #include "kernels/moe/cuda.h"
 #include "util/cuda_check.h"
@@ -30,6 +34,33 @@ struct First {
     return before(a, b) ? a : b;
   }
 };
+
+// x = x0 + x1 + x2, each term bf16 (round to nearest of what is left): terms[i][t, d].
+__global__ void split_kernel(const float* __restrict__ x, int64_t n,
+                             __nv_bfloat16* __restrict__ terms) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float rest = x[i];
+    for (int k = 0; k < 3; ++k) {
+      const __nv_bfloat16 term = __float2bfloat16_rn(rest);
+      terms[k * n + i] = term;
+      rest -= __bfloat162float(term);
+    }
+  }
+}
+
+// logits = partial[0] + partial[1] + partial[2], in that order.
+__global__ void sum_terms_kernel(const float* __restrict__ partial, int64_t n,
+                                 float* __restrict__ logits) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    logits[i] = (partial[i] + partial[n + i]) + partial[2 * n + i];
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + kThreads - 1) / kThreads, 4096));
+}
 
 __global__ void __launch_bounds__(kThreads)
     route_kernel(RouterParams p, const float* __restrict__ logits) {
@@ -128,14 +159,19 @@ __global__ void __launch_bounds__(kThreads)
 
 }  // namespace
 
-size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts) {
-  CHECK(max_tokens >= 0 && num_experts > 0, "router_workspace_bytes: max_tokens ", max_tokens,
-        ", num_experts ", num_experts);
-  return static_cast<size_t>(max_tokens * num_experts) * sizeof(float);
+size_t router_workspace_bytes(int64_t max_tokens, int64_t num_experts, int64_t hidden) {
+  CHECK(max_tokens >= 0 && num_experts > 0 && hidden > 0, "router_workspace_bytes: max_tokens ",
+        max_tokens, ", num_experts ", num_experts, ", hidden ", hidden);
+  const auto logits = static_cast<size_t>(max_tokens * num_experts) * sizeof(float);
+  if (max_tokens <= kSmallBatchMaxTokens) return logits;
+  // logits, three partial logits, three bf16 terms of x (each region 256-byte aligned)
+  const auto align = [](size_t n) { return (n + 255) / 256 * 256; };
+  return align(logits) + align(3 * logits) +
+         3 * static_cast<size_t>(max_tokens * hidden) * sizeof(__nv_bfloat16);
 }
 
 void route_experts(const RouterParams& p, void* workspace, size_t workspace_bytes,
-                   cudaStream_t stream) {
+                   cudaStream_t stream, const Blas* blas) {
   cpu::check_router_params(p);
   CHECK(p.n_group <= kMaxGroups && p.top_k <= 64, "route_experts: the GPU router handles at most ",
         kMaxGroups, " groups and top_k 64 (n_group ", p.n_group, ", top_k ", p.top_k, ")");
@@ -143,11 +179,39 @@ void route_experts(const RouterParams& p, void* workspace, size_t workspace_byte
   CHECK(smem <= 48 * 1024, "route_experts: ", p.num_experts, " experts are too many");
   if (p.num_tokens == 0) return;
   CHECK(p.num_tokens <= INT32_MAX, "route_experts: num_tokens over 2^31");
-  const size_t need = router_workspace_bytes(p.num_tokens, p.num_experts);
+  const int64_t hidden = p.gate->cols;
+  const size_t need = router_workspace_bytes(p.num_tokens, p.num_experts, hidden);
   CHECK(workspace != nullptr && workspace_bytes >= need, "route_experts: workspace of ",
         workspace_bytes, " bytes, ", p.num_tokens, " tokens need ", need);
   auto* logits = static_cast<float*>(workspace);  // [T, E]
-  linear_gemv({.x = p.x, .w = p.gate, .y = logits, .num_tokens = p.num_tokens}, stream);
+  const bool tensor_cores = blas != nullptr && p.num_tokens > kSmallBatchMaxTokens &&
+                            p.gate->format == WeightFormat::kDense &&
+                            p.gate->dtype == DType::kBF16 && hidden <= INT32_MAX;
+  if (tensor_cores) {
+    CHECK(blas->stream() == stream, "route_experts: the Blas handle is bound to another stream");
+    const int64_t n = p.num_tokens * p.num_experts;
+    const auto align = [](size_t b) { return (b + 255) / 256 * 256; };
+    auto* base = static_cast<char*>(workspace);
+    auto* partial = reinterpret_cast<float*>(base + align(n * sizeof(float)));
+    auto* terms = reinterpret_cast<__nv_bfloat16*>(base + align(n * sizeof(float)) +
+                                                   align(3 * n * sizeof(float)));
+    const int64_t nx = p.num_tokens * hidden;
+    split_kernel<<<grid_for(nx), kThreads, 0, stream>>>(p.x, nx, terms);
+    CUDA_CHECK_LAUNCH();
+    // partial[i] [T, E] row-major = terms[i] [T, D] gate[E, D]^T: column-major E x T.
+    const float alpha = 1.0f;
+    const float beta = 0.0f;
+    CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+        blas->handle(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(p.num_experts),
+        static_cast<int>(p.num_tokens), static_cast<int>(hidden), &alpha, p.gate->data, CUDA_R_16BF,
+        static_cast<int>(hidden), 0, terms, CUDA_R_16BF, static_cast<int>(hidden), nx, &beta,
+        partial, CUDA_R_32F, static_cast<int>(p.num_experts), n, 3, CUBLAS_COMPUTE_32F,
+        CUBLAS_GEMM_DEFAULT));
+    sum_terms_kernel<<<grid_for(n), kThreads, 0, stream>>>(partial, n, logits);
+    CUDA_CHECK_LAUNCH();
+  } else {
+    linear_gemv({.x = p.x, .w = p.gate, .y = logits, .num_tokens = p.num_tokens}, stream);
+  }
   route_kernel<<<static_cast<unsigned>(p.num_tokens), kThreads, smem, stream>>>(p, logits);
   CUDA_CHECK_LAUNCH();
 }
