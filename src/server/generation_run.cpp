@@ -242,7 +242,7 @@ class GenerationRun : public std::enable_shared_from_this<GenerationRun> {
       ordered_json body = chat_completion_json(g_.meta, choices, usage());
       add_prompt_logprobs(body);
       add_token_ids(body);
-      w_.send(200, "application/json", body.dump());
+      w_.send(200, "application/json", dump_json(body));
     } else {
       std::vector<CompletionChoice> choices;
       for (size_t c = 0; c < num_choices; ++c) {
@@ -263,7 +263,7 @@ class GenerationRun : public std::enable_shared_from_this<GenerationRun> {
       ordered_json body = completion_json(g_.meta, choices, usage());
       add_prompt_logprobs(body);
       add_token_ids(body);
-      w_.send(200, "application/json", body.dump());
+      w_.send(200, "application/json", dump_json(body));
     }
   }
 

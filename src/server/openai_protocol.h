@@ -261,6 +261,13 @@ nlohmann::ordered_json completion_chunk_json(const ResponseMeta& meta,
 nlohmann::ordered_json chat_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
 nlohmann::ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& usage);
 
+// The text of a response body or event: every JSON the server sends is written through
+// here. Text the server decodes from tokens is made valid UTF-8 where it is decoded
+// (replace_invalid_utf8, so that text_offset counts the characters the client gets); a
+// string that still holds invalid UTF-8 gets U+FFFD for each maximal invalid subpart, the
+// same rule, instead of failing the response.
+std::string dump_json(const nlohmann::ordered_json& j);
+
 // SSE framing: "data: <json>\n\n" and the terminator.
 std::string sse_event(const nlohmann::ordered_json& payload);
 inline constexpr std::string_view kSseDone = "data: [DONE]\n\n";

@@ -231,9 +231,12 @@ ordered_json completion_usage_chunk_json(const ResponseMeta& meta, const Usage& 
   return out;
 }
 
+std::string dump_json(const ordered_json& j) {
+  return j.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+}
+
 std::string sse_event(const ordered_json& payload) {
-  return str_cat("data: ", payload.dump(-1, ' ', false, ordered_json::error_handler_t::replace),
-                 "\n\n");
+  return str_cat("data: ", dump_json(payload), "\n\n");
 }
 
 std::string error_body(int status, std::string_view message, std::string_view param) {
@@ -245,7 +248,7 @@ std::string error_body(int status, std::string_view message, std::string_view pa
         {"type", error["type"]},
         {"param", param.empty() ? ordered_json(nullptr) : ordered_json(param)},
         {"code", error["code"]}}}};
-  return body.dump(-1, ' ', false, ordered_json::error_handler_t::replace);
+  return dump_json(body);
 }
 
 std::string error_body(const RequestError& error) {

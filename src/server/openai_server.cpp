@@ -142,7 +142,7 @@ void OpenAIServer::models(const HttpRequest&, HttpResponseWriter& w) {
     card.created = created_;
     cards.push_back(std::move(card));
   }
-  send_json(w, 200, models_json(cards).dump());
+  send_json(w, 200, dump_json(models_json(cards)));
 }
 
 std::string OpenAIServer::render_chat(const ordered_json& messages, const ordered_json& tools,
@@ -357,7 +357,11 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
       } else {
         const auto& ids = std::get<std::vector<int32_t>>(p);
         g.prompts.push_back(ids);
-        if (r.echo) g.echo.push_back(tokenizer_.decode(ids, r.sampling.skip_special_tokens));
+        // The ids may end (or start) inside a character: U+FFFD, as vLLM's detokenizer.
+        if (r.echo) {
+          g.echo.push_back(
+              replace_invalid_utf8(tokenizer_.decode(ids, r.sampling.skip_special_tokens)));
+        }
       }
       validate_prompt(g.prompts.back(), r.sampling, limits());
     }
@@ -413,7 +417,7 @@ void OpenAIServer::tokenize(const HttpRequest& req, HttpResponseWriter& w) {
     out["count"] = ids.size();
     out["max_model_len"] = engine_.config().scheduler.max_model_len;
     out["tokens"] = ids;
-    send_json(w, 200, out.dump());
+    send_json(w, 200, dump_json(out));
   } catch (const RequestError& e) {
     send_request_error(w, e);
   } catch (const InvalidArgument& e) {
@@ -431,7 +435,7 @@ void OpenAIServer::detokenize(const HttpRequest& req, HttpResponseWriter& w) {
     }
     ordered_json out;
     out["prompt"] = replace_invalid_utf8(tokenizer_.decode(ids, false));
-    send_json(w, 200, out.dump());
+    send_json(w, 200, dump_json(out));
   } catch (const RequestError& e) {
     send_request_error(w, e);
   } catch (const InvalidArgument& e) {

@@ -130,3 +130,14 @@ def test_max_tokens_zero_without_echo_is_a_400(server):
                       json={"model": server.model, "prompt": PROMPT, "max_tokens": 0,
                             "echo": True, "min_tokens": 2}, timeout=30)
     assert assert_openai_error(r, 400)["param"] == "min_tokens"
+
+
+def test_echo_of_a_partial_character_is_u_fffd(server, client):
+    """Issue 49: token 168 is one byte of a multi-byte character; echoing it alone answered
+    500 (invalid UTF-8) without streaming. Both ways it is U+FFFD, as vLLM's detokenizer."""
+    body = dict(model=server.model, prompt=[168], max_tokens=0, echo=True, logprobs=1)
+    full = client.completions.create(**body).choices[0]
+    assert full.text == "\ufffd"
+    assert full.logprobs.tokens == ["\ufffd"]
+    text, tokens, _, _, _ = collect_stream(client, body)
+    assert text == full.text and tokens == full.logprobs.tokens
