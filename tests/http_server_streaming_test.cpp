@@ -81,11 +81,12 @@ TEST(HttpServerTest, ClientDisconnectedSeenWhileHandlerWaits) {
   });
   server.start();
   {
-    // A pipelined request behind the waiting one is data, not a disconnect.
+    // A pipelined request behind the waiting one is data, not a disconnect; a reset is one
+    // (a FIN alone is a half-close, see http_half_close_test.cpp).
     TestClient client(server.port());
     client.send_raw(post_request("/wait", "x") + get_request("/hello"));
     std::this_thread::sleep_for(milliseconds(100));
-    client.close_now();
+    client.reset_now();
   }
   auto result = seen.get_future();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(2)), std::future_status::ready);

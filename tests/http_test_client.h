@@ -58,6 +58,15 @@ class TestClient {
     if (fd_ >= 0) close(fd_);
     fd_ = -1;
   }
+  // A half-close: a FIN, the client sends no more and still reads.
+  void shutdown_send() { ::shutdown(fd_, SHUT_WR); }
+  // An abortive close: a reset instead of a FIN (SO_LINGER 0).
+  void reset_now() {
+    if (fd_ < 0) return;
+    const linger abort_on_close{1, 0};
+    setsockopt(fd_, SOL_SOCKET, SO_LINGER, &abort_on_close, sizeof(abort_on_close));
+    close_now();
+  }
 
   void send_raw(std::string_view data) {
     while (!data.empty()) {

@@ -9,12 +9,19 @@
 //              read_timeout_ms to its end (then 408)
 //   kHandling  a handler owns the response; reads go on only to notice a disconnect
 //              (and buffer a pipelined request); no deadline but write_timeout_ms per write
+//
+// The client's EOF (a half-close, shutdown(SHUT_WR)) only means it sends no more requests:
+// what it sent before is answered (a request in flight runs to its end, its stream
+// included), then the connection closes. Only a reset, a read error or a failed write
+// counts as the client gone (on_disconnect, client_disconnected()). After EOF the socket is
+// watched for a reset alone: a client that closed entirely is noticed when a write fails.
 //   kLingering after an error response: the sending side is shut, what the client still
 //              sends is read and dropped for up to kLinger, so that closing with unread
 //              bytes does not reset the connection before the client reads the response
 //   kClosed
 #include "server/http_server.h"
 
+#include <poll.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -246,8 +253,10 @@ class HttpConnection final : public ResponseSink,
   void on_readable(const error_code& ec) {
     reading_ = false;
     if (phase_ == Phase::kClosed) return;
+    bool reset = false;  // an error, not EOF
     if (ec) {
       peer_closed_ = true;
+      reset = true;
     } else {
       thread_local std::array<char, kReadSize> buffer;
       while (true) {
@@ -255,7 +264,8 @@ class HttpConnection final : public ResponseSink,
         const std::size_t n = socket_.read_some(asio::buffer(buffer), read_ec);
         if (read_ec == asio::error::would_block || read_ec == asio::error::try_again) break;
         if (read_ec) {
-          peer_closed_ = true;  // EOF or reset
+          peer_closed_ = true;
+          reset = read_ec != asio::error::eof;
           break;
         }
         if (phase_ != Phase::kLingering) parser_.feed(std::string_view(buffer.data(), n));
@@ -264,14 +274,36 @@ class HttpConnection final : public ResponseSink,
     }
     if (phase_ == Phase::kReading) handle_input();
     if (peer_closed_) {
-      if (phase_ == Phase::kHandling) {
-        client_gone();  // the response goes on; the connection closes after it
-      } else {
+      if (phase_ != Phase::kHandling) {
         close();
+      } else if (reset) {
+        client_gone();  // the response goes on, to nobody; the connection closes after it
+      } else {
+        watch_for_reset();  // EOF: the request in flight is answered
       }
       return;
     }
     wait_readable();
+  }
+
+  // After the client's EOF the socket reads as EOF for good, so only an error is waited for:
+  // a reset (the client closed entirely and got data, or aborted) is the client gone.
+  void watch_for_reset() {
+    socket_.async_wait(tcp::socket::wait_error,
+                       [self = shared_from_this()](const error_code& ec) { self->on_error(ec); });
+  }
+
+  void on_error(const error_code& ec) {
+    if (ec == asio::error::operation_aborted || phase_ == Phase::kClosed) return;
+    // A reset shows as an error or a hang-up (this side has not shut down yet); the wait
+    // also ends on urgent data, which is not one. (A read would say EOF: it reports the
+    // FIN before the error.)
+    pollfd pfd{socket_.native_handle(), 0, 0};
+    ::poll(&pfd, 1, 0);
+    if (ec || (pfd.revents & (POLLERR | POLLHUP)) != 0) {
+      client_gone();
+      close();
+    }
   }
 
   // Parses what is buffered; dispatches a whole request.
@@ -378,20 +410,26 @@ class HttpConnection final : public ResponseSink,
     }
     on_disconnect_.clear();
     if (phase_ == Phase::kClosed) return;
-    if (!finished.keep_alive || close_after_ || core_.stopping.load() || peer_closed_ ||
-        gone_.load()) {
+    if (!finished.keep_alive || close_after_ || core_.stopping.load() || gone_.load()) {
       if (linger_after_ || parser_.unread_bytes() > 0) {
         linger();
       } else {
-        error_code ec;
-        socket_.shutdown(tcp::socket::shutdown_send, ec);
-        close();
+        close_gracefully();
       }
       return;
     }
     enter_reading();
     handle_input();  // a pipelined request may be buffered already
+    // After the client's EOF: once what it sent is answered, nothing more can come.
+    if (peer_closed_ && phase_ == Phase::kReading) return close_gracefully();
     wait_readable();
+  }
+
+  // The response is all sent: a FIN after it, then the close.
+  void close_gracefully() {
+    error_code ec;
+    socket_.shutdown(tcp::socket::shutdown_send, ec);
+    close();
   }
 
   // --- writing --------------------------------------------------------------------------
