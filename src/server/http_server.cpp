@@ -9,16 +9,14 @@
 //              read_timeout_ms to its end (then 408)
 //   kHandling  a handler owns the response; reads go on only to notice a disconnect
 //              (and buffer a pipelined request); no deadline but write_timeout_ms per write
-//
-// The client's EOF (a half-close, shutdown(SHUT_WR)) only means it sends no more requests:
-// what it sent before is answered (a request in flight runs to its end, its stream
-// included), then the connection closes. Only a reset, a read error or a failed write
-// counts as the client gone (on_disconnect, client_disconnected()). After EOF the socket is
-// watched for a reset alone: a client that closed entirely is noticed when a write fails.
 //   kLingering after an error response: the sending side is shut, what the client still
 //              sends is read and dropped for up to kLinger, so that closing with unread
 //              bytes does not reset the connection before the client reads the response
 //   kClosed
+//
+// The client's EOF (a half-close) only means no more requests: what it sent is answered,
+// streams included, then the connection closes. A reset, a read error or a failed write is
+// the client gone (on_disconnect); after EOF the socket is watched for a reset alone.
 #include "server/http_server.h"
 
 #include <poll.h>
@@ -253,10 +251,9 @@ class HttpConnection final : public ResponseSink,
   void on_readable(const error_code& ec) {
     reading_ = false;
     if (phase_ == Phase::kClosed) return;
-    bool reset = false;  // an error, not EOF
+    bool reset = static_cast<bool>(ec);  // an error, not EOF
     if (ec) {
       peer_closed_ = true;
-      reset = true;
     } else {
       thread_local std::array<char, kReadSize> buffer;
       while (true) {
@@ -286,8 +283,7 @@ class HttpConnection final : public ResponseSink,
     wait_readable();
   }
 
-  // After the client's EOF the socket reads as EOF for good, so only an error is waited for:
-  // a reset (the client closed entirely and got data, or aborted) is the client gone.
+  // After EOF, which reads as EOF for good, only a reset (an error) is waited for.
   void watch_for_reset() {
     socket_.async_wait(tcp::socket::wait_error,
                        [self = shared_from_this()](const error_code& ec) { self->on_error(ec); });
@@ -295,9 +291,8 @@ class HttpConnection final : public ResponseSink,
 
   void on_error(const error_code& ec) {
     if (ec == asio::error::operation_aborted || phase_ == Phase::kClosed) return;
-    // A reset shows as an error or a hang-up (this side has not shut down yet); the wait
-    // also ends on urgent data, which is not one. (A read would say EOF: it reports the
-    // FIN before the error.)
+    // A reset is an error or a hang-up (this side has not shut down); urgent data is not.
+    // (A read would say EOF: it reports the FIN before the error.)
     pollfd pfd{socket_.native_handle(), 0, 0};
     ::poll(&pfd, 1, 0);
     if (ec || (pfd.revents & (POLLERR | POLLHUP)) != 0) {
