@@ -236,6 +236,7 @@ TEST(Cli, ServeRefusesBadFlagsBeforeLoading) {
       {"--max-num-seqs 0", "--max-num-seqs must be at least 1, got 0"},
       {"--max-num-seqs -3", "--max-num-seqs must be at least 1, got -3"},
       {"--max-num-batched-tokens 0", "--max-num-batched-tokens must be at least 1, got 0"},
+      {"--max-step-prefill-cost -1", "--max-step-prefill-cost must be at least 0 (0: off), got -1"},
       {"--max-model-len 0",
        "--max-model-len must be at least 2 (a prompt token and an output), got 0"},
       {"--max-model-len 1", "--max-model-len must be at least 2"},

@@ -68,6 +68,9 @@ int check_limit_flags(const ServeArgs& a) {
   const int keep_alive_s = resolve_keep_alive_s();
   require(a.max_num_batched_tokens >= 1, "--max-num-batched-tokens must be at least 1, got ",
           a.max_num_batched_tokens);
+  require(a.max_step_prefill_cost.value_or(0) >= 0,
+          "--max-step-prefill-cost must be at least 0 (0: off), got ",
+          a.max_step_prefill_cost.value_or(0));
   return keep_alive_s;
 }
 
@@ -224,6 +227,11 @@ void add_engine_flags(CLI::App& cmd, ServeArgs& a) {
                  "most sequences (prompts x n) one request may ask for; more is a 400")
       ->capture_default_str();
   cmd.add_option("--max-num-batched-tokens", a.max_num_batched_tokens)->capture_default_str();
+  cmd.add_option("--max-step-prefill-cost", a.max_step_prefill_cost,
+                 "cap on a step's work in token x context units (n tokens from position p cost "
+                 "n x (p + 1024) + n^2 / 2), so that a long prompt's late chunks shrink and "
+                 "decoding streams keep their pace; 0: off (default: the cost of a first chunk "
+                 "of --max-num-batched-tokens)");
   cmd.add_option("--max-connections", a.max_connections,
                  "most open HTTP connections (streams and idle keep-alives); one more gets 503")
       ->capture_default_str();

@@ -34,6 +34,9 @@ struct ServeArgs {
   int64_t max_sequences_per_request = 1024;  // prompts x n of one request
   int64_t max_connections = 65536;           // open HTTP connections; one more gets 503
   int64_t max_num_batched_tokens = 8192;
+  // A step's prefill work in token x context units (SchedulerConfig::max_step_prefill_cost).
+  // none: default_max_step_prefill_cost (a first chunk of max_num_batched_tokens); 0: off.
+  std::optional<int64_t> max_step_prefill_cost;
   double gpu_memory_utilization = 0.9;
   std::string kv_cache_dtype = "auto";
   std::string index_cache_dtype = "fp8";

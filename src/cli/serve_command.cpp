@@ -133,6 +133,8 @@ WorkerConfig worker_config(const ServeArgs& a, const ServeSetup& s) {
   wc.kv_cache_dtype = parse_latent_cache_dtype(a.kv_cache_dtype);
   EngineConfig& ec = wc.engine;
   ec.scheduler.max_num_batched_tokens = a.max_num_batched_tokens;
+  ec.scheduler.max_step_prefill_cost =
+      a.max_step_prefill_cost.value_or(default_max_step_prefill_cost(ec.scheduler));
   ec.scheduler.max_num_seqs = a.max_num_seqs;
   ec.scheduler.max_model_len = s.max_model_len;
   // Prefix caching is on unless --no-enable-prefix-caching (vLLM's default).

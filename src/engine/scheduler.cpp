@@ -1,11 +1,20 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "util/error.h"
 
 namespace hyserve {
+
+int64_t step_cost(int64_t start_position, int64_t num_tokens, int64_t linear_cost_tokens) {
+  return num_tokens * (start_position + linear_cost_tokens) + num_tokens * num_tokens / 2;
+}
+
+int64_t default_max_step_prefill_cost(const SchedulerConfig& config) {
+  return step_cost(0, config.max_num_batched_tokens, config.prefill_linear_cost_tokens);
+}
 
 Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config)
     : config_(config),
@@ -23,6 +32,10 @@ Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_conf
   CHECK(!config.long_prefill_token_threshold || *config.long_prefill_token_threshold >= 1,
         "long_prefill_token_threshold must be >= 1, got ",
         config.long_prefill_token_threshold.value_or(0));
+  CHECK(config.max_step_prefill_cost >= 0, "max_step_prefill_cost must be >= 0 (0: off), got ",
+        config.max_step_prefill_cost);
+  CHECK(config.prefill_linear_cost_tokens >= 0, "prefill_linear_cost_tokens must be >= 0, got ",
+        config.prefill_linear_cost_tokens);
 }
 
 bool Scheduler::MoreUrgent::operator()(const Entry* a, const Entry* b) const {
@@ -126,6 +139,24 @@ ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_ne
   return s;
 }
 
+int64_t Scheduler::limit_to_cost(int64_t begin, int64_t num_tokens, int64_t cost_left,
+                                 bool first_prefill) const {
+  const int64_t linear = config_.prefill_linear_cost_tokens;
+  if (num_tokens <= 0 || step_cost(begin, num_tokens, linear) <= cost_left) return num_tokens;
+  // The largest n with n^2 / 2 + n x (begin + linear) <= cost_left, from the root of the
+  // quadratic, then corrected for rounding.
+  const double b = static_cast<double>(begin + linear);
+  const double c = static_cast<double>(std::max<int64_t>(cost_left, 0));
+  int64_t n =
+      std::clamp<int64_t>(static_cast<int64_t>(std::sqrt(b * b + 2.0 * c) - b), 0, num_tokens - 1);
+  while (n > 0 && step_cost(begin, n, linear) > cost_left) --n;
+  while (n + 1 < num_tokens && step_cost(begin, n + 1, linear) <= cost_left) ++n;
+  const int64_t align = std::max<int64_t>(config_.prefill_chunk_alignment, 1);
+  const int64_t least = std::min(num_tokens, (begin / align + 1) * align - begin);
+  if (n >= least) return n;
+  return first_prefill ? least : 0;
+}
+
 int64_t Scheduler::num_drafts(const Request& request, int64_t budget) {
   // Only after the last known token, with nothing in flight; the accepted drafts and the
   // token after them end at the request's length at most.
@@ -152,6 +183,32 @@ SchedulerOutput Scheduler::schedule() {
   };
   std::vector<Step> scheduled;
 
+  // A running request whose step in flight samples its last allowed token is done
+  // (asynchronous scheduling: its result is not applied yet).
+  const auto done = [&](const Request& r) {
+    return r.num_output_placeholders > 0 && r.num_scheduled_tokens() >= max_num_tokens(r);
+  };
+  const auto is_decode = [](const Request& r) {
+    return r.num_scheduled_tokens() - r.num_computed_tokens == 1;
+  };
+  // The prefill cost cap: the running decodes' cost set aside, what prefill chunks have left.
+  const int64_t linear = config_.prefill_linear_cost_tokens;
+  const bool cost_capped = config_.enable_chunked_prefill && config_.max_step_prefill_cost > 0;
+  int64_t cost_left = config_.max_step_prefill_cost;
+  bool has_prefill = false;  // a prefill chunk is in the step
+  if (cost_capped) {
+    for (const Entry* entry : running_) {
+      const Request& r = entry->request;
+      if (!done(r) && is_decode(r)) cost_left -= step_cost(r.num_computed_tokens, 1, linear);
+    }
+  }
+  // A scheduled step's cost; a decode's own token was set aside, its drafts were not.
+  const auto charge = [&](int64_t begin, int64_t n, bool decode) {
+    if (!cost_capped) return;
+    cost_left -= step_cost(begin, n, linear) - (decode ? step_cost(begin, 1, linear) : 0);
+    has_prefill = has_prefill || !decode;
+  };
+
   // How many tokens from `begin` this step may compute for the request.
   const auto step_tokens = [&](Request& r, int64_t begin) {
     int64_t n = std::min(r.num_scheduled_tokens() - begin, budget);
@@ -161,8 +218,10 @@ SchedulerOutput Scheduler::schedule() {
     }
     // limit_to_snapshot_boundary counts from num_computed_tokens.
     const int64_t computed = std::exchange(r.num_computed_tokens, begin);
+    const bool decode = is_decode(r) && r.status == RequestStatus::kRunning;
     n = kv_.limit_to_snapshot_boundary(r, n);
     r.num_computed_tokens = computed;
+    if (cost_capped && !decode) n = limit_to_cost(begin, n, cost_left, !has_prefill);
     // An aligned end, or no tokens this step (a later step has the budget for one) unless
     // nothing else runs in this step, where waiting would not help.
     const int64_t align = config_.prefill_chunk_alignment;
@@ -181,9 +240,7 @@ SchedulerOutput Scheduler::schedule() {
   for (auto it = running_.begin(); it != running_.end() && budget > 0; ++it) {
     Entry* entry = *it;
     Request& r = entry->request;
-    // A request whose step in flight samples its last allowed token is done (asynchronous
-    // scheduling: its result is not applied yet).
-    if (r.num_output_placeholders > 0 && r.num_scheduled_tokens() >= max_num_tokens(r)) continue;
+    if (done(r)) continue;
     const int64_t n = step_tokens(r, r.num_computed_tokens);
     if (n == 0) continue;
     // A decode step verifies the request's drafts too when their slots are free (they are
@@ -204,6 +261,7 @@ SchedulerOutput Scheduler::schedule() {
     }
     scheduled.push_back({entry, n + drafts, drafts});
     budget -= n + drafts;
+    charge(r.num_computed_tokens, n + drafts, is_decode(r));
   }
 
   while (out.preempted_request_ids.empty() && !waiting_.empty() && budget > 0 &&
@@ -231,6 +289,7 @@ SchedulerOutput Scheduler::schedule() {
     running_.insert(entry);
     scheduled.push_back({entry, n, 0});
     budget -= n;
+    charge(num_cached, n, false);
   }
 
   // The step is decided: each request's inputs, then its computed tokens advance now (the

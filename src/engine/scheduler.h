@@ -5,14 +5,15 @@
 //
 // One step (schedule):
 //   1. running requests, most urgent first: decode = 1 token, or the next prefill chunk
-//      (capped by the budget, long_prefill_token_threshold and the next KDA snapshot
-//      boundary). When blocks run out, the least urgent running request is preempted by
-//      recompute (blocks freed, num_computed_tokens = 0, outputs kept) and the allocation
-//      retried; a request that would have to preempt itself waits.
+//      (capped by the budget, long_prefill_token_threshold, the next KDA snapshot
+//      boundary and the step's prefill cost cap, max_step_prefill_cost). When blocks run out, the
+//      least urgent running request is preempted by recompute (blocks freed, num_computed_tokens =
+//      0, outputs kept) and the allocation retried; a request that would have to preempt itself
+//      waits.
 //   2. if nothing was preempted: waiting requests in policy order (fcfs: order of arrival at
 //      add_request; priority: lower priority value, then earlier arrival_time) with a prefix
-//      lookup, while the budget, max_num_seqs and free blocks allow. The head of the queue
-//      blocks the rest (no overtaking).
+//      lookup, while the budget, the cost cap, max_num_seqs and free blocks allow. The head of the
+//      queue blocks the rest (no overtaking).
 //   3. the full blocks of every scheduled request are registered in the prefix cache and
 //      KDA snapshots to fill are listed.
 // The scheduled requests' num_computed_tokens advance in schedule() itself, and each step
@@ -55,7 +56,29 @@ struct SchedulerConfig {
   // prompt, prefix hits included, then runs the same KDA chunks and gives the same bits.
   int64_t prefill_chunk_alignment = 0;
   std::vector<int32_t> eos_token_ids;  // stop unless ignore_eos (after min_tokens)
+  // Prefill cost cap (docs/DECISIONS.md, "Prefill cost cap"): a step's time grows with
+  // tokens x context, so under the token budget alone a long prompt's late chunks stall every
+  // decoding stream. With a cap, each step's cost (step_cost: its decodes, then its prefill
+  // chunks) stays within it: the running decodes' cost is set aside first (they are never
+  // cut), then every prefill chunk is cut to what is left, down to an aligned end. A chunk
+  // that cannot afford even the tokens to its next aligned end waits for a later step, unless
+  // it is the step's first prefill chunk: that one takes them, so a long prompt always
+  // advances. 0: off (the token budget alone); serve's default is
+  // default_max_step_prefill_cost.
+  int64_t max_step_prefill_cost = 0;  // token x context units
+  // A token's weight work (projections, MLP, MoE, KDA) in the same units: as much as
+  // attending over this many context tokens.
+  int64_t prefill_linear_cost_tokens = 1024;
 };
+
+// The cost of computing `num_tokens` tokens from `start_position`: each token attends over
+// the cached prefix and the chunk's earlier tokens and does its weight work,
+//   num_tokens x (start_position + linear_cost_tokens) + num_tokens^2 / 2.
+int64_t step_cost(int64_t start_position, int64_t num_tokens, int64_t linear_cost_tokens);
+// The cost of a first chunk of max_num_batched_tokens tokens (from position 0): a cap that
+// leaves a prompt of up to max_num_batched_tokens as it is and keeps every later step no
+// dearer than the dearest step the token budget allows at an empty context.
+int64_t default_max_step_prefill_cost(const SchedulerConfig& config);
 
 // One request's share of a step.
 struct ScheduledRequest {
@@ -167,6 +190,11 @@ class Scheduler {
   std::optional<RequestStatus> check_stop(Request& request) const;
   ScheduledRequest describe_step(const Request& request, int64_t num_new_tokens,
                                  int64_t num_drafts) const;
+  // The most tokens from `begin`, at most num_tokens, that cost_left affords (step_cost);
+  // when not even the tokens to the next multiple of prefill_chunk_alignment fit: those
+  // tokens for the step's first prefill chunk (first_prefill), 0 for any other.
+  int64_t limit_to_cost(int64_t begin, int64_t num_tokens, int64_t cost_left,
+                        bool first_prefill) const;
   // The drafts a decode step of the request may verify: its spec_token_ids, as many as fit
   // the budget left (which the step's own token takes one of) and the request's length.
   int64_t num_drafts(const Request& request, int64_t budget);
