@@ -8,11 +8,15 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "client/arrival_schedule.h"
 #include "client/bench_dataset.h"
 #include "client/bench_metrics.h"
 #include "client/bench_report.h"
+#include "client/bench_runner.h"
 #include "client/http_response_reader.h"
+#include "client/openai_stream.h"
 #include "client/prometheus_text.h"
 #include "client/sse_parser.h"
 #include "util/error.h"
@@ -363,6 +367,90 @@ TEST(BenchDataset, ShareGptWithoutTokenizerNeedsOutputLength) {
   ASSERT_EQ(requests.size(), 4u);  // a, b, d, f: no length filter without a tokenizer
   for (const BenchRequest& r : requests) EXPECT_EQ(r.prompt_len, 0);
   EXPECT_THROW(load_sharegpt_requests("/nonexistent.json", options, nullptr), InvalidArgument);
+}
+
+TEST(StreamAccumulator, TimesChunksCarryingOutputAndTakesUsage) {
+  StreamAccumulator chat(99);
+  chat.on_event(R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})", 0.05);
+  chat.on_event(R"({"choices":[{"index":0,"delta":{"content":"Hel"}}]})", 0.1);
+  chat.on_event(R"({"choices":[{"index":0,"delta":{"reasoning":"hm"}}]})", 0.15);
+  chat.on_event(R"({"choices":[{"index":0,"delta":{"content":"lo"}}]})", 0.3);
+  chat.on_event(R"({"choices":[{"index":0,"delta":{},"finish_reason":"length"}]})", 0.35);
+  chat.on_event(R"({"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":4}})", 0.36);
+  chat.on_event("[DONE]", 0.37);
+  const RequestOutcome o = chat.finish(0.4, "");
+  ASSERT_TRUE(o.success) << o.error;
+  EXPECT_DOUBLE_EQ(o.ttft_s, 0.1);  // the role chunk carries no output
+  ASSERT_EQ(o.itl_s.size(), 2u);
+  EXPECT_NEAR(o.itl_s[0], 0.05, 1e-12);
+  EXPECT_NEAR(o.itl_s[1], 0.15, 1e-12);
+  EXPECT_EQ(o.output_tokens, 4);  // from usage
+  EXPECT_EQ(o.prompt_len, 7);
+  EXPECT_DOUBLE_EQ(o.latency_s, 0.4);
+
+  StreamAccumulator completion(5);  // no usage: chunks counted, the dataset's prompt length
+  completion.on_event(R"({"choices":[{"index":0,"text":"","token_ids":[3]}]})", 0.1);
+  completion.on_event(R"({"choices":[{"index":0,"text":"ab"}]})", 0.2);
+  completion.on_event("[DONE]", 0.3);
+  const RequestOutcome c = completion.finish(0.3, "");
+  ASSERT_TRUE(c.success);
+  EXPECT_EQ(c.output_tokens, 2);
+  EXPECT_EQ(c.prompt_len, 5);
+}
+
+TEST(StreamAccumulator, FailuresSayWhy) {
+  const auto outcome = [](std::vector<std::string> events, std::string transport) {
+    StreamAccumulator a(1);
+    for (const std::string& e : events) a.on_event(e, 0.1);
+    return a.finish(0.2, transport);
+  };
+  EXPECT_NE(
+      outcome({R"({"error":{"message":"boom","code":500}})", "[DONE]"}, "").error.find("boom"),
+      std::string::npos);
+  EXPECT_NE(outcome({"{not json"}, "").error.find("malformed SSE event"), std::string::npos);
+  EXPECT_NE(outcome({R"({"choices":[{"text":"a"}]})"}, "").error.find("[DONE]"), std::string::npos);
+  EXPECT_NE(outcome({"[DONE]"}, "").error.find("no chunk"), std::string::npos);
+  EXPECT_EQ(outcome({R"({"choices":[{"text":"a"}]})"}, "timed out").error, "timed out");
+  EXPECT_EQ(error_message_of(R"({"error":{"message":"The model `x` does not exist."}})"),
+            "The model `x` does not exist.");
+  EXPECT_EQ(error_message_of("plain"), "plain");
+}
+
+TEST(OpenAIRequestBody, CompletionIdsAndChatText) {
+  BenchRequest r;
+  r.prompt_ids = {4, 5};
+  r.output_len = 3;
+  OpenAIRequestOptions options;
+  options.model = "m";
+  options.ignore_eos = true;
+  auto j = nlohmann::json::parse(openai_request_body(r, options));
+  EXPECT_EQ(j["prompt"], nlohmann::json::array({4, 5}));
+  EXPECT_EQ(j["max_tokens"], 3);
+  EXPECT_EQ(j["stream"], true);
+  EXPECT_EQ(j["stream_options"]["include_usage"], true);
+  EXPECT_EQ(j["ignore_eos"], true);
+  EXPECT_FALSE(j.contains("return_token_ids"));
+  r.prompt_ids.clear();
+  r.prompt_text = "hi";
+  options.chat = true;
+  j = nlohmann::json::parse(openai_request_body(r, options));
+  EXPECT_EQ(j["messages"][0]["content"], "hi");
+  EXPECT_EQ(j["max_completion_tokens"], 3);
+}
+
+TEST(BaseUrl, ParsesHostPortAndPrefix) {
+  BaseUrl u = parse_base_url("http://localhost:8000");
+  EXPECT_EQ(u.host, "localhost");
+  EXPECT_EQ(u.port, "8000");
+  EXPECT_EQ(u.path_prefix, "");
+  u = parse_base_url("http://[::1]:9000/proxy/");
+  EXPECT_EQ(u.host, "::1");
+  EXPECT_EQ(u.port, "9000");
+  EXPECT_EQ(u.path_prefix, "/proxy");
+  EXPECT_EQ(parse_base_url("http://example.org").port, "80");
+  EXPECT_THROW(parse_base_url("https://example.org"), InvalidArgument);
+  EXPECT_THROW(parse_base_url("localhost:8000"), InvalidArgument);
+  EXPECT_THROW(parse_base_url("http://h:80x"), InvalidArgument);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// hyserve: command-line entry: `hyserve info`, `hyserve generate`, `hyserve serve`. Every
+// hyserve: command-line entry: `hyserve info`, `generate`, `serve`, `bench serve`. Every
 // subcommand takes `--log-level`, set before it runs. Every hyserve::Error becomes one error
 // line on stderr and exit code 1.
 #include <exception>
@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   auto info = hyserve::cli::add_info_command(app);
   auto generate = hyserve::cli::add_generate_command(app);
   auto serve = hyserve::cli::add_serve_command(app);
+  auto bench = hyserve::cli::add_bench_command(app);
   std::string log_level = "info";
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     sub->add_option("--log-level", log_level, "lowest level of the log lines on stderr")
@@ -32,6 +33,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) return info();
     if (app.got_subcommand("generate")) return generate();
     if (app.got_subcommand("serve")) return serve();
+    if (app.got_subcommand("bench")) return bench();
   } catch (const hyserve::Error& e) {
     hyserve::log::error("{}", e.what());
     return 1;

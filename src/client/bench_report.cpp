@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -120,12 +121,10 @@ nlohmann::ordered_json result_json(const BenchSummary& s, const SummaryOptions& 
     for (const auto& [p, v] : st.percentiles_ms)
       j["p" + percentile_word(p) + "_" + metric + "_ms"] = v;
   }
-  auto& input_lens = j["input_lens"] = nlohmann::ordered_json::array();
-  auto& output_lens = j["output_lens"] = nlohmann::ordered_json::array();
-  auto& ttfts = j["ttfts"] = nlohmann::ordered_json::array();
-  auto& e2els = j["e2els"] = nlohmann::ordered_json::array();  // beyond vLLM's keys
-  auto& itls = j["itls"] = nlohmann::ordered_json::array();
-  auto& errors = j["errors"] = nlohmann::ordered_json::array();
+  // Arrays built first: j is an ordered_json, whose members move when a key is added.
+  using Array = nlohmann::ordered_json;
+  Array input_lens = Array::array(), output_lens = Array::array(), ttfts = Array::array(),
+        e2els = Array::array(), itls = Array::array(), errors = Array::array();
   for (const RequestOutcome& o : outcomes) {
     input_lens.push_back(o.prompt_len);
     output_lens.push_back(o.success ? o.output_tokens : 0);
@@ -134,6 +133,12 @@ nlohmann::ordered_json result_json(const BenchSummary& s, const SummaryOptions& 
     itls.push_back(o.success ? o.itl_s : std::vector<double>{});
     errors.push_back(o.error);
   }
+  j["input_lens"] = std::move(input_lens);
+  j["output_lens"] = std::move(output_lens);
+  j["ttfts"] = std::move(ttfts);
+  j["e2els"] = std::move(e2els);  // beyond vLLM's keys
+  j["itls"] = std::move(itls);
+  j["errors"] = std::move(errors);
   return j;
 }
 

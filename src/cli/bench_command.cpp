@@ -1,0 +1,301 @@
+// `hyserve bench serve --base-url http://HOST:PORT [...]`: the serving benchmark, flag for
+// flag `vllm bench serve` (issue 26): streams a dataset's prompts to any OpenAI-compatible
+// server at a request rate and/or a max concurrency, prints vLLM's result table and saves
+// its JSON. The work is in src/client/; this file turns flags into its options and wires in
+// the tokenizer (random prompts' vocabulary, ShareGPT lengths) when one is given.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "client/bench_dataset.h"
+#include "client/bench_metrics.h"
+#include "client/bench_report.h"
+#include "client/bench_runner.h"
+#include "client/prometheus_text.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace hyserve::cli {
+namespace {
+
+constexpr double kScrapeTimeoutS = 10.0;
+
+struct BenchServeArgs {
+  std::string base_url;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::string endpoint = "/v1/completions";
+  std::string model;
+  std::string tokenizer;
+  std::string api_key;
+  std::string dataset_name = "random";
+  std::string dataset_path;
+  int64_t num_prompts = 1000;
+  uint64_t seed = 0;
+  client::RandomDatasetOptions random;
+  std::optional<int64_t> sharegpt_output_len;
+  std::string request_rate = "inf";
+  double burstiness = 1.0;
+  std::optional<int64_t> max_concurrency;
+  bool ignore_eos = false;
+  bool return_token_ids = false;
+  double request_timeout_s = 6 * 3600.0;
+  std::string percentile_metrics = "ttft,tpot,itl";
+  std::string metric_percentiles = "99";
+  std::vector<std::string> goodput;
+  bool save_result = false;
+  std::string result_dir;
+  std::string result_filename;
+  bool disable_tqdm = false;
+};
+
+double parse_rate(const std::string& text) {
+  if (text == "inf") return std::numeric_limits<double>::infinity();
+  size_t used = 0;
+  double rate = 0;
+  try {
+    rate = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  CHECK(used == text.size() && rate > 0, "--request-rate must be a positive number or inf, got '",
+        text, "'");
+  return rate;
+}
+
+// The served model's name: --model, else the first of the server's /v1/models.
+std::string served_model(const BenchServeArgs& a, const client::BaseUrl& url) {
+  if (!a.model.empty()) return a.model;
+  const auto body = client::http_get(url, "/v1/models", kScrapeTimeoutS);
+  CHECK(body, "--model not given and GET ", a.base_url, "/v1/models failed: is a server there?");
+  const auto models = nlohmann::json::parse(*body, nullptr, false);
+  CHECK(models.is_object() && models.contains("data") && models["data"].is_array() &&
+            !models["data"].empty() && models["data"][0].contains("id"),
+        "--model not given and /v1/models lists no model");
+  return models["data"][0]["id"].get<std::string>();
+}
+
+// The tokenizer: --tokenizer, else --model when it names a checkpoint folder, else none.
+std::unique_ptr<Tokenizer> load_tokenizer(const BenchServeArgs& a, std::string& tokenizer_id) {
+  tokenizer_id = a.tokenizer;
+  if (tokenizer_id.empty() && !a.model.empty() && std::filesystem::is_directory(a.model))
+    tokenizer_id = a.model;
+  if (tokenizer_id.empty()) return nullptr;
+  return Tokenizer::load(tokenizer_id);
+}
+
+// Every id a random prompt may hold: assigned, not special.
+std::vector<int32_t> random_vocabulary(const Tokenizer& tokenizer) {
+  std::vector<int32_t> ids;
+  for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
+    const auto token = static_cast<int32_t>(id);
+    if (tokenizer.is_special(token)) continue;
+    try {
+      tokenizer.decode({&token, 1}, true);
+    } catch (const InvalidArgument&) {
+      continue;  // an unassigned id
+    }
+    ids.push_back(token);
+  }
+  return ids;
+}
+
+std::vector<client::BenchRequest> make_requests(const BenchServeArgs& a, bool chat,
+                                                const Tokenizer* tokenizer) {
+  if (a.dataset_name == "sharegpt") {
+    CHECK(!a.dataset_path.empty(), "--dataset-name sharegpt needs --dataset-path FILE.json");
+    client::ShareGptOptions options{a.num_prompts, a.sharegpt_output_len, a.seed};
+    client::TokenCounter count;
+    if (tokenizer) {
+      count = [tokenizer](std::string_view text) {
+        return static_cast<int64_t>(tokenizer->encode(text, false).size());
+      };
+    }
+    return client::load_sharegpt_requests(a.dataset_path, options, count);
+  }
+  CHECK(a.dataset_name == "random", "--dataset-name must be random or sharegpt, got '",
+        a.dataset_name, "'");
+  CHECK(tokenizer,
+        "--dataset-name random draws token ids from the served model's vocabulary: pass "
+        "--tokenizer MODEL_DIR (the checkpoint folder)");
+  client::RandomDatasetOptions options = a.random;
+  options.num_prompts = a.num_prompts;
+  options.seed = a.seed;
+  std::vector<client::BenchRequest> requests =
+      client::make_random_requests(options, random_vocabulary(*tokenizer));
+  if (chat) {  // a chat message is text: the ids decoded (the server's count may differ)
+    for (client::BenchRequest& r : requests) {
+      r.prompt_text = replace_invalid_utf8(tokenizer->decode(r.prompt_ids, true));
+      r.prompt_ids.clear();
+    }
+  }
+  return requests;
+}
+
+std::string local_date() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  localtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%d-%H%M%S", &tm);
+  return buf;
+}
+
+void save_result(const BenchServeArgs& a, const client::RunDescription& run,
+                 const nlohmann::ordered_json& result) {
+  std::filesystem::path path(a.result_filename.empty() ? client::default_result_filename(run)
+                                                       : a.result_filename);
+  if (!a.result_dir.empty()) {
+    std::filesystem::create_directories(a.result_dir);
+    path = std::filesystem::path(a.result_dir) / path;
+  }
+  std::ofstream out(path);
+  CHECK(out, "cannot write the result file ", path.string());
+  out << result.dump(2) << "\n";
+  CHECK(out.good(), "cannot write the result file ", path.string());
+  std::fprintf(stderr, "result saved to %s\n", path.string().c_str());
+}
+
+int run_bench_serve(BenchServeArgs a) {
+  if (a.base_url.empty()) a.base_url = "http://" + a.host + ":" + std::to_string(a.port);
+  CHECK(a.endpoint == "/v1/completions" || a.endpoint == "/v1/chat/completions",
+        "--endpoint must be /v1/completions or /v1/chat/completions, got '", a.endpoint, "'");
+  client::SummaryOptions summary_options;
+  summary_options.percentile_metrics = client::parse_metric_list(a.percentile_metrics);
+  summary_options.percentiles = client::parse_percentile_list(a.metric_percentiles);
+  summary_options.goodput_slos_ms = client::parse_goodput(a.goodput);
+  client::BenchRunOptions options;
+  options.base_url = client::parse_base_url(a.base_url);
+  options.endpoint = a.endpoint;
+  options.api_key = a.api_key;
+  options.request.chat = a.endpoint == "/v1/chat/completions";
+  options.request.ignore_eos = a.ignore_eos || a.dataset_name == "random";
+  options.request.return_token_ids = a.return_token_ids;
+  options.arrivals = {parse_rate(a.request_rate), a.burstiness, a.seed};
+  options.max_concurrency = a.max_concurrency;
+  options.request_timeout_s = a.request_timeout_s;
+  options.show_progress = !a.disable_tqdm && isatty(STDERR_FILENO);
+
+  client::RunDescription run;
+  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(a, run.tokenizer_id);
+  const std::vector<client::BenchRequest> requests =
+      make_requests(a, options.request.chat, tokenizer.get());
+  // The model name needs a live server: asked after the flags and the dataset are checked.
+  options.request.model =
+      a.model.empty() && a.num_prompts > 0 ? served_model(a, options.base_url) : a.model;
+  run.base_url = a.base_url;
+  run.endpoint = a.endpoint;
+  run.model_id = options.request.model;
+  run.dataset_name = a.dataset_name;
+  run.num_prompts = a.num_prompts;
+  run.request_rate = options.arrivals.request_rate;
+  run.burstiness = a.burstiness;
+  run.max_concurrency = a.max_concurrency;
+  run.date = local_date();
+
+  const auto scrape = [&] {
+    const auto text = client::http_get(options.base_url, "/metrics", kScrapeTimeoutS);
+    return text ? client::read_prefix_cache_counters(*text) : std::nullopt;
+  };
+  const auto counters_before = scrape();
+  const client::BenchRunResult result = client::run_benchmark(requests, options);
+  run.prefix_cache_hit_rate = client::prefix_cache_hit_rate(counters_before, scrape());
+
+  const client::BenchSummary summary =
+      client::summarize(result.outcomes, std::max(result.duration_s, 1e-9), summary_options);
+  std::fputs(client::format_report(summary, summary_options, run).c_str(), stdout);
+  std::fflush(stdout);
+  if (a.save_result)
+    save_result(a, run, client::result_json(summary, summary_options, run, result.outcomes));
+  if (summary.failed == 0) return 0;
+  std::string first_error;
+  for (const client::RequestOutcome& o : result.outcomes)
+    if (!o.success && first_error.empty()) first_error = o.error;
+  if (summary.completed == 0) {
+    log::error("all {} requests failed; the first: {}", summary.failed, first_error);
+    return 1;
+  }
+  log::warn("{} of {} requests failed; the first: {}", summary.failed, a.num_prompts, first_error);
+  return 0;
+}
+
+void add_serve_flags(CLI::App& serve, BenchServeArgs& a) {
+  serve.add_option("--base-url", a.base_url, "the server, http://HOST:PORT (else --host/--port)");
+  serve.add_option("--host", a.host, "the server's host when no --base-url")->capture_default_str();
+  serve.add_option("--port", a.port, "the server's port when no --base-url")->capture_default_str();
+  serve.add_option("--endpoint", a.endpoint, "/v1/completions or /v1/chat/completions")
+      ->capture_default_str();
+  serve.add_option("--model", a.model, "the served model name (default: the first of /v1/models)");
+  serve.add_option("--tokenizer", a.tokenizer,
+                   "checkpoint folder whose tokenizer gives the random vocabulary and ShareGPT "
+                   "lengths (default: --model when it is a folder)");
+  serve.add_option("--api-key", a.api_key, "sent as Authorization: Bearer KEY");
+  serve.add_option("--dataset-name", a.dataset_name, "random or sharegpt")->capture_default_str();
+  serve.add_option("--dataset-path", a.dataset_path, "the ShareGPT JSON file");
+  serve.add_option("--num-prompts", a.num_prompts, "requests to send")->capture_default_str();
+  serve.add_option("--seed", a.seed, "seed of the dataset and the arrivals")->capture_default_str();
+  serve.add_option("--random-input-len", a.random.input_len, "prompt tokens after the prefix")
+      ->capture_default_str();
+  serve.add_option("--random-output-len", a.random.output_len, "max_tokens")->capture_default_str();
+  serve
+      .add_option("--random-range-ratio", a.random.range_ratio,
+                  "lengths uniform in [len*(1-r), len*(1+r)]")
+      ->capture_default_str();
+  serve
+      .add_option("--random-prefix-len", a.random.prefix_len, "random tokens shared by all prompts")
+      ->capture_default_str();
+  serve.add_option("--sharegpt-output-len", a.sharegpt_output_len,
+                   "max_tokens of every ShareGPT request (default: the reply's length)");
+  serve.add_option("--request-rate", a.request_rate, "requests per second, or inf (all at once)")
+      ->capture_default_str();
+  serve.add_option("--burstiness", a.burstiness, "gamma shape of the arrival gaps (1: Poisson)")
+      ->capture_default_str();
+  serve.add_option("--max-concurrency", a.max_concurrency, "requests in flight at most");
+  serve.add_flag("--ignore-eos", a.ignore_eos, "send ignore_eos (always on for random)");
+  serve.add_flag("--return-token-ids", a.return_token_ids,
+                 "ask for token ids in every chunk (vLLM's field): one ITL per token chunk even "
+                 "when its text is held back");
+  serve.add_option("--request-timeout", a.request_timeout_s, "seconds one request may take")
+      ->capture_default_str();
+  serve.add_option("--percentile-metrics", a.percentile_metrics, "of ttft,tpot,itl,e2el")
+      ->capture_default_str();
+  serve.add_option("--metric-percentiles", a.metric_percentiles, "e.g. 50,90,99")
+      ->capture_default_str();
+  serve.add_option("--goodput", a.goodput, "SLOs in ms, e.g. ttft:500 tpot:50");
+  serve.add_flag("--save-result", a.save_result, "write the result JSON");
+  serve.add_option("--result-dir", a.result_dir, "folder of the result JSON");
+  serve.add_option("--result-filename", a.result_filename,
+                   "name of the result JSON (default: vLLM's pattern)");
+  serve.add_flag("--disable-tqdm", a.disable_tqdm, "no progress line on stderr");
+}
+
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "benchmark a running server");
+  bench->require_subcommand(1);
+  bench->fallthrough();  // --log-level (main.cpp) after `bench serve`
+  CLI::App* serve = bench->add_subcommand(
+      "serve", "serving benchmark of an OpenAI-compatible server, as `vllm bench serve`");
+  auto args = std::make_shared<BenchServeArgs>();
+  add_serve_flags(*serve, *args);
+  return [args, serve] {
+    if (serve->parsed()) return run_bench_serve(*args);
+    return 1;
+  };
+}
+
+}  // namespace hyserve::cli
