@@ -172,6 +172,56 @@ Routing random_routing(int64_t tokens, const Shape& s, std::mt19937_64& rng) {
   return r;
 }
 
+// The router's logits and selection (cuda::route_experts) at one shape and batch: the GEMV
+// path against the tensor-core path (three bf16 terms of x on cuBLAS), with a bf16 gate.
+void time_router(const Shape& s, int64_t batch, cudaStream_t stream, const cuda::Blas& blas,
+                 FlushedTimer& timer) {
+  Weight gate;
+  gate.format = WeightFormat::kDense;
+  gate.dtype = DType::kBF16;
+  gate.rows = s.experts;
+  gate.cols = s.hidden;
+  cuda::DeviceBuffer gate_data(static_cast<size_t>(s.experts * s.hidden) * 2);
+  fill(gate_data.data(), s.experts * s.hidden * 2, 2,
+       1.0f / std::sqrt(static_cast<float>(s.hidden)), 17);
+  gate.data = gate_data.data();
+  cuda::DeviceBuffer x(static_cast<size_t>(batch * s.hidden) * 4);
+  fill(x.data(), batch * s.hidden * 4, 4, 0.0f, 18);
+  cuda::DeviceBuffer ids(static_cast<size_t>(batch * s.top_k) * 4);
+  cuda::DeviceBuffer weights(static_cast<size_t>(batch * s.top_k) * 4);
+  cuda::DeviceBuffer ws(cuda::router_workspace_bytes(batch, s.experts, s.hidden));
+  const RouterParams p{.x = x.as<float>(),
+                       .gate = &gate,
+                       .num_tokens = batch,
+                       .num_experts = s.experts,
+                       .top_k = s.top_k,
+                       .expert_ids = ids.as<int32_t>(),
+                       .expert_weights = weights.as<float>()};
+  float us[2];
+  std::vector<int32_t> chosen[2];
+  for (int i = 0; i < 2; ++i) {
+    const cuda::Blas* b = i == 0 ? nullptr : &blas;
+    us[i] = timer.time_us([&] { cuda::route_experts(p, ws.data(), ws.size(), stream, b); });
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    chosen[i] = cuda::to_host<int32_t>(ids, static_cast<size_t>(batch * s.top_k));
+  }
+  int64_t differ = 0;
+  for (size_t i = 0; i < chosen[0].size(); ++i) differ += chosen[0][i] != chosen[1][i] ? 1 : 0;
+  const double flops = 2.0 * static_cast<double>(batch * s.experts * s.hidden);
+  std::printf("%s\n", nlohmann::json{{"bench", "moe_router"},
+                                     {"shape", s.name},
+                                     {"batch", batch},
+                                     {"gemv_us", us[0]},
+                                     {"tensor_core_us", us[1]},
+                                     {"speedup", us[0] / us[1]},
+                                     {"gemv_tflops", flops / (us[0] * 1e-6) / 1e12},
+                                     {"tensor_core_tflops", 3 * flops / (us[1] * 1e-6) / 1e12},
+                                     {"ids_differing", differ}}
+                          .dump()
+                          .c_str());
+  std::fflush(stdout);
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"MoE routed experts at the model shapes"};
   std::vector<std::string> shapes = {"k3", "deepseek-v32", "kimi-linear"};
@@ -180,6 +230,7 @@ int run(int argc, char** argv) {
   int iters = 20;
   int prefill_iters = 5;
   std::vector<std::string> prefill_kernels = {"auto"};
+  bool router = false;
   app.add_option("--shapes", shapes, "k3, deepseek-v32, kimi-linear")->delimiter(',');
   app.add_option("--batches", batches, "tokens per call")->delimiter(',');
   app.add_option("--inputs", inputs, "decode kernels' activations: fp32 (3 bf16 terms), bf16")
@@ -190,6 +241,8 @@ int run(int argc, char** argv) {
                  "experts past 16 tokens: auto, grouped (CUTLASS), warpgroup, tiles; each listed "
                  "one the shape allows is timed")
       ->delimiter(',');
+  app.add_flag("--router", router,
+               "also time the router (GEMV vs tensor-core logits) at the batches past 16 tokens");
   CLI11_PARSE(app, argc, argv);
 
   const double copy_bw = measure_copy_bandwidth();
@@ -213,6 +266,11 @@ int run(int argc, char** argv) {
     cuda::MoeExperts table = cuda::MoeExperts::upload(mem.experts.data(), s.experts);
     const cuda::MoePrefillKernel auto_kernel = table.prefill_kernel();
     cuda::Blas blas(stream);
+    if (router) {
+      for (int64_t batch : batches) {
+        if (batch > cuda::kSmallBatchMaxTokens) time_router(s, batch, stream, blas, prefill_timer);
+      }
+    }
     for (const std::string& kernel_name : prefill_kernels) {
       cuda::MoePrefillKernel kernel = auto_kernel;
       if (kernel_name == "grouped") kernel = cuda::MoePrefillKernel::kGrouped;
