@@ -81,12 +81,11 @@ TEST(HttpServerTest, ClientDisconnectedSeenWhileHandlerWaits) {
   });
   server.start();
   {
-    // A pipelined request behind the waiting one is data, not a disconnect; a reset is one
-    // (a FIN alone is a half-close, see http_half_close_test.cpp).
+    // A pipelined request behind the waiting one is data, not a disconnect.
     TestClient client(server.port());
     client.send_raw(post_request("/wait", "x") + get_request("/hello"));
     std::this_thread::sleep_for(milliseconds(100));
-    client.reset_now();
+    client.close_now();
   }
   auto result = seen.get_future();
   ASSERT_EQ(result.wait_for(std::chrono::seconds(2)), std::future_status::ready);

@@ -16,11 +16,12 @@
 //
 // The client's EOF (a half-close) only means no more requests: what it sent is answered,
 // streams included, then the connection closes. A reset, a read error or a failed write is
-// the client gone (on_disconnect); after EOF the socket is watched for a reset alone.
+// the client gone (on_disconnect); after EOF the socket is watched for a reset, and while
+// no byte of the response is out an interim 100 Continue (HTTP/1.1 clients skip it) makes
+// a client that closed entirely, rather than half-closed, answer with one.
 #include "server/http_server.h"
 
 #include <poll.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <array>
@@ -44,6 +45,7 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/write.hpp>
 
+#include "server/http_process_limits.h"
 #include "server/request_parser.h"
 #include "util/log.h"
 
@@ -73,29 +75,6 @@ std::string format_endpoint(const tcp::endpoint& endpoint) {
   const std::string address = endpoint.address().to_string();
   if (endpoint.address().is_v6()) return str_cat("[", address, "]:", endpoint.port());
   return str_cat(address, ":", endpoint.port());
-}
-
-// Raises RLIMIT_NOFILE's soft limit to the hard limit: each connection is a descriptor.
-void raise_open_file_limit(int max_connections) {
-  rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
-  if (limit.rlim_cur < limit.rlim_max) {
-    limit.rlim_cur = limit.rlim_max;
-    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) getrlimit(RLIMIT_NOFILE, &limit);
-  }
-  static std::atomic<bool> warned{false};
-  if (limit.rlim_cur != RLIM_INFINITY &&
-      limit.rlim_cur < static_cast<rlim_t>(max_connections) + 64 && !warned.exchange(true)) {
-    log::warn(
-        "open-file limit {} (hard limit {}) is below --max-connections {}: fewer "
-        "connections than that can be accepted",
-        limit.rlim_cur, limit.rlim_max, max_connections);
-  }
-}
-
-int resolve_num_io_threads(int requested) {
-  if (requested > 0) return requested;
-  return static_cast<int>(std::clamp(std::thread::hardware_concurrency(), 2u, 4u));
 }
 
 }  // namespace
@@ -168,6 +147,7 @@ class HttpConnection final : public ResponseSink,
     {
       std::lock_guard lock(out_mutex_);
       if (out_closed_) return;
+      response_bytes_ = true;
       out_.push_back(std::move(bytes));
       post_flush = !std::exchange(flush_scheduled_, true);
     }
@@ -277,6 +257,7 @@ class HttpConnection final : public ResponseSink,
         client_gone();  // the response goes on, to nobody; the connection closes after it
       } else {
         watch_for_reset();  // EOF: the request in flight is answered
+        probe_after_eof();
       }
       return;
     }
@@ -287,6 +268,19 @@ class HttpConnection final : public ResponseSink,
   void watch_for_reset() {
     socket_.async_wait(tcp::socket::wait_error,
                        [self = shared_from_this()](const error_code& ec) { self->on_error(ec); });
+  }
+
+  // A 100 Continue, unless the response has begun (its own bytes then probe).
+  void probe_after_eof() {
+    if (minor_version_ < 1 || linger_after_) return;  // no 1xx to HTTP/1.0
+    bool post_flush = false;
+    {
+      std::lock_guard lock(out_mutex_);
+      if (out_closed_ || response_bytes_) return;
+      out_.push_back(std::string(kContinue));
+      post_flush = !std::exchange(flush_scheduled_, true);
+    }
+    if (post_flush) asio::post(strand_, [self = shared_from_this()] { self->flush(); });
   }
 
   void on_error(const error_code& ec) {
@@ -373,6 +367,11 @@ class HttpConnection final : public ResponseSink,
     arm_read_deadline(Clock::time_point::max());
     request.remote_address = remote_address_;
     in_flight_ = true;
+    minor_version_ = request.minor_version;
+    {
+      std::lock_guard lock(out_mutex_);
+      response_bytes_ = false;
+    }
     route_ = server_.route_name(request.path);
     method_ = request.method;
     dispatched_at_ = Clock::now();
@@ -530,6 +529,7 @@ class HttpConnection final : public ResponseSink,
   std::vector<std::string> writing_;  // the buffers of the write in flight
   std::uint64_t write_seq_ = 0;
   bool in_flight_ = false;  // a dispatched request whose response is not done
+  int minor_version_ = 1;   // its HTTP/1.x
   std::string route_, method_;
   Clock::time_point dispatched_at_;
   std::vector<std::function<void()>> on_disconnect_;
@@ -542,6 +542,7 @@ class HttpConnection final : public ResponseSink,
   bool flush_scheduled_ = false;  // a flush is posted or a write is in flight
   std::optional<Finished> finished_;
   bool out_closed_ = false;
+  bool response_bytes_ = false;  // the request in flight's response has queued bytes
 };
 
 // ---------------------------------------------------------------------------------------
