@@ -111,5 +111,47 @@ TEST(BenchServe, ServerErrorsAreCountedNotFatal) {
   EXPECT_NE(j["errors"][0].get<std::string>().find("HTTP 404"), std::string::npos) << j["errors"];
 }
 
+// Two sessions of three turns: every turn completes, and each turn's prompt is the previous
+// turn's prompt + its reply + the new user message or tool result, token for token (the
+// server's usage counts what arrived).
+TEST(BenchServe, AgenticSessionsResendTheConversation) {
+  test::TinyOpenAIServer server;
+  const std::string file = testing::TempDir() + "/bench_serve_agentic.json";
+  const RunResult r = run(
+      str_cat("bench serve --base-url http://127.0.0.1:", server.port(), " --tokenizer ",
+              test::tiny_model_dir().string(),
+              " --dataset-name agentic --num-prompts 2 --max-concurrency 2 --seed 3",
+              " --agentic-system-len 16 --agentic-user-len 6 --agentic-tool-result-len 10",
+              " --agentic-output-len 5 --agentic-tool-call-ratio 0.5 --agentic-turns-dist uniform",
+              " --agentic-min-turns 3 --agentic-max-turns 3 --agentic-think-time-s 0.01",
+              " --save-result --result-filename ", file, " --disable-tqdm"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Agentic sessions"), std::string::npos) << r.output;
+  const nlohmann::json j = read_json(file);
+  EXPECT_EQ(j["completed"], 6);
+  EXPECT_EQ(j["failed"], 0);
+  EXPECT_EQ(j["num_sessions"], 2);
+  EXPECT_EQ(j["num_turns"], 6);
+  EXPECT_EQ(j["num_replies_without_ids"], 0);
+  ASSERT_EQ(j["input_lens"].size(), 6u);
+  for (size_t i = 0; i < 6; ++i) {
+    EXPECT_EQ(j["session_ids"][i], i / 3);
+    EXPECT_EQ(j["turn_indices"][i], i % 3);
+    EXPECT_EQ(j["output_lens"][i], 5);  // ignore_eos: exactly max_tokens
+    const int64_t input = j["input_lens"][i];
+    if (i % 3 == 0) {
+      EXPECT_EQ(j["turn_kinds"][i], "user");
+      EXPECT_EQ(input, 16 + 6) << "turn " << i;  // system + user
+      continue;
+    }
+    const int64_t new_tokens = j["turn_kinds"][i] == "tool" ? 10 : 6;
+    EXPECT_EQ(input, j["input_lens"][i - 1].get<int64_t>() +
+                         j["output_lens"][i - 1].get<int64_t>() + new_tokens)
+        << "request " << i;
+  }
+  EXPECT_EQ(j["max_context_len"],
+            std::max(j["input_lens"][2].get<int64_t>(), j["input_lens"][5].get<int64_t>()));
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -1,8 +1,9 @@
 // `hyserve bench serve --base-url http://HOST:PORT [...]`: the serving benchmark, flag for
 // flag `vllm bench serve` (issue 26): streams a dataset's prompts to any OpenAI-compatible
 // server at a request rate and/or a max concurrency, prints vLLM's result table and saves
-// its JSON. The work is in src/client/; this file turns flags into its options and wires in
-// the tokenizer (random prompts' vocabulary, ShareGPT lengths) when one is given.
+// its JSON. Datasets random, sharegpt and agentic (multi-turn sessions, run by
+// client/agentic_runner). The work is in src/client/; this file turns flags into its options
+// and wires in the tokenizer (random and agentic prompts' vocabulary, ShareGPT lengths).
 #include <unistd.h>
 
 #include <cmath>
@@ -17,7 +18,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "cli/bench_args.h"
 #include "cli/commands.h"
+#include "client/agentic_report.h"
+#include "client/agentic_runner.h"
 #include "client/bench_dataset.h"
 #include "client/bench_metrics.h"
 #include "client/bench_report.h"
@@ -32,35 +36,6 @@ namespace hyserve::cli {
 namespace {
 
 constexpr double kScrapeTimeoutS = 10.0;
-
-struct BenchServeArgs {
-  std::string base_url;
-  std::string host = "127.0.0.1";
-  int port = 8000;
-  std::string endpoint = "/v1/completions";
-  std::string model;
-  std::string tokenizer;
-  std::string api_key;
-  std::string dataset_name = "random";
-  std::string dataset_path;
-  int64_t num_prompts = 1000;
-  uint64_t seed = 0;
-  client::RandomDatasetOptions random;
-  std::optional<int64_t> sharegpt_output_len;
-  std::string request_rate = "inf";
-  double burstiness = 1.0;
-  std::optional<int64_t> max_concurrency;
-  bool ignore_eos = false;
-  bool return_token_ids = false;
-  double request_timeout_s = 6 * 3600.0;
-  std::string percentile_metrics = "ttft,tpot,itl";
-  std::string metric_percentiles = "99";
-  std::vector<std::string> goodput;
-  bool save_result = false;
-  std::string result_dir;
-  std::string result_filename;
-  bool disable_tqdm = false;
-};
 
 double parse_rate(const std::string& text) {
   if (text == "inf") return std::numeric_limits<double>::infinity();
@@ -126,7 +101,7 @@ std::vector<client::BenchRequest> make_requests(const BenchServeArgs& a, bool ch
     }
     return client::load_sharegpt_requests(a.dataset_path, options, count);
   }
-  CHECK(a.dataset_name == "random", "--dataset-name must be random or sharegpt, got '",
+  CHECK(a.dataset_name == "random", "--dataset-name must be random, sharegpt or agentic, got '",
         a.dataset_name, "'");
   CHECK(tokenizer,
         "--dataset-name random draws token ids from the served model's vocabulary: pass "
@@ -158,18 +133,98 @@ void save_result(const BenchServeArgs& a, const client::RunDescription& run,
                  const nlohmann::ordered_json& result) {
   std::filesystem::path path(a.result_filename.empty() ? client::default_result_filename(run)
                                                        : a.result_filename);
-  if (!a.result_dir.empty()) {
-    std::filesystem::create_directories(a.result_dir);
-    path = std::filesystem::path(a.result_dir) / path;
-  }
-  std::ofstream out(path);
-  CHECK(out, "cannot write the result file ", path.string());
-  out << result.dump(2) << "\n";
-  CHECK(out.good(), "cannot write the result file ", path.string());
+  if (!a.result_dir.empty()) path = std::filesystem::path(a.result_dir) / path;
+  write_json_file(path, result);
   std::fprintf(stderr, "result saved to %s\n", path.string().c_str());
 }
 
-int run_bench_serve(BenchServeArgs a) {
+client::BenchRunOptions make_run_options(const BenchServeArgs& a) {
+  client::BenchRunOptions options;
+  options.base_url = client::parse_base_url(a.base_url);
+  options.endpoint = a.endpoint;
+  options.api_key = a.api_key;
+  options.request.chat = a.endpoint == "/v1/chat/completions";
+  options.request.ignore_eos = a.ignore_eos || a.dataset_name != "sharegpt";
+  options.request.return_token_ids = a.return_token_ids;
+  options.arrivals = {parse_rate(a.request_rate), a.burstiness, a.seed};
+  options.max_concurrency = a.max_concurrency;
+  options.request_timeout_s = a.request_timeout_s;
+  options.show_progress = !a.disable_tqdm && isatty(STDERR_FILENO);
+  return options;
+}
+
+// The prompts of a run: one request per prompt, or the agentic workload's sessions.
+struct Dataset {
+  std::vector<client::BenchRequest> requests;
+  std::optional<client::AgenticWorkload> agentic;
+};
+
+Dataset make_dataset(const BenchServeArgs& a, bool chat, const Tokenizer* tokenizer) {
+  if (a.dataset_name != "agentic") return {make_requests(a, chat, tokenizer), std::nullopt};
+  CHECK(!chat,
+        "--dataset-name agentic sends token ids to /v1/completions, so that every turn's prompt "
+        "extends the previous one exactly: drop --endpoint /v1/chat/completions");
+  CHECK(tokenizer,
+        "--dataset-name agentic draws token ids from the served model's vocabulary: pass "
+        "--tokenizer MODEL_DIR (the checkpoint folder)");
+  client::AgenticOptions options = a.agentic;
+  options.num_sessions = a.num_prompts;
+  options.seed = a.seed;
+  options.range_ratio = a.random.range_ratio;
+  return {{}, client::make_agentic_workload(options, random_vocabulary(*tokenizer))};
+}
+
+// Runs the dataset; the agentic workload adds its report lines and result fields.
+struct DatasetRun {
+  std::vector<client::RequestOutcome> outcomes;
+  double duration_s = 0;
+  std::string extra_report;
+  std::optional<client::AgenticRunResult> agentic;
+};
+
+DatasetRun run_dataset(const Dataset& dataset, const client::BenchRunOptions& options) {
+  if (!dataset.agentic) {
+    client::BenchRunResult r = client::run_benchmark(dataset.requests, options);
+    return {std::move(r.outcomes), r.duration_s, "", std::nullopt};
+  }
+  client::AgenticRunResult r = client::run_agentic_benchmark(*dataset.agentic, options);
+  DatasetRun out{r.outcomes, r.duration_s, client::format_agentic_report(r, *dataset.agentic),
+                 std::nullopt};
+  if (r.num_replies_without_ids > 0)
+    log::warn(
+        "{} replies came without token ids (return_token_ids unknown to the server?): the "
+        "next prompts hold stand-in ids, and the prefix shared with the cache ends there",
+        r.num_replies_without_ids);
+  out.agentic = std::move(r);
+  return out;
+}
+
+int exit_code_of(const client::BenchSummary& summary,
+                 const std::vector<client::RequestOutcome>& outcomes) {
+  if (summary.failed == 0) return 0;
+  std::string first_error;
+  for (const client::RequestOutcome& o : outcomes)
+    if (!o.success && first_error.empty()) first_error = o.error;
+  if (summary.completed == 0) {
+    log::error("all {} requests failed; the first: {}", summary.failed, first_error);
+    return 1;
+  }
+  log::warn("{} of {} requests failed; the first: {}", summary.failed, outcomes.size(),
+            first_error);
+  return 0;
+}
+
+}  // namespace
+
+void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_json& j) {
+  if (path.has_parent_path()) std::filesystem::create_directories(path.parent_path());
+  std::ofstream out(path);
+  CHECK(out, "cannot write the result file ", path.string());
+  out << j.dump(2) << "\n";
+  CHECK(out.good(), "cannot write the result file ", path.string());
+}
+
+BenchPointResult run_bench_point(BenchServeArgs a) {
   if (a.base_url.empty()) a.base_url = "http://" + a.host + ":" + std::to_string(a.port);
   CHECK(a.endpoint == "/v1/completions" || a.endpoint == "/v1/chat/completions",
         "--endpoint must be /v1/completions or /v1/chat/completions, got '", a.endpoint, "'");
@@ -177,22 +232,11 @@ int run_bench_serve(BenchServeArgs a) {
   summary_options.percentile_metrics = client::parse_metric_list(a.percentile_metrics);
   summary_options.percentiles = client::parse_percentile_list(a.metric_percentiles);
   summary_options.goodput_slos_ms = client::parse_goodput(a.goodput);
-  client::BenchRunOptions options;
-  options.base_url = client::parse_base_url(a.base_url);
-  options.endpoint = a.endpoint;
-  options.api_key = a.api_key;
-  options.request.chat = a.endpoint == "/v1/chat/completions";
-  options.request.ignore_eos = a.ignore_eos || a.dataset_name == "random";
-  options.request.return_token_ids = a.return_token_ids;
-  options.arrivals = {parse_rate(a.request_rate), a.burstiness, a.seed};
-  options.max_concurrency = a.max_concurrency;
-  options.request_timeout_s = a.request_timeout_s;
-  options.show_progress = !a.disable_tqdm && isatty(STDERR_FILENO);
+  client::BenchRunOptions options = make_run_options(a);
 
   client::RunDescription run;
   const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(a, run.tokenizer_id);
-  const std::vector<client::BenchRequest> requests =
-      make_requests(a, options.request.chat, tokenizer.get());
+  const Dataset dataset = make_dataset(a, options.request.chat, tokenizer.get());
   // The model name needs a live server: asked after the flags and the dataset are checked.
   options.request.model =
       a.model.empty() && a.num_prompts > 0 ? served_model(a, options.base_url) : a.model;
@@ -200,7 +244,7 @@ int run_bench_serve(BenchServeArgs a) {
   run.endpoint = a.endpoint;
   run.model_id = options.request.model;
   run.dataset_name = a.dataset_name;
-  run.num_prompts = a.num_prompts;
+  run.num_prompts = dataset.agentic ? dataset.agentic->num_turns() : a.num_prompts;
   run.request_rate = options.arrivals.request_rate;
   run.burstiness = a.burstiness;
   run.max_concurrency = a.max_concurrency;
@@ -211,26 +255,52 @@ int run_bench_serve(BenchServeArgs a) {
     return text ? client::read_prefix_cache_counters(*text) : std::nullopt;
   };
   const auto counters_before = scrape();
-  const client::BenchRunResult result = client::run_benchmark(requests, options);
+  const DatasetRun result = run_dataset(dataset, options);
   run.prefix_cache_hit_rate = client::prefix_cache_hit_rate(counters_before, scrape());
 
-  const client::BenchSummary summary =
+  BenchPointResult point;
+  point.summary =
       client::summarize(result.outcomes, std::max(result.duration_s, 1e-9), summary_options);
-  std::fputs(client::format_report(summary, summary_options, run).c_str(), stdout);
+  std::fputs(client::format_report(point.summary, summary_options, run).c_str(), stdout);
+  std::fputs(result.extra_report.c_str(), stdout);
   std::fflush(stdout);
-  if (a.save_result)
-    save_result(a, run, client::result_json(summary, summary_options, run, result.outcomes));
-  if (summary.failed == 0) return 0;
-  std::string first_error;
-  for (const client::RequestOutcome& o : result.outcomes)
-    if (!o.success && first_error.empty()) first_error = o.error;
-  if (summary.completed == 0) {
-    log::error("all {} requests failed; the first: {}", summary.failed, first_error);
-    return 1;
-  }
-  log::warn("{} of {} requests failed; the first: {}", summary.failed, a.num_prompts, first_error);
-  return 0;
+  point.result = client::result_json(point.summary, summary_options, run, result.outcomes);
+  if (result.agentic) client::add_agentic_result(point.result, *result.agentic, *dataset.agentic);
+  if (a.save_result) save_result(a, run, point.result);
+  point.exit_code = exit_code_of(point.summary, result.outcomes);
+  return point;
 }
+
+namespace {
+
+void add_agentic_flags(CLI::App& serve, client::AgenticOptions& o) {
+  serve.add_option("--agentic-system-len", o.system_len, "system prompt tokens, shared")
+      ->capture_default_str();
+  serve.add_option("--agentic-user-len", o.user_len, "tokens of a user message")
+      ->capture_default_str();
+  serve.add_option("--agentic-tool-result-len", o.tool_result_len, "tokens of a tool result")
+      ->capture_default_str();
+  serve.add_option("--agentic-output-len", o.output_len, "max_tokens of a turn")
+      ->capture_default_str();
+  serve
+      .add_option("--agentic-tool-call-ratio", o.tool_call_ratio,
+                  "share of later turns that bring a tool result instead of a user message")
+      ->capture_default_str();
+  serve.add_option("--agentic-turns-dist", o.turns_dist, "turns per session: geometric or uniform")
+      ->capture_default_str();
+  serve.add_option("--agentic-min-turns", o.min_turns, "fewest turns of a session")
+      ->capture_default_str();
+  serve.add_option("--agentic-max-turns", o.max_turns, "most turns of a session")
+      ->capture_default_str();
+  serve.add_option("--agentic-mean-turns", o.mean_turns, "geometric: mean turns before the cut")
+      ->capture_default_str();
+  serve.add_option("--agentic-think-time-dist", o.think_time_dist, "exponential or constant")
+      ->capture_default_str();
+  serve.add_option("--agentic-think-time-s", o.think_time_s, "mean seconds between turns")
+      ->capture_default_str();
+}
+
+}  // namespace
 
 void add_serve_flags(CLI::App& serve, BenchServeArgs& a) {
   serve.add_option("--base-url", a.base_url, "the server, http://HOST:PORT (else --host/--port)");
@@ -243,9 +313,11 @@ void add_serve_flags(CLI::App& serve, BenchServeArgs& a) {
                    "checkpoint folder whose tokenizer gives the random vocabulary and ShareGPT "
                    "lengths (default: --model when it is a folder)");
   serve.add_option("--api-key", a.api_key, "sent as Authorization: Bearer KEY");
-  serve.add_option("--dataset-name", a.dataset_name, "random or sharegpt")->capture_default_str();
+  serve.add_option("--dataset-name", a.dataset_name, "random, sharegpt or agentic")
+      ->capture_default_str();
   serve.add_option("--dataset-path", a.dataset_path, "the ShareGPT JSON file");
-  serve.add_option("--num-prompts", a.num_prompts, "requests to send")->capture_default_str();
+  serve.add_option("--num-prompts", a.num_prompts, "requests to send (agentic: sessions)")
+      ->capture_default_str();
   serve.add_option("--seed", a.seed, "seed of the dataset and the arrivals")->capture_default_str();
   serve.add_option("--random-input-len", a.random.input_len, "prompt tokens after the prefix")
       ->capture_default_str();
@@ -259,11 +331,15 @@ void add_serve_flags(CLI::App& serve, BenchServeArgs& a) {
       ->capture_default_str();
   serve.add_option("--sharegpt-output-len", a.sharegpt_output_len,
                    "max_tokens of every ShareGPT request (default: the reply's length)");
-  serve.add_option("--request-rate", a.request_rate, "requests per second, or inf (all at once)")
+  add_agentic_flags(serve, a.agentic);
+  serve
+      .add_option("--request-rate", a.request_rate,
+                  "requests (agentic: session starts) per second, or inf (all at once)")
       ->capture_default_str();
   serve.add_option("--burstiness", a.burstiness, "gamma shape of the arrival gaps (1: Poisson)")
       ->capture_default_str();
-  serve.add_option("--max-concurrency", a.max_concurrency, "requests in flight at most");
+  serve.add_option("--max-concurrency", a.max_concurrency,
+                   "requests in flight at most (agentic: sessions open at most)");
   serve.add_flag("--ignore-eos", a.ignore_eos, "send ignore_eos (always on for random)");
   serve.add_flag("--return-token-ids", a.return_token_ids,
                  "ask for token ids in every chunk (vLLM's field): one ITL per token chunk even "
@@ -282,8 +358,6 @@ void add_serve_flags(CLI::App& serve, BenchServeArgs& a) {
   serve.add_flag("--disable-tqdm", a.disable_tqdm, "no progress line on stderr");
 }
 
-}  // namespace
-
 std::function<int()> add_bench_command(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "benchmark a running server");
   bench->require_subcommand(1);
@@ -293,7 +367,7 @@ std::function<int()> add_bench_command(CLI::App& app) {
   auto args = std::make_shared<BenchServeArgs>();
   add_serve_flags(*serve, *args);
   return [args, serve] {
-    if (serve->parsed()) return run_bench_serve(*args);
+    if (serve->parsed()) return run_bench_point(*args).exit_code;
     return 1;
   };
 }

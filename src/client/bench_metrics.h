@@ -28,6 +28,9 @@ struct RequestOutcome {
   double ttft_s = 0.0;
   double latency_s = 0.0;     // E2E
   std::vector<double> itl_s;  // one per chunk carrying output after the first
+  // The output's token ids when the chunks carried them (vLLM's return_token_ids), else
+  // empty. The agentic workload appends them to the session's next prompt.
+  std::vector<int32_t> output_token_ids;
 };
 
 // The metric names of --percentile-metrics, in report order.

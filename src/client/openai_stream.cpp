@@ -93,6 +93,11 @@ void StreamAccumulator::on_event(std::string_view data, double t_s) {
   if (choices == j.end() || !choices->is_array() || choices->empty() ||
       !carries_output((*choices)[0]))
     return;
+  const json& choice = (*choices)[0];
+  if (const auto ids = choice.find("token_ids"); ids != choice.end() && ids->is_array()) {
+    for (const json& id : *ids)
+      if (id.is_number_integer()) token_ids_.push_back(id.get<int32_t>());
+  }
   if (num_output_chunks_ == 0) {
     first_s_ = t_s;
   } else {
@@ -119,6 +124,7 @@ RequestOutcome StreamAccumulator::finish(double end_s, const std::string& transp
   o.ttft_s = first_s_;
   o.latency_s = end_s;
   o.itl_s = itl_s_;
+  o.output_token_ids = token_ids_;
   o.output_tokens = usage_completion_tokens_.value_or(num_output_chunks_);
   return o;
 }

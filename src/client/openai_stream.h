@@ -58,6 +58,7 @@ class StreamAccumulator {
   int64_t num_output_chunks_ = 0;
   double first_s_ = 0, last_s_ = 0;
   std::vector<double> itl_s_;
+  std::vector<int32_t> token_ids_;
   bool done_ = false;
   std::string error_;
 };
