@@ -23,6 +23,8 @@ cp -r /usr/include/nlohmann /usr/include/CLI /usr/include/gtest /usr/include/gmo
   /usr/include/spdlog /usr/include/fmt "$D/include/"
 cp /usr/include/xxhash.h /usr/include/xxh3.h /usr/include/pcre2.h "$D/include/"
 cp /usr/lib/x86_64-linux-gnu/libpcre2-8.a "$D/lib/"
+cp /usr/include/zlib.h /usr/include/zconf.h "$D/include/"  # PNG plots (bench sweep)
+cp /usr/lib/x86_64-linux-gnu/libz.a "$D/lib/"
 cp /usr/lib/x86_64-linux-gnu/libgtest*.a /usr/lib/x86_64-linux-gnu/libgmock*.a "$D/lib/x86_64-linux-gnu/"
 cp -r /usr/lib/x86_64-linux-gnu/cmake/GTest "$D/lib/x86_64-linux-gnu/cmake/"
 cp -r /usr/share/cmake/nlohmann_json /usr/share/cmake/CLI11 "$D/share/cmake/"

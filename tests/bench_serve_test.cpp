@@ -4,6 +4,7 @@
 // exits non-zero.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -151,6 +152,38 @@ TEST(BenchServe, AgenticSessionsResendTheConversation) {
   }
   EXPECT_EQ(j["max_context_len"],
             std::max(j["input_lens"][2].get<int64_t>(), j["input_lens"][5].get<int64_t>()));
+}
+
+// A tiny sweep: one result per concurrency, the summary and the plots.
+TEST(BenchServe, SweepWritesPointsSummaryAndPlots) {
+  test::TinyOpenAIServer server;
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) / "bench_sweep";
+  std::filesystem::remove_all(dir);
+  const RunResult r =
+      run(str_cat("bench sweep --base-url http://127.0.0.1:", server.port(), " --tokenizer ",
+                  test::tiny_model_dir().string(),
+                  " --num-prompts 4 --random-input-len 8 --random-output-len 4",
+                  " --concurrencies 1,2 --num-gpus 1 --disable-tqdm --result-dir ", dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json summary = read_json((dir / "sweep_summary.json").string());
+  ASSERT_EQ(summary["points"].size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    const nlohmann::json& p = summary["points"][i];
+    EXPECT_EQ(p["concurrency"], i + 1);
+    EXPECT_EQ(p["completed"], 4);
+    EXPECT_GT(p["output_tokens_per_s_per_gpu"].get<double>(), 0.0);
+    EXPECT_GT(p["output_tokens_per_s_per_user"].get<double>(), 0.0);
+    const nlohmann::json point = read_json((dir / p["result_file"].get<std::string>()).string());
+    EXPECT_EQ(point["max_concurrency"], i + 1);
+    EXPECT_EQ(point["total_output_tokens"], 16);
+  }
+  for (const char* name : {"frontier", "ttft", "tpot"}) {
+    for (const char* ext : {".svg", ".png"}) {
+      const std::filesystem::path file = dir / (std::string(name) + ext);
+      EXPECT_TRUE(std::filesystem::exists(file)) << file;
+      EXPECT_GT(std::filesystem::file_size(file), 100u) << file;
+    }
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -61,5 +62,9 @@ BenchPointResult run_bench_point(BenchServeArgs a);
 
 // Writes `j` (indented) to `path`, creating its folder; throws naming the file on failure.
 void write_json_file(const std::filesystem::path& path, const nlohmann::ordered_json& j);
+
+// `bench sweep` on the `bench` command (bench_sweep_command.cpp); the action to run when it
+// is chosen.
+std::function<int()> add_bench_sweep_command(CLI::App& bench);
 
 }  // namespace hyserve::cli

@@ -366,9 +366,10 @@ std::function<int()> add_bench_command(CLI::App& app) {
       "serve", "serving benchmark of an OpenAI-compatible server, as `vllm bench serve`");
   auto args = std::make_shared<BenchServeArgs>();
   add_serve_flags(*serve, *args);
-  return [args, serve] {
+  std::function<int()> sweep = add_bench_sweep_command(*bench);
+  return [args, serve, sweep] {
     if (serve->parsed()) return run_bench_point(*args).exit_code;
-    return 1;
+    return sweep();
   };
 }
 
