@@ -3,11 +3,16 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
 #include "run_binary.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+#include "util/error.h"
 
 namespace hyserve {
 namespace {
@@ -224,6 +229,55 @@ TEST(Cli, GenerateRefusesBadInputClearly) {
   r = run("generate --prompt-ids 1 --indexer-fp8 --index-cache-dtype fp32");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--indexer-fp8"), std::string::npos) << r.output;
+}
+
+// The line of `output` that starts with `key`, without its newline; empty when none.
+std::string line_of(const std::string& output, const std::string& key) {
+  const size_t at = output.starts_with(key) ? 0 : output.find("\n" + key);
+  if (at == std::string::npos) return "";
+  const size_t begin = at == 0 ? 0 : at + 1;
+  return output.substr(begin, output.find('\n', begin) - begin);
+}
+
+// --prompt "text" is the bundled tokenizer's ids as --prompt-ids: the same prompt length, ids
+// and logits hash, plus the continuation decoded as text (special tokens dropped).
+TEST(Cli, GeneratePromptTextEqualsItsTokenIds) {
+  const auto tok =
+      Tokenizer::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3");
+  const std::string prompt = "The quick brown fox<|im_end|>";
+  const std::vector<int32_t> ids = tok->encode(prompt, /*allow_special=*/true);
+  std::string ids_arg;
+  for (int32_t id : ids) ids_arg += (ids_arg.empty() ? "" : ",") + std::to_string(id);
+  const RunResult text = run("generate --prompt '" + prompt + "' --max-tokens 8");
+  const RunResult by_ids = run("generate --prompt-ids " + ids_arg + " --max-tokens 8");
+  ASSERT_EQ(text.exit_code, 0) << text.output;
+  ASSERT_EQ(by_ids.exit_code, 0) << by_ids.output;
+  EXPECT_TRUE(
+      line_of(text.output, "prompt: ").starts_with(str_cat("prompt: ", ids.size(), " tokens")))
+      << text.output;
+  EXPECT_EQ(line_of(text.output, "ids:"), line_of(by_ids.output, "ids:"));
+  EXPECT_EQ(line_of(text.output, "last_logits_xxh64:"),
+            line_of(by_ids.output, "last_logits_xxh64:"));
+  EXPECT_EQ(by_ids.output.find("\ntext: "), std::string::npos);  // --prompt-ids prints as before
+
+  std::vector<int32_t> out;
+  std::istringstream in(line_of(text.output, "ids:").substr(4));
+  for (int32_t id; in >> id;) out.push_back(id);
+  ASSERT_EQ(out.size(), 8u);
+  const size_t text_at = text.output.find("\ntext: ");
+  ASSERT_NE(text_at, std::string::npos) << text.output;
+  EXPECT_EQ(text.output.substr(text_at + 7),
+            replace_invalid_utf8(tok->decode(out, /*skip_special=*/true)) + "\n");
+}
+
+TEST(Cli, GenerateNeedsExactlyOneOfPromptAndPromptIds) {
+  for (const std::string& args :
+       {std::string("generate --max-tokens 2"),
+        std::string("generate --prompt hi --prompt-ids 1 --max-tokens 2")}) {
+    const RunResult r = run(args);
+    EXPECT_EQ(r.exit_code, 1) << args;
+    EXPECT_NE(r.output.find("exactly one of --prompt"), std::string::npos) << r.output;
+  }
 }
 
 // vLLM's flag rules, checked before any weight loads (no "kernel plan" line, which

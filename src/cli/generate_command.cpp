@@ -1,7 +1,9 @@
-// `hyserve generate [MODEL_DIR] --prompt-ids 1,2,3 --max-tokens N [--temperature T]
-// [--seed S] [--device cpu|cuda]`: one request through the engine (the same scheduler,
-// model runner and sampler as `serve`: the same request and seed give the same tokens),
-// printing the ids and a hash of the logits the last token was drawn from.
+// `hyserve generate [MODEL_DIR] (--prompt-ids 1,2,3 | --prompt "text") --max-tokens N
+// [--temperature T] [--seed S] [--device cpu|cuda]`: one request through the engine (the same
+// scheduler, model runner and sampler as `serve`: the same request and seed give the same
+// tokens), printing the ids and a hash of the logits the last token was drawn from. --prompt
+// encodes the text with the model folder's tokenizer as serve does (special-token strings
+// become their ids) and also prints the continuation decoded as text (special tokens dropped).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -12,6 +14,8 @@
 #include "engine/engine.h"
 #include "kv/cache_format.h"
 #include "model/model.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 #include "util/logits.h"
 
@@ -21,6 +25,7 @@ namespace {
 struct GenerateArgs {
   std::string model_dir;
   std::vector<int64_t> prompt_ids;
+  std::string prompt;  // text; exactly one of prompt and prompt_ids
   int64_t max_tokens = 16;
   float temperature = 0.0f;
   uint64_t seed = 0;
@@ -37,10 +42,17 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   CHECK(a.device == "cpu" || a.device == "cuda", "--device must be cpu or cuda, got '", a.device,
         "'");
-  CHECK(!a.prompt_ids.empty(), "--prompt-ids needs at least one token id");
+  CHECK(a.prompt.empty() != a.prompt_ids.empty(),
+        "give exactly one of --prompt \"text\" and --prompt-ids 1,2,3");
   CHECK(a.max_tokens >= 1, "--max-tokens must be >= 1, got ", a.max_tokens);
   const std::filesystem::path dir =
       a.model_dir.empty() ? default_model_dir() : std::filesystem::path(a.model_dir);
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::vector<int64_t> prompt_ids = a.prompt_ids;
+  if (!a.prompt.empty()) {
+    tokenizer = Tokenizer::load(dir);
+    for (int32_t id : tokenizer->encode(a.prompt, /*allow_special=*/true)) prompt_ids.push_back(id);
+  }
   ModelOptions options;
   const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);
   CHECK(index_cache != IndexCacheDtype::kMxfp4,
@@ -55,11 +67,11 @@ int run_generate(const GenerateArgs& a) {
   auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
   const ModelConfig c = model->config();
-  for (int64_t id : a.prompt_ids) {
+  for (int64_t id : prompt_ids) {
     CHECK(id >= 0 && id < c.vocab_size, "--prompt-ids: token id ", id,
           " is outside the vocabulary [0, ", c.vocab_size, ")");
   }
-  const int64_t max_len = static_cast<int64_t>(a.prompt_ids.size()) + a.max_tokens;
+  const int64_t max_len = static_cast<int64_t>(prompt_ids.size()) + a.max_tokens;
 
   EngineConfig ec;
   ec.scheduler.max_num_seqs = 1;
@@ -72,7 +84,7 @@ int run_generate(const GenerateArgs& a) {
 
   Request request;
   request.id = "generate";
-  for (int64_t id : a.prompt_ids) request.prompt_token_ids.push_back(static_cast<int32_t>(id));
+  for (int64_t id : prompt_ids) request.prompt_token_ids.push_back(static_cast<int32_t>(id));
   request.sampling_params.temperature = a.temperature;
   request.sampling_params.seed = a.seed;
   request.sampling_params.max_tokens = a.max_tokens;
@@ -100,6 +112,10 @@ int run_generate(const GenerateArgs& a) {
   std::printf("ids:");
   for (int32_t id : out) std::printf(" %d", id);
   std::printf("\nlast_logits_xxh64: %s\n", last_hash.c_str());
+  if (tokenizer) {
+    const std::string text = replace_invalid_utf8(tokenizer->decode(out, /*skip_special=*/true));
+    std::printf("text: %s\n", text.c_str());
+  }
   return 0;
 }
 
@@ -107,11 +123,12 @@ int run_generate(const GenerateArgs& a) {
 
 std::function<int()> add_generate_command(CLI::App& app) {
   auto a = std::make_shared<GenerateArgs>();
-  auto* cmd = app.add_subcommand("generate", "Generate tokens from prompt token ids");
+  auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt's text or token ids");
   cmd->add_option("model", a->model_dir, "checkpoint folder (default: the bundled tiny kimi_k3)");
   cmd->add_option("--prompt-ids", a->prompt_ids, "prompt token ids, comma separated")
-      ->delimiter(',')
-      ->required();
+      ->delimiter(',');
+  cmd->add_option("--prompt", a->prompt,
+                  "prompt text, encoded with the model's tokenizer (instead of --prompt-ids)");
   cmd->add_option("--max-tokens", a->max_tokens, "tokens to generate")->capture_default_str();
   cmd->add_option("--temperature", a->temperature, "0 = greedy")->capture_default_str();
   cmd->add_option("--seed", a->seed, "sampling seed")->capture_default_str();
