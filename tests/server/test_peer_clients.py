@@ -1,0 +1,249 @@
+"""Peer clients (issue 26): NVIDIA's aiperf and guidellm run unchanged against `hyserve serve`,
+and their throughput and TTFT agree with `hyserve bench serve`'s on the same workload.
+
+Both are PyPI packages pinned in tests/server/requirements-peers.txt (installed into .venv-test
+by scripts/test_server.sh); their CLIs are run as subprocesses with no patch and no plugin.
+guidellm is 0.3.1, not the newest (0.8.1): every release from 0.4.0 on requires torch, which
+PyPI serves on Linux only as the CUDA build (several GB); see the requirements file's header.
+
+The workload, the same for every client: /v1/completions, streaming, NUM_REQUESTS requests of
+INPUT_LEN prompt tokens and exactly OUTPUT_LEN output tokens (ignore_eos), CONCURRENCY in
+flight, no rate limit. hyserve bench sends random token ids; aiperf and guidellm send text they
+synthesise with the bundled tokenizer (aiperf's prompts come to exactly INPUT_LEN tokens on the
+server; guidellm's decode / re-encode gives about 66).
+
+Offline: every peer runs with HF_HUB_OFFLINE=1 (and the datasets / transformers equivalents),
+an empty private HF_HOME and an unreachable HTTP(S) proxy for everything but loopback, so a
+hub download fails instead of happening. The tokenizer is the bundled model's
+tokenizer_config.json + tiktoken.model (transformers reads tiktoken files with the `tiktoken`
+package), copied without config.json (whose auto_map would ask for trust_remote_code).
+guidellm takes that folder as --processor. aiperf 0.13.0 in offline mode accepts only a hub
+cache entry (it resolves the name with snapshot_download(local_files_only=True), a folder path
+fails), so the folder is laid out as the cache entry `hyserve/tiny-kimi-k3`.
+
+The tolerance. Everything shares one 2-core CPU machine: the server, the client, and on CI or
+a developer's machine other work; the tiny model's steps are a few milliseconds, so the
+client's own CPU use (aiperf starts about ten Python processes, guidellm a few) is a visible
+part of what is measured. To keep drift out, hyserve bench runs once before and once after the
+peer (after a discarded warm-up run) and the peer is compared with the mean of those two runs.
+The agreement asked for:
+- request throughput and output token throughput within THROUGHPUT_TOL (40 %) of hyserve
+  bench's. Measured here the peers are steadily 20-30 % lower (aiperf 0.73-0.83, guidellm
+  0.71-0.81 of bench's, 3 runs each): Python clients on the server's two cores. A client that
+  counted requests, tokens or the duration differently (a factor of the concurrency, the token
+  count of the prompt, the warm-up included) is off by far more;
+- mean TTFT within a factor TTFT_FACTOR (2) of hyserve bench's plus TTFT_FLOOR_MS (50 ms):
+  TTFT here is mostly queueing behind the other requests' prefills (tens of milliseconds), and
+  on a loaded 2-core machine a Python client's scheduling moves it by tens of milliseconds; a
+  TTFT measured to the wrong event (the last token, the response headers of a non-streamed
+  request) is off by the whole decode, a factor of several.
+Both peers must also complete every request with no error: that is the "runs unchanged" part.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import MODEL_DIR, binary_path, start_server
+
+NUM_REQUESTS = 48
+CONCURRENCY = 4
+INPUT_LEN = 64
+OUTPUT_LEN = 32
+WARMUP_REQUESTS = 8
+
+THROUGHPUT_TOL = 0.40
+TTFT_FACTOR = 2.0
+TTFT_FLOOR_MS = 50.0
+
+RUN_TIMEOUT_S = 240
+TOKENIZER_REPO = "hyserve/tiny-kimi-k3"
+# A fixed revision hash for the hub-cache layout aiperf reads in offline mode.
+CACHE_REVISION = "0" * 40
+
+pytestmark = [pytest.mark.server, pytest.mark.timeout(600)]
+
+
+def peer_cli(name):
+    """The peer's console script in this interpreter's environment (.venv-test)."""
+    path = Path(sys.executable).parent / name
+    if not path.exists():
+        pytest.fail(f"{name} is not installed next to {sys.executable}: install "
+                    "tests/server/requirements-peers.txt (scripts/test_server.sh does)",
+                    pytrace=False)
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def peer_server(tmp_path_factory):
+    """A server of its own, so no other test's requests share the measured time."""
+    srv = start_server(tmp_path_factory.mktemp("peer-server"))
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def offline_env(tmp_path_factory):
+    """(environment, tokenizer folder) for a peer: offline, private HF_HOME, the bundled
+    tokenizer both as a folder and as the hub cache entry TOKENIZER_REPO."""
+    root = tmp_path_factory.mktemp("peer-hf")
+    tokenizer_dir = root / "tokenizer"
+    entry = root / "hf" / "hub" / ("models--" + TOKENIZER_REPO.replace("/", "--"))
+    snapshot = entry / "snapshots" / CACHE_REVISION
+    for folder in (tokenizer_dir, snapshot):
+        folder.mkdir(parents=True)
+        for name in ("tokenizer_config.json", "tiktoken.model"):
+            shutil.copy(MODEL_DIR / name, folder / name)
+    (entry / "refs").mkdir()
+    (entry / "refs" / "main").write_text(CACHE_REVISION)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+    env.update({
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "HF_HOME": str(root / "hf"),
+        "HF_HUB_CACHE": str(root / "hf" / "hub"),
+        # Anything that is not loopback goes to a closed port and fails at once.
+        "HTTP_PROXY": "http://127.0.0.1:9",
+        "HTTPS_PROXY": "http://127.0.0.1:9",
+        "http_proxy": "http://127.0.0.1:9",
+        "https_proxy": "http://127.0.0.1:9",
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "NO_COLOR": "1",
+    })
+    return env, tokenizer_dir
+
+
+def run_logged(cmd, log_path, env=None):
+    with open(log_path, "wb") as log:
+        try:
+            proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT,
+                                  stdin=subprocess.DEVNULL, env=env, timeout=RUN_TIMEOUT_S,
+                                  cwd=log_path.parent)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"`{' '.join(cmd)}` ran past {RUN_TIMEOUT_S} s. Log tail:\n"
+                        f"{log_path.read_text(errors='replace')[-4000:]}", pytrace=False)
+    if proc.returncode != 0:
+        pytest.fail(f"`{' '.join(cmd)}` exited with {proc.returncode}. Log tail:\n"
+                    f"{log_path.read_text(errors='replace')[-4000:]}", pytrace=False)
+
+
+def hyserve_bench(server, out_dir, num_prompts=NUM_REQUESTS, seed=0):
+    """hyserve bench serve on the workload; its --save-result JSON."""
+    out_dir.mkdir(parents=True)
+    run_logged([str(binary_path()), "bench", "serve", "--base-url", server.base_url,
+                "--tokenizer", str(MODEL_DIR), "--dataset-name", "random",
+                "--random-input-len", str(INPUT_LEN), "--random-output-len", str(OUTPUT_LEN),
+                "--num-prompts", str(num_prompts), "--max-concurrency", str(CONCURRENCY),
+                "--seed", str(seed), "--save-result", "--result-dir", str(out_dir)],
+               out_dir / "bench.log")
+    results = list(out_dir.glob("*.json"))
+    assert len(results) == 1, f"expected one result file in {out_dir}: {results}"
+    result = json.loads(results[0].read_text())
+    assert result["completed"] == num_prompts and result["failed"] == 0, result
+    return result
+
+
+def bracketed_reference(server, tmp_path, run_peer):
+    """A discarded warm-up, hyserve bench, the peer, hyserve bench again: (peer's metrics,
+    the two bench runs' mean), each {request_throughput, output_throughput, mean_ttft_ms}."""
+    hyserve_bench(server, tmp_path / "warmup", num_prompts=WARMUP_REQUESTS, seed=1)
+    before = hyserve_bench(server, tmp_path / "bench-before")
+    peer = run_peer()
+    after = hyserve_bench(server, tmp_path / "bench-after")
+    keys = ("request_throughput", "output_throughput", "mean_ttft_ms")
+    reference = {k: (before[k] + after[k]) / 2 for k in keys}
+    return peer, reference, before, after
+
+
+def assert_agreement(name, peer, reference, before, after):
+    report = (f"{name}: " + ", ".join(f"{k} {peer[k]:.2f}" for k in peer) + " | hyserve bench "
+              "(mean of before/after): " + ", ".join(f"{k} {reference[k]:.2f}"
+                                                      for k in reference)
+              + f" | before {before['request_throughput']:.2f} req/s "
+              f"{before['mean_ttft_ms']:.1f} ms, after {after['request_throughput']:.2f} req/s "
+              f"{after['mean_ttft_ms']:.1f} ms")
+    print("\n" + report)
+    for key in ("request_throughput", "output_throughput"):
+        ratio = peer[key] / reference[key]
+        assert abs(ratio - 1) <= THROUGHPUT_TOL, (
+            f"{key}: {name} / hyserve bench = {ratio:.3f}, outside 1 +- {THROUGHPUT_TOL}. "
+            + report)
+    lo, hi = sorted((peer["mean_ttft_ms"], reference["mean_ttft_ms"]))
+    assert hi <= TTFT_FACTOR * lo + TTFT_FLOOR_MS, (
+        f"mean TTFT {peer['mean_ttft_ms']:.1f} ms ({name}) vs {reference['mean_ttft_ms']:.1f} "
+        f"ms (hyserve bench): more than {TTFT_FACTOR}x + {TTFT_FLOOR_MS:.0f} ms apart. "
+        + report)
+
+
+def test_aiperf_agrees_with_hyserve_bench(peer_server, offline_env, tmp_path):
+    env, _ = offline_env
+    aiperf = peer_cli("aiperf")
+
+    def run_peer():
+        artifacts = tmp_path / "aiperf"
+        artifacts.mkdir()
+        run_logged([aiperf, "profile", "--model", peer_server.model,
+                    "--url", peer_server.base_url, "--endpoint-type", "completions",
+                    "--streaming", "--tokenizer", TOKENIZER_REPO,
+                    "--synthetic-input-tokens-mean", str(INPUT_LEN),
+                    "--synthetic-input-tokens-stddev", "0",
+                    "--output-tokens-mean", str(OUTPUT_LEN), "--output-tokens-stddev", "0",
+                    "--extra-inputs", "ignore_eos:true",
+                    "--concurrency", str(CONCURRENCY), "--request-count", str(NUM_REQUESTS),
+                    "--warmup-request-count", str(CONCURRENCY),
+                    "--random-seed", "0", "--use-server-token-count", "--ui-type", "none",
+                    "--no-gpu-telemetry", "--no-server-metrics",
+                    "--artifact-dir", str(artifacts)],
+                   tmp_path / "aiperf.log", env=env)
+        result = json.loads((artifacts / "profile_export_aiperf.json").read_text())
+        # Every request completed, none failed.
+        assert result["request_count"]["avg"] == NUM_REQUESTS, result["request_count"]
+        assert not result.get("error_summary"), result["error_summary"]
+        assert result.get("request_error_rate", {"avg": 0.0})["avg"] == 0.0
+        assert result["was_cancelled"] is False and result["is_complete"] is True
+        # The server saw the workload: exact prompt and output lengths.
+        assert result["input_sequence_length"]["avg"] == INPUT_LEN, result["input_sequence_length"]
+        assert result["output_sequence_length"]["avg"] == OUTPUT_LEN, (
+            result["output_sequence_length"])
+        return {"request_throughput": result["request_throughput"]["avg"],
+                "output_throughput": result["output_token_throughput"]["avg"],
+                "mean_ttft_ms": result["time_to_first_token"]["avg"]}
+
+    assert_agreement("aiperf", *bracketed_reference(peer_server, tmp_path, run_peer))
+
+
+def test_guidellm_agrees_with_hyserve_bench(peer_server, offline_env, tmp_path):
+    env, tokenizer_dir = offline_env
+    guidellm = peer_cli("guidellm")
+
+    def run_peer():
+        output = tmp_path / "guidellm.json"
+        run_logged([guidellm, "benchmark", "run", "--target", peer_server.base_url,
+                    "--model", peer_server.model, "--processor", str(tokenizer_dir),
+                    "--data", f"prompt_tokens={INPUT_LEN},output_tokens={OUTPUT_LEN}",
+                    "--rate-type", "concurrent", "--rate", str(CONCURRENCY),
+                    "--max-requests", str(NUM_REQUESTS), "--random-seed", "0",
+                    "--disable-progress", "--output-path", str(output)],
+                   tmp_path / "guidellm.log", env=env)
+        benchmarks = json.loads(output.read_text())["benchmarks"]
+        assert len(benchmarks) == 1, [b.get("id_") for b in benchmarks]
+        bench = benchmarks[0]
+        made = bench["run_stats"]["requests_made"]
+        # Every request completed, none failed or was cut off.
+        assert made == {"successful": NUM_REQUESTS, "errored": 0, "incomplete": 0,
+                        "total": NUM_REQUESTS}, made
+        metrics = bench["metrics"]
+        out_tokens = metrics["output_token_count"]["successful"]
+        assert out_tokens["min"] == OUTPUT_LEN and out_tokens["max"] == OUTPUT_LEN, out_tokens
+        return {"request_throughput": metrics["requests_per_second"]["successful"]["mean"],
+                "output_throughput": metrics["output_tokens_per_second"]["successful"]["mean"],
+                "mean_ttft_ms": metrics["time_to_first_token_ms"]["successful"]["mean"]}
+
+    assert_agreement("guidellm", *bracketed_reference(peer_server, tmp_path, run_peer))
