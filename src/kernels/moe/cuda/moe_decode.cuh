@@ -45,6 +45,7 @@
 #include <cstdint>
 
 #include "kernels/moe/cuda/moe_common.cuh"
+#include "kernels/moe/cuda/split_terms.cuh"
 
 namespace hyserve::cuda::moe_internal::decode {
 
@@ -118,18 +119,7 @@ __device__ __forceinline__ int64_t split_offset(int64_t k) {
   return it * 4 * kE + (r / 4) * 32 + t * 8 + (r % 4) * 2 + half;
 }
 
-// v as kTerms bf16 bit patterns summing to v (exactly for kTerms = 3 and normal v; a
-// non-finite v is its first term, the others 0).
-template <int kTerms>
-__device__ __forceinline__ void split_terms(float v, uint16_t (&out)[kTerms]) {
-#pragma unroll
-  for (int i = 0; i < kTerms; ++i) {
-    const __nv_bfloat16 b = __float2bfloat16_rn(v);
-    out[i] = __bfloat16_as_ushort(b);
-    const float bv = __bfloat162float(b);
-    v = isfinite(bv) ? v - bv : 0.0f;
-  }
-}
+using moe_internal::split_terms;
 
 // Rows of activations (fp32 [rows, cols]) into split rows: dst[term][row][split_cols].
 template <WFmt F, int kTerms>

@@ -9,6 +9,7 @@
 #include <algorithm>
 
 #include "kernels/moe/cuda.h"
+#include "kernels/moe/cuda/split_terms.cuh"
 #include "util/cuda_check.h"
 
 namespace hyserve::cuda {
@@ -35,17 +36,13 @@ struct First {
   }
 };
 
-// x = x0 + x1 + x2, each term bf16 (round to nearest of what is left): terms[i][t, d].
-__global__ void split_kernel(const float* __restrict__ x, int64_t n,
-                             __nv_bfloat16* __restrict__ terms) {
+// x = x0 + x1 + x2 as bf16 terms (split_terms): terms[i][t, d].
+__global__ void split_kernel(const float* __restrict__ x, int64_t n, uint16_t* __restrict__ terms) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float rest = x[i];
-    for (int k = 0; k < 3; ++k) {
-      const __nv_bfloat16 term = __float2bfloat16_rn(rest);
-      terms[k * n + i] = term;
-      rest -= __bfloat162float(term);
-    }
+    uint16_t t[3];
+    moe_internal::split_terms<3>(x[i], t);
+    for (int k = 0; k < 3; ++k) terms[k * n + i] = t[k];
   }
 }
 
@@ -193,8 +190,8 @@ void route_experts(const RouterParams& p, void* workspace, size_t workspace_byte
     const auto align = [](size_t b) { return (b + 255) / 256 * 256; };
     auto* base = static_cast<char*>(workspace);
     auto* partial = reinterpret_cast<float*>(base + align(n * sizeof(float)));
-    auto* terms = reinterpret_cast<__nv_bfloat16*>(base + align(n * sizeof(float)) +
-                                                   align(3 * n * sizeof(float)));
+    auto* terms =
+        reinterpret_cast<uint16_t*>(base + align(n * sizeof(float)) + align(3 * n * sizeof(float)));
     const int64_t nx = p.num_tokens * hidden;
     split_kernel<<<grid_for(nx), kThreads, 0, stream>>>(p.x, nx, terms);
     CUDA_CHECK_LAUNCH();
