@@ -172,6 +172,28 @@ TEST(Indexer, Fp32ScoresMatchNaive) {
   }
 }
 
+// The CPU scores are vectorized over keys, but every sum keeps the scalar order: q.k
+// left to right over the head dimension from 0.0f in fp32, then the heads in order. So
+// they equal that chain bit for bit, across key tiles (64 keys) and ragged tails.
+TEST(Indexer, Fp32ScoresKeepTheScalarOrderBitForBit) {
+  for (const int64_t s : {1, 63, 64, 65, 130, 257}) {
+    const ScoreProblem pr(std::min<int64_t>(s, 6), s, 5, 96, 50 + s);
+    const std::vector<float> got = pr.run(false);
+    for (int64_t t = 0; t < pr.num_tokens; ++t) {
+      for (int64_t j = 0; j <= std::min(pr.q_pos[t], s - 1); ++j) {
+        float want = 0.0f;
+        for (int64_t h = 0; h < pr.num_heads; ++h) {
+          float qk = 0.0f;
+          for (int64_t i = 0; i < pr.head_dim; ++i) qk += pr.qh(t, h)[i] * pr.ks(j)[i];
+          want += pr.w[t * pr.num_heads + h] * std::max(qk, 0.0f);
+        }
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[t * s + j]), std::bit_cast<uint32_t>(want))
+            << "S " << s << " token " << t << " key " << j;
+      }
+    }
+  }
+}
+
 // |I8 - I| <= sum_h |w_h| * sum_i (eq_i |k_i| + |q_i| ek_i + eq_i ek_i), with eq, ek the
 // per-element bounds of the quantization test (relu is 1-Lipschitz), plus fp32 rounding.
 TEST(Indexer, Fp8ScoresWithinQuantizationBoundOfFp32) {

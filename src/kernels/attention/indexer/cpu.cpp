@@ -27,24 +27,51 @@ float pow2_ceil(float v) {
   return std::ldexp(1.0f, mantissa == 0.5f ? exponent - 1 : exponent);
 }
 
-// scores[t, s] = -inf for every key; the visible prefix is then overwritten by row_fn.
-template <typename RowFn>
-void score_rows(float* scores, const int64_t* q_pos, int64_t num_tokens, int64_t num_keys,
-                RowFn row_fn) {
+// Keys per tile of relu_scores: one tile's transposed keys ([d, kKeyTile] floats) stay in L1.
+constexpr int64_t kKeyTile = 64;
+
+// One query's tile of keys: out[j] = scale[j] * sum_h w[h] * max(sum_i q[h, i] * kt[i, j], 0)
+// for j < n, every sum a left-to-right fp32 chain from 0.0f (the scalar reference's order:
+// q.k over i, then the heads in order). The lanes are independent keys, so the compiler
+// vectorizes over j without reordering any sum; the AVX2 clone is bitwise the default one
+// (no FMA: every product is rounded before its add, as in the reference).
+__attribute__((target_clones("avx2", "default"))) void relu_scores_tile(
+    const float* q, const float* w, const float* kt, int64_t key_stride, const float* scale,
+    int64_t num_heads, int64_t d, int64_t n, float* out) {
+  float acc[kKeyTile];
+  float qk[kKeyTile];
+  for (int64_t j = 0; j < n; ++j) acc[j] = 0.0f;
+  for (int64_t h = 0; h < num_heads; ++h) {
+    const float* qh = q + h * d;
+    for (int64_t j = 0; j < n; ++j) qk[j] = 0.0f;
+    for (int64_t i = 0; i < d; ++i) {
+      const float qi = qh[i];
+      const float* k_row = kt + i * key_stride;
+      for (int64_t j = 0; j < n; ++j) qk[j] += qi * k_row[j];
+    }
+    const float wh = w[h];
+    for (int64_t j = 0; j < n; ++j) acc[j] += wh * std::max(qk[j], 0.0f);
+  }
+  for (int64_t j = 0; j < n; ++j) out[j] = scale == nullptr ? acc[j] : scale[j] * acc[j];
+}
+
+// scores[t, s] = (k_scales[s] *) sum_h w[t, h] * relu(q[t, h] . k[s]) for s <= q_pos[t], -inf
+// after; kt = the keys transposed, [d, num_keys].
+void relu_scores(const float* q, const float* w, const float* kt, const float* k_scales,
+                 const int64_t* q_pos, int64_t num_tokens, int64_t num_keys, int64_t num_heads,
+                 int64_t d, float* scores) {
   parallel_for(num_tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* row = scores + t * num_keys;
       std::fill_n(row, num_keys, -std::numeric_limits<float>::infinity());
-      const int64_t last = std::min(q_pos[t], num_keys - 1);
-      for (int64_t s = 0; s <= last; ++s) row[s] = row_fn(t, s);
+      const int64_t visible = std::min(q_pos[t], num_keys - 1) + 1;
+      for (int64_t s0 = 0; s0 < visible; s0 += kKeyTile) {
+        relu_scores_tile(q + t * num_heads * d, w + t * num_heads, kt + s0, num_keys,
+                         k_scales == nullptr ? nullptr : k_scales + s0, num_heads, d,
+                         std::min(kKeyTile, visible - s0), row + s0);
+      }
     }
   });
-}
-
-float dot(const float* a, const float* b, int64_t n) {
-  float acc = 0.0f;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
 }
 
 std::vector<float> decode_e4m3(const uint8_t* codes, int64_t n) {
@@ -147,14 +174,13 @@ void indexer_scores(const IndexerScoreParams& p) {
     return;
   }
   const int64_t d = p.head_dim;
-  score_rows(p.scores, p.q_pos, p.num_tokens, p.num_keys, [&](int64_t t, int64_t s) {
-    float acc = 0.0f;
-    for (int64_t h = 0; h < p.num_heads; ++h) {
-      const float qk = dot(p.q + (t * p.num_heads + h) * d, p.k_pages.row(p.k, s, d), d);
-      acc += p.head_weights[t * p.num_heads + h] * std::max(qk, 0.0f);
-    }
-    return acc;
-  });
+  std::vector<float> kt(static_cast<size_t>(d * p.num_keys));  // [d, num_keys]
+  for (int64_t s = 0; s < p.num_keys; ++s) {
+    const float* k = p.k_pages.row(p.k, s, d);
+    for (int64_t i = 0; i < d; ++i) kt[i * p.num_keys + s] = k[i];
+  }
+  relu_scores(p.q, p.head_weights, kt.data(), nullptr, p.q_pos, p.num_tokens, p.num_keys,
+              p.num_heads, d, p.scores);
 }
 
 void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
@@ -170,24 +196,18 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
   std::vector<float> q_scales(static_cast<size_t>(num_q_rows));
   quantize_fp8_ue8m0(p.q, num_q_rows, d, q_fp8.data(), q_scales.data());
   const std::vector<float> q8 = decode_e4m3(q_fp8.data(), num_q_rows * d);
-  std::vector<float> k8(static_cast<size_t>(p.num_keys * d));
+  std::vector<float> k8t(static_cast<size_t>(d * p.num_keys));  // [d, num_keys]
   std::vector<float> k_scales(static_cast<size_t>(p.num_keys));
   for (int64_t s = 0; s < p.num_keys; ++s) {
     const uint8_t* codes = p.k_pages.row(p.k_fp8, s, d);
-    for (int64_t i = 0; i < d; ++i) k8[s * d + i] = e4m3_to_f32(codes[i]);
+    for (int64_t i = 0; i < d; ++i) k8t[i * p.num_keys + s] = e4m3_to_f32(codes[i]);
     k_scales[s] = *p.k_pages.row(p.k_scales, s, 1);
   }
   // Head weight with the query's scale folded in, as the reference's fp8_index takes it.
   std::vector<float> wq(static_cast<size_t>(num_q_rows));
   for (int64_t i = 0; i < num_q_rows; ++i) wq[i] = p.head_weights[i] * q_scales[i];
-  score_rows(p.scores, p.q_pos, p.num_tokens, p.num_keys, [&](int64_t t, int64_t s) {
-    float acc = 0.0f;
-    for (int64_t h = 0; h < p.num_heads; ++h) {
-      const float qk = dot(&q8[(t * p.num_heads + h) * d], &k8[s * d], d);
-      acc += wq[t * p.num_heads + h] * std::max(qk, 0.0f);
-    }
-    return k_scales[s] * acc;
-  });
+  relu_scores(q8.data(), wq.data(), k8t.data(), k_scales.data(), p.q_pos, p.num_tokens, p.num_keys,
+              p.num_heads, d, p.scores);
 }
 
 void causal_topk(const float* scores, const int64_t* q_pos, int64_t T, int64_t S, int64_t topk,
