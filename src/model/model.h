@@ -53,9 +53,10 @@ struct ModelOptions {
   // chunks, as the scheduler makes them) and whether its prefix came from the cache.
   // The backend runs fixed-order kernels (Backend::set_batch_invariant); a batch that
   // mixes prefill chunks with decode tokens runs as two forward passes (prefill chunks
-  // always take the prefill path, decode tokens the batched decode path); a one-token
-  // prefill chunk runs the chunked KDA form. Decode and prefill remain different
-  // computations: a token scored in a prompt and the same token decoded may differ.
+  // always take the prefill path, decode tokens the batched decode path). Prefill runs each
+  // token in decode's order (KDA token by token, MLA in the absorbed form), so a token
+  // scored in a prompt (prompt_logprobs) gets the bits it got when it was decoded or
+  // verified: an RL rollout's log-probs equal the scored ones (issue 48).
   bool batch_invariant = false;
   // Where this process sits in the parallel schemes (parallel/parallel_layout.h), validated
   // once when the model loads:

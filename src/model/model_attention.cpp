@@ -154,7 +154,8 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   }
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
-  //    absorbed for decode).
+  //    absorbed for decode; batch-invariant: absorbed for prefill too, so that a prompt's
+  //    token attends in the order it did when it was decoded).
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed) {
@@ -178,7 +179,8 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   } else {
     for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
-             sq.cache->pages(sq.blocks), 0, /*absorbed=*/sq.n == 1);
+             sq.cache->pages(sq.blocks), 0,
+             /*absorbed=*/sq.n == 1 || options_.batch_invariant);
     }
   }
   if (world > 1) merge_partials(pass, oa, lse, t, h, dv, o);
@@ -340,7 +342,9 @@ std::vector<std::string> Model::kernel_plan() const {
   const std::string act = config_.situ ? "SiTU" : "SiLU";
   const auto attention = [&](int64_t layer) -> std::string {
     if (c.is_kda(layer)) {
-      return str_cat("KDA (", c.linear_num_heads, " heads; chunked prefill, recurrent decode, ",
+      return str_cat("KDA (", c.linear_num_heads, " heads; ",
+                     options_.batch_invariant ? "recurrent prefill and decode, "
+                                              : "chunked prefill, recurrent decode, ",
                      c.kda_gate_lower_bound > 0 ? "bounded" : "softplus", " gate)");
     }
     std::string s = str_cat("MLA (", c.num_attention_heads, " heads, ",

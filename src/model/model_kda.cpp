@@ -1,8 +1,8 @@
 // Model's KDA layers (MODEL.md §4, K3.md §3.3): the projections, the short convs, the gate,
-// the delta-rule recurrence (chunked for prefill, the fused kda_decode for decode batches and
-// speculative verification) and the gated output norm; and the commit of a verification's
-// accepted tokens into the KDA states. Member functions of Model (model.h), kept apart from
-// the decoder's sequence of layers in model.cpp.
+// the delta-rule recurrence (chunked for prefill, recurrent under batch-invariant; the fused
+// kda_decode for decode batches and speculative verification) and the gated output norm; and the
+// commit of a verification's accepted tokens into the KDA states. Member functions of Model
+// (model.h), kept apart from the decoder's sequence of layers in model.cpp.
 #include <cmath>
 #include <vector>
 
@@ -166,6 +166,8 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   backend_->l2norm_rows({kk, t * h, k, 1.0f});
 
   // 5./6. The delta-rule recurrence per sequence, chunked (a one-token chunk recurrent).
+  //    Batch-invariant: token by token, the order kda_decode runs (bitwise the same), so
+  //    that a token scored in a prompt gets the bits it got when it was decoded.
   for (const SequenceSlice& sq : seqs) {
     KdaParams p;
     p.q = q + sq.offset * width;
@@ -178,8 +180,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
     p.num_tokens = sq.n;
     p.num_heads = h;
     p.head_dim = k;
-    // (Batch-invariant: a prefill chunk of one token too, as it is in a longer chunk.)
-    if (sq.n > 1 || options_.batch_invariant) {
+    if (sq.n > 1 && !options_.batch_invariant) {
       backend_->kda_chunked(p);
     } else {
       backend_->kda_recurrent(p);

@@ -1,0 +1,182 @@
+// Zero-mismatch RL on the CPU (issue 48, item 3): under batch-invariant mode a rollout's
+// sampled-token log-probs equal, bit for bit, the log-probs of the same tokens when the
+// completed rollout (prompt + sampled tokens) is scored in one prefill (prompt_logprobs), for
+// any batch composition, prefill chunk size, prefix-cache hit, asynchronous scheduling and
+// speculative setting and cache format. A scripted RL loop of 20 steps on the bundled tiny model
+// asserts the rollout/scorer KL (the sum over tokens of rollout - scored log-prob) == 0.0 at every
+// step, each token equal.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine_test_helpers.h"
+#include "random_prompt.h"
+#include "util/format.h"
+
+namespace hyserve::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The step's model: batch-invariant, with the cache formats of the step (fp32 latents and
+// index keys as the reference; serve's defaults, a bf16 latent and FP8 index keys; a mix).
+std::unique_ptr<Model> load_invariant(int step) {
+  ModelOptions options;
+  options.batch_invariant = true;
+  options.latent_cache = step % 3 == 1 ? LatentCacheDtype::kBf16 : LatentCacheDtype::kFp32;
+  options.indexer_fp8 = step % 3 != 0;
+  return Model::load(fs::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", options);
+}
+
+// One RL step's engine: blocks of 64 tokens (KDA prefill chunks), the step's token budget
+// (the prefill chunk size), prefix caching on.
+EngineConfig step_config(int64_t max_num_batched_tokens, bool async, bool speculative) {
+  EngineConfig c;
+  c.async_scheduling = async;
+  c.scheduler.max_model_len = 320;
+  c.scheduler.max_num_batched_tokens = max_num_batched_tokens;
+  c.scheduler.max_num_seqs = 6;
+  c.min_block_size = 64;
+  c.enable_prefix_caching = true;
+  if (speculative) {
+    c.speculative.method = SpeculativeMethod::kNgram;
+    c.speculative.num_speculative_tokens = 3;
+    c.speculative.prompt_lookup_min = 1;
+    c.speculative.prompt_lookup_max = 2;
+  }
+  return c;
+}
+
+struct Rollout {
+  std::vector<int32_t> prompt;
+  std::vector<OutputToken> tokens;  // sampled, with their log-probs
+};
+
+// The step's rollouts: prompts from two shared prefixes (prefix hits once a first request's
+// blocks are cached) with suffixes of different lengths, sampled at temperature 1 with a seed;
+// half start together, the rest join while the first decode (prefill chunks beside decode
+// tokens).
+std::vector<Rollout> run_rollouts(Engine& engine, int step, int64_t vocab) {
+  const std::vector<int32_t> shared[2] = {random_prompt(128, 7000 + step, vocab),
+                                          random_prompt(64, 8000 + step, vocab)};
+  std::vector<Request> requests;
+  for (int i = 0; i < 6; ++i) {
+    std::vector<int32_t> prompt = shared[i % 2];
+    const std::vector<int32_t> tail = random_prompt(1 + (step * 13 + i * 29) % 50, 900 + i, vocab);
+    prompt.insert(prompt.end(), tail.begin(), tail.end());
+    Request r = make_request(str_cat("rollout-", step, "-", i), prompt, 4 + (step + 5 * i) % 13);
+    r.sampling_params.temperature = 1.0f;
+    r.sampling_params.seed = static_cast<uint64_t>(step * 100 + i);
+    r.sampling_params.logprobs = 0;
+    requests.push_back(std::move(r));
+  }
+  Collector col;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    engine.add_request(requests[i], col.callback());
+    if (i == 2) {
+      for (int s = 0; s < 3; ++s) engine.step();
+    }
+  }
+  run_to_completion(engine);
+  std::vector<Rollout> rollouts;
+  for (const Request& r : requests) {
+    const Collected& c = col.results.at(r.id);
+    EXPECT_TRUE(c.finished) << r.id;
+    rollouts.push_back({r.prompt_token_ids, c.tokens});
+  }
+  return rollouts;
+}
+
+// The scorer: each completed rollout as a prompt with prompt_logprobs (max_tokens 1, as the
+// server scores with echo and max_tokens 0); returns the log-prob of every sampled token.
+// Together: every rollout in one batch; else one at a time.
+std::vector<std::vector<float>> score(Engine& engine, const std::vector<Rollout>& rollouts,
+                                      const std::string& tag, bool together) {
+  std::vector<Request> requests;
+  for (size_t i = 0; i < rollouts.size(); ++i) {
+    std::vector<int32_t> ids = rollouts[i].prompt;
+    for (const OutputToken& t : rollouts[i].tokens) ids.push_back(t.token);
+    Request r = make_request(str_cat("score-", tag, "-", i), ids, 1);
+    r.sampling_params.prompt_logprobs = 0;
+    requests.push_back(std::move(r));
+  }
+  Collector col;
+  for (const Request& r : requests) {
+    engine.add_request(r, col.callback());
+    if (!together) run_to_completion(engine);
+  }
+  run_to_completion(engine);
+  std::vector<std::vector<float>> scored;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Collected& c = col.results.at(requests[i].id);
+    const size_t first = rollouts[i].prompt.size();
+    std::vector<float> lp;
+    for (size_t j = 0; j < rollouts[i].tokens.size(); ++j) {
+      const std::optional<OutputToken>& e = c.prompt_logprobs.at(first + j);
+      EXPECT_TRUE(e.has_value());
+      if (!e) return {};
+      EXPECT_EQ(e->token, rollouts[i].tokens[j].token);
+      lp.push_back(e->logprob);
+    }
+    scored.push_back(std::move(lp));
+  }
+  return scored;
+}
+
+// sum(rollout - scored) over every token, each token compared bitwise.
+double kl_and_expect_equal(const std::vector<Rollout>& rollouts,
+                           const std::vector<std::vector<float>>& scored, const std::string& what) {
+  EXPECT_EQ(scored.size(), rollouts.size()) << what;
+  double kl = 0.0;
+  int64_t mismatches = 0, tokens = 0;
+  for (size_t i = 0; i < rollouts.size() && i < scored.size(); ++i) {
+    for (size_t j = 0; j < rollouts[i].tokens.size(); ++j) {
+      const float a = rollouts[i].tokens[j].logprob, b = scored[i][j];
+      kl += static_cast<double>(a) - static_cast<double>(b);
+      ++tokens;
+      if (std::memcmp(&a, &b, sizeof(float)) != 0) {
+        ++mismatches;
+        ADD_FAILURE() << what << ": rollout " << i << " token " << j << " sampled " << a
+                      << ", scored " << b << " (diff " << a - b << ")";
+      }
+    }
+  }
+  EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << tokens << " tokens differ";
+  return kl;
+}
+
+TEST(RlScoring, RolloutLogprobsEqualScoredLogprobsBitwiseForTwentySteps) {
+  const int64_t budgets[] = {64, 128, 192, 320};
+  for (int step = 0; step < 20; ++step) {
+    const bool speculative = step % 4 == 3;
+    Engine rollout_engine(load_invariant(step),
+                          step_config(budgets[step % 4], step % 2 == 1, speculative));
+    const int64_t vocab = rollout_engine.model().config().vocab_size;
+    const std::vector<Rollout> rollouts = run_rollouts(rollout_engine, step, vocab);
+    if (speculative) {
+      EXPECT_GT(rollout_engine.stats().spec_decode.num_drafts, 0) << "step " << step;
+    }
+
+    // Scored one at a time on an engine with another budget, and all together on a third.
+    Engine alone(load_invariant(step), step_config(budgets[(step + 1) % 4], false, false));
+    Engine together(load_invariant(step),
+                    step_config(budgets[(step + 2) % 4], step % 2 == 0, false));
+    const std::string at = str_cat("step ", step);
+    const double kl_alone =
+        kl_and_expect_equal(rollouts, score(alone, rollouts, "a", false), at + " alone");
+    const double kl_together =
+        kl_and_expect_equal(rollouts, score(together, rollouts, "t", true), at + " together");
+    EXPECT_EQ(kl_alone, 0.0) << at;
+    EXPECT_EQ(kl_together, 0.0) << at;
+    if (HasFailure()) return;
+  }
+}
+
+}  // namespace
+}  // namespace hyserve::test
