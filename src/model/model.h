@@ -54,7 +54,7 @@ struct ModelOptions {
   // The backend runs fixed-order kernels (Backend::set_batch_invariant); a batch that
   // mixes prefill chunks with decode tokens runs as two forward passes (prefill chunks
   // always take the prefill path, decode tokens the batched decode path). Prefill runs each
-  // token in decode's order (KDA token by token, MLA in the absorbed form), so a token
+  // token in decode's order (KDA by the fused kda_decode, MLA in the absorbed form), so a token
   // scored in a prompt (prompt_logprobs) gets the bits it got when it was decoded or
   // verified: an RL rollout's log-probs equal the scored ones (issue 48).
   bool batch_invariant = false;
@@ -476,6 +476,10 @@ class Model {
                   int64_t max_context) const;
   // Whether decode batches run Backend::dsa_decode (the dsa_fp8_fused attention backend).
   bool use_dsa_decode() const { return attention_.fused_decode(); }
+  // Whether a sequence's n new tokens attend in MLA's absorbed form (decode's) rather than the
+  // expanded one: one token, or any number in batch-invariant mode (a prompt's token then
+  // attends as it did when it was decoded).
+  bool attends_absorbed(int64_t n) const { return n == 1 || options_.batch_invariant; }
   // One layer's view of a cache for the DSA kernels.
   DsaCache dsa_cache(const KvCache& cache, int64_t layer) const;
   // Writes rows [T, row_bytes] of the batch into their slots of one kind of page.

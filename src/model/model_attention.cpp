@@ -154,8 +154,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   }
 
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
-  //    absorbed for decode; batch-invariant: absorbed for prefill too, so that a prompt's
-  //    token attends in the order it did when it was decoded).
+  //    absorbed for decode and, batch-invariant, for prefill too: attends_absorbed).
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed) {
@@ -179,8 +178,7 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   } else {
     for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
-             sq.cache->pages(sq.blocks), 0,
-             /*absorbed=*/sq.n == 1 || options_.batch_invariant);
+             sq.cache->pages(sq.blocks), 0, attends_absorbed(sq.n));
     }
   }
   if (world > 1) merge_partials(pass, oa, lse, t, h, dv, o);

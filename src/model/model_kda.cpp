@@ -1,6 +1,6 @@
 // Model's KDA layers (MODEL.md §4, K3.md §3.3): the projections, the short convs, the gate,
-// the delta-rule recurrence (chunked for prefill, recurrent under batch-invariant; the fused
-// kda_decode for decode batches and speculative verification) and the gated output norm; and the
+// the delta-rule recurrence (chunked for prefill; the fused kda_decode for decode batches,
+// speculative verification and, batch-invariant, prefill too) and the gated output norm; and the
 // commit of a verification's accepted tokens into the KDA states. Member functions of Model
 // (model.h), kept apart from the decoder's sequence of layers in model.cpp.
 #include <cmath>
@@ -122,6 +122,29 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
     linear_into(o, t, w.o_proj, out);
     return;
   }
+  if (options_.batch_invariant) {
+    // Batch-invariant prefill: each sequence's tokens as one run of the same fused op (its
+    // verification form), so a prompt's token takes the op and order it took when decoded.
+    for (const SequenceSlice& sq : seqs) {
+      const int32_t run[3] = {sq.state_block, 0, static_cast<int32_t>(sq.n)};  // row, offsets
+      int32_t* run_dev = pass.ws.ints(3);
+      backend_->upload(run_dev, run, sizeof run);
+      KdaDecodeParams p = kda_decode_params(layer, *sq.cache, run_dev);
+      p.q = px[0] + sq.offset * width;
+      p.k = px[1] + sq.offset * width;
+      p.v = px[2] + sq.offset * width;
+      p.f = g + sq.offset * width;
+      p.b = px[4] + sq.offset * h;
+      p.gate = gate + sq.offset * width;
+      p.num_rows = 1;
+      p.token_offsets = run_dev + 1;
+      p.num_tokens = sq.n;
+      p.y = o + sq.offset * width;
+      backend_->kda_decode(p);
+    }
+    linear_into(o, t, w.o_proj, out);
+    return;
+  }
 
   // Prefill, sequence by sequence:
   // 1. q, k, v = silu(causal_conv(proj(x))), each sequence carrying its conv states.
@@ -166,8 +189,6 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   backend_->l2norm_rows({kk, t * h, k, 1.0f});
 
   // 5./6. The delta-rule recurrence per sequence, chunked (a one-token chunk recurrent).
-  //    Batch-invariant: token by token, the order kda_decode runs (bitwise the same), so
-  //    that a token scored in a prompt gets the bits it got when it was decoded.
   for (const SequenceSlice& sq : seqs) {
     KdaParams p;
     p.q = q + sq.offset * width;
@@ -180,7 +201,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
     p.num_tokens = sq.n;
     p.num_heads = h;
     p.head_dim = k;
-    if (sq.n > 1 && !options_.batch_invariant) {
+    if (sq.n > 1) {
       backend_->kda_chunked(p);
     } else {
       backend_->kda_recurrent(p);

@@ -253,7 +253,7 @@ void Model::attend_sequence(Pass& pass, int64_t layer, const TokenShards& s,
     } else if (qs.fp8) {
       gathered_dsa_sparse(pass, layer, ctx, sq, qs);
     } else {
-      context_mla(layer, ctx, sq, qs, s.pos, /*absorbed=*/seqs[i].n == 1);
+      context_mla(layer, ctx, sq, qs, s.pos, attends_absorbed(seqs[i].n));
     }
   }
   pass.ws.rewind(mark);
@@ -289,8 +289,7 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
 
   // Sequence by sequence (its context, gathered under DCP, is live for its pieces only):
   // the indexer's top-k and the attention of this rank's tokens with every head, piece by
-  // piece, in the form the head-sharded forward gives each sequence (absorbed for one-token
-  // sequences).
+  // piece, in the form the head-sharded forward gives each sequence (attends_absorbed).
   for (size_t i = 0; i < seqs.size(); ++i) attend_sequence(pass, layer, s, qs, seqs, i);
 
   if (qs.fp8) {
