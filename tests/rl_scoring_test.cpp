@@ -9,11 +9,13 @@
 
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "dsa_model_util.h"
 #include "engine/engine.h"
 #include "engine_test_helpers.h"
 #include "random_prompt.h"
@@ -151,22 +153,21 @@ double kl_and_expect_equal(const std::vector<Rollout>& rollouts,
   return kl;
 }
 
-TEST(RlScoring, RolloutLogprobsEqualScoredLogprobsBitwiseForTwentySteps) {
+// The RL loop: per step the rollouts on one engine, then each scored alone on an engine with
+// another budget and all together on a third; every token equal and KL == 0.0 at every step.
+void run_rl_loop(const std::function<std::unique_ptr<Model>(int step)>& load, int first_step,
+                 int end_step) {
   const int64_t budgets[] = {64, 128, 192, 320};
-  for (int step = 0; step < 20; ++step) {
+  for (int step = first_step; step < end_step; ++step) {
     const bool speculative = step % 4 == 3;
-    Engine rollout_engine(load_invariant(step),
-                          step_config(budgets[step % 4], step % 2 == 1, speculative));
+    Engine rollout_engine(load(step), step_config(budgets[step % 4], step % 2 == 1, speculative));
     const int64_t vocab = rollout_engine.model().config().vocab_size;
     const std::vector<Rollout> rollouts = run_rollouts(rollout_engine, step, vocab);
     if (speculative) {
       EXPECT_GT(rollout_engine.stats().spec_decode.num_drafts, 0) << "step " << step;
     }
-
-    // Scored one at a time on an engine with another budget, and all together on a third.
-    Engine alone(load_invariant(step), step_config(budgets[(step + 1) % 4], false, false));
-    Engine together(load_invariant(step),
-                    step_config(budgets[(step + 2) % 4], step % 2 == 0, false));
+    Engine alone(load(step), step_config(budgets[(step + 1) % 4], false, false));
+    Engine together(load(step), step_config(budgets[(step + 2) % 4], step % 2 == 0, false));
     const std::string at = str_cat("step ", step);
     const double kl_alone =
         kl_and_expect_equal(rollouts, score(alone, rollouts, "a", false), at + " alone");
@@ -174,8 +175,35 @@ TEST(RlScoring, RolloutLogprobsEqualScoredLogprobsBitwiseForTwentySteps) {
         kl_and_expect_equal(rollouts, score(together, rollouts, "t", true), at + " together");
     EXPECT_EQ(kl_alone, 0.0) << at;
     EXPECT_EQ(kl_together, 0.0) << at;
-    if (HasFailure()) return;
+    if (::testing::Test::HasFailure()) return;
   }
+}
+
+TEST(RlScoring, RolloutLogprobsEqualScoredLogprobsBitwiseForTwentySteps) {
+  run_rl_loop(load_invariant, 0, 20);
+}
+
+// The FP8 latent on the DSA kernels' shapes (random weights) under batch-invariant mode: the
+// fused DSA decode step (dsa_fp8_fused) for two steps, the second with speculation, and the
+// generic DSA path (dsa_fp8) for the speculative one.
+TEST(RlScoring, DsaFp8LatentRolloutsEqualScoring) {
+  const ModelConfig config = dsa_config("tests/fixtures/deepseek_v32_tiny");
+  const auto load = [&](AttentionBackend attention) {
+    return [&config, attention](int) {
+      ModelOptions o;
+      o.batch_invariant = true;
+      o.indexer_fp8 = true;
+      o.latent_cache = LatentCacheDtype::kFp8;
+      o.attention_backend = attention;
+      return Model::create(config, std::make_unique<RandomWeights>(config, 11), o);
+    };
+  };
+  {
+    SCOPED_TRACE("dsa_fp8_fused");
+    run_rl_loop(load(AttentionBackend::kDsaFp8Fused), 2, 4);
+  }
+  SCOPED_TRACE("dsa_fp8");
+  run_rl_loop(load(AttentionBackend::kDsaFp8), 3, 4);
 }
 
 }  // namespace
