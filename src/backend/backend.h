@@ -44,6 +44,9 @@ class Backend : public Device {
   // The CPU ops always are; the CUDA backend then gives up shape-tuned kernels (cuBLAS,
   // split-KV plans) for fixed ones.
   virtual void set_batch_invariant(bool /*on*/) {}
+  // How the CPU backend multiplies by weight matrices outside batch-invariant mode
+  // (kernels/linear/params.h CpuGemm; ModelOptions::cpu_gemm). Other backends ignore it.
+  virtual void set_cpu_gemm(cpu::CpuGemm /*gemm*/) {}
 
   // The ops (ops.h). linears: several linears of one input (the same x, num_tokens and
   // input width), each result as linear() gives it; a backend may share work on x (the

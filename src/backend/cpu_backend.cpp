@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 
 #include <sys/mman.h>
@@ -66,15 +67,47 @@ class CpuBackend final : public Backend {
   void fill_zero(void* dst, size_t n) override { std::memset(dst, 0, n); }
   void synchronize() override {}
 
-  // Every op of the table is its fp32 reference, cpu::name(p).
-#define HYSERVE_CPU_OP(name, P, cuda) \
-  void name(const P& p) override {    \
-    cpu::name(p);                     \
+  // The ops that multiply by weight matrices (linear, linears, mlp, moe) run as set_cpu_gemm
+  // asks (CpuGemm, kernels/linear/params.h; the reference by default), and always the
+  // reference in batch-invariant mode.
+  void set_batch_invariant(bool on) override {
+    batch_invariant_ = on;
+    update_gemm();
+  }
+  void set_cpu_gemm(cpu::CpuGemm gemm) override {
+    requested_gemm_ = gemm;
+    update_gemm();
+  }
+
+  // Every op of the table is cpu::name(p), and cpu::name(p, gemm_) for the ops that take a
+  // CpuGemm: the fp32 reference, but for those GEMMs.
+#define HYSERVE_CPU_OP(name, P, cuda)                                        \
+  void name(const P& p) override {                                           \
+    run(p, [](const P& q, auto... gemm) -> decltype(cpu::name(q, gemm...)) { \
+      cpu::name(q, gemm...);                                                 \
+    });                                                                      \
   }
   HYSERVE_BACKEND_OPS(HYSERVE_CPU_OP)
 #undef HYSERVE_CPU_OP
 
  private:
+  // op(p, gemm_) where the op takes a CpuGemm, else op(p).
+  template <typename P, typename Op>
+  void run(const P& p, Op op) {
+    if constexpr (std::is_invocable_v<Op, const P&, cpu::CpuGemm>) {
+      op(p, gemm_);
+    } else {
+      op(p);
+    }
+  }
+
+  void update_gemm() {
+    gemm_ = batch_invariant_ ? cpu::CpuGemm::kReference : requested_gemm_;
+  }
+
+  bool batch_invariant_ = false;
+  cpu::CpuGemm requested_gemm_ = cpu::CpuGemm::kReference;
+  cpu::CpuGemm gemm_ = cpu::CpuGemm::kReference;
   static constexpr size_t kMapThresholdBytes = size_t{1} << 24;
   std::mutex mu_;                             // guards mapped_
   std::unordered_map<void*, size_t> mapped_;  // mmap'ed buffers and their sizes

@@ -37,6 +37,7 @@ struct GenerateArgs {
   std::string attention_backend = "auto";
   bool enforce_eager = false;
   bool batch_invariant = false;
+  std::string cpu_gemm = "blas";
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -63,6 +64,7 @@ int run_generate(const GenerateArgs& a) {
   options.latent_cache = resolve_latent_cache_dtype(parse_latent_cache_dtype(a.kv_cache_dtype),
                                                     ModelConfig::load(dir).cache_spec());
   options.batch_invariant = a.batch_invariant;
+  options.cpu_gemm = cpu::parse_cpu_gemm(a.cpu_gemm);
   options.attention_backend = parse_attention_backend(a.attention_backend);
   auto model =
       Model::load(dir, options, a.device == "cuda" ? make_cuda_backend(0) : make_cpu_backend());
@@ -137,6 +139,10 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_flag("--enforce-eager", a->enforce_eager, "decode without CUDA graphs");
   cmd->add_flag("--batch-invariant", a->batch_invariant,
                 "logits bitwise independent of the batch, the chunking and prefix hits");
+  cmd->add_option("--cpu-gemm", a->cpu_gemm,
+                  "CPU matrix products outside --batch-invariant: blas (OpenBLAS for calls of "
+                  "many tokens) or reference (the fp32 reference's fixed order)")
+      ->capture_default_str();
   cmd->add_option("--index-cache-dtype", a->index_cache_dtype,
                   "DSA index keys: fp8 (the FP8 indexer with the Hadamard rotation, as serve) or "
                   "fp32 (exact scores, as the golden references)")

@@ -120,6 +120,7 @@ void check_engine_flags(const ServeArgs& a) {
         "--async-scheduling and --no-async-scheduling contradict each other");
   parse_latent_cache_dtype(a.kv_cache_dtype);  // a bad value fails before anything loads
   parse_attention_backend(a.attention_backend);
+  cpu::parse_cpu_gemm(a.cpu_gemm);
   CHECK(parse_index_cache_dtype(a.index_cache_dtype) != IndexCacheDtype::kMxfp4,
         "--index-cache-dtype mxfp4: not built yet (fp8 or fp32)");
   CHECK(a.kv_cache_memory_bytes >= 0, "--kv-cache-memory-bytes must be >= 0");
@@ -270,6 +271,10 @@ void add_http_and_runtime_flags(CLI::App& cmd, ServeArgs& a) {
   cmd.add_option("--device", a.device, "cpu, cuda or auto")->capture_default_str();
   cmd.add_flag("--batch-invariant", a.batch_invariant,
                "logits bitwise independent of the batch, the chunking and prefix hits");
+  cmd.add_option("--cpu-gemm", a.cpu_gemm,
+                 "CPU matrix products outside --batch-invariant: blas (OpenBLAS for calls of "
+                 "many tokens) or reference (the fp32 reference's fixed order)")
+      ->capture_default_str();
   cmd.add_flag("--enforce-eager", a.enforce_eager, "decode without CUDA graphs");
   cmd.add_flag("--async-scheduling", a.async_scheduling,
                "schedule and launch the next step while this one runs (the default)");

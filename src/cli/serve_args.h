@@ -57,6 +57,7 @@ struct ServeArgs {
   bool skip_tokenizer_init = false;
   std::string device = "auto";
   bool batch_invariant = false;
+  std::string cpu_gemm = "blas";
   bool enforce_eager = false;
   bool async_scheduling = false;  // the default; --no-async-scheduling turns it off
   bool no_async_scheduling = false;

@@ -127,6 +127,7 @@ WorkerConfig worker_config(const ServeArgs& a, const ServeSetup& s) {
   wc.device = s.device;
   wc.model.indexer_fp8 = parse_index_cache_dtype(a.index_cache_dtype) == IndexCacheDtype::kFp8;
   wc.model.batch_invariant = a.batch_invariant;
+  wc.model.cpu_gemm = cpu::parse_cpu_gemm(a.cpu_gemm);
   wc.model.attention_backend = parse_attention_backend(a.attention_backend);
   wc.model.parallel.expert_parallel = a.enable_expert_parallel;
   wc.model.token_sharded_prefill = a.token_sharded_prefill;

@@ -113,6 +113,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   cache_options_.tp = tp.size;
   cache_options_.dcp = options_.parallel.dcp.size;
   backend_->set_batch_invariant(options_.batch_invariant);
+  backend_->set_cpu_gemm(options_.cpu_gemm);
 }
 
 Model::~Model() = default;

@@ -58,6 +58,14 @@ struct ModelOptions {
   // scored in a prompt (prompt_logprobs) gets the bits it got when it was decoded or
   // verified: an RL rollout's log-probs equal the scored ones (issue 48).
   bool batch_invariant = false;
+  // How the CPU backend multiplies by weight matrices outside batch-invariant mode
+  // (serve / generate --cpu-gemm): kReference, the fp32 reference's fixed-order dot products,
+  // under which every exact equality of the CPU backend holds on the default paths too (a
+  // prefix hit equals the miss, a mixed batch each sequence alone: the unit tests' setting);
+  // kBlas, OpenBLAS's sgemm for calls of many tokens (the CLI's default: the speed of the
+  // machine, within 1e-5 relative of the reference, its bits may depend on the batch).
+  // The CUDA backend ignores it.
+  cpu::CpuGemm cpu_gemm = cpu::CpuGemm::kReference;
   // Where this process sits in the parallel schemes (parallel/parallel_layout.h), validated
   // once when the model loads:
   //   tp   this rank of a tensor-parallel group (model/tensor_parallel.h): the model loads

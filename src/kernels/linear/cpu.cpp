@@ -1,10 +1,12 @@
-// CPU reference for linear layers: parallel over blocks of output rows. A block's
-// weight rows are decoded once into a per-range buffer and dotted with every
-// token, so quantized weights cost one decode per call, not one per token.
+// CPU linear layers. The reference: parallel over blocks of output rows; a block's weight
+// rows are decoded once into a per-range buffer and dotted with every token, so quantized
+// weights cost one decode per call, not one per token. CpuGemm::kBlas hands calls of many
+// tokens to OpenBLAS instead (cpu_blas.cpp).
 #include <algorithm>
 #include <cstdint>
 #include <vector>
 
+#include "kernels/linear/cpu_blas.h"
 #include "kernels/linear/params.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -38,7 +40,7 @@ bool overlaps(const float* a, int64_t a_len, const float* b, int64_t b_len) {
 
 }  // namespace
 
-void linear(const LinearParams& p) {
+void linear(const LinearParams& p, CpuGemm gemm) {
   CHECK(p.w != nullptr, "linear: null weight");
   CHECK(p.num_tokens == 0 || (p.x != nullptr && p.y != nullptr), "linear: null pointer");
   CHECK(!p.w->empty() && p.w->rows > 0 && p.w->cols > 0, "linear: weight shape [", p.w->rows, ", ",
@@ -49,6 +51,10 @@ void linear(const LinearParams& p) {
   const int64_t num_tokens = p.num_tokens;
   CHECK(!overlaps(p.x, num_tokens * cols, p.y, num_tokens * rows), "linear: y overlaps x");
   if (num_tokens == 0) return;
+  if (gemm == CpuGemm::kBlas && num_tokens >= kBlasMinTokens && blas_linked()) {
+    linear_blas(p);
+    return;
+  }
   const int64_t num_blocks = (rows + kRowBlock - 1) / kRowBlock;
   parallel_for(num_blocks, [&](int64_t block_begin, int64_t block_end) {
     std::vector<float> w_rows(kRowBlock * cols);  // [kRowBlock, cols]
@@ -66,6 +72,12 @@ void linear(const LinearParams& p) {
       }
     }
   });
+}
+
+CpuGemm parse_cpu_gemm(std::string_view name) {
+  if (name == "blas") return CpuGemm::kBlas;
+  if (name == "reference") return CpuGemm::kReference;
+  HYSERVE_THROW(InvalidArgument, "--cpu-gemm must be blas or reference, got '", name, "'");
 }
 
 void embedding_lookup(const EmbeddingParams& p) {
@@ -99,8 +111,8 @@ void embedding_lookup(const EmbeddingParams& p) {
       16);
 }
 
-void linears(const LinearsParams& p) {
-  for (const LinearParams& l : p.linears) linear(l);
+void linears(const LinearsParams& p, CpuGemm gemm) {
+  for (const LinearParams& l : p.linears) linear(l, gemm);
 }
 
 }  // namespace hyserve::cpu

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "core/weight.h"
 
@@ -44,9 +45,23 @@ struct EmbeddingParams {
 
 namespace cpu {
 
-void linear(const LinearParams& p);
+// How the CPU ops multiply by a weight matrix (linear, linears, mlp, moe):
+//   kReference  each output one fp32 dot product in a fixed order (LinearParams): a token's
+//               bits never depend on the other tokens of the call (batch-invariant mode);
+//   kBlas       calls of at least kBlasMinTokens tokens through OpenBLAS's sgemm when it is
+//               linked (blas_linked()), the reference otherwise: its summation order is the
+//               library's and may depend on the number of tokens; within the fp32
+//               summation bound of exact math, as the reference (tests/cpu_blas_test.cpp).
+enum class CpuGemm : uint8_t { kReference, kBlas };
+inline constexpr int64_t kBlasMinTokens = 4;
+// Whether this binary links OpenBLAS (CMake's HYSERVE_BLAS).
+bool blas_linked();
+// "blas" or "reference" (the --cpu-gemm flag); throws naming the accepted values.
+CpuGemm parse_cpu_gemm(std::string_view name);
+
+void linear(const LinearParams& p, CpuGemm gemm = CpuGemm::kReference);
 // Each of p.linears as linear() computes it.
-void linears(const LinearsParams& p);
+void linears(const LinearsParams& p, CpuGemm gemm = CpuGemm::kReference);
 // Throws naming the id when one is outside [0, vocab_size).
 void embedding_lookup(const EmbeddingParams& p);
 

@@ -1,5 +1,5 @@
 // CPU reference for the gated MLP: three linear calls around the elementwise gated
-// activation (silu(gate) * up or SiTU). Batch invariant because linear is.
+// activation (silu(gate) * up or SiTU). Batch invariant when linear is (CpuGemm::kReference).
 #include <cmath>
 #include <vector>
 
@@ -27,7 +27,7 @@ void check_gated_activation(const GatedActivation& a) {
         "mlp: SiTU needs beta > 0 and linear_beta >= 0, got ", a.beta, " and ", a.linear_beta);
 }
 
-void mlp(const MlpParams& p) {
+void mlp(const MlpParams& p, CpuGemm gemm) {
   CHECK(p.x != nullptr && p.w != nullptr && p.y != nullptr, "mlp: null pointer");
   CHECK(p.num_tokens >= 0, "mlp: num_tokens ", p.num_tokens);
   const int64_t hidden = p.w->down.rows;
@@ -38,8 +38,8 @@ void mlp(const MlpParams& p) {
   const int64_t n = p.num_tokens * inter;
   std::vector<float> gate(n);  // [T, I]
   std::vector<float> up(n);    // [T, I]
-  linear({.x = p.x, .w = &p.w->gate, .y = gate.data(), .num_tokens = p.num_tokens});
-  linear({.x = p.x, .w = &p.w->up, .y = up.data(), .num_tokens = p.num_tokens});
+  linear({.x = p.x, .w = &p.w->gate, .y = gate.data(), .num_tokens = p.num_tokens}, gemm);
+  linear({.x = p.x, .w = &p.w->up, .y = up.data(), .num_tokens = p.num_tokens}, gemm);
   parallel_for(
       n,
       [&](int64_t begin, int64_t end) {
@@ -48,7 +48,7 @@ void mlp(const MlpParams& p) {
         }
       },
       4096);
-  linear({.x = gate.data(), .w = &p.w->down, .y = p.y, .num_tokens = p.num_tokens});
+  linear({.x = gate.data(), .w = &p.w->down, .y = p.y, .num_tokens = p.num_tokens}, gemm);
 }
 
 }  // namespace hyserve::cpu

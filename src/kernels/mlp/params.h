@@ -8,6 +8,7 @@
 
 #include "core/paged.h"
 #include "core/weight.h"
+#include "kernels/linear/params.h"
 
 namespace hyserve {
 
@@ -51,7 +52,8 @@ struct MlpParams {
 // Throws unless gate/up are [I, D] and down is [D, I] for one I.
 namespace cpu {
 
-void mlp(const MlpParams& p);
+// Its three linears as linear(.., gemm) computes them (kernels/linear/params.h).
+void mlp(const MlpParams& p, CpuGemm gemm = CpuGemm::kReference);
 void check_mlp_weights(const MlpWeights& w, int64_t hidden);
 // Throws unless a SiTU activation has beta > 0 and linear_beta >= 0.
 void check_gated_activation(const GatedActivation& a);

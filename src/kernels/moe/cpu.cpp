@@ -105,7 +105,7 @@ void route_experts(const RouterParams& p) {
   });
 }
 
-void moe(const MoeParams& p) {
+void moe(const MoeParams& p, CpuGemm gemm) {
   CHECK(p.x != nullptr && p.experts != nullptr && p.expert_ids != nullptr &&
             p.expert_weights != nullptr && p.y != nullptr,
         "moe: null pointer");
@@ -156,7 +156,8 @@ void moe(const MoeParams& p) {
          .w = &p.experts[e],
          .y = expert_y.data(),
          .num_tokens = n,
-         .act = p.act});
+         .act = p.act},
+        gemm);
     for (int64_t j = 0; j < n; ++j) {
       std::copy(expert_y.begin() + j * hidden, expert_y.begin() + (j + 1) * hidden,
                 slot_out.begin() + slots[first + j] * hidden);
@@ -166,11 +167,8 @@ void moe(const MoeParams& p) {
   std::vector<float> shared_out;  // [T, hidden]
   if (p.shared != nullptr && p.num_tokens > 0) {
     shared_out.resize(p.num_tokens * hidden);
-    mlp({.x = p.x,
-         .w = p.shared,
-         .y = shared_out.data(),
-         .num_tokens = p.num_tokens,
-         .act = p.act});
+    mlp({.x = p.x, .w = p.shared, .y = shared_out.data(), .num_tokens = p.num_tokens, .act = p.act},
+        gemm);
   }
 
   parallel_for(p.num_tokens, [&](int64_t begin, int64_t end) {

@@ -57,7 +57,9 @@ namespace cpu {
 // The argument checks of route_experts, shared with the CUDA router.
 void check_router_params(const RouterParams& p);
 void route_experts(const RouterParams& p);
-void moe(const MoeParams& p);
+// Every expert's and the shared expert's MLP as mlp(.., gemm) computes it. (The router's
+// logits always take the reference order: an expert choice never depends on the batch.)
+void moe(const MoeParams& p, CpuGemm gemm = CpuGemm::kReference);
 
 }  // namespace cpu
 }  // namespace hyserve
