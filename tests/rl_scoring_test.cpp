@@ -7,12 +7,16 @@
 // step, each token equal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "dsa_model_util.h"
@@ -151,6 +155,57 @@ double kl_and_expect_equal(const std::vector<Rollout>& rollouts,
   }
   EXPECT_EQ(mismatches, 0) << what << ": " << mismatches << " of " << tokens << " tokens differ";
   return kl;
+}
+
+// Every named intermediate (Model::set_dump) of the last token of `tokens`, decoded after a
+// prefill of the others, against the same token's row in a prefill of all of them: the names
+// whose bits differ, in layer order.
+std::vector<std::string> decode_vs_prefill_differences(Model& model,
+                                                       const std::vector<int32_t>& tokens) {
+  using Dumps = std::vector<std::pair<std::string, std::vector<float>>>;
+  const auto capture = [&](Dumps& into, bool last_row_only) {
+    model.set_dump([&into, last_row_only](std::string_view name, const float* data, int64_t rows,
+                                          int64_t cols) {
+      const float* row = data + (last_row_only ? (rows - 1) * cols : 0);
+      into.emplace_back(std::string(name), std::vector<float>(row, row + cols));
+    });
+  };
+  const std::span<const int32_t> all(tokens);
+  std::vector<float> logits;
+  Dumps prefill, decode;
+  SequenceState a = model.new_sequence();
+  capture(prefill, true);
+  model.forward(all, a, logits, /*all_logits=*/true);
+  SequenceState b = model.new_sequence();
+  model.set_dump(nullptr);
+  model.forward(all.first(all.size() - 1), b, logits);
+  capture(decode, false);
+  model.forward(all.last(1), b, logits);
+  model.set_dump(nullptr);
+  std::vector<std::string> differ;
+  for (const auto& [name, row] : decode) {
+    const auto it = std::find_if(prefill.begin(), prefill.end(),
+                                 [&](const auto& p) { return p.first == name; });
+    if (it == prefill.end()) continue;
+    if (it->second.size() != row.size() ||
+        std::memcmp(it->second.data(), row.data(), row.size() * sizeof(float)) != 0) {
+      differ.push_back(name);
+    }
+  }
+  EXPECT_GT(decode.size(), 10u);
+  return differ;
+}
+
+// The model alone, every intermediate: a decode step equals its row of a prefill bit for bit
+// under batch-invariant mode (a prompt of 100 tokens: more than one KDA chunk). The default
+// mode's prefill takes other forms (chunked KDA, expanded MLA), so there they differ.
+TEST(RlScoring, DecodeStepEqualsItsPrefillRowAtEveryIntermediate) {
+  const std::unique_ptr<Model> invariant = load_invariant(0);
+  const std::vector<int32_t> tokens = random_prompt(100, 31, invariant->config().vocab_size);
+  const std::vector<std::string> differ = decode_vs_prefill_differences(*invariant, tokens);
+  EXPECT_TRUE(differ.empty()) << "first differing intermediate: " << differ.front();
+  const std::unique_ptr<Model> fast = load_tiny();
+  EXPECT_FALSE(decode_vs_prefill_differences(*fast, tokens).empty());
 }
 
 // The RL loop: per step the rollouts on one engine, then each scored alone on an engine with
