@@ -6,11 +6,14 @@
 // mid-request fails the step within the timeout, naming its rank.
 #include <gtest/gtest.h>
 
+#include <bit>
+
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -49,6 +52,7 @@ Request greedy_request(std::string id, std::vector<int32_t> prompt, int64_t max_
 
 struct Result {
   std::vector<OutputToken> tokens;
+  std::vector<std::optional<OutputToken>> prompt_logprobs;
   std::string finish_reason;
   int64_t num_cached_tokens = 0;
 };
@@ -162,6 +166,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
       for (const Request& r : batch) {
         engine.add_request(r, [&run](const RequestOutput& o) {
           Result& res = run.results[o.request_id];
+          if (!o.prompt_logprobs.empty()) res.prompt_logprobs = o.prompt_logprobs;
           res.tokens.insert(res.tokens.end(), o.new_tokens.begin(), o.new_tokens.end());
           res.num_cached_tokens = o.num_cached_tokens;
           if (o.finished) res.finish_reason = o.finish_reason;
@@ -342,6 +347,60 @@ TEST(TensorParallelEngineInvariance, BatchInvariantLogprobsAreBitwiseAcrossBatch
   for (size_t k = 0; k < a.tokens.size(); ++k) {
     EXPECT_EQ(a.tokens[k].token, b.tokens[k].token) << k;
     EXPECT_EQ(a.tokens[k].logprob, b.tokens[k].logprob) << k;
+  }
+}
+
+// Zero-mismatch RL across ranks (issue 48): rollouts sampled at temperature 1 by a
+// batch-invariant TP group (head-sharded, token-sharded prefill, decode context parallel), then
+// each completed rollout scored in one prefill by prompt_logprobs: every sampled token's
+// logprob equals its scored one bit for bit.
+TEST(TensorParallelEngineInvariance, RolloutLogprobsEqualScoredLogprobs) {
+  struct Case {
+    int dcp;
+    int64_t token_sharded;
+  };
+  for (const Case k : {Case{1, 0}, Case{1, 32}, Case{2, 0}}) {
+    SCOPED_TRACE(str_cat("dcp ", k.dcp, " token_sharded ", k.token_sharded));
+    GroupOptions g;
+    g.dir = fixture("tests/fixtures/kimi_linear_tiny");
+    g.tp = 2;
+    g.dcp = k.dcp;
+    g.token_sharded = k.token_sharded;
+    g.batch_invariant = true;
+    const ModelConfig c = ModelConfig::load(g.dir);
+    std::vector<Request> rollouts = workload(c, 4)[0];
+    for (size_t i = 0; i < rollouts.size(); ++i) {
+      rollouts[i].sampling_params.temperature = 1.0f;
+      rollouts[i].sampling_params.seed = 40 + i;
+      rollouts[i].sampling_params.logprobs = 0;
+    }
+    const GroupRun rolled = run_group(g, {rollouts});
+    expect_no_worker_errors(rolled);
+    std::vector<Request> scoring;
+    for (const Request& r : rollouts) {
+      Request s = greedy_request("score-" + r.id, r.prompt_token_ids, 1);
+      for (const OutputToken& t : rolled.results.at(r.id).tokens) {
+        s.prompt_token_ids.push_back(t.token);
+      }
+      s.sampling_params.prompt_logprobs = 0;
+      scoring.push_back(std::move(s));
+    }
+    const GroupRun scored = run_group(g, {scoring});
+    expect_no_worker_errors(scored);
+    for (const Request& r : rollouts) {
+      const std::vector<OutputToken>& got = rolled.results.at(r.id).tokens;
+      const std::vector<std::optional<OutputToken>>& want =
+          scored.results.at("score-" + r.id).prompt_logprobs;
+      ASSERT_EQ(want.size(), r.prompt_token_ids.size() + got.size()) << r.id;
+      for (size_t j = 0; j < got.size(); ++j) {
+        const std::optional<OutputToken>& e = want[r.prompt_token_ids.size() + j];
+        ASSERT_TRUE(e.has_value()) << r.id << " " << j;
+        EXPECT_EQ(e->token, got[j].token) << r.id << " " << j;
+        EXPECT_EQ(std::bit_cast<uint32_t>(e->logprob), std::bit_cast<uint32_t>(got[j].logprob))
+            << r.id << " token " << j << ": rollout " << got[j].logprob << ", scored "
+            << e->logprob;
+      }
+    }
   }
 }
 
