@@ -91,11 +91,14 @@ std::vector<Rollout> run_rollouts(Engine& engine, int step, int64_t vocab) {
   }
   run_to_completion(engine);
   std::vector<Rollout> rollouts;
+  int64_t num_hits = 0;
   for (const Request& r : requests) {
     const Collected& c = col.results.at(r.id);
     EXPECT_TRUE(c.finished) << r.id;
+    num_hits += c.num_cached_tokens > 0 ? 1 : 0;
     rollouts.push_back({r.prompt_token_ids, c.tokens});
   }
+  EXPECT_GT(num_hits, 0) << "step " << step << ": no prefix hit";
   return rollouts;
 }
 
