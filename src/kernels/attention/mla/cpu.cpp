@@ -103,15 +103,26 @@ void write_empty(const MlaAttentionParams& p, int64_t t, int64_t h) {
 void expanded_head(const MlaAttentionParams& p, int64_t h) {
   const int64_t kv_width = p.dn + p.dv;
   const std::vector<float> w = decode_head_weights(p, h);
-  // kv[s] = [k_nope (dn) | v (dv)] = W c_s
-  std::vector<float> kv(static_cast<size_t>(p.num_keys * kv_width));
+  // kv rows = [k_nope (dn) | v (dv)] = W c_s, of the keys some query attends only (sparse
+  // attention reads top-k of a long context), packed in key order: kv_index[s] is key s's row.
+  std::vector<int32_t> kv_index(static_cast<size_t>(p.num_keys), -1);
+  std::vector<int64_t> keys;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    gather_keys(p, t, keys);
+    for (const int64_t s : keys) kv_index[s] = 0;
+  }
+  int32_t num_rows = 0;
+  for (int32_t& index : kv_index) {
+    if (index == 0) index = num_rows++;
+  }
+  std::vector<float> kv(static_cast<size_t>(num_rows * kv_width));
   std::vector<float> row;
   for (int64_t s = 0; s < p.num_keys; ++s) {
-    for (int64_t j = 0; j < kv_width; ++j) {
-      kv[s * kv_width + j] = dot(&w[j * p.kv_lora], latent_row(p, 0, s, row), p.kv_lora);
-    }
+    if (kv_index[s] < 0) continue;
+    const float* c = latent_row(p, 0, s, row);
+    float* kv_s = &kv[kv_index[s] * kv_width];
+    for (int64_t j = 0; j < kv_width; ++j) kv_s[j] = dot(&w[j * p.kv_lora], c, p.kv_lora);
   }
-  std::vector<int64_t> keys;
   std::vector<float> probs;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     gather_keys(p, t, keys);
@@ -124,7 +135,7 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
     probs.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
       const int64_t s = keys[i];
-      const float nope = dot(q_nope, &kv[s * kv_width], p.dn);
+      const float nope = dot(q_nope, &kv[kv_index[s] * kv_width], p.dn);
       const float pe = dot(q_pe, latent_row(p, 0, s, row) + p.kv_lora, p.dr);
       probs[i] = (nope + pe) * p.softmax_scale;
     }
@@ -132,7 +143,7 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
     float* out = p.out + (t * p.num_heads + h) * p.dv;
     std::fill_n(out, p.dv, 0.0f);
     for (size_t i = 0; i < keys.size(); ++i) {
-      const float* v = &kv[keys[i] * kv_width + p.dn];
+      const float* v = &kv[kv_index[keys[i]] * kv_width + p.dn];
       for (int64_t d = 0; d < p.dv; ++d) out[d] += probs[i] * v[d];
     }
     if (p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
