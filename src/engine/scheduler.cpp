@@ -158,12 +158,9 @@ int64_t Scheduler::limit_to_cost(int64_t begin, int64_t num_tokens, int64_t cost
 }
 
 int64_t Scheduler::num_drafts(const Request& request, int64_t budget) {
-  // Only after the last known token, with nothing in flight; the accepted drafts and the
-  // token after them end at the request's length at most.
-  if (request.spec_token_ids.empty() || request.num_output_placeholders > 0 ||
-      request.num_computed_tokens + 1 != request.num_tokens()) {
-    return 0;
-  }
+  // Only where drafts_follow; the accepted drafts and the token after them end at the
+  // request's length at most.
+  if (request.spec_token_ids.empty() || !drafts_follow(request)) return 0;
   const int64_t room = max_num_tokens(request) - request.num_tokens() - 1;
   const int64_t n =
       std::max<int64_t>(0, std::min({std::ssize(request.spec_token_ids), budget, room}));

@@ -140,15 +140,20 @@ class Scheduler {
   bool abort_request(const std::string& request_id);
 
   // Speculative decoding: sets the drafts of every running request whose next step is a
-  // decode step (its last known token not computed, nothing in flight) to propose(request).
+  // decode step (drafts_follow) to propose(request).
   template <class Propose>
   void propose_drafts(Propose&& propose) {
     for (Entry* entry : running_) {
       Request& r = entry->request;
-      if (r.num_output_placeholders == 0 && r.num_computed_tokens + 1 == r.num_tokens()) {
-        r.spec_token_ids = propose(static_cast<const Request&>(r));
-      }
+      if (drafts_follow(r)) r.spec_token_ids = propose(static_cast<const Request&>(r));
     }
+  }
+  // Whether the request's next step is a decode step that drafts may follow: only its last
+  // known token is not computed, it is an output (the prompt's last token ends a prefill
+  // chunk, which is never verified), and nothing is in flight.
+  static bool drafts_follow(const Request& r) {
+    return r.num_output_placeholders == 0 && r.num_computed_tokens + 1 == r.num_tokens() &&
+           r.num_computed_tokens >= r.num_prompt_tokens();
   }
 
   SchedulerOutput schedule();

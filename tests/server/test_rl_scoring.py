@@ -2,9 +2,10 @@
 sampled-token logprobs (/v1/completions with logprobs, temperature 1, a seed) equal, bit for
 bit, the same tokens' logprobs when the completed rollout (prompt ids + sampled ids) is scored
 in one prefill, both by `echo` + `logprobs` + `max_tokens: 0` and by `prompt_logprobs`, for
-rollouts run alone and concurrently. The JSON floats are compared exactly: each must be a
+rollouts run alone and concurrently, with and without ngram speculation. The JSON floats are compared exactly: each must be a
 float32 the server printed with enough digits to round-trip."""
 
+import json
 import struct
 from concurrent.futures import ThreadPoolExecutor
 
@@ -54,10 +55,17 @@ def scored_by_prompt_logprobs(srv, prompt, ids):
     return [as_float32(e[str(t)]["logprob"]) for e, t in zip(entries, ids)]
 
 
-def test_rollout_logprobs_equal_scored_logprobs_bit_for_bit(tmp_path):
+NGRAM = json.dumps({"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1,
+                    "prompt_lookup_max": 2})
+
+
+@pytest.mark.parametrize("speculative", [False, True], ids=["plain", "ngram"])
+def test_rollout_logprobs_equal_scored_logprobs_bit_for_bit(tmp_path, speculative):
     # A small token budget: the longer prompts are chunked and share steps with decodes.
-    srv = start_server(tmp_path, extra_args=["--batch-invariant", "--max-num-batched-tokens",
-                                             "128", "--enable-prefix-caching"])
+    args = ["--batch-invariant", "--max-num-batched-tokens", "128"]
+    if speculative:
+        args += ["--speculative-config", NGRAM]
+    srv = start_server(tmp_path, extra_args=args)
     try:
         shared = [(i * 37) % 700 + 3 for i in range(128)]  # a shared prefix: prefix hits
         prompts = [shared + [(i * 11 + j * 5) % 700 + 3 for j in range(n)]
