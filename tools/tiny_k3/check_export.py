@@ -42,6 +42,7 @@ NUM_GREEDY = 16
 TOL_F64 = 1e-9
 TOL_F32 = 2e-3  # logits are O(10); the fp32 model differs from float64 by rounding only
 TOL_HYSERVE_LOGPROB = 2e-3
+ROUTER_TIE = 1e-5  # smallest k-th vs (k+1)-th router score gap that fp32 surely resolves as float64
 
 
 def check_config():
@@ -197,6 +198,8 @@ def check_hyserve(binary, folder, model64, prompts, failures):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--keep", help="export the random model into this folder and keep it")
+    parser.add_argument("--model", help="check this exported folder (e.g. the trained model) instead of a random one;"
+                        " prompts are held-out token windows when .cache/tiny-k3-speaks/tokens exists")
     parser.add_argument("--no-hyserve", action="store_true")
     parser.add_argument("--seed", type=int, default=5000)
     args = parser.parse_args()
@@ -204,11 +207,18 @@ def main():
     failures = []
     check_delta_rule(failures)
 
-    config = check_config()
-    model = random_model(config, args.seed)
-    check_mxfp4(model, failures)
-    folder = args.keep or tempfile.mkdtemp(prefix="tiny_k3_check_")
-    ex.export_checkpoint(model, folder)
+    if args.model:
+        folder = args.model
+        with open(os.path.join(folder, "config.json")) as f:
+            config = json.load(f)
+        model = KimiK3(config)
+        ex.load_checkpoint(model, folder)
+    else:
+        config = check_config()
+        model = random_model(config, args.seed)
+        check_mxfp4(model, failures)
+        folder = args.keep or tempfile.mkdtemp(prefix="tiny_k3_check_")
+        ex.export_checkpoint(model, folder)
 
     reference = ref.Model(folder)
     model64 = KimiK3(config).double()
@@ -220,6 +230,11 @@ def main():
     model32.eval()
     vocab = config["text_config"]["vocab_size"]
     prompts = [np.random.default_rng(1000 + i).integers(0, vocab, n) for i, n in enumerate(PROMPT_LENGTHS)]
+    heldout = os.path.join(ROOT, ".cache", "tiny-k3-speaks", "tokens", "heldout.u16")
+    if args.model and os.path.exists(heldout):
+        tokens = np.fromfile(heldout, dtype="<u2").astype(np.int64)
+        prompts = [tokens[1000 * (i + 1) : 1000 * (i + 1) + n] for i, n in enumerate(PROMPT_LENGTHS)]
+    prompts = [[int(t) for t in p] for p in prompts]
     worst64 = worst32 = worst_loop = 0.0
     scale = 0.0
     for ids in prompts:
@@ -237,7 +252,12 @@ def main():
            max_abs_logit=scale, prompts=list(PROMPT_LENGTHS), indexer_min_rel_margin=stats["min_indexer_rel_margin"],
            router_min_margin=stats["min_router_margin"])
     report("torch float64 with the plain-loop KDA vs k3_reference", worst_loop, TOL_F64, failures)
-    report("torch float32 (parameters rounded as stored) vs k3_reference", worst32, TOL_F32, failures)
+    # A router choice closer than fp32 rounding may pick another expert in float32 than in float64
+    # (likely right after init, where the balancing biases are equal steps of --bias-rate): then the
+    # float32 line is reported but not counted as a failure.
+    near_tie = stats["min_router_margin"] < ROUTER_TIE
+    report("torch float32 (parameters rounded as stored) vs k3_reference", worst32, TOL_F32,
+           [] if near_tie else failures, router_near_tie=near_tie)
 
     binary = os.path.join(ROOT, "build", "hyserve")
     if not args.no_hyserve and os.path.exists(binary):

@@ -67,7 +67,8 @@ def main():
             ids.append(END_OF_DOCUMENT)
         dst = args.out / f"{split}.u16"
         np.asarray(ids, dtype="<u2").tofile(dst)
-        manifest[split] = {"documents": len(docs), "tokens": len(ids), "source_sha256": sha256(src),
+        manifest[split] = {"documents": len(docs), "tokens": len(ids), "bytes": src.stat().st_size,
+                           "source_sha256": sha256(src),
                            "sha256": sha256(dst)}
         print(f"{split}: {len(docs)} documents -> {len(ids)} tokens ({time.perf_counter() - start:.1f} s)")
     (args.out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
