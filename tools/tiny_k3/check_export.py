@@ -201,6 +201,9 @@ def main():
     parser.add_argument("--model", help="check this exported folder (e.g. the trained model) instead of a random one;"
                         " prompts are held-out token windows when .cache/tiny-k3-speaks/tokens exists")
     parser.add_argument("--no-hyserve", action="store_true")
+    parser.add_argument("--write-golden", metavar="DIR",
+                        help="also write golden.safetensors + meta.json in tests/fixtures' format (make_k3_fixtures"
+                             " compute_goldens: k3_reference float64, the check's prompts, 32 greedy steps each)")
     parser.add_argument("--seed", type=int, default=5000)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -259,6 +262,15 @@ def main():
     report("torch float32 (parameters rounded as stored) vs k3_reference", worst32, TOL_F32,
            [] if near_tie else failures, router_near_tie=near_tie)
 
+    if args.write_golden:
+        golden, gaps = fx.compute_goldens(reference, [np.asarray(p, dtype=np.int64) for p in prompts])
+        meta = {"model": os.path.abspath(folder), "source": "tools/k3_reference.py (float64)",
+                "prompt_ids": "held-out token windows" if args.model else "default_rng(1000 + i) ids",
+                "prompt_min_top1_top2_gap": gaps, **reference.stats.to_dict()}
+        fx.write_golden(args.write_golden, golden, meta,
+                        "Golden logits of a tiny K3.1 Pro exported by tools/tiny_k3, computed by\n"
+                        "tools/k3_reference.py in float64 (tools/tiny_k3/check_export.py --write-golden).\n")
+        print(json.dumps({"golden": args.write_golden, "min_top1_top2_gap": gaps}))
     binary = os.path.join(ROOT, "build", "hyserve")
     if not args.no_hyserve and os.path.exists(binary):
         check_hyserve(binary, folder, model64, prompts, failures)
