@@ -142,7 +142,8 @@ std::function<int()> add_generate_command(CLI::App& app) {
   cmd->add_option("--cpu-gemm", a->cpu_gemm,
                   "CPU matrix products outside --batch-invariant: blas (OpenBLAS for calls of "
                   "many tokens) or reference (the fp32 reference's fixed order)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->envname("HYSERVE_CPU_GEMM");
   cmd->add_option("--index-cache-dtype", a->index_cache_dtype,
                   "DSA index keys: fp8 (the FP8 indexer with the Hadamard rotation, as serve) or "
                   "fp32 (exact scores, as the golden references)")

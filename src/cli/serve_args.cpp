@@ -274,7 +274,8 @@ void add_http_and_runtime_flags(CLI::App& cmd, ServeArgs& a) {
   cmd.add_option("--cpu-gemm", a.cpu_gemm,
                  "CPU matrix products outside --batch-invariant: blas (OpenBLAS for calls of "
                  "many tokens) or reference (the fp32 reference's fixed order)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->envname("HYSERVE_CPU_GEMM");
   cmd.add_flag("--enforce-eager", a.enforce_eager, "decode without CUDA graphs");
   cmd.add_flag("--async-scheduling", a.async_scheduling,
                "schedule and launch the next step while this one runs (the default)");

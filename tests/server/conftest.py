@@ -67,6 +67,13 @@ class Server:
                 self.proc.wait(timeout=15)
 
 
+# Every hyserve this suite starts multiplies in the CPU reference's fixed order unless a test
+# asks for OpenBLAS (--cpu-gemm blas, test_cpu_gemm.py): the suite's exact equalities (async
+# equals sync, speculation changes no logprob, generate equals serve) are properties of the
+# engine, which the reference checks bit for bit; OpenBLAS's order may depend on the batch.
+os.environ["HYSERVE_CPU_GEMM"] = "reference"
+
+
 def server_environment():
     """This process's environment without the vLLM variables hyserve serve reads
     (VLLM_API_KEY, VLLM_ALLOW_LONG_MAX_MODEL_LEN, VLLM_HTTP_TIMEOUT_KEEP_ALIVE), so a test
