@@ -175,10 +175,15 @@ void indexer_scores(const IndexerScoreParams& p) {
   }
   const int64_t d = p.head_dim;
   std::vector<float> kt(static_cast<size_t>(d * p.num_keys));  // [d, num_keys]
-  for (int64_t s = 0; s < p.num_keys; ++s) {
-    const float* k = p.k_pages.row(p.k, s, d);
-    for (int64_t i = 0; i < d; ++i) kt[i * p.num_keys + s] = k[i];
-  }
+  parallel_for(
+      p.num_keys,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t s = begin; s < end; ++s) {
+          const float* k = p.k_pages.row(p.k, s, d);
+          for (int64_t i = 0; i < d; ++i) kt[i * p.num_keys + s] = k[i];
+        }
+      },
+      512);
   relu_scores(p.q, p.head_weights, kt.data(), nullptr, p.q_pos, p.num_tokens, p.num_keys,
               p.num_heads, d, p.scores);
 }
@@ -198,11 +203,16 @@ void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p) {
   const std::vector<float> q8 = decode_e4m3(q_fp8.data(), num_q_rows * d);
   std::vector<float> k8t(static_cast<size_t>(d * p.num_keys));  // [d, num_keys]
   std::vector<float> k_scales(static_cast<size_t>(p.num_keys));
-  for (int64_t s = 0; s < p.num_keys; ++s) {
-    const uint8_t* codes = p.k_pages.row(p.k_fp8, s, d);
-    for (int64_t i = 0; i < d; ++i) k8t[i * p.num_keys + s] = e4m3_to_f32(codes[i]);
-    k_scales[s] = *p.k_pages.row(p.k_scales, s, 1);
-  }
+  parallel_for(
+      p.num_keys,
+      [&](int64_t begin, int64_t end) {
+        for (int64_t s = begin; s < end; ++s) {
+          const uint8_t* codes = p.k_pages.row(p.k_fp8, s, d);
+          for (int64_t i = 0; i < d; ++i) k8t[i * p.num_keys + s] = e4m3_to_f32(codes[i]);
+          k_scales[s] = *p.k_pages.row(p.k_scales, s, 1);
+        }
+      },
+      512);
   // Head weight with the query's scale folded in, as the reference's fp8_index takes it.
   std::vector<float> wq(static_cast<size_t>(num_q_rows));
   for (int64_t i = 0; i < num_q_rows; ++i) wq[i] = p.head_weights[i] * q_scales[i];
