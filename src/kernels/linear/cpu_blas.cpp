@@ -29,6 +29,9 @@ namespace {
 constexpr int64_t kBlockRows = 128;
 // Fewest tokens per call when the tokens are split over threads.
 constexpr int64_t kMinTokensPerCall = 16;
+// OpenBLAS's pthread build (MAX_THREADS 64 in Debian's) keeps a bounded table of work buffers,
+// one per call in flight: at most this many calls at once, however many cores the pool has.
+constexpr int64_t kMaxConcurrentCalls = 64;
 
 void use_one_openblas_thread() {
   static std::once_flag once;
@@ -40,7 +43,8 @@ void use_one_openblas_thread() {
 // slowest, SSE3 "Prescott", on models it does not know (Xeons of family 6 model 207: 22
 // GFLOP/s of sgemm on one core where its AVX-512 kernels give 148): choose by the instruction
 // set instead, unless the user set OPENBLAS_CORETYPE. And no OpenBLAS thread pool: every call
-// is single-threaded (parallel_for owns the cores), unless OPENBLAS_NUM_THREADS says otherwise.
+// is single-threaded (parallel_for owns the cores; linear_blas sets one OpenBLAS thread on first
+// use whatever OPENBLAS_NUM_THREADS says, which only decides whether OpenBLAS starts a pool).
 __attribute__((constructor(200))) void configure_openblas() {
   __builtin_cpu_init();
   if (std::getenv("OPENBLAS_CORETYPE") == nullptr) {
@@ -72,33 +76,39 @@ void linear_blas(const LinearParams& p) {
       std::clamp<int64_t>((threads + num_row_blocks - 1) / num_row_blocks, 1,
                           std::max<int64_t>(1, num_tokens / kMinTokensPerCall));
   const int64_t tokens_per_range = (num_tokens + num_token_ranges - 1) / num_token_ranges;
-  parallel_for(num_row_blocks * num_token_ranges, [&](int64_t begin, int64_t end) {
+  // At most kMaxConcurrentCalls sgemm calls at once, each slot taking every num_slots-th task.
+  const int64_t num_tasks = num_row_blocks * num_token_ranges;
+  const int64_t num_slots = std::min(num_tasks, kMaxConcurrentCalls);
+  parallel_for(num_slots, [&](int64_t slot_begin, int64_t slot_end) {
     std::vector<float> decoded;  // [kBlockRows, cols]
     int64_t decoded_block = -1;
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t block = task / num_token_ranges, range = task % num_token_ranges;
-      const int64_t r0 = block * kBlockRows, n = std::min(kBlockRows, rows - r0);
-      const int64_t t0 = range * tokens_per_range;
-      const int64_t m = std::min(tokens_per_range, num_tokens - t0);
-      if (m <= 0) continue;
-      const float* w_rows = nullptr;
-      if (dense_f32) {
-        w_rows = static_cast<const float*>(w.data) + r0 * cols;
-      } else {
-        if (decoded_block != block) {
-          decoded.resize(static_cast<size_t>(n * cols));
-          for (int64_t i = 0; i < n; ++i) w.dequantize_row(r0 + i, decoded.data() + i * cols);
-          decoded_block = block;
+    for (int64_t slot = slot_begin; slot < slot_end; ++slot) {
+      for (int64_t task = slot; task < num_tasks; task += num_slots) {
+        const int64_t block = task / num_token_ranges, range = task % num_token_ranges;
+        const int64_t r0 = block * kBlockRows, n = std::min(kBlockRows, rows - r0);
+        const int64_t t0 = range * tokens_per_range;
+        const int64_t m = std::min(tokens_per_range, num_tokens - t0);
+        if (m <= 0) continue;
+        const float* w_rows = nullptr;
+        if (dense_f32) {
+          w_rows = static_cast<const float*>(w.data) + r0 * cols;
+        } else {
+          if (decoded_block != block) {
+            decoded.resize(static_cast<size_t>(n * cols));
+            for (int64_t i = 0; i < n; ++i) w.dequantize_row(r0 + i, decoded.data() + i * cols);
+            decoded_block = block;
+          }
+          w_rows = decoded.data();
         }
-        w_rows = decoded.data();
-      }
-      float* y = p.y + t0 * rows + r0;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m), static_cast<int>(n),
-                  static_cast<int>(cols), 1.0f, p.x + t0 * cols, static_cast<int>(cols), w_rows,
-                  static_cast<int>(cols), 0.0f, y, static_cast<int>(rows));
-      if (p.bias == nullptr) continue;
-      for (int64_t t = 0; t < m; ++t) {
-        for (int64_t i = 0; i < n; ++i) y[t * rows + i] += p.bias[r0 + i];
+        float* y = p.y + t0 * rows + r0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(m),
+                    static_cast<int>(n), static_cast<int>(cols), 1.0f, p.x + t0 * cols,
+                    static_cast<int>(cols), w_rows, static_cast<int>(cols), 0.0f, y,
+                    static_cast<int>(rows));
+        if (p.bias == nullptr) continue;
+        for (int64_t t = 0; t < m; ++t) {
+          for (int64_t i = 0; i < n; ++i) y[t * rows + i] += p.bias[r0 + i];
+        }
       }
     }
   });
