@@ -25,6 +25,7 @@
 #include "kernels/kda/params.h"
 #include "kernels/linear/params.h"
 #include "kernels/logits/params.h"
+#include "kernels/lora/params.h"
 #include "kernels/mlp/params.h"
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"

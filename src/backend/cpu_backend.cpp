@@ -20,6 +20,7 @@
 #include "kernels/kda/cpu.h"
 #include "kernels/linear/params.h"
 #include "kernels/logits/cpu.h"
+#include "kernels/lora/params.h"
 #include "kernels/mlp/params.h"
 #include "kernels/moe/params.h"
 #include "kernels/norm/params.h"

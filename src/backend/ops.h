@@ -22,6 +22,7 @@
   X(layer_norm, LayerNormParams, STREAM)                                  \
   X(attn_res_norm, AttnResNormParams, STREAM)                             \
   X(mlp, MlpParams, OWN)                                                  \
+  X(lora_add, LoraParams, OWN)                                            \
   /* MoE (moe/) */                                                        \
   X(route_experts, RouterParams, OWN)                                     \
   X(moe, MoeParams, OWN)                                                  \

@@ -221,7 +221,7 @@ void Model::linear_into(const float* x, int64_t num_tokens, const Weight& w, flo
 
 float* Model::linear(Pass& pass, const float* x, int64_t num_tokens, const Weight& w) const {
   float* y = pass.ws.floats(num_tokens * w.rows);
-  linear_into(x, num_tokens, w, y);
+  linear_into(pass, x, num_tokens, w, y);
   return y;
 }
 
@@ -239,6 +239,7 @@ std::vector<float*> Model::project(Pass& pass, const float* x, int64_t num_token
     ps.push_back(p);
   }
   backend_->linears({ps});
+  for (const LinearParams& p : ps) add_lora(pass, *p.w, x, num_tokens, p.y);
   return ys;
 }
 
@@ -382,7 +383,8 @@ const float* Model::forward_logits(std::span<const SequenceInput> batch, Workspa
   std::vector<SequenceSlice> slices;
   for (size_t i = 0; i < batch.size(); ++i) {
     slices.push_back({offset[i], offset[i + 1] - offset[i], batch[i].num_computed, batch[i].cache,
-                      tables_dev + table_offset[i], batch[i].state_block, batch[i].all_logits});
+                      tables_dev + table_offset[i], batch[i].state_block, batch[i].all_logits,
+                      batch[i].lora_slot});
   }
   DeviceBatch db{ids_dev, pos_dev, slots_dev, t, slices, {}};
   if (is_batched_decode(batch)) {
@@ -419,6 +421,7 @@ const float* Model::forward_device(const DeviceBatch& batch, Workspace& ws,
   const int64_t t = batch.num_tokens;
   CHECK(!batch.seqs.empty() && t > 0, "forward needs at least one token");
   Pass pass{ws, batch.decode};
+  pass.lora_slots = lora_token_slots(ws, batch.seqs, t);
   const Hidden hidden = run_layers(pass, batch.ids, batch.pos, batch.slots, batch.seqs, t);
   // logits = lm_head(final_norm(h)) for the rows asked for.
   trace("lm_head");
@@ -569,6 +572,8 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
     p.y = out;
     p.num_tokens = t;
     p.act = activation_;
+    MlpLora lora;
+    if (mlp_lora(pass, lw.dense, lora)) p.lora = &lora;
     backend_->mlp(p);
     tp_reduce(pass, out, t * c.hidden_size);
     return;
@@ -608,6 +613,17 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   m.shared = lw.moe.has_shared ? &lw.moe.shared : nullptr;
   m.y = out;
   m.act = activation_;
+  // LoRA on the routed experts (each expert's own adapters) and the shared experts.
+  std::vector<MlpLora> expert_lora(pass.lora_slots != nullptr ? lw.moe.experts.size() : 0);
+  bool any_expert_lora = false;
+  for (size_t e = 0; e < expert_lora.size(); ++e) {
+    any_expert_lora = mlp_lora(pass, lw.moe.experts[e], expert_lora[e]) || any_expert_lora;
+  }
+  if (any_expert_lora) m.expert_lora = expert_lora.data();
+  MlpLora shared_lora;
+  if (lw.moe.has_shared && mlp_lora(pass, lw.moe.shared, shared_lora)) {
+    m.shared_lora = &shared_lora;
+  }
   if (c.moe_latent_size == 0) {
     backend_->moe(m);
     tp_reduce(pass, out, t * c.hidden_size);
@@ -638,6 +654,7 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   p.w = &lw.moe.shared;
   p.num_tokens = t;
   p.act = activation_;
+  p.lora = m.shared_lora;
   if (options_.parallel.tp.rank == 0) {
     linear_into(latent, t, lw.moe.latent_up, out);
     p.y = pass.ws.floats(t * c.hidden_size);

@@ -29,6 +29,7 @@
 #include "model/attention_backend.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/lora_table.h"
 #include "model/tensor_parallel.h"
 #include "model/weights.h"
 #include "model/workspace.h"
@@ -105,6 +106,8 @@ struct SequenceInput {
   // [tokens] the cache slot of each new token (the scheduler's slot mapping); empty: taken
   // from blocks (core/paged.h slot_index).
   std::span<const int64_t> slots = {};
+  // The slot of the LoRA adapter its tokens run with (Model::set_lora), -1: none.
+  int32_t lora_slot = -1;
 };
 
 // A sequence with its own cache: row 0 is its KDA state, token blocks follow. Its forwards
@@ -127,6 +130,7 @@ struct SequenceSlice {
   const int32_t* blocks = nullptr;
   int32_t state_block = -1;
   bool all_logits = false;  // logits of every token, else of the last
+  int32_t lora_slot = -1;   // LoRA adapter slot of its tokens (-1: none)
 };
 
 // A verification forward's KDA inputs, kept for the commit of the accepted tokens: per KDA
@@ -287,6 +291,19 @@ class Model {
   // How the MLA layers attend, chosen at load (ModelOptions::attention_backend).
   const AttentionChoice& attention() const { return attention_; }
 
+  // LoRA adapters (issue 48; model/model_lora.cpp): enable_lora makes num_slots adapter
+  // slots (serve --max-loras; one rank only); read_lora reads and checks a PEFT folder
+  // against this model; set_lora puts an adapter in a slot (null: empties it) between
+  // forwards. A sequence runs with the adapter of its SequenceInput::lora_slot; sequences
+  // without one are computed exactly as without LoRA (bitwise).
+  void enable_lora(int64_t num_slots);
+  bool lora_enabled() const { return lora_ != nullptr; }
+  std::shared_ptr<const LoraAdapter> read_lora(const std::filesystem::path& dir,
+                                               const std::string& name, int64_t max_rank) const;
+  void set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter);
+  // The adaptable projections (null until enable_lora).
+  const LoraTargets* lora_targets() const { return lora_targets_.get(); }
+
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
   // Called with the name of each section as it starts ("embed", "layers.3.attention",
   // "layers.3.mlp", "lm_head"): profilers attribute the ops that follow to it.
@@ -314,7 +331,23 @@ class Model {
     // Decode context parallelism: [T] each token's causal bound among this rank's keys
     // (kernels/elementwise/params.h DcpLocalizeParams); null without it.
     const int64_t* dcp_pos = nullptr;
+    // [T] each token's LoRA adapter slot (-1: none) in backend memory; null when no token of
+    // the forward has an adapter.
+    const int32_t* lora_slots = nullptr;
   };
+  // LoRA (model_lora.cpp): the forward's token slots (null when none has an adapter);
+  // y += the adapters' term of projection w for x [T, w.cols] -> y [T, w.rows]; the
+  // adapters of an MLP's projections (false when none applies); the kv_b_proj a sequence
+  // of slot `slot` attends with (base: the model's).
+  const int32_t* lora_token_slots(Workspace& ws, std::span<const SequenceSlice> seqs,
+                                  int64_t t) const;
+  void add_lora(const Pass& pass, const Weight& w, const float* x, int64_t t, float* y) const;
+  bool mlp_lora(const Pass& pass, const MlpWeights& w, MlpLora& out) const;
+  const Weight& lora_kv_b(const MlaWeights& w, int32_t slot, const Weight& base) const;
+  // Whether a decode batch's sequences attend with different kv_b (LoRA on kv_b).
+  bool lora_splits_kv_b(const MlaWeights& w, std::span<const SequenceSlice> seqs) const;
+  void linear_into(const Pass& pass, const float* x, int64_t num_tokens, const Weight& w,
+                   float* y) const;
 
   // Attention of one layer over the whole batch: x = rms(h) [T, D] -> out [T, D].
   // Projections, norms and gates run over all T tokens at once; only what reads or
@@ -531,7 +564,9 @@ class Model {
   RopeTable rope_;              // deepseek_v32's (YaRN) rotary table; unused for NoPE
   GatedActivation activation_;  // of every MLP and expert (SiLU or SiTU)
   CachePlanOptions cache_options_;
-  AttentionChoice attention_;  // chosen once in the constructor
+  AttentionChoice attention_;                  // chosen once in the constructor
+  std::unique_ptr<LoraTargets> lora_targets_;  // enable_lora: the adaptable projections
+  std::unique_ptr<LoraTable> lora_;            // and the resident adapters
 
   // Batch-invariant mode: a batch of prefill chunks and decode tokens as two forwards.
   void forward_split(std::span<const SequenceInput> batch, std::vector<float>& logits,

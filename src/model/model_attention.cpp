@@ -112,7 +112,7 @@ void Model::mla_attention(Pass& pass, int64_t layer, const float* x, int64_t t, 
 
   // 7. kimi_k3: o *= sigmoid(g_proj(x)).
   if (c.mla_output_gate) backend_->sigmoid_gate({o, px[2], t * h * dv});
-  linear_into(o, t, w.o_proj, out);
+  linear_into(pass, o, t, w.o_proj, out);
 }
 
 void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const float* q_in,
@@ -156,9 +156,10 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
   //    absorbed for decode and, batch-invariant, for prefill too: attends_absorbed).
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
+  // A sequence with a LoRA adapter on kv_b attends with its adapter's merged kv_b.
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
-                    PagedRows pages, int64_t table_stride, bool absorbed) {
-    MlaAttentionParams p = mla_params(layer, cache, kv_b, ha);
+                    PagedRows pages, int64_t table_stride, bool absorbed, int32_t lora_slot) {
+    MlaAttentionParams p = mla_params(layer, cache, lora_kv_b(w, lora_slot, kv_b), ha);
     p.q = qa + offset * ha * dqk;
     p.latent_pages = pages;
     p.table_stride = table_stride;
@@ -171,14 +172,22 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     p.num_keys = num_keys;
     backend_->mla_attention({p, absorbed});
   };
-  if (pass.decode.cache != nullptr) {
-    attend(0, t, local_keys(pass.decode.max_keys), *pass.decode.cache,
-           pass.decode.cache->pages(pass.decode.tables), pass.decode.table_stride,
-           /*absorbed=*/true);
+  const BatchedDecode& bd = pass.decode;
+  if (bd.cache != nullptr && !lora_splits_kv_b(w, seqs)) {
+    attend(0, t, local_keys(bd.max_keys), *bd.cache, bd.cache->pages(bd.tables), bd.table_stride,
+           /*absorbed=*/true, -1);
+  } else if (bd.cache != nullptr) {
+    // Decode rows of sequences whose kv_b differ (LoRA on kv_b): one call per sequence, each
+    // query row (a token) still reading its own row of the batch's tables.
+    for (const SequenceSlice& sq : seqs) {
+      attend(sq.offset, sq.n, local_keys(bd.max_keys), *bd.cache,
+             bd.cache->pages(bd.tables + sq.offset * bd.table_stride), bd.table_stride,
+             /*absorbed=*/true, sq.lora_slot);
+    }
   } else {
     for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
-             sq.cache->pages(sq.blocks), 0, attends_absorbed(sq.n));
+             sq.cache->pages(sq.blocks), 0, attends_absorbed(sq.n), sq.lora_slot);
     }
   }
   if (world > 1) merge_partials(pass, oa, lse, t, h, dv, o);

@@ -119,7 +119,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
       }
     }
     backend_->kda_decode(p);
-    linear_into(o, t, w.o_proj, out);
+    linear_into(pass, o, t, w.o_proj, out);
     return;
   }
   if (options_.batch_invariant) {
@@ -142,7 +142,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
       p.y = o + sq.offset * width;
       backend_->kda_decode(p);
     }
-    linear_into(o, t, w.o_proj, out);
+    linear_into(pass, o, t, w.o_proj, out);
     return;
   }
 
@@ -220,7 +220,7 @@ void Model::kda_attention(Pass& pass, int64_t layer, const float* x, int64_t t,
   np.num_heads = h;
   np.head_dim = k;
   backend_->gated_rms_norm(np);
-  linear_into(o, t, w.o_proj, out);
+  linear_into(pass, o, t, w.o_proj, out);
 }
 
 }  // namespace hyserve

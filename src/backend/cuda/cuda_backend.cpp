@@ -214,8 +214,15 @@ void CudaBackend::linears(const LinearsParams& p) {
 }
 
 void CudaBackend::mlp(const MlpParams& p) {
+  CHECK(p.lora == nullptr, "mlp: LoRA adapters are not supported on the CUDA backend yet");
   const size_t need = cuda::mlp_workspace_bytes(*p.w, p.num_tokens);
   cuda::mlp(p, *blas_, scratch(need), need, stream_, linear_kernel());
+}
+
+// The shrink/expand kernels (Punica's pair) are not written yet: refused, never skipped.
+void CudaBackend::lora_add(const LoraParams&) {
+  HYSERVE_THROW(InvalidArgument,
+                "lora_add: LoRA adapters are not supported on the CUDA backend yet");
 }
 
 void CudaBackend::route_experts(const RouterParams& p) {
@@ -226,6 +233,8 @@ void CudaBackend::route_experts(const RouterParams& p) {
 }
 
 void CudaBackend::moe(const MoeParams& p) {
+  CHECK(p.expert_lora == nullptr && p.shared_lora == nullptr,
+        "moe: LoRA adapters are not supported on the CUDA backend yet");
   auto it = experts_.find(p.experts);
   if (it == experts_.end()) {
     CHECK(!frozen_, "MoE experts first used after the CUDA backend was frozen");

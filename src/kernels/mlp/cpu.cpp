@@ -1,9 +1,11 @@
 // CPU reference for the gated MLP: three linear calls around the elementwise gated
-// activation (silu(gate) * up or SiTU). Batch invariant when linear is (CpuGemm::kReference).
+// activation (silu(gate) * up or SiTU), each with its LoRA adapters when given. Batch invariant
+// when linear is (CpuGemm::kReference).
 #include <cmath>
 #include <vector>
 
 #include "kernels/linear/params.h"
+#include "kernels/lora/params.h"
 #include "kernels/mlp/params.h"
 #include "util/error.h"
 #include "util/parallel.h"
@@ -40,6 +42,14 @@ void mlp(const MlpParams& p, CpuGemm gemm) {
   std::vector<float> up(n);    // [T, I]
   linear({.x = p.x, .w = &p.w->gate, .y = gate.data(), .num_tokens = p.num_tokens}, gemm);
   linear({.x = p.x, .w = &p.w->up, .y = up.data(), .num_tokens = p.num_tokens}, gemm);
+  const int64_t t = p.num_tokens;
+  auto add_lora = [&](const LoraModule& m, const float* x, float* y, int64_t in, int64_t out) {
+    if (p.lora != nullptr && !m.empty()) lora_add({x, y, t, in, out, p.lora->token_slots, m});
+  };
+  if (p.lora != nullptr) {
+    add_lora(p.lora->gate, p.x, gate.data(), hidden, inter);
+    add_lora(p.lora->up, p.x, up.data(), hidden, inter);
+  }
   parallel_for(
       n,
       [&](int64_t begin, int64_t end) {
@@ -49,6 +59,7 @@ void mlp(const MlpParams& p, CpuGemm gemm) {
       },
       4096);
   linear({.x = gate.data(), .w = &p.w->down, .y = p.y, .num_tokens = p.num_tokens}, gemm);
+  if (p.lora != nullptr) add_lora(p.lora->down, gate.data(), p.y, inter, hidden);
 }
 
 }  // namespace hyserve::cpu

@@ -9,6 +9,7 @@
 #include "core/paged.h"
 #include "core/weight.h"
 #include "kernels/linear/params.h"
+#include "kernels/lora/params.h"
 
 namespace hyserve {
 
@@ -47,6 +48,9 @@ struct MlpParams {
   float* y = nullptr;  // [num_tokens, D]; may equal x
   int64_t num_tokens = 0;
   GatedActivation act;
+  // LoRA adapters on gate / up / down (kernels/lora/params.h), added to each projection's
+  // output for the tokens that have one; null: none (the CPU backend only).
+  const MlpLora* lora = nullptr;
 };
 
 // Throws unless gate/up are [I, D] and down is [D, I] for one I.

@@ -142,6 +142,7 @@ void moe(const MoeParams& p, CpuGemm gemm) {
   std::vector<float> slot_out(num_slots * hidden);  // [T * top_k, hidden]: expert(x[t])
   std::vector<float> expert_x;                      // [tokens of e, hidden]
   std::vector<float> expert_y;                      // [tokens of e, hidden]
+  std::vector<int32_t> expert_slots;                // [tokens of e] their LoRA slots
   for (int64_t e = 0; e < p.num_experts; ++e) {
     const int64_t first = bucket_start[e];
     const int64_t n = bucket_start[e + 1] - first;
@@ -152,11 +153,21 @@ void moe(const MoeParams& p, CpuGemm gemm) {
       const float* src = p.x + (slots[first + j] / p.top_k) * hidden;
       std::copy(src, src + hidden, expert_x.begin() + j * hidden);
     }
+    MlpLora lora;
+    if (p.expert_lora != nullptr) {
+      lora = p.expert_lora[e];
+      expert_slots.resize(n);
+      for (int64_t j = 0; j < n; ++j) {
+        expert_slots[j] = lora.token_slots[slots[first + j] / p.top_k];
+      }
+      lora.token_slots = expert_slots.data();
+    }
     mlp({.x = expert_x.data(),
          .w = &p.experts[e],
          .y = expert_y.data(),
          .num_tokens = n,
-         .act = p.act},
+         .act = p.act,
+         .lora = p.expert_lora != nullptr ? &lora : nullptr},
         gemm);
     for (int64_t j = 0; j < n; ++j) {
       std::copy(expert_y.begin() + j * hidden, expert_y.begin() + (j + 1) * hidden,
@@ -167,7 +178,12 @@ void moe(const MoeParams& p, CpuGemm gemm) {
   std::vector<float> shared_out;  // [T, hidden]
   if (p.shared != nullptr && p.num_tokens > 0) {
     shared_out.resize(p.num_tokens * hidden);
-    mlp({.x = p.x, .w = p.shared, .y = shared_out.data(), .num_tokens = p.num_tokens, .act = p.act},
+    mlp({.x = p.x,
+         .w = p.shared,
+         .y = shared_out.data(),
+         .num_tokens = p.num_tokens,
+         .act = p.act,
+         .lora = p.shared_lora},
         gemm);
   }
 

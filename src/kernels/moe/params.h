@@ -50,6 +50,11 @@ struct MoeParams {
   // its expert). false: every id must be one of the experts.
   bool local_experts_only = false;
   int64_t expert_offset = 0;
+  // LoRA adapters (kernels/lora/params.h): expert_lora [num_experts] each expert's, with
+  // token_slots [num_tokens] the slots of this call's tokens (the kernel regroups them with
+  // the tokens); shared_lora the shared MLP's. null: none (the CPU backend only).
+  const MlpLora* expert_lora = nullptr;
+  const MlpLora* shared_lora = nullptr;
 };
 
 namespace cpu {

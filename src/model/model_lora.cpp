@@ -1,0 +1,93 @@
+// Model's LoRA adapters (issue 48): the slots, and the adapters' terms added in the forward
+// (docs/DECISIONS.md "LoRA adapters (issue 48)"). A projection's output gets
+// scale * (x A^T) B^T for the tokens whose slot's adapter adapts it (Backend::lora_add;
+// inside Backend::mlp / moe for the MLPs and experts); kv_b_proj, read inside MLA's
+// attention op, is replaced for a sequence by its adapter's merged copy (LoraTable).
+#include <algorithm>
+#include <vector>
+
+#include "model/model.h"
+#include "util/error.h"
+
+namespace hyserve {
+
+void Model::enable_lora(int64_t num_slots) {
+  CHECK(options_.parallel.tp.size == 1, "LoRA adapters are not supported with tensor parallelism");
+  lora_targets_ = std::make_unique<LoraTargets>(weights_);
+  lora_ = std::make_unique<LoraTable>(*lora_targets_, num_slots);
+}
+
+std::shared_ptr<const LoraAdapter> Model::read_lora(const std::filesystem::path& dir,
+                                                    const std::string& name,
+                                                    int64_t max_rank) const {
+  CHECK(lora_ != nullptr, "LoRA adapter ", name, ": LoRA is not enabled (--enable-lora)");
+  auto adapter =
+      std::make_shared<LoraAdapter>(read_lora_adapter(dir, name, *lora_targets_, max_rank));
+  for (const LoraAdapter::Pair& p : adapter->pairs) {
+    // The FP8 latent attends on the DSA kernels, whose kv_b is the model's (one per call).
+    CHECK(!lora_->merges(p.target) || !attention_.fp8_latent(), "LoRA adapter ", name, ": module ",
+          lora_targets_->targets()[p.target].name,
+          " (kv_b_proj) cannot be adapted with the FP8 latent cache");
+  }
+  return adapter;
+}
+
+void Model::set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  CHECK(lora_ != nullptr, "LoRA is not enabled (--enable-lora)");
+  lora_->set(slot, std::move(adapter));
+}
+
+const int32_t* Model::lora_token_slots(Workspace& ws, std::span<const SequenceSlice> seqs,
+                                       int64_t t) const {
+  if (lora_ == nullptr) return nullptr;
+  bool any = false;
+  for (const SequenceSlice& s : seqs) {
+    CHECK(s.lora_slot >= -1 && s.lora_slot < lora_->num_slots(), "sequence LoRA slot ", s.lora_slot,
+          " of ", lora_->num_slots());
+    any = any || (s.lora_slot >= 0 && lora_->adapter(s.lora_slot) != nullptr);
+  }
+  if (!any) return nullptr;
+  std::vector<int32_t> slots(static_cast<size_t>(t), -1);
+  for (const SequenceSlice& s : seqs) {
+    std::fill(slots.begin() + s.offset, slots.begin() + s.offset + s.n, s.lora_slot);
+  }
+  int32_t* dev = ws.ints(t);
+  backend_->upload(dev, slots.data(), slots.size() * 4);
+  return dev;
+}
+
+void Model::add_lora(const Pass& pass, const Weight& w, const float* x, int64_t t, float* y) const {
+  if (pass.lora_slots == nullptr) return;
+  const LoraModule m = lora_->module(lora_targets_->find(&w));
+  if (m.empty()) return;
+  backend_->lora_add({x, y, t, w.cols, w.rows, pass.lora_slots, m});
+}
+
+bool Model::mlp_lora(const Pass& pass, const MlpWeights& w, MlpLora& out) const {
+  if (pass.lora_slots == nullptr) return false;
+  out = {pass.lora_slots, lora_->module(lora_targets_->find(&w.gate)),
+         lora_->module(lora_targets_->find(&w.up)), lora_->module(lora_targets_->find(&w.down))};
+  return !out.gate.empty() || !out.up.empty() || !out.down.empty();
+}
+
+const Weight& Model::lora_kv_b(const MlaWeights& w, int32_t slot, const Weight& base) const {
+  if (lora_ == nullptr || slot < 0) return base;
+  const Weight* merged = lora_->merged(lora_targets_->find(&w.kv_b_proj), slot);
+  return merged != nullptr ? *merged : base;
+}
+
+bool Model::lora_splits_kv_b(const MlaWeights& w, std::span<const SequenceSlice> seqs) const {
+  if (lora_ == nullptr) return false;
+  for (const SequenceSlice& s : seqs) {
+    if (&lora_kv_b(w, s.lora_slot, w.kv_b_proj) != &w.kv_b_proj) return true;
+  }
+  return false;
+}
+
+void Model::linear_into(const Pass& pass, const float* x, int64_t num_tokens, const Weight& w,
+                        float* y) const {
+  linear_into(x, num_tokens, w, y);
+  add_lora(pass, w, x, num_tokens, y);
+}
+
+}  // namespace hyserve
