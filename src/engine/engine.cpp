@@ -78,8 +78,9 @@ struct Engine::Impl {
     RequestOutput output;
   };
 
-  Impl(const Model& m, const EngineConfig& c, const KvCacheConfig& kv)
+  Impl(Model& m, const EngineConfig& c, const KvCacheConfig& kv)
       : model(m),
+        lora_model(m),
         config(c),
         scheduler(c.scheduler, kv),
         cache(m.new_cache(kv.num_blocks, c.min_block_size)),
@@ -113,6 +114,7 @@ struct Engine::Impl {
   static void deliver(std::vector<Delivery>& out);
 
   const Model& model;
+  Model& lora_model;  // set_lora between steps, engine thread
   const EngineConfig& config;
   Scheduler scheduler;                               // engine thread
   std::unique_ptr<KvCache> cache;                    // the block pool's rows, engine thread
@@ -203,6 +205,10 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
       });
     }
     launched = scheduler.schedule();
+    // No step is in flight (LoRA runs without asynchronous scheduling).
+    for (LoraLoad& load : launched->lora_loads) {
+      lora_model.set_lora(load.slot, std::move(load.adapter));
+    }
     note_scheduled(*launched);
     {
       std::lock_guard lock(mu);
@@ -478,6 +484,16 @@ EngineConfig complete_engine_config(const Model& model, EngineConfig config) {
     config.async_scheduling = false;
   }
   CHECK(sc.max_num_seqs >= 1, "max_num_seqs must be >= 1, got ", sc.max_num_seqs);
+  CHECK(sc.max_loras >= 0, "max_loras must be >= 0, got ", sc.max_loras);
+  if (sc.max_loras > 0) {
+    CHECK(config.max_lora_rank >= 1 && config.max_lora_rank <= 64,
+          "max_lora_rank must be in [1, 64], got ", config.max_lora_rank);
+    CHECK(!config.speculative.enabled(), "LoRA adapters do not run with speculative decoding yet");
+    if (config.async_scheduling) {
+      log::info("engine: LoRA adapters run without asynchronous scheduling");
+      config.async_scheduling = false;
+    }
+  }
   if (config.num_blocks == 0) {
     const int64_t per_seq =
         model.cache_plan(config.min_block_size).blocks_for_tokens(sc.max_model_len);
@@ -504,6 +520,10 @@ KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
 
 Engine::Engine(std::unique_ptr<Model> model, EngineConfig config)
     : model_(std::move(model)), config_(complete_engine_config(*model_, std::move(config))) {
+  if (config_.scheduler.max_loras > 0) {
+    model_->enable_lora(config_.scheduler.max_loras);
+    loras_ = std::make_unique<LoraRegistry>(*model_, config_.max_lora_rank);
+  }
   impl_ = std::make_unique<Impl>(*model_, config_, make_kv_config(*model_, config_));
   if (config_.speculative.enabled()) {
     const auto k = static_cast<size_t>(config_.speculative.num_speculative_tokens);
@@ -525,6 +545,9 @@ void Engine::add_request(Request request, OutputCallback on_output) {
   validate_request(request.prompt_token_ids, request.sampling_params,
                    {sc.vocab_size, sc.max_model_len});
   impl_->scheduler.check_fits(request);
+  if (request.lora != nullptr && !loras_) {
+    throw InvalidRequest("model", "LoRA adapters are not enabled (--enable-lora)");
+  }
   {
     std::lock_guard lock(impl_->mu);
     CHECK(!impl_->ids.contains(request.id), "request id '", request.id, "' is already in use");

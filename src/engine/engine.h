@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "engine/lora_registry.h"
 #include "engine/model_runner.h"
 #include "engine/request.h"
 #include "engine/scheduler.h"
@@ -50,6 +51,12 @@ struct EngineConfig {
   // Speculative decoding (engine/speculative.h); it runs without asynchronous scheduling
   // (complete_engine_config turns that off: each step's drafts follow the step before).
   SpeculativeConfig speculative;
+  // LoRA adapters (issue 48; serve --enable-lora): scheduler.max_loras > 0 gives the model
+  // that many adapter slots and the engine a LoraRegistry of adapters of rank up to
+  // max_lora_rank. It runs without asynchronous scheduling (a slot's adapter changes only
+  // between steps) and refuses speculative decoding (the verification does not carry the
+  // slots yet).
+  int64_t max_lora_rank = 16;
 };
 
 // The config an engine of this model runs with: max_model_len, vocab_size, eos ids and the
@@ -160,11 +167,15 @@ class Engine {
   // are frozen (a step that would grow them fails). Before start().
   void freeze_memory();
   EngineStats stats() const;
+  // The named LoRA adapters (any thread); null without LoRA (scheduler.max_loras 0).
+  LoraRegistry* loras() { return loras_.get(); }
+  const LoraRegistry* loras() const { return loras_.get(); }
 
  private:
   struct Impl;
   std::unique_ptr<Model> model_;
   EngineConfig config_;
+  std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> dead_{false};
 };

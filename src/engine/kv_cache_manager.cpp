@@ -37,7 +37,11 @@ int64_t KvCacheManager::blocks_for_request(int64_t num_tokens) const {
 }
 
 PrefixKey KvCacheManager::prefix_key(const Request& request) const {
-  return {request.cache_salt, config_.prefix_extra_keys};
+  PrefixKey key{request.cache_salt, config_.prefix_extra_keys};
+  // A LoRA adapter's blocks are its own: no request with another adapter, or none, or a
+  // replaced one (another generation in the key) reads them.
+  if (request.lora != nullptr) key.extra_keys.push_back(request.lora_key);
+  return key;
 }
 
 KvCacheManager::RequestBlocks& KvCacheManager::blocks_of(const Request& request) {

@@ -37,6 +37,7 @@ ModelRunner::InputBatch ModelRunner::build_input_batch(const SchedulerOutput& sc
     in.slots = s.slot_mapping;
     in.all_logits = all_logits;
     in.prefill = prefill;
+    in.lora_slot = s.lora_slot;
     for (size_t j = 0; j < s.token_ids.size(); ++j) {
       if (s.token_ids[j] != kPlaceholderToken) continue;
       CHECK(j + 1 == s.token_ids.size() && r->num_output_placeholders >= 1,
@@ -155,7 +156,11 @@ std::vector<ModelRunner::PartRun> ModelRunner::plan_forwards(const SchedulerOutp
       runs.push_back(std::move(run));
       continue;
     }
-    run.decode = decode_.accepts(run.batch);
+    // The decode step builds one slice for the whole batch, without LoRA slots: a batch with
+    // an adapter runs through forward_logits (docs/DECISIONS.md, LoRA).
+    const bool lora = std::any_of(run.batch.begin(), run.batch.end(),
+                                  [](const SequenceInput& in) { return in.lora_slot >= 0; });
+    run.decode = !lora && decode_.accepts(run.batch);
     if (!run.decode) {
       for (size_t b = 0; b < run.batch.size(); ++b) {
         if (run.rows_of_batch[b] < 0) continue;

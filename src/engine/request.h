@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -25,6 +26,8 @@
 #include "engine/sampling_params.h"
 
 namespace hyserve {
+
+struct LoraAdapter;
 
 enum class RequestStatus {
   kWaiting,          // queued, never run
@@ -49,13 +52,18 @@ struct Request {
   int32_t priority = 0;       // lower is more urgent (priority policy only)
   double arrival_time = 0.0;  // seconds; breaks priority ties, earlier first
   std::string cache_salt{};   // isolates this request's prefix-cache entries
+  // LoRA (issue 48): the adapter it runs with (null: the base model), held until it
+  // finishes, and that adapter's identity in the prefix cache (LoraEntry::key).
+  std::shared_ptr<const LoraAdapter> lora{};
+  std::string lora_key{};
 
   RequestStatus status = RequestStatus::kWaiting;
   std::vector<int32_t> output_token_ids{};
   int64_t num_computed_tokens = 0;       // tokens whose KV / KDA state is in the cache
   int64_t num_cached_prompt_tokens = 0;  // prefix-cache hit at first admission
   int64_t num_preemptions = 0;
-  int64_t num_output_placeholders = 0;     // outputs being sampled by scheduled steps
+  int64_t num_output_placeholders = 0;  // outputs being sampled by scheduled steps
+  int32_t lora_slot = -1;  // its adapter's LoRA slot while running (LoraSlots), else -1
   std::optional<int32_t> stop_token_id{};  // the stop_token_ids entry that finished it, if any
   // Speculative decoding: the drafts proposed for the tokens after the last one, for the next
   // schedule() (which verifies those it has room for, then clears them).

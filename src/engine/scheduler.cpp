@@ -19,6 +19,7 @@ int64_t default_max_step_prefill_cost(const SchedulerConfig& config) {
 Scheduler::Scheduler(const SchedulerConfig& config, const KvCacheConfig& kv_config)
     : config_(config),
       kv_(kv_config),
+      lora_slots_(config.max_loras),
       waiting_(MoreUrgent{config.policy}),
       running_(MoreUrgent{config.policy}) {
   CHECK(config.max_num_batched_tokens >= 1, "max_num_batched_tokens must be >= 1, got ",
@@ -75,6 +76,9 @@ void Scheduler::add_request(Request request) {
   validate_request(request.prompt_token_ids, request.sampling_params,
                    {config_.vocab_size, config_.max_model_len});
   check_fits(request);
+  if (request.lora != nullptr && config_.max_loras == 0) {
+    throw InvalidRequest("model", "LoRA adapters are not enabled (--enable-lora)");
+  }
 
   request.status = RequestStatus::kWaiting;
   request.output_token_ids.clear();
@@ -83,6 +87,7 @@ void Scheduler::add_request(Request request) {
   request.num_preemptions = 0;
   request.num_output_placeholders = 0;
   request.stop_token_id.reset();
+  request.lora_slot = -1;
   const std::string id = request.id;
   Entry& entry = requests_.emplace(id, Entry{std::move(request), next_seq_++}).first->second;
   waiting_.insert(&entry);
@@ -92,6 +97,7 @@ void Scheduler::finish(Entry* entry, RequestStatus status) {
   running_.erase(entry);
   waiting_.erase(entry);
   kv_.free(entry->request);
+  release_lora(entry->request);
   entry->request.status = status;
   finished_since_schedule_.push_back(entry->request.id);
   requests_.erase(entry->request.id);
@@ -112,11 +118,18 @@ const Request* Scheduler::find_request(const std::string& request_id) const {
 void Scheduler::preempt(Entry* victim, SchedulerOutput& out) {
   running_.erase(victim);
   kv_.free(victim->request);
+  release_lora(victim->request);
   victim->request.status = RequestStatus::kPreempted;
   victim->request.num_computed_tokens = 0;
   ++victim->request.num_preemptions;
   waiting_.insert(victim);
   out.preempted_request_ids.push_back(victim->request.id);
+}
+
+void Scheduler::release_lora(Request& request) {
+  if (request.lora_slot < 0) return;
+  lora_slots_.release(request.lora_slot);
+  request.lora_slot = -1;
 }
 
 ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_new_tokens,
@@ -136,6 +149,7 @@ ScheduledRequest Scheduler::describe_step(const Request& request, int64_t num_ne
   s.state_block = table.state_block();
   s.samples = known_end == request.num_scheduled_tokens();
   s.num_draft_tokens = num_drafts;
+  s.lora_slot = request.lora_slot;
   return s;
 }
 
@@ -261,10 +275,14 @@ SchedulerOutput Scheduler::schedule() {
     charge(r.num_computed_tokens, n + drafts, is_decode(r));
   }
 
-  while (out.preempted_request_ids.empty() && !waiting_.empty() && budget > 0 &&
-         static_cast<int64_t>(running_.size()) < config_.max_num_seqs) {
-    Entry* entry = *waiting_.begin();
+  for (auto next = waiting_.begin();
+       out.preempted_request_ids.empty() && next != waiting_.end() && budget > 0 &&
+       static_cast<int64_t>(running_.size()) < config_.max_num_seqs;) {
+    const auto at = next++;
+    Entry* entry = *at;
     Request& r = entry->request;
+    // An adapter without a slot now: skipped, the next waiting request may go.
+    if (r.lora != nullptr && !lora_slots_.can_acquire(r.lora.get())) continue;
     // A request preempted while a step of it was in flight waits for that step's token.
     if (r.num_output_placeholders > 0) break;
     int64_t num_cached = kv_.get_computed_blocks(r);
@@ -279,7 +297,8 @@ SchedulerOutput Scheduler::schedule() {
       fits = n > 0 && kv_.allocate_slots(r, n, 0);
     }
     if (!fits) break;
-    waiting_.erase(waiting_.begin());
+    waiting_.erase(at);
+    if (r.lora != nullptr) r.lora_slot = lora_slots_.acquire(r.lora);
     if (r.status == RequestStatus::kWaiting) r.num_cached_prompt_tokens = num_cached;
     r.status = RequestStatus::kRunning;
     r.num_computed_tokens = num_cached;
@@ -306,6 +325,7 @@ SchedulerOutput Scheduler::schedule() {
     r.spec_token_ids.clear();
     if (out.requests.back().samples) ++r.num_output_placeholders;
   }
+  out.lora_loads = lora_slots_.take_loads();
   return out;
 }
 

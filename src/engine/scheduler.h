@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "engine/kv_cache_manager.h"
+#include "engine/lora_slots.h"
 #include "engine/request.h"
 
 namespace hyserve {
@@ -69,6 +70,10 @@ struct SchedulerConfig {
   // A token's weight work (projections, MLP, MoE, KDA) in the same units: as much as
   // attending over this many context tokens.
   int64_t prefill_linear_cost_tokens = 1024;
+  // LoRA adapters resident at once (serve --max-loras; 0: LoRA off). A waiting request whose
+  // adapter finds no slot (each holds another adapter some running request uses) is
+  // skipped until one frees; the requests behind it may go first (vLLM's rule).
+  int64_t max_loras = 0;
 };
 
 // The cost of computing `num_tokens` tokens from `start_position`: each token attends over
@@ -98,6 +103,7 @@ struct ScheduledRequest {
   // known token (which is token_ids[0]); the step samples a token after each of them too,
   // and update_from_output keeps the drafts the runner accepted.
   int64_t num_draft_tokens = 0;
+  int32_t lora_slot = -1;  // the LoRA slot of its adapter (-1: none)
 
   int64_t num_new_tokens() const { return static_cast<int64_t>(token_ids.size()); }
 };
@@ -109,6 +115,8 @@ struct SchedulerOutput {
   std::vector<std::string> preempted_request_ids;  // preempted in this step
   // Finished or aborted since the previous schedule(): the runner drops its state for them.
   std::vector<std::string> finished_request_ids;
+  // LoRA slots whose adapter changes before this step's forward (Model::set_lora).
+  std::vector<LoraLoad> lora_loads;
 };
 
 // What the runner (and the detokenizer) report for one step.
@@ -189,6 +197,7 @@ class Scheduler {
   // Ordered sets, so that finishing or aborting any one request costs O(log n).
   using Queue = std::set<Entry*, MoreUrgent>;
   void preempt(Entry* victim, SchedulerOutput& out);
+  void release_lora(Request& request);
   void finish(Entry* entry, RequestStatus status);
   // Length at which the request stops for length: min(prompt + max_tokens, max_model_len).
   int64_t max_num_tokens(const Request& request) const;
@@ -206,6 +215,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager kv_;
+  LoraSlots lora_slots_;
   std::unordered_map<std::string, Entry> requests_;  // waiting and running
   Queue waiting_;                                    // most urgent first
   Queue running_;                                    // most urgent first
