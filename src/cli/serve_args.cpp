@@ -109,6 +109,19 @@ void check_parallel_flags(const ServeArgs& a) {
 // Speculative decoding, prefix caching, scheduling, the caches' formats and memory, the
 // parsers, the device.
 void check_engine_flags(const ServeArgs& a) {
+  if (a.enable_lora) {
+    require(a.max_lora_rank >= 1 && a.max_lora_rank <= 64, "--max-lora-rank must be from 1 to 64",
+            ", got ", a.max_lora_rank);
+    require(a.max_loras >= 1, "--max-loras must be >= 1, got ", a.max_loras);
+    require(a.tensor_parallel_size == 1 && a.decode_context_parallel_size == 1,
+            "--enable-lora: LoRA adapters are not supported with tensor or decode context ",
+            "parallelism yet (--tensor-parallel-size 1)");
+    require(a.speculative_config.empty(),
+            "--enable-lora: LoRA adapters do not run with --speculative-config yet");
+    for (const std::string& m : a.lora_modules) parse_lora_module(m);
+  } else {
+    require(a.lora_modules.empty(), "--lora-modules needs --enable-lora");
+  }
   if (!a.speculative_config.empty()) {
     CHECK(!a.async_scheduling, "--async-scheduling and --speculative-config: speculative ",
           "decoding runs without asynchronous scheduling");
@@ -283,10 +296,49 @@ void add_http_and_runtime_flags(CLI::App& cmd, ServeArgs& a) {
                "wait for each step's results before scheduling the next");
 }
 
+void add_lora_flags(CLI::App& cmd, ServeArgs& a) {
+  cmd.add_flag("--enable-lora", a.enable_lora, "serve LoRA adapters (model = the adapter's name)");
+  cmd.add_option("--max-lora-rank", a.max_lora_rank, "the largest adapter rank (up to 64)")
+      ->capture_default_str();
+  cmd.add_option("--max-loras", a.max_loras, "adapters resident at once (slots)")
+      ->capture_default_str();
+  cmd.add_option("--lora-modules", a.lora_modules,
+                 "adapters loaded at start: name=path or a JSON object {name, path, "
+                 "base_model_name}")
+      ->expected(1, -1);
+}
+
 }  // namespace
+
+LoraModuleSpec parse_lora_module(const std::string& spec) {
+  LoraModuleSpec m;
+  if (!spec.empty() && spec.front() == '{') {
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(spec);
+    } catch (const nlohmann::json::exception&) {
+      require(false, "--lora-modules: '", spec, "' is not valid JSON");
+    }
+    require(j.is_object() && j.contains("name") && j["name"].is_string() && j.contains("path") &&
+                j["path"].is_string(),
+            "--lora-modules: '", spec, "' needs string fields \"name\" and \"path\"");
+    m.name = j["name"].get<std::string>();
+    m.path = j["path"].get<std::string>();
+  } else {
+    const size_t eq = spec.find('=');
+    require(eq != std::string::npos, "--lora-modules: '", spec,
+            "' is neither name=path nor a JSON object");
+    m.name = spec.substr(0, eq);
+    m.path = spec.substr(eq + 1);
+  }
+  require(!m.name.empty() && !m.path.empty(), "--lora-modules: '", spec,
+          "' needs a name and a path");
+  return m;
+}
 
 void add_serve_flags(CLI::App& cmd, ServeArgs& a) {
   add_server_and_parallel_flags(cmd, a);
+  add_lora_flags(cmd, a);
   add_engine_flags(cmd, a);
   add_http_and_runtime_flags(cmd, a);
   // Options refuse a second value already; flags too.

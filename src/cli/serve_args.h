@@ -69,7 +69,22 @@ struct ServeArgs {
   std::string master_addr = "127.0.0.1";
   std::optional<int> master_port;  // single node: a free port when not given
   bool headless = false;           // a node > 0: its workers only, no API server
+  // LoRA adapters (issue 48; vLLM's flags): --lora-modules entries are `name=path` or
+  // vLLM's JSON form {"name", "path", "base_model_name"}.
+  bool enable_lora = false;
+  int64_t max_lora_rank = 16;
+  int64_t max_loras = 1;
+  std::vector<std::string> lora_modules;
 };
+
+// One --lora-modules entry.
+struct LoraModuleSpec {
+  std::string name;
+  std::string path;
+};
+// Parses `name=path` or {"name": ..., "path": ..., "base_model_name": ...}; throws Error
+// naming the flag and the entry.
+LoraModuleSpec parse_lora_module(const std::string& spec);
 
 // Registers every serve flag on `cmd`, writing into `a` (which must outlive the parse).
 void add_serve_flags(CLI::App& cmd, ServeArgs& a);

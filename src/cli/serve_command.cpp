@@ -5,6 +5,7 @@
 // (engine/worker.h: its model, warm-up and KV pool), the engine, the API server, the stop.
 #include <chrono>
 #include <csignal>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <memory>
@@ -144,6 +145,9 @@ WorkerConfig worker_config(const ServeArgs& a, const ServeSetup& s) {
     ec.speculative = parse_speculative_config(a.speculative_config);
   // The next step is scheduled while this one runs unless --no-async-scheduling.
   ec.async_scheduling = !a.no_async_scheduling;
+  // LoRA: the engine gives the model --max-loras slots (and runs without async scheduling).
+  ec.scheduler.max_loras = a.enable_lora ? a.max_loras : 0;
+  ec.max_lora_rank = a.max_lora_rank;
   wc.gpu_memory_utilization = a.gpu_memory_utilization;
   wc.kv_cache_memory_bytes = a.kv_cache_memory_bytes;
   wc.enforce_eager = a.enforce_eager;  // decode steps replay CUDA graphs unless given
@@ -309,6 +313,9 @@ OpenAIServerOptions server_options(const ServeArgs& a, const ServeSetup& s) {
   so.max_sequences_per_request = a.max_sequences_per_request;
   so.max_connections = static_cast<int>(a.max_connections);
   so.idle_timeout_ms = s.flags.keep_alive_s * 1000;
+  const char* lora_env = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
+  const std::string allow = lora_env != nullptr ? lora_env : "";
+  so.allow_runtime_lora_updating = allow == "1" || allow == "true" || allow == "True";
   return so;
 }
 
@@ -363,6 +370,11 @@ int run_leader(const ServeArgs& a, const ServeSetup& s) {
     link = std::make_unique<LeaderLink>(*channel);
   }
   Engine engine(std::move(model), ec);
+  for (const std::string& spec : a.lora_modules) {
+    const LoraModuleSpec m = parse_lora_module(spec);
+    engine.loras()->load(m.name, m.path, /*replace=*/false);
+    log::info("LoRA adapter '{}' loaded from {}", m.name, m.path);
+  }
   if (link) engine.set_plan_sink(link.get());
   engine.start();
   const OpenAIServerOptions so = server_options(a, s);

@@ -56,6 +56,11 @@ class GenerationRun : public std::enable_shared_from_this<GenerationRun> {
       if (r.sampling_params.seed && c % g_.n > 0) *r.sampling_params.seed += c % g_.n;
       r.priority = g_.priority;
       r.cache_salt = g_.cache_salt.value_or("");
+      // An adapter unloaded since the route looked it up is gone: as an unknown model.
+      if (!g_.lora_name.empty() &&
+          (engine_.loras() == nullptr || !engine_.loras()->attach(g_.lora_name, r))) {
+        throw InvalidRequest("model", "The model `" + g_.lora_name + "` does not exist.");
+      }
       session_->add(c, std::move(r));  // InvalidArgument -> 400 by the caller
     }
     if (g_.stream) {

@@ -35,6 +35,7 @@ struct Generation {
   SamplingParams sampling;
   int32_t priority = 0;
   std::optional<std::string> cache_salt;
+  std::string lora_name;  // the LoRA adapter `model` named; empty: the base model
   bool stream = false;
   bool include_usage = false;
   bool continuous_usage = false;  // usage on every streamed chunk

@@ -278,9 +278,10 @@ std::string error_body(const RequestError& error);
 
 struct ModelCard {
   std::string id;    // served model name
-  std::string root;  // model directory
+  std::string root;  // model directory (a LoRA adapter: its folder)
   int64_t max_model_len = 0;
   int64_t created = 0;
+  std::optional<std::string> parent{};  // a LoRA adapter: the base model's id; else null
 };
 
 // GET /v1/models: {"object": "list", "data": [{id, object "model", created, owned_by, root,

@@ -263,7 +263,7 @@ ordered_json models_json(const std::vector<ModelCard>& models) {
                     {"created", model.created},
                     {"owned_by", "hyserve"},
                     {"root", model.root},
-                    {"parent", nullptr},
+                    {"parent", model.parent ? ordered_json(*model.parent) : ordered_json()},
                     {"max_model_len", model.max_model_len}});
   }
   return {{"object", "list"}, {"data", std::move(data)}};

@@ -85,6 +85,12 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
               [this](const HttpRequest& r, HttpResponseWriter& w) { completions(r, w); });
   http_.route("GET", "/v1/models",
               [this](const HttpRequest& r, HttpResponseWriter& w) { models(r, w); });
+  if (options_.allow_runtime_lora_updating) {
+    http_.route("POST", "/v1/load_lora_adapter",
+                [this](const HttpRequest& r, HttpResponseWriter& w) { load_lora_adapter(r, w); });
+    http_.route("POST", "/v1/unload_lora_adapter",
+                [this](const HttpRequest& r, HttpResponseWriter& w) { unload_lora_adapter(r, w); });
+  }
   http_.route("POST", "/tokenize",
               [this](const HttpRequest& r, HttpResponseWriter& w) { tokenize(r, w); });
   http_.route("POST", "/detokenize",
@@ -142,6 +148,7 @@ void OpenAIServer::models(const HttpRequest&, HttpResponseWriter& w) {
     card.created = created_;
     cards.push_back(std::move(card));
   }
+  add_lora_cards(cards);
   send_json(w, 200, dump_json(models_json(cards)));
 }
 
@@ -206,7 +213,8 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
 
 bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) const {
   const auto& names = options_.served_model_names;
-  if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end()) {
+  if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end() &&
+      adapter_name(r.model).empty()) {
     send_json(w, 404, error_body(404, "The model `" + r.model + "` does not exist.", "model"));
     return false;
   }
@@ -280,7 +288,8 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     check_num_sequences(1, r.n);
     Generation g;
     g.chat = true;
-    set_ids(g, "chatcmpl", model_name(), req, r);
+    g.lora_name = adapter_name(r.model);
+    set_ids(g, "chatcmpl", g.lora_name.empty() ? model_name() : g.lora_name, req, r);
     // vLLM: the response speaks as the assistant, or, without a generation prompt, as the
     // last message's author; echo starts the content with that message when they match.
     const ChatMessage& last = r.messages.back();
@@ -349,7 +358,8 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     check_num_sequences(std::ssize(r.prompts), r.n);
     Generation g;
     g.chat = false;
-    set_ids(g, "cmpl", model_name(), req, r);
+    g.lora_name = adapter_name(r.model);
+    set_ids(g, "cmpl", g.lora_name.empty() ? model_name() : g.lora_name, req, r);
     for (const CompletionPrompt& p : r.prompts) {
       if (const auto* text = std::get_if<std::string>(&p)) {
         g.prompts.push_back(tokenizer_.encode(*text, /*allow_special=*/true));

@@ -44,6 +44,9 @@ struct OpenAIServerOptions {
   // before any prompt is tokenized.
   int64_t max_sequences_per_request = 1024;
   int max_connections = 65536;  // open HTTP connections; one more gets 503 (HttpServerOptions)
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter exist
+  // ($VLLM_ALLOW_RUNTIME_LORA_UPDATING, as vLLM registers them).
+  bool allow_runtime_lora_updating = false;
   int idle_timeout_ms =
       5000;  // keep-alive wait for the next request ($VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
 };
@@ -89,6 +92,12 @@ class OpenAIServer {
   void models(const HttpRequest& req, HttpResponseWriter& w);
   void tokenize(const HttpRequest& req, HttpResponseWriter& w);
   void detokenize(const HttpRequest& req, HttpResponseWriter& w);
+  // LoRA (server/lora_routes.cpp): the adapter a request's `model` names (empty: the base
+  // model or an unknown name), the adapters' /v1/models cards, the run-time routes.
+  std::string adapter_name(const std::string& model) const;
+  void add_lora_cards(std::vector<ModelCard>& cards) const;
+  void load_lora_adapter(const HttpRequest& req, HttpResponseWriter& w);
+  void unload_lora_adapter(const HttpRequest& req, HttpResponseWriter& w);
 
   OpenAIServerOptions options_;
   Engine& engine_;
