@@ -24,6 +24,7 @@
 
 #include "engine/engine.h"
 #include "engine/scheduler.h"
+#include "engine/worker.h"
 #include "kv/cache_format.h"
 #include "model/model.h"
 #include "model/random_weights.h"
@@ -93,18 +94,11 @@ int run(int argc, char** argv) {
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, make_cuda_backend(0));
   EngineConfig ec;
-  {  // serve's sizing: a warm-up step of the budget, then the context term.
-    SequenceState warm = model->new_sequence();
-    const std::vector<int32_t> tokens(static_cast<size_t>(std::min(budget, max_model_len - 1)), 0);
-    std::vector<float> logits;
-    model->forward(tokens, warm, logits);
-    ec.workspace_bytes = warm.workspace->capacity_bytes() +
-                         static_cast<size_t>(model->context_transient_bytes(max_model_len));
-  }
-  model->reserve_decode_scratch(streams + 1, max_model_len);
   ec.scheduler.max_num_batched_tokens = budget;
   ec.scheduler.max_num_seqs = streams + 1;
   ec.scheduler.max_model_len = max_model_len;
+  ec.workspace_bytes = step_workspace_bytes(*model, ec.scheduler);  // as serve sizes it
+  model->reserve_decode_scratch(streams + 1, max_model_len);
   ec.scheduler.max_step_prefill_cost =
       cost_cap < 0 ? default_max_step_prefill_cost(ec.scheduler) : cost_cap;
   const CachePlan plan = model->cache_plan(ec.min_block_size);

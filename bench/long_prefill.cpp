@@ -31,6 +31,7 @@
 
 #include "core/cuda/device_buffer.h"
 #include "engine/engine.h"
+#include "engine/worker.h"
 #include "kv/cache_format.h"
 #include "model/model.h"
 #include "model/random_weights.h"
@@ -88,19 +89,12 @@ int run(int argc, char** argv) {
 
   // serve's sizing: a warm-up step of `chunk` tokens, then the context term, then freeze.
   EngineConfig ec;
-  {
-    SequenceState warm = model->new_sequence();
-    const std::vector<int32_t> tokens(static_cast<size_t>(std::min(chunk, max_model_len - 1)), 0);
-    std::vector<float> logits;
-    model->forward(tokens, warm, logits);
-    ec.workspace_bytes = warm.workspace->capacity_bytes() +
-                         static_cast<size_t>(model->context_transient_bytes(max_model_len));
-  }
-  model->reserve_decode_scratch(1, max_model_len);
-
   ec.scheduler.max_num_batched_tokens = chunk;
   ec.scheduler.max_num_seqs = 1;
   ec.scheduler.max_model_len = max_model_len;
+  ec.workspace_bytes = step_workspace_bytes(*model, ec.scheduler);
+  model->reserve_decode_scratch(1, max_model_len);
+
   const CachePlan plan = model->cache_plan(ec.min_block_size);
   ec.num_blocks = static_cast<int32_t>(plan.blocks_for_tokens(max_model_len) + plan.kda_state_rows);
   Engine engine(std::move(model), ec);  // allocates the KV pool

@@ -26,18 +26,8 @@ using test::Format;
 using test::format_name;
 using test::quantize;
 
-std::vector<float> random_vector(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
-  std::normal_distribution<float> dist(0.0f, stddev);
-  std::vector<float> v(n);
-  for (auto& x : v) x = dist(rng);
-  return v;
-}
-
-std::vector<float> decode(const Weight& w) {
-  std::vector<float> out(w.rows * w.cols);
-  for (int64_t r = 0; r < w.rows; ++r) w.dequantize_row(r, out.data() + r * w.cols);
-  return out;
-}
+using test::decode;
+using test::random_vector;
 
 bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;

@@ -23,6 +23,14 @@ inline constexpr Format kAllFormats[] = {
     Format::kF32,           Format::kBF16,  Format::kF16, Format::kFp8F32Scales,
     Format::kFp8Bf16Scales, Format::kMxfp4, Format::kInt4};
 
+// n values drawn from N(0, stddev^2).
+inline std::vector<float> random_vector(int64_t n, std::mt19937& rng, float stddev = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = dist(rng);
+  return v;
+}
+
 // Formats that group 32 inputs per scale: their matrices need cols % 32 == 0.
 inline bool needs_cols_of_32(Format f) {
   return f == Format::kMxfp4 || f == Format::kInt4;

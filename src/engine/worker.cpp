@@ -117,6 +117,16 @@ void Worker::wait_for_group_load() {
 // is grown to a DSA decode step of max_num_seqs sequences (FP8 latent), and the pool gets
 // what gpu_memory_utilization of the device leaves after those and the runner's buffers.
 // On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
+size_t step_workspace_bytes(const Model& model, const SchedulerConfig& sc) {
+  SequenceState warm = model.new_sequence();
+  const std::vector<int32_t> tokens(
+      static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
+  std::vector<float> logits;
+  model.forward(tokens, warm, logits);
+  return warm.workspace->capacity_bytes() +
+         static_cast<size_t>(model.context_transient_bytes(sc.max_model_len));
+}
+
 void Worker::plan_kv_pool() {
   const Model& model = *model_;
   EngineConfig& ec = engine_;
@@ -129,18 +139,7 @@ void Worker::plan_kv_pool() {
   budget.snapshots = ec.snapshot_policy;
   budget.kv_cache_memory_bytes = config_.kv_cache_memory_bytes;
   budget.max_num_seqs = sc.max_num_seqs;
-  // Scratch of a step: what a step of max_num_batched_tokens tokens takes, plus the score
-  // chunk's growth up to max_model_len keys, reserved at once so steps never grow it.
-  {
-    SequenceState warm = model.new_sequence();
-    const std::vector<int32_t> tokens(
-        static_cast<size_t>(std::min(sc.max_num_batched_tokens, sc.max_model_len - 1)), 0);
-    std::vector<float> logits;
-    model.forward(tokens, warm, logits);
-    // The engine's runner reserves its workspace to this, once, before its first step.
-    ec.workspace_bytes = warm.workspace->capacity_bytes() +
-                         static_cast<size_t>(model.context_transient_bytes(sc.max_model_len));
-  }
+  ec.workspace_bytes = step_workspace_bytes(model, sc);
   // The DSA decode step's scratch (FP8 latent): scores [max_num_seqs, max_model_len] etc.;
   // with speculative decoding every verified token is a query row of it.
   const ModelRunnerConfig rc = runner_config(ec);

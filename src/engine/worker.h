@@ -39,6 +39,12 @@
 
 namespace hyserve {
 
+// The step scratch as serve sizes it (step 3 above): what a warm-up step of
+// max_num_batched_tokens tokens (at most max_model_len - 1) on a fresh sequence takes, plus
+// the indexer's score chunk grown to max_model_len keys. The runner reserves its workspace to
+// this once (EngineConfig::workspace_bytes), so no step grows it.
+size_t step_workspace_bytes(const Model& model, const SchedulerConfig& sc);
+
 struct WorkerConfig {
   std::filesystem::path model_dir;
   std::string device = "cpu";  // "cpu" or "cuda" (this process's device 0)

@@ -17,9 +17,18 @@ namespace hyserve {
 
 namespace {
 
-void send_error(HttpResponseWriter& w, int status, const std::string& message,
-                const std::string& param = {}) {
-  w.send(status, "application/json", error_body(status, message, param));
+// 200 with handler()'s text, or the RequestError it throws as OpenAI error JSON.
+template <typename Handler>
+void respond(HttpResponseWriter& w, Handler handler) {
+  std::string text;
+  try {
+    text = handler();
+  } catch (const RequestError& e) {
+    w.send(e.status(), "application/json",
+           error_body(e.status(), client_message(e.what()), e.param()));
+    return;
+  }
+  w.send(200, "text/plain; charset=utf-8", text);
 }
 
 std::string string_field(const nlohmann::ordered_json& body, const char* key) {
@@ -52,54 +61,38 @@ void OpenAIServer::add_lora_cards(std::vector<ModelCard>& cards) const {
 }
 
 void OpenAIServer::load_lora_adapter(const HttpRequest& req, HttpResponseWriter& w) {
-  nlohmann::ordered_json body;
-  try {
-    body = parse_json_body(req.body);
-  } catch (const RequestError& e) {
-    send_error(w, 400, client_message(e.what()));
-    return;
-  }
-  const std::string name = string_field(body, "lora_name");
-  const std::string path = string_field(body, "lora_path");
-  if (name.empty() || path.empty()) {
-    send_error(w, 400, "Both 'lora_name' and 'lora_path' must be provided.");
-    return;
-  }
-  if (engine_.loras() == nullptr) {
-    send_error(w, 400, "LoRA is not enabled: start the server with --enable-lora");
-    return;
-  }
-  const auto inplace = body.find("load_inplace");
-  const bool replace = inplace != body.end() && inplace->is_boolean() && inplace->get<bool>();
-  try {
-    engine_.loras()->load(name, path, replace);
-  } catch (const Error& e) {
-    send_error(w, 400, client_message(e.what()), "lora_path");
-    return;
-  }
-  w.send(200, "text/plain; charset=utf-8",
-         "Success: LoRA adapter '" + name + "' added successfully.");
+  respond(w, [&] {
+    const nlohmann::ordered_json body = parse_json_body(req.body);
+    const std::string name = string_field(body, "lora_name");
+    const std::string path = string_field(body, "lora_path");
+    if (name.empty() || path.empty()) {
+      throw RequestError("", "Both 'lora_name' and 'lora_path' must be provided.");
+    }
+    if (engine_.loras() == nullptr) {
+      throw RequestError("", "LoRA is not enabled: start the server with --enable-lora");
+    }
+    const auto inplace = body.find("load_inplace");
+    const bool replace = inplace != body.end() && inplace->is_boolean() && inplace->get<bool>();
+    try {
+      engine_.loras()->load(name, path, replace);
+    } catch (const Error& e) {
+      throw RequestError("lora_path", e.what());
+    }
+    return "Success: LoRA adapter '" + name + "' added successfully.";
+  });
 }
 
 void OpenAIServer::unload_lora_adapter(const HttpRequest& req, HttpResponseWriter& w) {
-  nlohmann::ordered_json body;
-  try {
-    body = parse_json_body(req.body);
-  } catch (const RequestError& e) {
-    send_error(w, 400, client_message(e.what()));
-    return;
-  }
-  const std::string name = string_field(body, "lora_name");
-  if (name.empty()) {
-    send_error(w, 400, "'lora_name' needs to be provided to unload a LoRA adapter.");
-    return;
-  }
-  if (engine_.loras() == nullptr || !engine_.loras()->unload(name)) {
-    send_error(w, 404, "The lora adapter '" + name + "' cannot be found.", "lora_name");
-    return;
-  }
-  w.send(200, "text/plain; charset=utf-8",
-         "Success: LoRA adapter '" + name + "' removed successfully.");
+  respond(w, [&] {
+    const std::string name = string_field(parse_json_body(req.body), "lora_name");
+    if (name.empty()) {
+      throw RequestError("", "'lora_name' needs to be provided to unload a LoRA adapter.");
+    }
+    if (engine_.loras() == nullptr || !engine_.loras()->unload(name)) {
+      throw RequestError("lora_name", "The lora adapter '" + name + "' cannot be found.", 404);
+    }
+    return "Success: LoRA adapter '" + name + "' removed successfully.";
+  });
 }
 
 }  // namespace hyserve
