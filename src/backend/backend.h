@@ -48,6 +48,10 @@ class Backend : public Device {
   // How the CPU backend multiplies by weight matrices outside batch-invariant mode
   // (kernels/linear/params.h CpuGemm; ModelOptions::cpu_gemm). Other backends ignore it.
   virtual void set_cpu_gemm(cpu::CpuGemm /*gemm*/) {}
+  // The model's weights moved to new addresses (sleep mode's wake-up): tables the backend
+  // built from weight addresses (the CUDA MoE's expert pointers) are built again, now (the
+  // backend is not frozen while this runs).
+  virtual void weights_moved() {}
 
   // The ops (ops.h). linears: several linears of one input (the same x, num_tokens and
   // input width), each result as linear() gives it; a backend may share work on x (the

@@ -60,6 +60,9 @@ class Device {
   // After freeze() the device allocates nothing (CUDA graphs replay safely); an op that
   // would need more scratch memory than it had throws.
   virtual void freeze() {}
+  // Allows allocations again (sleep mode's wake-up reallocates the cache and the weights, with
+  // every graph released; freeze() again after).
+  virtual void unfreeze() {}
   // The stream ops are issued on (cudaStream_t for CUDA), or null.
   virtual void* native_stream() const { return nullptr; }
 

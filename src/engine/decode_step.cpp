@@ -99,6 +99,13 @@ int64_t DecodeStep::verify_bytes(const Model& model, int64_t max_batch, int64_t 
          max_verify_tokens * model.config().vocab_size * 4;  // the graphs' logits
 }
 
+void DecodeStep::release_graphs() {
+  for (const auto& [shape, g] : graphs_) backend_.release_graph(g.id);
+  for (const auto& [shape, g] : verify_graphs_) backend_.release_graph(g.id);
+  graphs_.clear();
+  verify_graphs_.clear();
+}
+
 int64_t DecodeStep::num_graphs() const {
   int64_t n = 0;
   for (const auto& [shape, g] : graphs_) n += g.captured ? 1 : 0;

@@ -96,6 +96,9 @@ class DecodeStep {
   void commit(std::span<const int32_t> counts);
 
   int64_t num_graphs() const;
+  // Releases every graph (the weights or the cache moved: sleep mode); the next step of each
+  // shape captures again.
+  void release_graphs();
   // Host -> device bytes of the last run's inputs, and how many of them were block-table
   // entries (tests: unchanged rows are not copied).
   int64_t bytes_uploaded() const { return bytes_uploaded_; }

@@ -1,4 +1,5 @@
 #include "engine/engine.h"
+#include "engine/engine_impl.h"
 
 #include <algorithm>
 #include <chrono>
@@ -18,19 +19,6 @@
 
 namespace hyserve {
 
-namespace {
-
-RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
-                              const std::string& reason) {
-  RequestOutput out;
-  out.request_id = id;
-  out.finished = true;
-  out.finish_reason = reason;
-  out.num_prompt_tokens = num_prompt_tokens;
-  return out;
-}
-
-}  // namespace
 
 ModelRunnerConfig runner_config(const EngineConfig& c) {
   ModelRunnerConfig r;
@@ -49,100 +37,6 @@ ModelRunnerConfig runner_config(const EngineConfig& c) {
   return r;
 }
 
-struct Engine::Impl {
-  // An admitted request, owned by the engine thread.
-  struct Live {
-    OutputCallback on_output;
-    int64_t num_prompt_tokens = 0;
-    std::vector<std::optional<OutputToken>> prompt_logprob_values;  // [prompt_len] when asked
-    bool sent_first_output = false;
-    using Clock = std::chrono::steady_clock;
-    Clock::time_point arrival;  // when add_request was called
-    std::optional<Clock::time_point> scheduled, first_token, last_token;
-    double queue_time_s = 0.0;  // arrival to first scheduling
-    int64_t num_output_tokens = 0;
-    int64_t num_cached_tokens = 0;  // prompt tokens the prefix cache supplied
-    std::optional<int64_t> max_tokens;
-  };
-  // An add or an abort from any thread, applied at the start of the next step.
-  struct Command {
-    bool is_add = false;
-    Request request;  // add
-    OutputCallback on_output;
-    std::chrono::steady_clock::time_point arrival = std::chrono::steady_clock::now();
-    std::string request_id;  // abort
-    std::string reason;
-  };
-  struct Delivery {
-    OutputCallback on_output;
-    RequestOutput output;
-  };
-
-  Impl(Model& m, const EngineConfig& c, const KvCacheConfig& kv)
-      : model(m),
-        lora_model(m),
-        config(c),
-        scheduler(c.scheduler, kv),
-        cache(m.new_cache(kv.num_blocks, c.min_block_size)),
-        runner(m, *cache, runner_config(c)),
-        drafter(make_drafter(c.speculative)) {}
-
-  void apply_incoming(std::vector<Delivery>& out);
-  // schedule -> execute -> update -> deliver (the outputs go to `out`). With asynchronous
-  // scheduling: schedule and launch this step, then update from the step before.
-  bool run_step(std::vector<Delivery>& out);
-  // Collects a launched step's results and applies them (update, outputs, stats).
-  void finish_step(const SchedulerOutput& scheduled, std::vector<Delivery>& out);
-  // Queue times of requests scheduled for the first time.
-  void note_scheduled(const SchedulerOutput& scheduled);
-  // The outputs of a step's updates, with the runner's logprobs.
-  // Returns the prompt tokens of the requests that got their first token.
-  int64_t collect_outputs(const SchedulerOutput& scheduled, RunnerStepResult& result,
-                          const std::vector<RequestUpdate>& updates, std::vector<Delivery>& out);
-  // A finished request's figures: its log line (vLLM's: id, tokens, queue time, TTFT, end
-  // to end) and the observer's record.
-  void report_finished(const std::string& id, const Live& l, const std::string& reason);
-  // Finishes every queued and admitted request with `reason` (scheduler untouched when dead).
-  void abort_all(std::vector<Delivery>& out, const std::string& reason, bool dead);
-  void forget(const std::string& id);
-  void update_stats(bool dead);
-  // The speculative-decoding log line (mean acceptance length), every 10 s at most.
-  void log_spec_decode(const SpecDecodeCounts& total);
-  SpecDecodeCounts spec_logged;  // totals at the last line, engine thread
-  std::chrono::steady_clock::time_point spec_logged_at = std::chrono::steady_clock::now();
-  // Calls the callbacks, outside every lock; a callback that throws is logged.
-  static void deliver(std::vector<Delivery>& out);
-
-  const Model& model;
-  Model& lora_model;  // set_lora between steps, engine thread
-  const EngineConfig& config;
-  Scheduler scheduler;                               // engine thread
-  std::unique_ptr<KvCache> cache;                    // the block pool's rows, engine thread
-  ModelRunner runner;                                // engine thread
-  std::unique_ptr<Drafter> drafter;                  // speculative decoding, engine thread
-  std::unordered_map<std::string, Live> live;        // engine thread
-  std::mt19937_64 seed_rng{std::random_device{}()};  // engine thread
-  bool has_work = false;                             // engine thread
-  std::optional<SchedulerOutput> in_flight;          // launched, not applied (engine thread)
-  // Calls to the observer hold observer_mu, so that once set_observer returns the old one
-  // gets no more calls.
-  EngineObserver* observer = nullptr;  // guarded by observer_mu
-  std::mutex observer_mu;
-  template <class F>
-  void notify(F&& f) {
-    std::lock_guard lock(observer_mu);
-    if (observer != nullptr) f(*observer);
-  }
-
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<Command> incoming;        // guarded by mu
-  std::unordered_set<std::string> ids;  // queued or admitted, guarded by mu
-  EngineStats stats;                    // guarded by mu
-  bool stop_requested = false;          // guarded by mu
-  std::thread thread;
-};
-
 void Engine::Impl::forget(const std::string& id) {
   live.erase(id);
   runner.remove_request(id);
@@ -157,6 +51,22 @@ void Engine::Impl::apply_incoming(std::vector<Delivery>& out) {
     commands.swap(incoming);
   }
   for (Command& c : commands) {
+    if (c.is_add && admission_closed) {
+      held.push_back(std::move(c));  // paused: admitted by resume()
+      continue;
+    }
+    if (!c.is_add) {
+      const auto h = std::find_if(held.begin(), held.end(),
+                                  [&](const Command& x) { return x.request.id == c.request_id; });
+      if (h != held.end()) {
+        out.push_back({h->on_output,
+                       finished_output(c.request_id, h->request.num_prompt_tokens(), c.reason)});
+        held.erase(h);
+        std::lock_guard lock(mu);
+        ids.erase(c.request_id);
+        continue;
+      }
+    }
     if (c.is_add) {
       const std::string id = c.request.id;
       Live l;
@@ -207,7 +117,7 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     launched = scheduler.schedule();
     // No step is in flight (LoRA runs without asynchronous scheduling).
     for (LoraLoad& load : launched->lora_loads) {
-      lora_model.set_lora(load.slot, std::move(load.adapter));
+      writable_model.set_lora(load.slot, std::move(load.adapter));
     }
     note_scheduled(*launched);
     {
@@ -412,6 +322,10 @@ void Engine::Impl::abort_all(std::vector<Delivery>& out, const std::string& reas
     std::lock_guard lock(mu);
     commands.swap(incoming);
   }
+  // Adds held by a pause first: they came before the ones still incoming.
+  commands.insert(commands.begin(), std::make_move_iterator(held.begin()),
+                  std::make_move_iterator(held.end()));
+  held.clear();
   for (Command& c : commands) {
     if (!c.is_add) continue;
     out.push_back(
@@ -580,7 +494,15 @@ bool Engine::step() {
     did = !out.empty();
   } else {
     try {
-      did = impl_->run_step(out);
+      did = impl_->run_controls(out);
+      if (!impl_->paused) {
+        did = impl_->run_step(out) || did;
+      } else {
+        impl_->apply_incoming(out);  // aborts apply; adds wait for resume()
+        impl_->has_work = false;
+        impl_->update_stats(false);
+        did = did || !out.empty();
+      }
     } catch (const std::exception& e) {
       log::error("engine: step failed, aborting every request: {}", e.what());
       dead_ = true;
@@ -589,6 +511,7 @@ bool Engine::step() {
       did = true;
     }
   }
+  if (dead_) impl_->fail_controls("engine: the engine has failed");
   Impl::deliver(out);
   return did;
 }
@@ -602,7 +525,8 @@ void Engine::start() {
       {
         std::unique_lock lock(impl_->mu);
         impl_->cv.wait(lock, [this] {
-          return impl_->stop_requested || !impl_->incoming.empty() || impl_->has_work;
+          return impl_->stop_requested || !impl_->incoming.empty() || impl_->has_work ||
+                 !impl_->controls.empty();
         });
         if (impl_->stop_requested) return;
       }
@@ -618,6 +542,7 @@ void Engine::stop() {
   }
   impl_->cv.notify_all();
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->fail_controls("engine: the engine stopped");
   std::vector<Impl::Delivery> out;
   impl_->abort_all(out, "abort", dead_);
   Impl::deliver(out);
@@ -634,6 +559,7 @@ void Engine::set_logits_observer(LogitsObserver fn) {
 
 void Engine::set_plan_sink(PlanSink* sink) {
   impl_->runner.set_plan_sink(sink);
+  impl_->has_workers = sink != nullptr;
 }
 
 const ModelRunner& Engine::runner() const {
@@ -643,6 +569,7 @@ const ModelRunner& Engine::runner() const {
 void Engine::freeze_memory() {
   impl_->runner.freeze_workspace();
   model_->backend().freeze();
+  impl_->memory_frozen = true;
 }
 
 EngineStats Engine::stats() const {

@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/lora_registry.h"
@@ -132,6 +133,15 @@ struct EngineStats {
   SpecDecodeCounts spec_decode;  // totals (vllm:spec_decode_*)
 };
 
+// How a pause treats the requests it finds (vLLM's /pause?mode=): kAbort finishes them with
+// "abort"; kWait lets them run to the end first; kKeep freezes them where they are (resume()
+// continues them). Requests that arrive while paused wait for resume().
+enum class PauseMode { kAbort, kWait, kKeep };
+// "abort", "wait" or "keep"; InvalidRequest naming `field` otherwise.
+PauseMode parse_pause_mode(std::string_view name, const std::string& field = "mode");
+
+class TensorSource;
+
 class Engine {
  public:
   Engine(std::unique_ptr<Model> model, EngineConfig config);
@@ -167,6 +177,37 @@ class Engine {
   // are frozen (a step that would grow them fails). Before start().
   void freeze_memory();
   EngineStats stats() const;
+  // Generation control (issue 48 item 4: vLLM's /pause, /resume, /sleep, /wake_up,
+  // /reset_prefix_cache and weight updates). Each runs on the engine thread between steps,
+  // with no step in flight, and returns once it is done (on the caller's thread, stepping,
+  // when the engine thread is not started). Any thread; an invalid one throws InvalidRequest,
+  // a failed one the model's Error (the engine goes on as before).
+  //
+  // pause: no step runs until resume() (kWait: once the requests found have finished);
+  // clear_cache also resets the prefix cache. Pausing a paused engine changes nothing.
+  void pause(PauseMode mode, bool clear_cache);
+  // Ends a pause: held and kept requests run again. InvalidRequest while asleep (wake_up).
+  void resume();
+  bool is_paused() const;
+  // Forgets every prefix-cache entry (running requests keep their blocks); the count dropped.
+  int32_t reset_prefix_cache();
+  // Sleep mode: pauses (kAbort or kWait; the cache's contents are discarded, so kKeep is
+  // refused), resets the prefix cache, frees the KV cache's memory and, level 1, moves the
+  // weights to host memory or, level 2, frees them. The CPU backend keeps level 1's weights
+  // where they are. Tensor-parallel serving refuses it (the workers hold their own).
+  void sleep(int level, PauseMode mode);
+  // Brings back what sleep freed: tags "weights" and "kv_cache" (empty: both). Once both
+  // are back, generation resumes unless it was paused before the sleep.
+  void wake_up(const std::vector<std::string>& tags);
+  int sleep_level() const;  // 0: awake
+  // Writes new weights over the model's (Model::reload_weights: all checked first, same
+  // formats). Requests in flight go on with the new weights (pause first to keep them out);
+  // no prefix-cache entry computed with the old weights is hit again. Tensor-parallel
+  // serving refuses it.
+  void update_weights(std::unique_ptr<TensorSource> source);
+  // Weight updates applied so far.
+  int64_t weights_generation() const;
+
   // The named LoRA adapters (any thread); null without LoRA (scheduler.max_loras 0).
   LoraRegistry* loras() { return loras_.get(); }
   const LoraRegistry* loras() const { return loras_.get(); }
@@ -178,6 +219,8 @@ class Engine {
   std::unique_ptr<LoraRegistry> loras_;
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> dead_{false};
+  // Queues a control (Impl::Control) and waits for it.
+  void run_control(std::function<bool()> fn);
 };
 
 }  // namespace hyserve

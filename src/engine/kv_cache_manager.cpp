@@ -36,8 +36,10 @@ int64_t KvCacheManager::blocks_for_request(int64_t num_tokens) const {
   return blocks_for_tokens(num_tokens) + (config_.has_kda_layers ? 1 : 0);
 }
 
-PrefixKey KvCacheManager::prefix_key(const Request& request) const {
+PrefixKey KvCacheManager::prefix_key(const Request& request, int64_t weights_generation) const {
   PrefixKey key{request.cache_salt, config_.prefix_extra_keys};
+  // Blocks computed with other weights never match (weight updates while serving).
+  if (weights_generation > 0) key.extra_keys.push_back("weights:" + std::to_string(weights_generation));
   // A LoRA adapter's blocks are its own: no request with another adapter, or none, or a
   // replaced one (another generation in the key) reads them.
   if (request.lora != nullptr) key.extra_keys.push_back(request.lora_key);
@@ -49,6 +51,7 @@ KvCacheManager::RequestBlocks& KvCacheManager::blocks_of(const Request& request)
   if (it == requests_.end()) {
     it = requests_.emplace(request.id, RequestBlocks{BlockTable(config_.block_size, config_.dcp)})
              .first;
+    it->second.weights_generation = weights_generation_;
   }
   return it->second;
 }
@@ -57,7 +60,7 @@ const std::vector<BlockHash>& KvCacheManager::hashes_up_to(const Request& reques
                                                            RequestBlocks& rb, int64_t num_blocks) {
   if (static_cast<int64_t>(rb.hashes.size()) < num_blocks) {
     const auto tokens = request.tokens(0, num_blocks * config_.tokens_per_block());
-    rb.hashes = prefix_cache_->hash_blocks(tokens, prefix_key(request));
+    rb.hashes = prefix_cache_->hash_blocks(tokens, prefix_key(request, rb.weights_generation));
   }
   return rb.hashes;
 }
@@ -70,7 +73,8 @@ int64_t KvCacheManager::get_computed_blocks(const Request& request) {
   // from the cache (as vLLM does); its blocks are still cached for others.
   if (!prefix_cache_ || request.sampling_params.prompt_logprobs) return 0;
   const auto tokens = request.tokens(0, request.num_tokens());
-  PrefixHit hit = prefix_cache_->find_longest_prefix(tokens, prefix_key(request));
+  PrefixHit hit =
+      prefix_cache_->find_longest_prefix(tokens, prefix_key(request, weights_generation_));
   const int64_t num_cached = hit.num_cached_tokens;
   pending_hit_ = PendingHit{request.id, std::move(hit)};
   return num_cached;
@@ -244,6 +248,12 @@ void KvCacheManager::end_step() {
     held_for_step_.pop_front();
   }
   for (auto& [id, rb] : requests_) rb.restore_from.reset();
+}
+
+int32_t KvCacheManager::reset_prefix_cache() {
+  if (!prefix_cache_) return 0;
+  pending_hit_.reset();
+  return pool_.drop_hashes();
 }
 
 void KvCacheManager::free(const Request& request) {

@@ -151,6 +151,15 @@ class KvCacheManager {
   double usage() const;
   const PrefixCacheStats& prefix_cache_stats() const { return stats_; }
 
+  // vLLM's reset_prefix_cache: every cached block and KDA snapshot is forgotten (nothing
+  // admitted from now on hits them). Requests running keep their blocks. Returns the number of
+  // entries dropped (0 without prefix caching).
+  int32_t reset_prefix_cache();
+  // The model's weights changed (a weight update): from now on requests are hashed under
+  // this generation, so no block computed with other weights is ever a hit, including the
+  // blocks that requests admitted before the change register later. 0 at start.
+  void set_weights_generation(int64_t generation) { weights_generation_ = generation; }
+
  private:
   struct PendingSnapshot {
     int32_t block = 0;
@@ -164,13 +173,15 @@ class KvCacheManager {
     // A snapshot filled after a step whose boundary ended in a placeholder, named by
     // resolve_placeholders.
     std::optional<PendingSnapshot> pending_snapshot{};
+    // The weights generation the request was admitted under: its hashes stay in it.
+    int64_t weights_generation = 0;
   };
   struct PendingHit {
     std::string request_id;
     PrefixHit hit;
   };
 
-  PrefixKey prefix_key(const Request& request) const;
+  PrefixKey prefix_key(const Request& request, int64_t weights_generation) const;
   RequestBlocks& blocks_of(const Request& request);
   const std::vector<BlockHash>& hashes_up_to(const Request& request, RequestBlocks& rb,
                                              int64_t num_blocks);
@@ -185,6 +196,7 @@ class KvCacheManager {
   // Blocks referenced until their step's end_step(), oldest step first.
   std::deque<std::vector<int32_t>> held_for_step_;
   PrefixCacheStats stats_;
+  int64_t weights_generation_ = 0;
 };
 
 }  // namespace hyserve

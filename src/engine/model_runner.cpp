@@ -124,6 +124,9 @@ void ModelRunner::add_request(const std::string& request_id, uint64_t seed,
   if (constraint) s.constraint = std::make_unique<ConstraintState>(std::move(constraint));
   const bool added = requests_.emplace(request_id, std::move(s)).second;
   CHECK(added, "model runner: request ", request_id, " added twice");
+  // A finished request of the same id whose tables the workers still hold: dropped by the
+  // next plan, before the new request's.
+  if (plan_tables_.erase(request_id) > 0) plan_dropped_early_.push_back(request_id);
 }
 
 void ModelRunner::remove_request(const std::string& request_id) {

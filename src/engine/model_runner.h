@@ -164,6 +164,8 @@ class ModelRunner {
   const Workspace& workspace() const { return ws_; }
   void freeze_workspace() { ws_.freeze(); }
   const DecodeStep& decode_step() const { return decode_; }
+  // The decode step's graphs are released (the weights or the cache moved: sleep mode).
+  void release_graphs() { decode_.release_graphs(); }
 
  private:
   struct RequestState {
@@ -317,6 +319,9 @@ class ModelRunner {
   PlanSink* plan_sink_ = nullptr;
   uint64_t num_plans_ = 0;
   std::unordered_map<std::string, std::vector<int32_t>> plan_tables_;
+  // Ids whose finished request's tables the next plan drops: a new request took the id before
+  // the scheduler reported the old one finished (add_request).
+  std::vector<std::string> plan_dropped_early_;
   // Rank 0: the commit counts of the last collected verification, for the workers' next plan.
   std::vector<int32_t> plan_commits_;
   int64_t sample_rows_ = 0;  // max_sample_rows

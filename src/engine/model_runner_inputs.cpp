@@ -184,6 +184,8 @@ StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<cons
   plan.step = ++num_plans_;
   plan.commits = std::move(plan_commits_);
   plan_commits_.clear();
+  plan.dropped = std::move(plan_dropped_early_);
+  plan_dropped_early_.clear();
   for (const auto* ids : {&scheduled.finished_request_ids, &scheduled.preempted_request_ids}) {
     for (const std::string& id : *ids) {
       if (plan_tables_.erase(id) > 0) plan.dropped.push_back(id);

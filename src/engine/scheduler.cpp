@@ -80,6 +80,9 @@ void Scheduler::add_request(Request request) {
     throw InvalidRequest("model", "LoRA adapters are not enabled (--enable-lora)");
   }
 
+  // A finished request of the same id not reported yet: reported as finished, the new one
+  // would be dropped with it (the runner drops the old one's state when it is added).
+  std::erase(finished_since_schedule_, request.id);
   request.status = RequestStatus::kWaiting;
   request.output_token_ids.clear();
   request.num_computed_tokens = 0;

@@ -173,6 +173,9 @@ class Scheduler {
 
   const SchedulerConfig& config() const { return config_; }
   const KvCacheManager& kv_cache() const { return kv_; }
+  // KvCacheManager::reset_prefix_cache and set_weights_generation (between steps).
+  int32_t reset_prefix_cache() { return kv_.reset_prefix_cache(); }
+  void set_weights_generation(int64_t generation) { kv_.set_weights_generation(generation); }
   int64_t num_waiting() const { return static_cast<int64_t>(waiting_.size()); }
   int64_t num_running() const { return static_cast<int64_t>(running_.size()); }
   bool has_unfinished_requests() const { return !requests_.empty(); }

@@ -1,5 +1,7 @@
 #include "kv/block_pool.h"
 
+#include <algorithm>
+
 #include "util/error.h"
 
 namespace hyserve {
@@ -63,6 +65,23 @@ std::optional<std::vector<int32_t>> BlockPool::allocate(int32_t n) {
     blocks.push_back(b);
   }
   return blocks;
+}
+
+int32_t BlockPool::drop_hashes() {
+  const auto dropped = static_cast<int32_t>(cached_.size());
+  // The cached free blocks sit at the tail of the free list: move each to the head (they
+  // hold nothing findable now), keeping the list's order among them.
+  std::vector<int32_t> cached_free;
+  for (int32_t b = head_; b != kNone; b = next_[b]) {
+    if (has_hash_[b]) cached_free.push_back(b);
+  }
+  for (auto it = cached_free.rbegin(); it != cached_free.rend(); ++it) {
+    unlink(*it);
+    push_front(*it);
+  }
+  std::fill(has_hash_.begin(), has_hash_.end(), false);
+  cached_.clear();
+  return dropped;
 }
 
 void BlockPool::touch(std::span<const int32_t> blocks) {

@@ -55,6 +55,10 @@ class BlockPool {
   // when another block already holds that hash; a block holds at most one hash.
   bool cache_block(int32_t block, const BlockHash& hash);
   std::optional<int32_t> lookup(const BlockHash& hash) const;
+  // Forgets every hash (vLLM's reset_prefix_cache): no lookup finds a block any more. Blocks
+  // still referenced keep their contents and owners; cached free blocks become uncached free
+  // blocks (the next ones allocated). Returns the number of hashes dropped.
+  int32_t drop_hashes();
 
   int32_t ref_count(int32_t block) const;
   std::optional<BlockHash> block_hash(int32_t block) const;

@@ -13,6 +13,15 @@ KvCache::KvCache(Device& device, CachePlan plan, int64_t num_blocks)
   pool_ = DeviceAllocation(device_, static_cast<size_t>((num_blocks + 1) * plan_.row_bytes));
 }
 
+void KvCache::release() {
+  pool_ = DeviceAllocation();
+}
+
+void KvCache::restore() {
+  if (resident()) return;
+  pool_ = DeviceAllocation(device_, static_cast<size_t>((num_blocks_ + 1) * plan_.row_bytes));
+}
+
 void KvCache::check_block(int32_t block) const {
   CHECK(block >= 0 && block <= num_blocks_, "KV cache: block ", block, " outside the pool of ",
         num_blocks_, " (+1 scratch)");

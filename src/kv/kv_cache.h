@@ -55,6 +55,12 @@ class KvCache {
   // growing its private cache; the engine's pool never grows).
   void grow(int64_t num_blocks);
 
+  // Sleep mode: release() frees the pool's memory (its contents are forgotten); restore()
+  // allocates it again, zeroed, usually at another address. Nothing may read the cache between.
+  void release();
+  void restore();
+  bool resident() const { return pool_.data() != nullptr; }
+
  private:
   void check_block(int32_t block) const;  // 0 <= block <= num_blocks (the scratch row)
   uint8_t* row(int32_t block) const;

@@ -112,6 +112,28 @@ Checkpoint Checkpoint::open(const fs::path& dir) {
   return ckpt;
 }
 
+Checkpoint Checkpoint::open_with(const fs::path& dir, std::vector<OverrideTensor> overrides) {
+  Checkpoint ckpt = open(dir);
+  ckpt.overrides_ = std::move(overrides);
+  for (const OverrideTensor& o : ckpt.overrides_) {
+    const TensorInfo& t = o.info;
+    const auto it = ckpt.tensors_.find(t.name);
+    if (it == ckpt.tensors_.end()) {
+      FAIL_IN(t.file, "tensor ", t.name, " is not a tensor of the model (", dir.string(), ")");
+    }
+    const TensorInfo& was = *it->second;
+    if (was.dtype != t.dtype || was.shape != t.shape) {
+      FAIL_IN(t.file, "tensor ", t.name, " is ", dtype_name(t.dtype), " ", shape_string(t.shape),
+              " where the model's is ", dtype_name(was.dtype), " ", shape_string(was.shape));
+    }
+    CHECK(o.bytes != nullptr && t.data == o.bytes->data() &&
+              static_cast<int64_t>(o.bytes->size()) == t.num_bytes,
+          "override tensor ", t.name, ": its info does not describe its bytes");
+    it->second = &o.info;
+  }
+  return ckpt;
+}
+
 void Checkpoint::index_tensors() {
   for (const auto& file : files_) {
     for (const auto& t : file.tensors()) {

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <initializer_list>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,9 +23,23 @@
 
 namespace hyserve {
 
+// A tensor held in memory that stands in for a checkpoint's tensor of the same name (a
+// weight update's; engine/weight_transfer.h).
+struct OverrideTensor {
+  TensorInfo info;  // info.data points into *bytes
+  std::shared_ptr<const std::vector<uint8_t>> bytes;
+};
+
 class Checkpoint final : public TensorSource {
  public:
   static Checkpoint open(const std::filesystem::path& dir);
+  // The folder's checkpoint with these tensors in place of the folder's of the same names.
+  // A name the folder does not hold, or a tensor whose dtype or shape differs from the
+  // folder's, is a CheckpointError naming it.
+  static Checkpoint open_with(const std::filesystem::path& dir,
+                              std::vector<OverrideTensor> overrides);
+  // The tensors open_with put in place (empty for open()).
+  const std::vector<OverrideTensor>& overrides() const { return overrides_; }
 
   Checkpoint(Checkpoint&&) noexcept = default;
   Checkpoint& operator=(Checkpoint&&) noexcept = default;
@@ -74,6 +89,7 @@ class Checkpoint final : public TensorSource {
   // The mappings; tensors_ points into their TensorInfo vectors, which moving keeps in place.
   std::vector<SafetensorsFile> files_;
   std::map<std::string, const TensorInfo*, std::less<>> tensors_;
+  std::vector<OverrideTensor> overrides_;  // tensors_ points at their infos (never resized)
 };
 
 }  // namespace hyserve

@@ -77,31 +77,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
   shard_weights(full_config_, tp.rank, tp.size, host_weights_, kv_b_ranks(),
                 options_.parallel.expert_parallel);
   weights_ = host_weights_.views;
-  if (backend_->kind() != DeviceKind::kCpu) {
-    // Copy every tensor into backend memory and point the views there.
-    for_each_tensor(
-        weights_,
-        [&](Weight& w) {
-          DeviceAllocation data(backend_.get(), static_cast<size_t>(w.data_bytes()));
-          backend_->upload(data.data(), w.data, data.size());
-          w.data = data.data();
-          weight_buffers_.push_back(std::move(data));
-          if (const auto sb = static_cast<size_t>(w.scale_bytes())) {
-            DeviceAllocation scales(backend_.get(), sb);
-            backend_->upload(scales.data(), w.scales, sb);
-            w.scales = scales.data();
-            weight_buffers_.push_back(std::move(scales));
-          }
-        },
-        [&](Vec& v) {
-          DeviceAllocation data(backend_.get(), static_cast<size_t>(v.size) * 4);
-          backend_->upload(data.data(), v.data, data.size());
-          v.data = data.as<float>();
-          weight_buffers_.push_back(std::move(data));
-        });
-    if (config_.tie_word_embeddings) weights_.lm_head = weights_.embed;
-    backend_->synchronize();
-  }
+  place_weights(nullptr);
   rope_ = make_rope_table(config_);
   if (config_.situ) {
     activation_.kind = GatedActivation::Kind::kSitu;
@@ -420,6 +396,7 @@ const float* Model::forward_device(const DeviceBatch& batch, Workspace& ws,
   const int64_t d = config_.hidden_size;
   const int64_t t = batch.num_tokens;
   CHECK(!batch.seqs.empty() && t > 0, "forward needs at least one token");
+  CHECK(weights_resident_, "forward: the model's weights are released (sleep mode)");
   Pass pass{ws, batch.decode};
   pass.lora_slots = lora_token_slots(ws, batch.seqs, t);
   const Hidden hidden = run_layers(pass, batch.ids, batch.pos, batch.slots, batch.seqs, t);

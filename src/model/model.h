@@ -304,6 +304,23 @@ class Model {
   // The adaptable projections (null until enable_lora).
   const LoraTargets* lora_targets() const { return lora_targets_.get(); }
 
+  // Weight updates and sleep mode (issue 48; model/model_weights_update.cpp), between
+  // forwards. reload_weights reads and checks every tensor of `source` first (a missing or
+  // misshapen one, or one whose format differs from the running weights', throws naming it
+  // and changes nothing), then writes the new values over the running weights in place (the
+  // same addresses: captured graphs stay valid) and re-merges the resident LoRA adapters.
+  void reload_weights(std::unique_ptr<TensorSource> source);
+  // Sleep: frees the weights' backend memory (a copy kept in host memory when keep_host_copy,
+  // level 1); restore_weights brings them back from that copy or, without one, from the
+  // source (level 2), at new addresses. On the CPU backend level 1 keeps the weights where
+  // they are (host memory) and level 2 frees the copies made at load.
+  void release_weights(bool keep_host_copy);
+  void restore_weights();
+  bool weights_resident() const { return weights_resident_; }
+  // Where the running weights came from (a weight update reads the tensors it is not given
+  // here).
+  const TensorSource& weights_source() const { return *source_; }
+
   void set_dump(DumpFn fn) { dump_ = std::move(fn); }
   // Called with the name of each section as it starts ("embed", "layers.3.attention",
   // "layers.3.mlp", "lm_head"): profilers attribute the ops that follow to it.
@@ -573,6 +590,15 @@ class Model {
                      Workspace& ws) const;
   DumpFn dump_;
   std::function<void(std::string_view)> trace_;
+
+  // Copies the views' tensors into backend memory and points them there (non-CPU backends),
+  // from backup (the buffers in placement order, as release_weights downloads them) when
+  // given, else from where the views point.
+  void place_weights(std::vector<std::vector<uint8_t>>* backup);
+  // The resident LoRA adapters merged again (their kv_b copies follow the base weights).
+  void refresh_lora();
+  std::vector<std::vector<uint8_t>> weights_backup_;  // sleep level 1 (non-CPU backends)
+  bool weights_resident_ = true;
 };
 
 }  // namespace hyserve

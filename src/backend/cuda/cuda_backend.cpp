@@ -87,6 +87,12 @@ class CudaBackend final : public Backend {
     graphs_.erase(it);
   }
   void freeze() override { frozen_ = true; }
+  void unfreeze() override { frozen_ = false; }
+  void weights_moved() override {
+    for (auto& [experts, table] : experts_) {
+      table = cuda::MoeExperts::upload(experts, table.num_experts());
+    }
+  }
   void set_batch_invariant(bool on) override { batch_invariant_ = on; }
 
   void* allocate(size_t n) override {

@@ -1,0 +1,258 @@
+// Engine generation control (issue 48 item 4): pause / resume, sleep / wake-up, prefix-cache
+// reset and weight updates, each a Control run on the engine thread between steps.
+// docs/DECISIONS.md "Weight updates and sleep mode".
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <future>
+
+#include "engine/engine.h"
+#include "engine/engine_impl.h"
+#include "model/tensor_source.h"
+#include "util/error.h"
+#include "util/log.h"
+
+namespace hyserve {
+
+PauseMode parse_pause_mode(std::string_view name, const std::string& field) {
+  if (name == "abort") return PauseMode::kAbort;
+  if (name == "wait") return PauseMode::kWait;
+  if (name == "keep") return PauseMode::kKeep;
+  throw InvalidRequest(field, std::string(field) + " must be one of 'abort', 'wait', 'keep', got '" +
+                                  std::string(name) + "'");
+}
+
+void Engine::Impl::settle(std::vector<Delivery>& out) {
+  if (!in_flight) return;
+  finish_step(*in_flight, out);
+  in_flight.reset();
+}
+
+void Engine::Impl::release_held() {
+  std::lock_guard lock(mu);
+  incoming.insert(incoming.begin(), std::make_move_iterator(held.begin()),
+                  std::make_move_iterator(held.end()));
+  held.clear();
+}
+
+bool Engine::Impl::run_controls(std::vector<Delivery>& out) {
+  Control* c = nullptr;
+  {
+    std::lock_guard lock(mu);
+    if (controls.empty()) return false;
+    c = &controls.front();  // deque: stays put while others are queued behind it
+  }
+  apply_incoming(out);
+  settle(out);
+  bool finished = true;
+  std::exception_ptr error;
+  try {
+    finished = c->fn();
+  } catch (...) {
+    error = std::current_exception();
+  }
+  for (Delivery& d : control_out) out.push_back(std::move(d));
+  control_out.clear();
+  if (error || finished) {
+    std::shared_ptr<std::promise<void>> done = c->done;
+    {
+      std::lock_guard lock(mu);
+      controls.pop_front();
+    }
+    if (error) {
+      done->set_exception(error);
+    } else {
+      done->set_value();
+    }
+  }
+  has_work = scheduler.has_unfinished_requests();
+  update_stats(false);
+  return true;
+}
+
+void Engine::Impl::fail_controls(const std::string& why) {
+  std::deque<Control> failed;
+  {
+    std::lock_guard lock(mu);
+    failed.swap(controls);
+  }
+  for (Control& c : failed) c.done->set_exception(std::make_exception_ptr(Error(why)));
+}
+
+void Engine::run_control(std::function<bool()> fn) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> finished = done->get_future();
+  bool threaded = false;
+  {
+    std::lock_guard lock(impl_->mu);
+    CHECK_AS(Error, !dead_, "engine: the engine has failed");
+    impl_->controls.push_back({std::move(fn), done});
+    threaded = impl_->thread.joinable() && !impl_->stop_requested;
+  }
+  impl_->cv.notify_all();
+  if (!threaded) {
+    while (finished.wait_for(std::chrono::seconds(0)) != std::future_status::ready) step();
+  }
+  finished.get();
+}
+
+void Engine::pause(PauseMode mode, bool clear_cache) {
+  run_control([this, mode, clear_cache, started = false]() mutable {
+    Impl& m = *impl_;
+    if (!m.paused && !started) {
+      started = true;
+      m.admission_closed = true;  // what arrives from now on waits for resume()
+      if (mode == PauseMode::kAbort) m.abort_all(m.control_out, "abort", false);
+    }
+    if (!m.paused && mode == PauseMode::kWait && m.scheduler.has_unfinished_requests()) {
+      return false;  // the running requests finish first (steps go on)
+    }
+    if (!m.paused) log::info("engine: paused (mode {})", mode == PauseMode::kAbort  ? "abort"
+                                                         : mode == PauseMode::kWait ? "wait"
+                                                                                    : "keep");
+    m.paused = true;
+    if (clear_cache) m.scheduler.reset_prefix_cache();
+    return true;
+  });
+}
+
+void Engine::resume() {
+  run_control([this] {
+    Impl& m = *impl_;
+    if (m.sleep_level > 0) {
+      throw InvalidRequest("", "the engine is asleep (level " + std::to_string(m.sleep_level) +
+                                   "): wake it up first (/wake_up)");
+    }
+    if (m.paused) log::info("engine: resumed");
+    m.paused = false;
+    m.admission_closed = false;
+    m.paused_by_sleep = false;
+    m.release_held();
+    return true;
+  });
+}
+
+bool Engine::is_paused() const {
+  return impl_->paused;
+}
+
+int32_t Engine::reset_prefix_cache() {
+  int32_t dropped = 0;
+  run_control([this, &dropped] {
+    dropped = impl_->scheduler.reset_prefix_cache();
+    log::info("engine: prefix cache reset ({} entries dropped)", dropped);
+    return true;
+  });
+  return dropped;
+}
+
+void Engine::sleep(int level, PauseMode mode) {
+  if (level != 1 && level != 2) {
+    throw InvalidRequest("level", "level must be 1 or 2, got " + std::to_string(level));
+  }
+  if (mode == PauseMode::kKeep) {
+    throw InvalidRequest("mode",
+                         "sleep discards the KV cache: mode must be 'abort' or 'wait', not 'keep'");
+  }
+  if (impl_->has_workers) {
+    throw InvalidRequest("", "sleep mode is not supported with tensor parallelism yet");
+  }
+  run_control([this, level, mode, started = false]() mutable {
+    Impl& m = *impl_;
+    if (m.sleep_level > 0) return true;  // asleep already: nothing more to free
+    if (!started) {
+      started = true;
+      if (m.paused && m.scheduler.has_unfinished_requests() && mode == PauseMode::kWait) {
+        throw InvalidRequest("mode",
+                             "the engine is paused with requests kept; sleep with mode 'abort' "
+                             "or resume first");
+      }
+      m.paused_by_sleep = !m.paused;
+      m.admission_closed = true;
+      if (mode == PauseMode::kAbort) m.abort_all(m.control_out, "abort", false);
+    }
+    if (mode == PauseMode::kWait && m.scheduler.has_unfinished_requests()) return false;
+    m.paused = true;
+    m.scheduler.reset_prefix_cache();
+    m.runner.release_graphs();
+    m.cache->release();
+    m.writable_model.release_weights(level == 1);
+    m.sleep_level = level;
+    log::info("engine: asleep (level {}): the KV cache{} freed", level,
+              level == 1 ? " is" : " and the weights are");
+    return true;
+  });
+}
+
+void Engine::wake_up(const std::vector<std::string>& tags) {
+  bool weights = tags.empty(), kv_cache = tags.empty();
+  for (const std::string& t : tags) {
+    if (t == "weights") {
+      weights = true;
+    } else if (t == "kv_cache") {
+      kv_cache = true;
+    } else {
+      throw InvalidRequest("tags", "tags must be 'weights' or 'kv_cache', got '" + t + "'");
+    }
+  }
+  run_control([this, weights, kv_cache] {
+    Impl& m = *impl_;
+    if (m.sleep_level == 0) return true;
+    Backend& backend = m.writable_model.backend();
+    if (m.memory_frozen) backend.unfreeze();
+    try {
+      if (weights && !m.writable_model.weights_resident()) {
+        m.writable_model.restore_weights();
+      }
+      if (kv_cache) m.cache->restore();
+    } catch (...) {
+      if (m.memory_frozen) backend.freeze();
+      throw;
+    }
+    if (m.memory_frozen) backend.freeze();
+    m.runner.release_graphs();  // captured over the old addresses
+    if (m.writable_model.weights_resident() && m.cache->resident()) {
+      m.sleep_level = 0;
+      log::info("engine: awake");
+      if (m.paused_by_sleep) {
+        m.paused = false;
+        m.admission_closed = false;
+        m.paused_by_sleep = false;
+        m.release_held();
+      }
+    }
+    return true;
+  });
+}
+
+int Engine::sleep_level() const {
+  return impl_->sleep_level;
+}
+
+void Engine::update_weights(std::unique_ptr<TensorSource> source) {
+  if (impl_->has_workers) {
+    throw InvalidRequest("", "weight updates are not supported with tensor parallelism yet");
+  }
+  auto holder = std::make_shared<std::unique_ptr<TensorSource>>(std::move(source));
+  run_control([this, holder] {
+    Impl& m = *impl_;
+    if (!m.writable_model.weights_resident()) {
+      throw InvalidRequest("", "the weights are asleep: wake them up first (/wake_up?tags=weights)");
+    }
+    CHECK(*holder != nullptr, "update_weights: no source");
+    // The source moves into the model (it keeps the host tensors alive); a failed reload
+    // leaves the model as it was.
+    m.writable_model.reload_weights(std::move(*holder));
+    const int64_t generation = ++m.weights_generation;
+    m.scheduler.set_weights_generation(generation);
+    m.scheduler.reset_prefix_cache();
+    log::info("engine: weights updated (generation {})", generation);
+    return true;
+  });
+}
+
+int64_t Engine::weights_generation() const {
+  return impl_->weights_generation;
+}
+
+}  // namespace hyserve
