@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   auto generate = hyserve::cli::add_generate_command(app);
   auto serve = hyserve::cli::add_serve_command(app);
   auto bench = hyserve::cli::add_bench_command(app);
+  auto send_weights = hyserve::cli::add_send_weights_command(app);
   std::string log_level = "info";
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
     sub->add_option("--log-level", log_level, "lowest level of the log lines on stderr")
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("generate")) return generate();
     if (app.got_subcommand("serve")) return serve();
     if (app.got_subcommand("bench")) return bench();
+    if (app.got_subcommand("send-weights")) return send_weights();
   } catch (const hyserve::Error& e) {
     hyserve::log::error("{}", e.what());
     return 1;

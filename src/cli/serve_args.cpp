@@ -122,6 +122,14 @@ void check_engine_flags(const ServeArgs& a) {
   } else {
     require(a.lora_modules.empty(), "--lora-modules needs --enable-lora");
   }
+  const bool one_rank = a.tensor_parallel_size == 1 && a.decode_context_parallel_size == 1;
+  require(!a.enable_sleep_mode || one_rank,
+          "--enable-sleep-mode is not supported with tensor or decode context parallelism yet");
+  if (!a.weight_transfer_config.empty()) {
+    parse_weight_transfer_backend(a.weight_transfer_config);
+    require(one_rank, "--weight-transfer-config is not supported with tensor or decode context ",
+            "parallelism yet");
+  }
   if (!a.speculative_config.empty()) {
     CHECK(!a.async_scheduling, "--async-scheduling and --speculative-config: speculative ",
           "decoding runs without asynchronous scheduling");
@@ -302,6 +310,10 @@ void add_lora_flags(CLI::App& cmd, ServeArgs& a) {
       ->capture_default_str();
   cmd.add_option("--max-loras", a.max_loras, "adapters resident at once (slots)")
       ->capture_default_str();
+  cmd.add_flag("--enable-sleep-mode", a.enable_sleep_mode,
+               "let POST /sleep free the KV cache and the weights (dev mode routes)");
+  cmd.add_option("--weight-transfer-config", a.weight_transfer_config,
+                 "weight updates from a trainer: {\"backend\": \"gloo\"} (CPU) or nccl (GPUs)");
   cmd.add_option("--lora-modules", a.lora_modules,
                  "adapters loaded at start: name=path or a JSON object {name, path, "
                  "base_model_name}")
@@ -345,6 +357,23 @@ void add_serve_flags(CLI::App& cmd, ServeArgs& a) {
   for (CLI::Option* option : cmd.get_options()) {
     if (option->get_expected_max() == 0) option->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   }
+}
+
+std::string parse_weight_transfer_backend(const std::string& config) {
+  if (config.empty()) return "";
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(config);
+  } catch (const nlohmann::json::exception& e) {
+    HYSERVE_THROW(Error, "--weight-transfer-config: not JSON: ", e.what());
+  }
+  CHECK_AS(Error, j.is_object() && j.contains("backend") && j["backend"].is_string(),
+           "--weight-transfer-config: expected {\"backend\": \"gloo\" or \"nccl\"}, got ", config);
+  const std::string backend = j["backend"].get<std::string>();
+  CHECK_AS(Error, backend == "gloo" || backend == "nccl",
+           "--weight-transfer-config: backend must be 'gloo' (CPU) or 'nccl' (GPUs), got '", backend,
+           "'");
+  return backend;
 }
 
 }  // namespace hyserve::cli

@@ -75,7 +75,15 @@ struct ServeArgs {
   int64_t max_lora_rank = 16;
   int64_t max_loras = 1;
   std::vector<std::string> lora_modules;
+  // RL (issue 48 item 4): --enable-sleep-mode lets /sleep free memory; --weight-transfer-config
+  // '{"backend": "gloo"|"nccl"}' lets a trainer join (the routes need VLLM_SERVER_DEV_MODE=1).
+  bool enable_sleep_mode = false;
+  std::string weight_transfer_config;
 };
+
+// The backend of a --weight-transfer-config JSON object ("" when the flag is empty); throws
+// Error naming the flag.
+std::string parse_weight_transfer_backend(const std::string& config);
 
 // One --lora-modules entry.
 struct LoraModuleSpec {

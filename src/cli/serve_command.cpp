@@ -316,6 +316,11 @@ OpenAIServerOptions server_options(const ServeArgs& a, const ServeSetup& s) {
   const char* lora_env = std::getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
   const std::string allow = lora_env != nullptr ? lora_env : "";
   so.allow_runtime_lora_updating = allow == "1" || allow == "true" || allow == "True";
+  const char* dev_env = std::getenv("VLLM_SERVER_DEV_MODE");
+  const std::string dev = dev_env != nullptr ? dev_env : "";
+  so.dev_mode = dev == "1" || dev == "true" || dev == "True";
+  so.enable_sleep_mode = a.enable_sleep_mode;
+  so.weight_transfer_backend = parse_weight_transfer_backend(a.weight_transfer_config);
   return so;
 }
 

@@ -179,4 +179,27 @@ std::optional<std::string> http_get(const BaseUrl& base_url, const std::string& 
   return result;
 }
 
+HttpReply http_post_json(const BaseUrl& base_url, const std::string& path, const std::string& body,
+                         double timeout_s) {
+  asio::io_context io;
+  error_code ec;
+  tcp::resolver resolver(io);
+  const Endpoints endpoints = resolver.resolve(base_url.host, base_url.port, ec);
+  HttpReply reply;
+  if (ec) {
+    reply.error = "cannot resolve " + base_url.host + ": " + ec.message();
+    return reply;
+  }
+  HttpCallHandlers handlers;
+  handlers.on_body = [&reply](int, std::string_view bytes) { reply.body.append(bytes); };
+  handlers.on_end = [&](const HttpResponseReader& response, const std::string& error) {
+    reply.status = response.status();
+    reply.error = error;
+  };
+  start_http_call(io, endpoints, http_request(base_url, path, body, ""), timeout_s,
+                  std::move(handlers));
+  io.run();
+  return reply;
+}
+
 }  // namespace hyserve::client

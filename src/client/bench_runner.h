@@ -49,4 +49,14 @@ BenchRunResult run_benchmark(const std::vector<BenchRequest>& requests,
 std::optional<std::string> http_get(const BaseUrl& base_url, const std::string& path,
                                     double timeout_s);
 
+// A whole HTTP exchange's result: the status and body, or error (empty when it arrived).
+struct HttpReply {
+  int status = 0;
+  std::string body;
+  std::string error;
+};
+// POST base_url + path with a JSON body (blocking, up to timeout_s).
+HttpReply http_post_json(const BaseUrl& base_url, const std::string& path, const std::string& body,
+                         double timeout_s);
+
 }  // namespace hyserve::client

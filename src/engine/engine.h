@@ -207,6 +207,9 @@ class Engine {
   void update_weights(std::unique_ptr<TensorSource> source);
   // Weight updates applied so far.
   int64_t weights_generation() const;
+  // Runs fn(model) on the engine thread between steps (no step in flight; the backend may
+  // allocate meanwhile): a weight transfer's receives, which use the model's stream.
+  void run_between_steps(const std::function<void(const Model&)>& fn);
 
   // The named LoRA adapters (any thread); null without LoRA (scheduler.max_loras 0).
   LoraRegistry* loras() { return loras_.get(); }

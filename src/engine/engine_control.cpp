@@ -251,6 +251,22 @@ void Engine::update_weights(std::unique_ptr<TensorSource> source) {
   });
 }
 
+void Engine::run_between_steps(const std::function<void(const Model&)>& fn) {
+  run_control([this, &fn] {
+    Impl& m = *impl_;
+    Backend& backend = m.writable_model.backend();
+    if (m.memory_frozen) backend.unfreeze();
+    try {
+      fn(m.model);
+    } catch (...) {
+      if (m.memory_frozen) backend.freeze();
+      throw;
+    }
+    if (m.memory_frozen) backend.freeze();
+    return true;
+  });
+}
+
 int64_t Engine::weights_generation() const {
   return impl_->weights_generation;
 }

@@ -6,8 +6,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/weight_transfer.h"
 #include "guided/json_schema.h"
 #include "guided/token_constraint.h"
+#include "server/control_queue.h"
 #include "server/forced_tool_calls.h"
 #include "server/generation.h"
 #include "server/generation_run.h"
@@ -91,6 +93,7 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
     http_.route("POST", "/v1/unload_lora_adapter",
                 [this](const HttpRequest& r, HttpResponseWriter& w) { unload_lora_adapter(r, w); });
   }
+  if (options_.dev_mode) add_control_routes();
   http_.route("POST", "/tokenize",
               [this](const HttpRequest& r, HttpResponseWriter& w) { tokenize(r, w); });
   http_.route("POST", "/detokenize",
@@ -109,6 +112,7 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
 
 OpenAIServer::~OpenAIServer() {
   stop();
+  control_.reset();  // finishes the control in progress, answers the queued ones
   engine_.set_observer(nullptr);  // no event reaches metrics_ after this
 }
 

@@ -49,7 +49,16 @@ struct OpenAIServerOptions {
   bool allow_runtime_lora_updating = false;
   int idle_timeout_ms =
       5000;  // keep-alive wait for the next request ($VLLM_HTTP_TIMEOUT_KEEP_ALIVE)
+  // The development routes (server/control_routes.cpp; $VLLM_SERVER_DEV_MODE=1, as vLLM
+  // registers them): /pause /resume /is_paused /reset_prefix_cache /sleep /wake_up
+  // /is_sleeping and the weight-transfer routes.
+  bool dev_mode = false;
+  bool enable_sleep_mode = false;       // --enable-sleep-mode: /sleep may free memory
+  std::string weight_transfer_backend;  // --weight-transfer-config's backend ("": folders only)
 };
+
+class ControlQueue;
+class WeightTransfer;
 
 class OpenAIServer {
  public:
@@ -98,6 +107,9 @@ class OpenAIServer {
   void add_lora_cards(std::vector<ModelCard>& cards) const;
   void load_lora_adapter(const HttpRequest& req, HttpResponseWriter& w);
   void unload_lora_adapter(const HttpRequest& req, HttpResponseWriter& w);
+  // Generation control and weight transfer (server/control_routes.cpp): each request's
+  // engine call runs on the control thread (they block), its answer sent from there.
+  void add_control_routes();
 
   OpenAIServerOptions options_;
   Engine& engine_;
@@ -110,6 +122,8 @@ class OpenAIServer {
   ServerMetrics metrics_;
   HttpServer http_;
   int64_t created_;
+  std::unique_ptr<WeightTransfer> transfer_;  // dev mode
+  std::unique_ptr<ControlQueue> control_;     // dev mode; stopped first (it uses the rest)
 };
 
 }  // namespace hyserve
