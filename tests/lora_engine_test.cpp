@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <random>
 #include <string>
@@ -19,6 +20,7 @@
 #include <nlohmann/json.hpp>
 
 #include "engine_test_helpers.h"
+#include "lora_test_util.h"
 #include "model/safetensors.h"
 
 namespace hyserve {
@@ -26,35 +28,6 @@ namespace {
 
 using namespace test;
 namespace fs = std::filesystem;
-
-// A PEFT folder with random A, B (fixed seed) of rank 4 on every target of the model.
-fs::path write_adapter(const Model& model, const fs::path& dir, uint32_t seed) {
-  fs::create_directories(dir);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<TensorToWrite> tensors;
-  const int64_t rank = 4;
-  const auto tensor = [](std::string name, std::vector<int64_t> shape, std::vector<float> v) {
-    TensorToWrite t{std::move(name), DType::kF32, std::move(shape), {}};
-    t.bytes.resize(v.size() * 4);
-    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
-    return t;
-  };
-  for (const LoraTargets::Target& t : model.lora_targets()->targets()) {
-    const Weight& w = *t.weight;
-    std::vector<float> a(static_cast<size_t>(rank * w.cols)), b(static_cast<size_t>(w.rows * rank));
-    for (float& v : a) v = normal(rng) / std::sqrt(static_cast<float>(w.cols));
-    for (float& v : b) v = 0.05f * normal(rng);
-    const std::string module = "base_model.model.model." + t.name;
-    tensors.push_back(tensor(module + ".lora_A.weight", {rank, w.cols}, std::move(a)));
-    tensors.push_back(tensor(module + ".lora_B.weight", {w.rows, rank}, std::move(b)));
-  }
-  write_safetensors(dir / "adapter_model.safetensors", tensors);
-  const nlohmann::json config = {
-      {"r", rank}, {"lora_alpha", 8}, {"target_modules", "all-linear"}, {"peft_type", "LORA"}};
-  std::ofstream(dir / "adapter_config.json") << config.dump();
-  return dir;
-}
 
 class LoraEngine : public ::testing::Test {
  protected:
@@ -65,8 +38,10 @@ class LoraEngine : public ::testing::Test {
   void TearDown() override { fs::remove_all(dir_); }
 
   // An engine with `max_loras` slots and adapters "x" and "y" loaded.
-  std::unique_ptr<Engine> make_engine(int64_t max_loras, bool prefix_caching = false) {
+  std::unique_ptr<Engine> make_engine(int64_t max_loras, bool prefix_caching = false,
+                                      SpeculativeConfig speculative = {}) {
     EngineConfig config = small_config(256, 8);
+    config.speculative = speculative;
     config.scheduler.max_loras = max_loras;
     config.enable_prefix_caching = prefix_caching;
     if (prefix_caching) config.scheduler.max_model_len = 512;  // 4 blocks of the tiny K3
@@ -126,6 +101,63 @@ TEST_F(LoraEngine, MixedBatchEqualsEachAlone) {
   expect_same_tokens(col.results["m-none"], base, "none");
   expect_same_tokens(col.results["m-y"], y, "y");
   expect_same_tokens(col.results["m-xb"], xb, "x, prompt B");
+}
+
+// Speculative decoding with adapters: the verification carries each sequence's slot (and its
+// merged kv_b), so a mixed batch with prompt-lookup drafts gives exactly the tokens and
+// logprobs of the same batch without drafts.
+TEST_F(LoraEngine, SpeculativeVerificationCarriesTheAdapters) {
+  SpeculativeConfig ngram;
+  ngram.method = SpeculativeMethod::kNgram;
+  ngram.num_speculative_tokens = 3;
+  ngram.prompt_lookup_min = 1;
+  ngram.prompt_lookup_max = 3;
+  std::vector<int32_t> repeating;
+  for (int i = 0; i < 6; ++i) repeating.insert(repeating.end(), {21, 22, 23, 24, 25});
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> requests = {
+      {"x", repeating}, {"", repeating}, {"y", kPromptA}, {"x", kPromptB}};
+  std::map<std::string, Collected> want, got;
+  SpecDecodeCounts counts;
+  for (const bool speculate : {false, true}) {
+    auto engine = make_engine(2, false, speculate ? ngram : SpeculativeConfig{});
+    Collector col;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      engine->add_request(lora_request(*engine, "r" + std::to_string(i), requests[i].second,
+                                       requests[i].first, 16),
+                          col.callback());
+    }
+    run_to_completion(*engine);
+    (speculate ? got : want) = col.results;
+    if (speculate) counts = engine->stats().spec_decode;
+  }
+  for (const auto& [id, w] : want) expect_same_tokens(got[id], w, id);
+  EXPECT_GT(counts.num_draft_tokens, 0) << "no draft was verified";
+}
+
+// Asynchronous scheduling with one slot (X and Y take turns in it, a base request between):
+// the same tokens and logprobs as without it, the steps overlapping.
+TEST_F(LoraEngine, AsynchronousSchedulingKeepsTheOutputs) {
+  const std::vector<std::pair<std::string, std::vector<int32_t>>> requests = {
+      {"x", kPromptA}, {"y", kPromptB}, {"", kPromptA}, {"x", kPromptB}, {"y", kPromptA}};
+  std::map<std::string, Collected> want, got;
+  for (const bool async : {false, true}) {
+    g_async_scheduling = async;
+    auto engine = make_engine(1);
+    g_async_scheduling = false;
+    EXPECT_EQ(engine->config().async_scheduling, async);
+    Collector col;
+    for (size_t i = 0; i < requests.size(); ++i) {
+      engine->add_request(lora_request(*engine, "r" + std::to_string(i), requests[i].second,
+                                       requests[i].first, 10),
+                          col.callback());
+    }
+    run_to_completion(*engine);
+    (async ? got : want) = col.results;
+    if (async) {
+      EXPECT_GT(engine->stats().num_overlapped_steps, 0);
+    }
+  }
+  for (const auto& [id, w] : want) expect_same_tokens(got[id], w, id);
 }
 
 // One slot: X and Y cannot be resident together, so Y's request waits while X's runs and a

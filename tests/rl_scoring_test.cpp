@@ -22,6 +22,7 @@
 #include "dsa_model_util.h"
 #include "engine/engine.h"
 #include "engine_test_helpers.h"
+#include "lora_test_util.h"
 #include "random_prompt.h"
 #include "util/format.h"
 
@@ -68,6 +69,7 @@ struct Rollout {
 // blocks are cached) with suffixes of different lengths, sampled at temperature 1 with a seed;
 // half start together, the rest join while the first decode (prefill chunks beside decode
 // tokens).
+// With an adapter loaded as "policy", the even rollouts use it (a mixed batch).
 std::vector<Rollout> run_rollouts(Engine& engine, int step, int64_t vocab) {
   const std::vector<int32_t> shared[2] = {random_prompt(128, 7000 + step, vocab),
                                           random_prompt(64, 8000 + step, vocab)};
@@ -82,6 +84,9 @@ std::vector<Rollout> run_rollouts(Engine& engine, int step, int64_t vocab) {
     r.sampling_params.temperature = 1.0f;
     r.sampling_params.seed = static_cast<uint64_t>(step * 100 + i);
     r.sampling_params.logprobs = 0;
+    if (engine.loras() != nullptr && i % 2 == 0) {
+      EXPECT_TRUE(engine.loras()->attach("policy", r));
+    }
     requests.push_back(std::move(r));
   }
   Collector col;
@@ -115,6 +120,9 @@ std::vector<std::vector<float>> score(Engine& engine, const std::vector<Rollout>
     for (const OutputToken& t : rollouts[i].tokens) ids.push_back(t.token);
     Request r = make_request(str_cat("score-", tag, "-", i), ids, 1);
     r.sampling_params.prompt_logprobs = 0;
+    if (engine.loras() != nullptr && i % 2 == 0) {
+      EXPECT_TRUE(engine.loras()->attach("policy", r));
+    }
     requests.push_back(std::move(r));
   }
   Collector col;
@@ -215,19 +223,32 @@ TEST(RlScoring, DecodeStepEqualsItsPrefillRowAtEveryIntermediate) {
 
 // The RL loop: per step the rollouts on one engine, then each scored alone on an engine with
 // another budget and all together on a third; every token equal and KL == 0.0 at every step.
+// lora: the step's policy is an adapter (new weights every step, as a trainer's update) on
+// half the rollouts.
 void run_rl_loop(const std::function<std::unique_ptr<Model>(int step)>& load, int first_step,
-                 int end_step) {
+                 int end_step, bool lora = false) {
   const int64_t budgets[] = {64, 128, 192, 320};
+  const fs::path adapters = fs::path(::testing::TempDir()) / "hyserve_rl_adapters";
   for (int step = first_step; step < end_step; ++step) {
     const bool speculative = step % 2 == 1;
-    Engine rollout_engine(load(step), step_config(budgets[step % 4], step % 4 == 2, speculative));
+    const auto config = [&](int64_t budget, bool async, bool spec) {
+      EngineConfig c = step_config(budget, async, spec);
+      if (lora) c.scheduler.max_loras = 1;
+      return c;
+    };
+    Engine rollout_engine(load(step), config(budgets[step % 4], step % 4 == 2, speculative));
+    Engine alone(load(step), config(budgets[(step + 1) % 4], false, false));
+    Engine together(load(step), config(budgets[(step + 2) % 4], step % 2 == 0, false));
+    if (lora) {
+      const fs::path policy = write_adapter(rollout_engine.model(), adapters / str_cat("step", step),
+                                            static_cast<uint32_t>(100 + step));
+      for (Engine* e : {&rollout_engine, &alone, &together}) e->loras()->load("policy", policy, false);
+    }
     const int64_t vocab = rollout_engine.model().config().vocab_size;
     const std::vector<Rollout> rollouts = run_rollouts(rollout_engine, step, vocab);
     if (speculative) {
       EXPECT_GT(rollout_engine.stats().spec_decode.num_drafts, 0) << "step " << step;
     }
-    Engine alone(load(step), step_config(budgets[(step + 1) % 4], false, false));
-    Engine together(load(step), step_config(budgets[(step + 2) % 4], step % 2 == 0, false));
     const std::string at = str_cat("step ", step);
     const double kl_alone =
         kl_and_expect_equal(rollouts, score(alone, rollouts, "a", false), at + " alone");
@@ -241,6 +262,13 @@ void run_rl_loop(const std::function<std::unique_ptr<Model>(int step)>& load, in
 
 TEST(RlScoring, RolloutLogprobsEqualScoredLogprobsBitwiseForTwentySteps) {
   run_rl_loop(load_invariant, 0, 20);
+}
+
+// The seed's setting: the policy is a LoRA adapter on every projection and expert, replaced
+// by a new one every step; rollouts mix it with the base model (and speculation on odd
+// steps); KL == 0.0 at every step.
+TEST(RlScoring, AdapterPolicyRolloutsEqualScoringForTwentySteps) {
+  run_rl_loop(load_invariant, 0, 20, /*lora=*/true);
 }
 
 // The FP8 latent on the DSA kernels' shapes (random weights) under batch-invariant mode: the

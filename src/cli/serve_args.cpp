@@ -116,8 +116,6 @@ void check_engine_flags(const ServeArgs& a) {
     require(a.tensor_parallel_size == 1 && a.decode_context_parallel_size == 1,
             "--enable-lora: LoRA adapters are not supported with tensor or decode context ",
             "parallelism yet (--tensor-parallel-size 1)");
-    require(a.speculative_config.empty(),
-            "--enable-lora: LoRA adapters do not run with --speculative-config yet");
     for (const std::string& m : a.lora_modules) parse_lora_module(m);
   } else {
     require(a.lora_modules.empty(), "--lora-modules needs --enable-lora");

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <vector>
 
 #include "core/dcp_position.h"
 #include "core/paged.h"
@@ -202,8 +203,13 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
     num_tokens += std::ssize(in.tokens);
     max_keys = std::max<int64_t>(max_keys, in.num_computed + std::ssize(in.tokens));
   }
+  // LoRA adapters: per-sequence slices (their slots, their merged kv_b), run eagerly (a graph
+  // would replay the slots it was captured with).
+  const bool lora = std::any_of(batch.begin(), batch.end(),
+                                [](const SequenceInput& in) { return in.lora_slot >= 0; });
   // The shape: the graph bucket (rows, tokens, context), or the batch itself.
-  const bool graph = verify_logits_.data() != nullptr && num_seqs <= config_.graph_max_batch;
+  const bool graph =
+      !lora && verify_logits_.data() != nullptr && num_seqs <= config_.graph_max_batch;
   int64_t rows = num_seqs, tokens = num_tokens, context = max_keys;
   if (graph) {
     tokens = 1;
@@ -268,6 +274,14 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   verify_tokens_ = num_tokens;
 
   const SequenceSlice all{0, tokens, 0, &cache_, tables_.as<int32_t>(), pad_, true};
+  std::vector<SequenceSlice> per_sequence;
+  if (lora) {
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      const SequenceInput& in = batch[static_cast<size_t>(i)];
+      per_sequence.push_back({offsets[i], std::ssize(in.tokens), 0, &cache_,
+                              tables_.as<int32_t>(), pad_, true, in.lora_slot});
+    }
+  }
   BatchedDecode decode{&cache_,
                        tables_.as<int32_t>(),
                        width_,
@@ -281,7 +295,8 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
                        reinterpret_cast<const int64_t*>(base + l.pos),
                        reinterpret_cast<const int64_t*>(base + l.slots),
                        tokens,
-                       std::span<const SequenceSlice>(&all, 1),
+                       lora ? std::span<const SequenceSlice>(per_sequence)
+                            : std::span<const SequenceSlice>(&all, 1),
                        decode};
   float* out = graph ? verify_logits_.as<float>() : nullptr;
   const float* logits = nullptr;

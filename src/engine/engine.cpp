@@ -115,7 +115,10 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
       });
     }
     launched = scheduler.schedule();
-    // No step is in flight (LoRA runs without asynchronous scheduling).
+    // A slot changes only once the step in flight (asynchronous scheduling) is done on the
+    // device: it may still read the slot's old adapter (a request that finished in the step
+    // before it ran once more).
+    if (!launched->lora_loads.empty() && in_flight) writable_model.backend().synchronize();
     for (LoraLoad& load : launched->lora_loads) {
       writable_model.set_lora(load.slot, std::move(load.adapter));
     }
@@ -402,11 +405,6 @@ EngineConfig complete_engine_config(const Model& model, EngineConfig config) {
   if (sc.max_loras > 0) {
     CHECK(config.max_lora_rank >= 1 && config.max_lora_rank <= 64,
           "max_lora_rank must be in [1, 64], got ", config.max_lora_rank);
-    CHECK(!config.speculative.enabled(), "LoRA adapters do not run with speculative decoding yet");
-    if (config.async_scheduling) {
-      log::info("engine: LoRA adapters run without asynchronous scheduling");
-      config.async_scheduling = false;
-    }
   }
   if (config.num_blocks == 0) {
     const int64_t per_seq =

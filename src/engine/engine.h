@@ -54,9 +54,8 @@ struct EngineConfig {
   SpeculativeConfig speculative;
   // LoRA adapters (issue 48; serve --enable-lora): scheduler.max_loras > 0 gives the model
   // that many adapter slots and the engine a LoraRegistry of adapters of rank up to
-  // max_lora_rank. It runs without asynchronous scheduling (a slot's adapter changes only
-  // between steps) and refuses speculative decoding (the verification does not carry the
-  // slots yet).
+  // max_lora_rank. A slot's adapter changes between steps, once the step in flight is done on
+  // the device; speculative verification carries each sequence's slot (eagerly).
   int64_t max_lora_rank = 16;
 };
 
