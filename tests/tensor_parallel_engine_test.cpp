@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -18,10 +19,13 @@
 #include <thread>
 #include <vector>
 
+#include "checkpoint_edit.h"
 #include "engine/engine.h"
 #include "engine/model_runner.h"
 #include "engine/step_plan.h"
 #include "engine/tensor_parallel_group.h"
+#include "engine/weight_transfer.h"
+#include "model/checkpoint.h"
 #include "model/model.h"
 #include "parallel/make_communicator.h"
 #include "parallel/step_channel.h"
@@ -81,6 +85,8 @@ struct GroupOptions {
   bool die_mid_step = false;
   int32_t num_blocks = 96;  // few: requests are preempted and recomputed
   SpeculativeConfig speculative;
+  // Called on rank 0's engine after each batch but the last (sleep, weight updates).
+  std::function<void(Engine&)> between_batches;
 };
 
 EngineConfig engine_config(const GroupOptions& g) {
@@ -153,7 +159,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
       }
     });
   }
-  {
+  try {
     std::unique_ptr<parallel::Communicator> comm =
         g.tp > 1 ? parallel::make_cpu_communicator(store, 0, g.tp, 5s, "tp") : nullptr;
     Engine engine(load(0, comm.get()), engine_config(g));
@@ -162,7 +168,16 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
       channel.accept_workers(g.tp);
       engine.set_plan_sink(&link);
     }
-    for (const std::vector<Request>& batch : batches) {
+    for (size_t b = 0; b < batches.size(); ++b) {
+      if (b > 0 && g.between_batches) {
+        try {
+          g.between_batches(engine);
+        } catch (const std::exception& e) {
+          ADD_FAILURE() << "between batches " << b << ": " << e.what();
+          break;
+        }
+      }
+      const std::vector<Request>& batch = batches[b];
       for (const Request& r : batch) {
         engine.add_request(r, [&run](const RequestOutput& o) {
           Result& res = run.results[o.request_id];
@@ -183,6 +198,9 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
       link.stop();
     }
     engine.stop();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "rank 0: " << e.what();
+    run.alive = false;
   }
   channel.close();
   for (std::thread& t : workers) t.join();
@@ -465,6 +483,77 @@ TEST(TensorParallelEngineSpeculation, NgramDraftsMatchOneRankWithout) {
     EXPECT_GT(tp.spec.num_accepted_tokens, 0);
     EXPECT_LT(tp.spec.num_accepted_tokens, tp.spec.num_draft_tokens);
   }
+}
+
+// Sleep (both levels), wake-up and weight updates reach every rank through control plans: after
+// a folder update and a relayed partial update, the group's outputs equal a fresh group's on
+// the new weights, bitwise; after sleeping they equal those before.
+TEST(TensorParallelEngineControl, SleepAndWeightUpdatesReachEveryRank) {
+  const fs::path tiny = fixture("tests/fixtures/kimi_linear_tiny");
+  // The bf16 tensors of the MoE layers changed in one mantissa bit.
+  const fs::path edited = test::rewrite_checkpoint(tiny, "tp_update", [](std::vector<TensorToWrite>& ts) {
+    for (TensorToWrite& t : ts) {
+      if (t.dtype != DType::kBF16 || t.name.find("block_sparse_moe") == std::string::npos) continue;
+      for (size_t i = 0; i < t.bytes.size(); i += 2) t.bytes[i] ^= 0x08;
+    }
+  });
+  const Checkpoint edited_ckpt = Checkpoint::open(edited);
+  const int64_t vocab = ModelConfig::load(tiny).vocab_size;
+  GroupOptions g;
+  g.dir = tiny;
+  g.tp = 2;
+  g.num_blocks = 256;
+  const auto batches = [&](const std::string& tag) {
+    std::vector<std::vector<Request>> out;
+    for (int b = 0; b < 4; ++b) {
+      std::vector<Request> batch;
+      for (int i = 0; i < 2; ++i) {
+        batch.push_back(greedy_request(str_cat(tag, b, "-", i),
+                                       test::random_prompt(9 + 21 * i, 40 + i, vocab), 6));
+      }
+      out.push_back(batch);
+    }
+    return out;
+  };
+  // Batches 0 and 1 around a sleep of level 1, 2 after one of level 2, 3 after the updates.
+  int calls = 0;
+  g.between_batches = [&](Engine& e) {
+    ++calls;
+    if (calls == 1 || calls == 2) {
+      e.sleep(calls, PauseMode::kWait);
+      e.wake_up({});
+    } else {
+      // The MoE tensors relayed from rank 0 in place of the folder's: the edited model.
+      std::vector<OverrideTensor> staged;
+      for (const std::string& n : edited_ckpt.names()) {
+        if (n.find("block_sparse_moe") == std::string::npos) continue;
+        const TensorInfo& t = *edited_ckpt.find(n);
+        auto bytes = std::make_shared<const std::vector<uint8_t>>(t.data, t.data + t.num_bytes);
+        TensorInfo info = t;
+        info.data = bytes->data();
+        staged.push_back({info, bytes});
+      }
+      e.update_weights(updated_checkpoint(e.model().weights_source(), std::move(staged)));
+    }
+  };
+  const GroupRun run = run_group(g, batches("r"));
+  expect_no_worker_errors(run);
+  ASSERT_TRUE(run.alive);
+  GroupOptions plain = g;
+  plain.between_batches = nullptr;
+  const GroupRun before = run_group(plain, batches("r"));
+  plain.dir = edited;
+  const GroupRun after = run_group(plain, batches("r"));
+  for (const auto& [id, r] : run.results) {
+    const bool updated = id[1] == '3';
+    const Result& want = (updated ? after : before).results.at(id);
+    ASSERT_EQ(r.tokens.size(), want.tokens.size()) << id;
+    for (size_t k = 0; k < r.tokens.size(); ++k) {
+      EXPECT_EQ(r.tokens[k].token, want.tokens[k].token) << id << " token " << k;
+      EXPECT_EQ(r.tokens[k].logprob, want.tokens[k].logprob) << id << " token " << k;
+    }
+  }
+  EXPECT_NE(before.results.at("r3-0").tokens[0].logprob, after.results.at("r3-0").tokens[0].logprob);
 }
 
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {

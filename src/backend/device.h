@@ -63,6 +63,7 @@ class Device {
   // Allows allocations again (sleep mode's wake-up reallocates the cache and the weights, with
   // every graph released; freeze() again after).
   virtual void unfreeze() {}
+  virtual bool frozen() const { return false; }
   // The stream ops are issued on (cudaStream_t for CUDA), or null.
   virtual void* native_stream() const { return nullptr; }
 

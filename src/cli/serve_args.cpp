@@ -120,14 +120,7 @@ void check_engine_flags(const ServeArgs& a) {
   } else {
     require(a.lora_modules.empty(), "--lora-modules needs --enable-lora");
   }
-  const bool one_rank = a.tensor_parallel_size == 1 && a.decode_context_parallel_size == 1;
-  require(!a.enable_sleep_mode || one_rank,
-          "--enable-sleep-mode is not supported with tensor or decode context parallelism yet");
-  if (!a.weight_transfer_config.empty()) {
-    parse_weight_transfer_backend(a.weight_transfer_config);
-    require(one_rank, "--weight-transfer-config is not supported with tensor or decode context ",
-            "parallelism yet");
-  }
+  if (!a.weight_transfer_config.empty()) parse_weight_transfer_backend(a.weight_transfer_config);
   if (!a.speculative_config.empty()) {
     CHECK(!a.async_scheduling, "--async-scheduling and --speculative-config: speculative ",
           "decoding runs without asynchronous scheduling");

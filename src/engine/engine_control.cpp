@@ -8,6 +8,8 @@
 
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/weight_transfer.h"
+#include "model/checkpoint.h"
 #include "model/tensor_source.h"
 #include "util/error.h"
 #include "util/log.h"
@@ -154,9 +156,6 @@ void Engine::sleep(int level, PauseMode mode) {
     throw InvalidRequest("mode",
                          "sleep discards the KV cache: mode must be 'abort' or 'wait', not 'keep'");
   }
-  if (impl_->has_workers) {
-    throw InvalidRequest("", "sleep mode is not supported with tensor parallelism yet");
-  }
   run_control([this, level, mode, started = false]() mutable {
     Impl& m = *impl_;
     if (m.sleep_level > 0) return true;  // asleep already: nothing more to free
@@ -177,6 +176,12 @@ void Engine::sleep(int level, PauseMode mode) {
     m.runner.release_graphs();
     m.cache->release();
     m.writable_model.release_weights(level == 1);
+    if (m.has_workers) {
+      StepPlan plan;
+      plan.control = PlanControl::kSleep;
+      plan.control_arg = level;
+      m.runner.send_control(std::move(plan));
+    }
     m.sleep_level = level;
     log::info("engine: asleep (level {}): the KV cache{} freed", level,
               level == 1 ? " is" : " and the weights are");
@@ -211,6 +216,12 @@ void Engine::wake_up(const std::vector<std::string>& tags) {
     }
     if (m.memory_frozen) backend.freeze();
     m.runner.release_graphs();  // captured over the old addresses
+    if (m.has_workers) {
+      StepPlan plan;
+      plan.control = PlanControl::kWakeUp;
+      plan.control_arg = (weights ? 1 : 0) | (kv_cache ? 2 : 0);
+      m.runner.send_control(std::move(plan));
+    }
     if (m.writable_model.weights_resident() && m.cache->resident()) {
       m.sleep_level = 0;
       log::info("engine: awake");
@@ -229,10 +240,36 @@ int Engine::sleep_level() const {
   return impl_->sleep_level;
 }
 
-void Engine::update_weights(std::unique_ptr<TensorSource> source) {
-  if (impl_->has_workers) {
-    throw InvalidRequest("", "weight updates are not supported with tensor parallelism yet");
+namespace {
+
+// Tensor parallelism: the workers load the update rank 0 has just applied: its folder, and the
+// tensors in place of the folder's, relayed over the group's communicator.
+void send_update_to_workers(const Model& model, ModelRunner& runner) {
+  const auto* ckpt = dynamic_cast<const Checkpoint*>(&model.weights_source());
+  CHECK(ckpt != nullptr, "weight updates under tensor parallelism need a checkpoint folder");
+  StepPlan plan;
+  plan.control = PlanControl::kUpdateWeights;
+  plan.weights_dir = ckpt->dir().string();
+  std::vector<OverrideTensor> tensors = ckpt->overrides();
+  for (const OverrideTensor& t : tensors) {
+    plan.tensors.push_back({t.info.name, static_cast<uint8_t>(t.info.dtype), t.info.shape});
   }
+  runner.send_control(std::move(plan));
+  Backend& backend = model.backend();
+  const bool frozen = backend.frozen();
+  if (frozen) backend.unfreeze();
+  try {
+    relay_tensors(*model.options().parallel.tp.comm, backend, tensors, /*root=*/true);
+  } catch (...) {
+    if (frozen) backend.freeze();
+    throw;
+  }
+  if (frozen) backend.freeze();
+}
+
+}  // namespace
+
+void Engine::update_weights(std::unique_ptr<TensorSource> source) {
   auto holder = std::make_shared<std::unique_ptr<TensorSource>>(std::move(source));
   run_control([this, holder] {
     Impl& m = *impl_;
@@ -243,6 +280,7 @@ void Engine::update_weights(std::unique_ptr<TensorSource> source) {
     // The source moves into the model (it keeps the host tensors alive); a failed reload
     // leaves the model as it was.
     m.writable_model.reload_weights(std::move(*holder));
+    if (m.has_workers) send_update_to_workers(m.model, m.runner);
     const int64_t generation = ++m.weights_generation;
     m.scheduler.set_weights_generation(generation);
     m.scheduler.reset_prefix_cache();

@@ -129,6 +129,12 @@ void ModelRunner::add_request(const std::string& request_id, uint64_t seed,
   if (plan_tables_.erase(request_id) > 0) plan_dropped_early_.push_back(request_id);
 }
 
+void ModelRunner::send_control(StepPlan plan) {
+  CHECK(plan_sink_ != nullptr, "model runner: a control plan without workers");
+  plan.step = ++num_plans_;
+  plan_sink_->send(plan);
+}
+
 void ModelRunner::remove_request(const std::string& request_id) {
   const auto it = requests_.find(request_id);
   if (it == requests_.end()) return;

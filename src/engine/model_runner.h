@@ -166,6 +166,9 @@ class ModelRunner {
   const DecodeStep& decode_step() const { return decode_; }
   // The decode step's graphs are released (the weights or the cache moved: sleep mode).
   void release_graphs() { decode_.release_graphs(); }
+  // Tensor parallelism, rank 0: sends a control plan (StepPlan::control) to the workers, numbered
+  // after the last step's.
+  void send_control(StepPlan plan);
 
  private:
   struct RequestState {

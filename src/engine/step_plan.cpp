@@ -126,6 +126,15 @@ std::vector<uint8_t> encode_plan(const StepPlan& plan) {
     w.put(s.snapshot_block);
   }
   w.put(plan.num_sampled);
+  w.put(static_cast<uint8_t>(plan.control));
+  w.put(plan.control_arg);
+  w.put(plan.weights_dir);
+  w.put_count(plan.tensors.size());
+  for (const PlanTensor& t : plan.tensors) {
+    w.put(t.name);
+    w.put(t.dtype);
+    w.put(t.shape);
+  }
   return w.take();
 }
 
@@ -185,7 +194,21 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
   }
   plan.num_sampled = r.get<int32_t>("num_sampled");
   CHECK(plan.num_sampled >= 0, "step plan: num_sampled ", plan.num_sampled);
-  CHECK(r.done(), "step plan: trailing bytes after num_sampled");
+  const auto control = r.get<uint8_t>("control");
+  CHECK(control <= static_cast<uint8_t>(PlanControl::kUpdateWeights), "step plan: control ",
+        static_cast<int>(control));
+  plan.control = static_cast<PlanControl>(control);
+  plan.control_arg = r.get<int32_t>("control_arg");
+  plan.weights_dir = r.get_string("weights_dir");
+  const size_t num_tensors = r.count("tensors", 9);
+  for (size_t i = 0; i < num_tensors; ++i) {
+    PlanTensor t;
+    t.name = r.get_string("tensor name");
+    t.dtype = r.get<uint8_t>("tensor dtype");
+    t.shape = r.get_vector<int64_t>("tensor shape");
+    plan.tensors.push_back(std::move(t));
+  }
+  CHECK(r.done(), "step plan: trailing bytes after the tensors");
   return plan;
 }
 

@@ -55,8 +55,28 @@ struct PlanSnapshot {
   int32_t snapshot_block = 0;
 };
 
+// A generation control (engine/engine_control.cpp) each worker runs instead of a step.
+enum class PlanControl : uint8_t {
+  kNone,
+  kSleep,          // control_arg 1 or 2: free the cache (and the weights: level 2, or kept on
+                   // the host: level 1)
+  kWakeUp,         // control_arg bit 0: the weights, bit 1: the cache
+  kUpdateWeights,  // weights_dir with `tensors` in place; rank 0 broadcasts each tensor's
+                   // bytes over the group's communicator after this plan, in this order
+};
+
+struct PlanTensor {
+  std::string name;
+  uint8_t dtype = 0;  // DType
+  std::vector<int64_t> shape;
+};
+
 struct StepPlan {
   uint64_t step = 0;  // 1, 2, ... (acknowledged by the workers)
+  PlanControl control = PlanControl::kNone;
+  int32_t control_arg = 0;
+  std::string weights_dir;
+  std::vector<PlanTensor> tensors;
   bool stop = false;  // the leader is shutting down: the worker exits
   // The commit counts of the last verification before this step (DecodeStep::commit), run
   // first; empty: none.

@@ -3,6 +3,8 @@
 #include <exception>
 
 #include "engine/model_runner.h"
+#include "engine/weight_transfer.h"
+#include "model/checkpoint.h"
 #include "util/error.h"
 #include "util/log.h"
 
@@ -34,7 +36,54 @@ std::optional<std::string> LeaderLink::diagnose(std::chrono::milliseconds grace)
   return str_cat("rank(s) ", ranks, " did not finish step ", last_step_, " (hung or too slow)");
 }
 
-void run_tensor_parallel_worker(const Model& model, const EngineConfig& config,
+namespace {
+
+// A control plan (StepPlan::control): what rank 0's engine did between steps, on this rank.
+void run_control_plan(Model& model, KvCache& cache, ModelRunner& runner, const StepPlan& plan) {
+  Backend& backend = model.backend();
+  const bool frozen = backend.frozen();
+  if (frozen) backend.unfreeze();
+  try {
+    switch (plan.control) {
+      case PlanControl::kNone:
+        break;
+      case PlanControl::kSleep:
+        runner.release_graphs();
+        cache.release();
+        model.release_weights(plan.control_arg == 1);
+        break;
+      case PlanControl::kWakeUp:
+        if (plan.control_arg & 1) model.restore_weights();
+        if (plan.control_arg & 2) cache.restore();
+        runner.release_graphs();
+        break;
+      case PlanControl::kUpdateWeights: {
+        std::vector<OverrideTensor> tensors;
+        for (const PlanTensor& t : plan.tensors) {
+          OverrideTensor o;
+          o.info.name = t.name;
+          o.info.dtype = static_cast<DType>(t.dtype);
+          o.info.shape = t.shape;
+          o.info.num_bytes = o.info.num_elements() * dtype_size(o.info.dtype);
+          o.info.file = "weight update (from rank 0)";
+          tensors.push_back(std::move(o));
+        }
+        relay_tensors(*model.options().parallel.tp.comm, backend, tensors, /*root=*/false);
+        model.reload_weights(
+            std::make_unique<Checkpoint>(Checkpoint::open_with(plan.weights_dir, std::move(tensors))));
+        break;
+      }
+    }
+  } catch (...) {
+    if (frozen) backend.freeze();
+    throw;
+  }
+  if (frozen) backend.freeze();
+}
+
+}  // namespace
+
+void run_tensor_parallel_worker(Model& model, const EngineConfig& config,
                                 parallel::WorkerChannel& channel) {
   const int rank = model.options().parallel.tp.rank;
   try {
@@ -51,7 +100,11 @@ void run_tensor_parallel_worker(const Model& model, const EngineConfig& config,
       }
       const StepPlan plan = decode_plan(*bytes);
       if (plan.stop) break;
-      runner.run_plan(plan);
+      if (plan.control != PlanControl::kNone) {
+        run_control_plan(model, *cache, runner, plan);
+      } else {
+        runner.run_plan(plan);
+      }
       channel.ack(plan.step);
     }
     model.backend().synchronize();

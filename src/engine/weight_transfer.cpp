@@ -32,6 +32,45 @@ DType parse_transfer_dtype(const std::string& name) {
   throw InvalidRequest("dtype_names", "unknown dtype '" + name + "'");
 }
 
+std::unique_ptr<Checkpoint> updated_checkpoint(const TensorSource& current,
+                                               std::vector<OverrideTensor> staged) {
+  const auto* ckpt = dynamic_cast<const Checkpoint*>(&current);
+  if (ckpt == nullptr) {
+    throw InvalidRequest("", "weight updates need a model loaded from a checkpoint folder");
+  }
+  for (const OverrideTensor& o : ckpt->overrides()) {
+    const bool sent_again = std::any_of(staged.begin(), staged.end(), [&](const OverrideTensor& x) {
+      return x.info.name == o.info.name;
+    });
+    if (!sent_again) staged.push_back(o);
+  }
+  return std::make_unique<Checkpoint>(Checkpoint::open_with(current.dir(), std::move(staged)));
+}
+
+void relay_tensors(parallel::Communicator& comm, Device& device, std::vector<OverrideTensor>& tensors,
+                   bool root) {
+  for (OverrideTensor& t : tensors) {
+    std::shared_ptr<std::vector<uint8_t>> bytes;
+    if (root) {
+      bytes = std::make_shared<std::vector<uint8_t>>(t.info.data, t.info.data + t.info.num_bytes);
+    } else {
+      bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(t.info.num_bytes));
+    }
+    if (device.kind() == DeviceKind::kCpu) {
+      comm.broadcast(bytes->data(), bytes->size(), 0);
+    } else {
+      DeviceAllocation buffer(&device, bytes->size());
+      if (root) device.upload(buffer.data(), bytes->data(), bytes->size());
+      comm.broadcast(buffer.data(), bytes->size(), 0);
+      device.download(bytes->data(), buffer.data(), bytes->size());
+    }
+    if (!root) {
+      t.info.data = bytes->data();
+      t.bytes = std::move(bytes);
+    }
+  }
+}
+
 WeightTransfer::WeightTransfer(Engine& engine, std::string backend)
     : engine_(engine), backend_(std::move(backend)) {
   CHECK(backend_.empty() || backend_ == "nccl" || backend_ == "gloo",
@@ -168,20 +207,7 @@ int64_t WeightTransfer::finish() {
   staged_.clear();
   const auto n = static_cast<int64_t>(staged.size());
   if (n == 0) return 0;
-  // Earlier updates' tensors stay in place unless sent again.
-  const TensorSource& current = engine_.model().weights_source();
-  if (const auto* ckpt = dynamic_cast<const Checkpoint*>(&current)) {
-    for (const OverrideTensor& o : ckpt->overrides()) {
-      const bool sent_again = std::any_of(staged.begin(), staged.end(), [&](const OverrideTensor& x) {
-        return x.info.name == o.info.name;
-      });
-      if (!sent_again) staged.push_back(o);
-    }
-  } else {
-    throw InvalidRequest("", "weight updates need a model loaded from a checkpoint folder");
-  }
-  engine_.update_weights(
-      std::make_unique<Checkpoint>(Checkpoint::open_with(current.dir(), std::move(staged))));
+  engine_.update_weights(updated_checkpoint(engine_.model().weights_source(), std::move(staged)));
   return n;
 }
 

@@ -12,9 +12,10 @@
 //            all checked first; a name the model lacks, or another dtype or shape, is refused
 //            naming it and nothing changes); tensors not sent keep their values
 //
-// One server rank (tensor-parallel serving refuses updates). Methods are called from one
-// thread at a time (the server's control thread); receives run on the engine thread between
-// steps, so generation pauses while tensors arrive.
+// Rank 0 alone joins the trainer's group; under tensor parallelism it relays the tensors to
+// its workers over the group's own communicator (Engine::update_weights). Methods are called
+// from one thread at a time (the server's control thread); receives run on the engine thread
+// between steps, so generation pauses while tensors arrive.
 #pragma once
 
 #include <cstdint>
@@ -48,6 +49,18 @@ struct WeightTransferUpdate {
 // "bfloat16", "float32", "float16", "float8_e4m3fn", "uint8", "int32", ... or safetensors'
 // names; InvalidRequest naming the field otherwise.
 DType parse_transfer_dtype(const std::string& name);
+
+// The model's checkpoint (current: the model's weights source, a Checkpoint) with `staged` in
+// place of the folder's tensors; earlier updates' tensors carry over unless sent again.
+// InvalidRequest when the model's weights did not come from a checkpoint folder.
+std::unique_ptr<Checkpoint> updated_checkpoint(const TensorSource& current,
+                                               std::vector<OverrideTensor> staged);
+
+// Rank 0 (root) sends each tensor's bytes over comm in order, the other ranks receive them
+// into fresh buffers (their infos describe the tensors; data is set). On a device whose
+// communicator takes device memory the bytes pass through a device buffer.
+void relay_tensors(parallel::Communicator& comm, Device& device, std::vector<OverrideTensor>& tensors,
+                   bool root);
 
 class WeightTransfer {
  public:

@@ -199,9 +199,9 @@ void OpenAIServer::add_control_routes() {
     });
   });
   route("GET", "/get_world_size", [this](const HttpRequest&, HttpResponseWriter& w) {
-    // This server's ranks (one: weight transfer refuses tensor-parallel serving).
-    w.send(200, "application/json",
-           Json{{"world_size", engine_.model().options().parallel.tp.size}}.dump());
+    // The server's ranks in the trainer's group: rank 0 alone (it relays to its workers), so
+    // a trainer's world_size is its own ranks + 1.
+    w.send(200, "application/json", Json{{"world_size", 1}}.dump());
   });
 }
 

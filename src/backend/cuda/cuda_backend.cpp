@@ -88,6 +88,7 @@ class CudaBackend final : public Backend {
   }
   void freeze() override { frozen_ = true; }
   void unfreeze() override { frozen_ = false; }
+  bool frozen() const override { return frozen_; }
   void weights_moved() override {
     for (auto& [experts, table] : experts_) {
       table = cuda::MoeExperts::upload(experts, table.num_experts());
