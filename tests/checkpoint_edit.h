@@ -3,6 +3,7 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <functional>
@@ -16,12 +17,14 @@
 namespace hyserve::test {
 
 // Copies the checkpoint in `src_dir` (config.json, model.safetensors) into a temp folder
-// named after `name`, letting `edit` change its tensors first.
+// named after `name` and this process (ctest runs tests in parallel processes: one rewriting a
+// file another has mapped would fault it), letting `edit` change its tensors first.
 inline std::filesystem::path rewrite_checkpoint(
     const std::filesystem::path& src_dir, const std::string& name,
     const std::function<void(std::vector<TensorToWrite>&)>& edit) {
   namespace fs = std::filesystem;
-  const fs::path dir = fs::path(testing::TempDir()) / ("hyserve_ckpt_" + name);
+  const fs::path dir =
+      fs::path(testing::TempDir()) / ("hyserve_ckpt_" + name + "_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   fs::copy_file(src_dir / "config.json", dir / "config.json", fs::copy_options::overwrite_existing);
   const SafetensorsFile src = SafetensorsFile::open(src_dir / "model.safetensors");

@@ -511,6 +511,7 @@ bool Engine::step() {
   }
   if (dead_) impl_->fail_controls("engine: the engine has failed");
   Impl::deliver(out);
+  impl_->answer_controls();
   return did;
 }
 

@@ -56,20 +56,25 @@ bool Engine::Impl::run_controls(std::vector<Delivery>& out) {
   for (Delivery& d : control_out) out.push_back(std::move(d));
   control_out.clear();
   if (error || finished) {
-    std::shared_ptr<std::promise<void>> done = c->done;
-    {
-      std::lock_guard lock(mu);
-      controls.pop_front();
-    }
-    if (error) {
-      done->set_exception(error);
-    } else {
-      done->set_value();
-    }
+    answers.push_back({c->done, error});
+    std::lock_guard lock(mu);
+    controls.pop_front();
   }
   has_work = scheduler.has_unfinished_requests();
   update_stats(false);
   return true;
+}
+
+void Engine::Impl::answer_controls() {
+  std::vector<Answer> ready;
+  ready.swap(answers);
+  for (Answer& a : ready) {
+    if (a.error) {
+      a.done->set_exception(a.error);
+    } else {
+      a.done->set_value();
+    }
+  }
 }
 
 void Engine::Impl::fail_controls(const std::string& why) {

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <exception>
 #include <functional>
 #include <future>
 #include <memory>
@@ -135,6 +136,14 @@ struct Engine::Impl {
   // Adds held while paused go back to the queue, in their order.
   void release_held();
   std::vector<Delivery> control_out;  // outputs a control produced (its aborts), engine thread
+  // Controls done in this step, answered after its outputs are delivered (a caller of
+  // pause(kWait) sees the finished requests' last outputs first), engine thread.
+  struct Answer {
+    std::shared_ptr<std::promise<void>> done;
+    std::exception_ptr error;
+  };
+  std::vector<Answer> answers;
+  void answer_controls();
   bool admission_closed = false;  // adds are held (paused, or a pause draining), engine thread
   std::vector<Command> held;      // engine thread
   std::atomic<bool> paused{false};

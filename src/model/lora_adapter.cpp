@@ -145,6 +145,81 @@ bool listed(const std::set<std::string>& names, const std::string& module) {
   return false;
 }
 
+// One layer's fused expert LoRA tensors.
+struct FusedExperts {
+  std::string module;
+  const TensorInfo* a = nullptr;
+  const TensorInfo* b = nullptr;
+};
+
+// "layers.N.mlp.experts.base_layer" (gate and up) or "layers.N.mlp.experts" (down).
+bool is_fused_experts(const std::string& canon) {
+  const auto ends = [&](std::string_view x) {
+    return canon.size() > x.size() && canon.compare(canon.size() - x.size(), x.size(), x) == 0;
+  };
+  return ends(".mlp.experts.base_layer") || ends(".mlp.experts");
+}
+
+// The per-expert pairs of a fused form: expert e's A is rows [e r, (e + 1) r) of lora_A (the
+// expert index slowest), its B the columns e, E + e, 2E + e, ... of lora_B (the expert index
+// fastest), as PEFT lays them out and vLLM reads them; gate_up's B rows are gate's then up's.
+void add_fused_experts(const std::string& canon, const FusedExperts& f, const LoraTargets& targets,
+                       int64_t rank, float scale, const std::string& file_name,
+                       std::map<int64_t, LoraAdapter::Pair>& pairs,
+                       std::map<int64_t, std::string>& module_of) {
+  CHECK(f.a != nullptr && f.b != nullptr, "LoRA adapter ", file_name, ": module ", f.module,
+        " has only one of lora_A.weight and lora_B.weight");
+  const bool gate_up = canon.ends_with(".base_layer");
+  const std::string prefix = canon.substr(0, canon.rfind(".experts")) + ".experts.";
+  std::vector<std::vector<int64_t>> by_expert;  // targets per expert: gate, up or down
+  for (int64_t e = 0;; ++e) {
+    const std::string p = prefix + std::to_string(e);
+    std::vector<int64_t> ts;
+    for (const char* proj : gate_up ? std::vector<const char*>{".gate_proj", ".up_proj"}
+                                    : std::vector<const char*>{".down_proj"}) {
+      ts.push_back(targets.find(p + proj));
+    }
+    if (ts.front() < 0) break;
+    by_expert.push_back(std::move(ts));
+  }
+  const auto num_experts = static_cast<int64_t>(by_expert.size());
+  CHECK(num_experts > 0, "LoRA adapter ", file_name, ": module ", f.module,
+        ": the model has no routed experts there");
+  const Weight& w0 = *targets.targets()[by_expert[0][0]].weight;
+  const int64_t in = w0.cols, out_each = w0.rows;
+  const int64_t out = out_each * static_cast<int64_t>(by_expert[0].size());
+  const int64_t er = num_experts * rank;
+  CHECK(f.a->shape == (std::vector<int64_t>{er, in}), "LoRA adapter ", file_name, ": tensor ",
+        f.a->name, " has shape [", f.a->shape[0], ", ", f.a->shape[1], "], expected [", er, ", ", in,
+        "] (", num_experts, " experts x r = ", rank, ")");
+  CHECK(f.b->shape == (std::vector<int64_t>{out, er}), "LoRA adapter ", file_name, ": tensor ",
+        f.b->name, " has shape [", f.b->shape[0], ", ", f.b->shape[1], "], expected [", out, ", ",
+        er, "] (", num_experts, " experts x r = ", rank, ")");
+  std::vector<float> a(static_cast<size_t>(er * in)), b(static_cast<size_t>(out * er));
+  convert_to_f32(f.a->data, f.a->dtype, a.data(), f.a->num_elements());
+  convert_to_f32(f.b->data, f.b->dtype, b.data(), f.b->num_elements());
+  for (int64_t e = 0; e < num_experts; ++e) {
+    for (size_t part = 0; part < by_expert[static_cast<size_t>(e)].size(); ++part) {
+      const int64_t target = by_expert[static_cast<size_t>(e)][part];
+      CHECK(target >= 0 && !pairs.contains(target), "LoRA adapter ", file_name, ": module ",
+            f.module, ": expert ", e, " is also given per expert");
+      LoraAdapter::Pair& p = pairs[target];
+      p.target = target;
+      p.rank = rank;
+      p.scale = scale;
+      p.a.assign(a.begin() + e * rank * in, a.begin() + (e + 1) * rank * in);
+      p.b.resize(static_cast<size_t>(out_each * rank));
+      for (int64_t o = 0; o < out_each; ++o) {
+        for (int64_t r = 0; r < rank; ++r) {
+          p.b[static_cast<size_t>(o * rank + r)] =
+              b[static_cast<size_t>((static_cast<int64_t>(part) * out_each + o) * er + r * num_experts + e)];
+        }
+      }
+      module_of[target] = f.module;
+    }
+  }
+}
+
 }  // namespace
 
 LoraAdapter read_lora_adapter(const std::filesystem::path& dir, const std::string& name,
@@ -175,6 +250,11 @@ LoraAdapter read_lora_adapter(const std::filesystem::path& dir, const std::strin
   const std::string file_name = file.path().string();
   std::map<int64_t, LoraAdapter::Pair> pairs;
   std::map<int64_t, std::string> module_of;
+  // vLLM's fused 3-D expert form (PEFT target_parameters): per layer, experts.base_layer
+  // (gate and up) and experts (down), lora_A [E*r, in] and lora_B [out, E*r].
+  std::map<std::string, FusedExperts> fused;
+  const bool has_target_parameters =
+      config.contains("target_parameters") && !config["target_parameters"].empty();
   for (const TensorInfo& t : file.tensors()) {
     bool is_a = false;
     std::string module;
@@ -188,6 +268,18 @@ LoraAdapter read_lora_adapter(const std::filesystem::path& dir, const std::strin
     CHECK(!module.empty(), "LoRA adapter ", file_name, ": tensor ", t.name,
           " is not a lora_A.weight or lora_B.weight");
     const std::string canon = LoraTargets::canonical_name(module);
+    if (is_fused_experts(canon)) {
+      CHECK(has_target_parameters || listed(modules, module), "LoRA adapter ", file_name,
+            ": tensor ", t.name, ": module ", module, " is not in target_modules");
+      CHECK(is_float(t.dtype) && t.shape.size() == 2, "LoRA adapter ", file_name, ": tensor ",
+            t.name, " must be a 2-D float tensor");
+      FusedExperts& f = fused[canon];
+      f.module = module;
+      const TensorInfo*& slot = is_a ? f.a : f.b;
+      CHECK(slot == nullptr, "LoRA adapter ", file_name, ": tensor ", t.name, " given twice");
+      slot = &t;
+      continue;
+    }
     const int64_t target = canon.empty() ? -1 : targets.find(canon);
     CHECK(target >= 0, "LoRA adapter ", file_name, ": tensor ", t.name,
           ": unknown module or one this model cannot adapt (", module, ")");
@@ -210,6 +302,9 @@ LoraAdapter read_lora_adapter(const std::filesystem::path& dir, const std::strin
     p.rank = ad.rank;
     p.scale = scale;
     module_of[target] = module;
+  }
+  for (const auto& [canon, f] : fused) {
+    add_fused_experts(canon, f, targets, ad.rank, scale, file_name, pairs, module_of);
   }
   CHECK(!pairs.empty(), "LoRA adapter ", file_name, " has no lora_A / lora_B tensors");
   for (auto& [target, p] : pairs) {
