@@ -218,8 +218,8 @@ TEST_P(EngineTest, WeightUpdateEqualsFreshEngine) {
 // A checkpoint with a misshapen tensor is refused naming it, and the engine runs on with
 // the weights it had.
 TEST_P(EngineTest, BadWeightUpdateChangesNothing) {
-  const std::filesystem::path bad = rewrite_checkpoint(
-      tiny_dir(), "bad_update", [](std::vector<TensorToWrite>& tensors) {
+  const std::filesystem::path bad =
+      rewrite_checkpoint(tiny_dir(), "bad_update", [](std::vector<TensorToWrite>& tensors) {
         for (TensorToWrite& t : tensors) {
           if (t.name.ends_with("layers.0.input_layernorm.weight")) {
             t.shape[0] -= 1;

@@ -11,8 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <fstream>
+#include <map>
 #include <random>
 #include <string>
 #include <vector>
@@ -122,9 +122,9 @@ TEST_F(LoraEngine, SpeculativeVerificationCarriesTheAdapters) {
     auto engine = make_engine(2, false, speculate ? ngram : SpeculativeConfig{});
     Collector col;
     for (size_t i = 0; i < requests.size(); ++i) {
-      engine->add_request(lora_request(*engine, "r" + std::to_string(i), requests[i].second,
-                                       requests[i].first, 16),
-                          col.callback());
+      engine->add_request(
+          lora_request(*engine, "r" + std::to_string(i), requests[i].second, requests[i].first, 16),
+          col.callback());
     }
     run_to_completion(*engine);
     (speculate ? got : want) = col.results;
@@ -147,9 +147,9 @@ TEST_F(LoraEngine, AsynchronousSchedulingKeepsTheOutputs) {
     EXPECT_EQ(engine->config().async_scheduling, async);
     Collector col;
     for (size_t i = 0; i < requests.size(); ++i) {
-      engine->add_request(lora_request(*engine, "r" + std::to_string(i), requests[i].second,
-                                       requests[i].first, 10),
-                          col.callback());
+      engine->add_request(
+          lora_request(*engine, "r" + std::to_string(i), requests[i].second, requests[i].first, 10),
+          col.callback());
     }
     run_to_completion(*engine);
     (async ? got : want) = col.results;

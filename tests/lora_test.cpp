@@ -308,8 +308,9 @@ TEST_P(Lora, BadAdaptersAreRefusedNamingTheTensor) {
 // it reads back as exactly the same pairs; a wrong shape is refused naming the tensor.
 TEST_P(Lora, FusedExpertFormReadsAsThePerExpertPairs) {
   const fs::path src = fs::path(HYSERVE_SOURCE_DIR) / GetParam().dir;
-  const fs::path dir = fs::temp_directory_path() / ("hyserve_lora_fused_" +
-                                                    std::to_string(::getpid()) + sanitize(GetParam().dir));
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("hyserve_lora_fused_" + std::to_string(::getpid()) + sanitize(GetParam().dir));
   fs::remove_all(dir);
   auto model = Model::load(src);
   model->enable_lora(1);
@@ -318,7 +319,8 @@ TEST_P(Lora, FusedExpertFormReadsAsThePerExpertPairs) {
   std::map<std::string, int64_t> layers;  // "layers.N.mlp" -> E
   for (const LoraTargets::Target& t : model->lora_targets()->targets()) {
     const size_t at = t.name.find(".mlp.experts.");
-    if (at != std::string::npos && t.name.ends_with(".gate_proj")) ++layers[t.name.substr(0, at + 4)];
+    if (at != std::string::npos && t.name.ends_with(".gate_proj"))
+      ++layers[t.name.substr(0, at + 4)];
   }
   if (layers.empty()) GTEST_SKIP() << "no routed experts";
   std::vector<TensorToWrite> tensors;
@@ -326,43 +328,51 @@ TEST_P(Lora, FusedExpertFormReadsAsThePerExpertPairs) {
   for (const LoraTargets::Target& t : model->lora_targets()->targets()) {
     if (t.name.find(".mlp.experts.") != std::string::npos) continue;
     const auto& [a, b] = per.pairs.at(t.name);
-    const std::string module = std::string("base_model.model.") + GetParam().prefix + "model." + t.name;
+    const std::string module =
+        std::string("base_model.model.") + GetParam().prefix + "model." + t.name;
     tensors.push_back(f32_tensor(module + ".lora_A.weight", {r, t.weight->cols}, a));
     tensors.push_back(f32_tensor(module + ".lora_B.weight", {t.weight->rows, r}, b));
   }
   for (const auto& [layer, num_experts] : layers) {
     for (const bool gate_up : {true, false}) {
-      const std::vector<std::string> projs =
-          gate_up ? std::vector<std::string>{"gate_proj", "up_proj"} : std::vector<std::string>{"down_proj"};
-      const Weight& w0 = *model->lora_targets()->targets()[model->lora_targets()->find(
-          layer + ".experts.0." + projs[0])].weight;
+      const std::vector<std::string> projs = gate_up
+                                                 ? std::vector<std::string>{"gate_proj", "up_proj"}
+                                                 : std::vector<std::string>{"down_proj"};
+      const Weight& w0 =
+          *model->lora_targets()
+               ->targets()[model->lora_targets()->find(layer + ".experts.0." + projs[0])]
+               .weight;
       const int64_t in = w0.cols, out_each = w0.rows, er = num_experts * r;
       const int64_t out = out_each * static_cast<int64_t>(projs.size());
       std::vector<float> fa(static_cast<size_t>(er * in)), fb(static_cast<size_t>(out * er));
       for (int64_t e = 0; e < num_experts; ++e) {
         for (size_t part = 0; part < projs.size(); ++part) {
-          const auto& [a, b] = per.pairs.at(layer + ".experts." + std::to_string(e) + "." + projs[part]);
+          const auto& [a, b] =
+              per.pairs.at(layer + ".experts." + std::to_string(e) + "." + projs[part]);
           // gate and up share A in this form: write gate's (up's A is checked below).
           if (part == 0) std::copy(a.begin(), a.end(), fa.begin() + e * r * in);
           for (int64_t o = 0; o < out_each; ++o) {
             for (int64_t k = 0; k < r; ++k) {
-              fb[static_cast<size_t>((static_cast<int64_t>(part) * out_each + o) * er + k * num_experts + e)] =
-                  b[static_cast<size_t>(o * r + k)];
+              fb[static_cast<size_t>((static_cast<int64_t>(part) * out_each + o) * er +
+                                     k * num_experts + e)] = b[static_cast<size_t>(o * r + k)];
             }
           }
         }
       }
-      const std::string module = std::string("base_model.model.") + GetParam().prefix + "model." + layer +
-                                 (gate_up ? ".experts.base_layer" : ".experts");
+      const std::string module = std::string("base_model.model.") + GetParam().prefix + "model." +
+                                 layer + (gate_up ? ".experts.base_layer" : ".experts");
       tensors.push_back(f32_tensor(module + ".lora_A.weight", {er, in}, fa));
       tensors.push_back(f32_tensor(module + ".lora_B.weight", {out, er}, fb));
     }
   }
   fs::create_directories(dir / "fused");
   write_safetensors(dir / "fused" / "adapter_model.safetensors", tensors);
-  const nlohmann::json config = {{"r", r}, {"lora_alpha", per.alpha}, {"target_modules", "all-linear"},
-                                 {"target_parameters", {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}},
-                                 {"peft_type", "LORA"}};
+  const nlohmann::json config = {
+      {"r", r},
+      {"lora_alpha", per.alpha},
+      {"target_modules", "all-linear"},
+      {"target_parameters", {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}},
+      {"peft_type", "LORA"}};
   std::ofstream(dir / "fused" / "adapter_config.json") << config.dump();
   const auto fused = model->read_lora(dir / "fused", "fused", 16);
   const auto plain = model->read_lora(dir / "per", "per", 16);
@@ -375,9 +385,10 @@ TEST_P(Lora, FusedExpertFormReadsAsThePerExpertPairs) {
     EXPECT_EQ(x.b, y.b) << name;
     EXPECT_EQ(x.scale, y.scale) << name;
     // up_proj's A is gate's in the fused form.
-    const std::string a_of = name.ends_with(".up_proj") && name.find(".experts.") != std::string::npos
-                                 ? name.substr(0, name.size() - 7) + "gate_proj"
-                                 : name;
+    const std::string a_of =
+        name.ends_with(".up_proj") && name.find(".experts.") != std::string::npos
+            ? name.substr(0, name.size() - 7) + "gate_proj"
+            : name;
     EXPECT_EQ(x.a, per.pairs.at(a_of).first) << name;
   }
   // A fused lora_B of the wrong width is refused naming it.

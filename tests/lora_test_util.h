@@ -17,7 +17,8 @@
 namespace hyserve::test {
 
 // A PEFT folder with random A, B (fixed seed) of rank 4 on every target of the model.
-inline std::filesystem::path write_adapter(const Model& model, const std::filesystem::path& dir, uint32_t seed) {
+inline std::filesystem::path write_adapter(const Model& model, const std::filesystem::path& dir,
+                                           uint32_t seed) {
   std::filesystem::create_directories(dir);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);

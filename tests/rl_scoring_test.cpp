@@ -240,9 +240,11 @@ void run_rl_loop(const std::function<std::unique_ptr<Model>(int step)>& load, in
     Engine alone(load(step), config(budgets[(step + 1) % 4], false, false));
     Engine together(load(step), config(budgets[(step + 2) % 4], step % 2 == 0, false));
     if (lora) {
-      const fs::path policy = write_adapter(rollout_engine.model(), adapters / str_cat("step", step),
-                                            static_cast<uint32_t>(100 + step));
-      for (Engine* e : {&rollout_engine, &alone, &together}) e->loras()->load("policy", policy, false);
+      const fs::path policy =
+          write_adapter(rollout_engine.model(), adapters / str_cat("step", step),
+                        static_cast<uint32_t>(100 + step));
+      for (Engine* e : {&rollout_engine, &alone, &together})
+        e->loras()->load("policy", policy, false);
     }
     const int64_t vocab = rollout_engine.model().config().vocab_size;
     const std::vector<Rollout> rollouts = run_rollouts(rollout_engine, step, vocab);

@@ -491,12 +491,14 @@ TEST(TensorParallelEngineSpeculation, NgramDraftsMatchOneRankWithout) {
 TEST(TensorParallelEngineControl, SleepAndWeightUpdatesReachEveryRank) {
   const fs::path tiny = fixture("tests/fixtures/kimi_linear_tiny");
   // The bf16 tensors of the MoE layers changed in one mantissa bit.
-  const fs::path edited = test::rewrite_checkpoint(tiny, "tp_update", [](std::vector<TensorToWrite>& ts) {
-    for (TensorToWrite& t : ts) {
-      if (t.dtype != DType::kBF16 || t.name.find("block_sparse_moe") == std::string::npos) continue;
-      for (size_t i = 0; i < t.bytes.size(); i += 2) t.bytes[i] ^= 0x08;
-    }
-  });
+  const fs::path edited =
+      test::rewrite_checkpoint(tiny, "tp_update", [](std::vector<TensorToWrite>& ts) {
+        for (TensorToWrite& t : ts) {
+          if (t.dtype != DType::kBF16 || t.name.find("block_sparse_moe") == std::string::npos)
+            continue;
+          for (size_t i = 0; i < t.bytes.size(); i += 2) t.bytes[i] ^= 0x08;
+        }
+      });
   const Checkpoint edited_ckpt = Checkpoint::open(edited);
   const int64_t vocab = ModelConfig::load(tiny).vocab_size;
   GroupOptions g;
@@ -553,7 +555,8 @@ TEST(TensorParallelEngineControl, SleepAndWeightUpdatesReachEveryRank) {
       EXPECT_EQ(r.tokens[k].logprob, want.tokens[k].logprob) << id << " token " << k;
     }
   }
-  EXPECT_NE(before.results.at("r3-0").tokens[0].logprob, after.results.at("r3-0").tokens[0].logprob);
+  EXPECT_NE(before.results.at("r3-0").tokens[0].logprob,
+            after.results.at("r3-0").tokens[0].logprob);
 }
 
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {

@@ -73,7 +73,8 @@ class Trainer {
     for (const std::string& n : names) {
       const TensorInfo& t = *source.find(n);
       u.names.push_back(n);
-      u.dtype_names.push_back(t.dtype == DType::kBF16 ? "bfloat16" : std::string(dtype_name(t.dtype)));
+      u.dtype_names.push_back(t.dtype == DType::kBF16 ? "bfloat16"
+                                                      : std::string(dtype_name(t.dtype)));
       u.shapes.push_back(t.shape);
     }
     return u;
@@ -140,12 +141,13 @@ TEST(WeightTransferTest, BroadcastUpdateEqualsFreshEngine) {
 TEST(WeightTransferTest, PartialUpdatesAccumulate) {
   SKIP_WITHOUT_GLOO();
   const fs::path mlp_dir = edited_tiny("wt_mlp", ".mlp.");
-  const fs::path both_dir = rewrite_checkpoint(mlp_dir, "wt_both", [](std::vector<TensorToWrite>& ts) {
-    for (TensorToWrite& t : ts) {
-      if (t.dtype != DType::kBF16 || t.name.find(".self_attn.") == std::string::npos) continue;
-      for (size_t i = 0; i < t.bytes.size(); i += 2) t.bytes[i] ^= 0x08;
-    }
-  });
+  const fs::path both_dir =
+      rewrite_checkpoint(mlp_dir, "wt_both", [](std::vector<TensorToWrite>& ts) {
+        for (TensorToWrite& t : ts) {
+          if (t.dtype != DType::kBF16 || t.name.find(".self_attn.") == std::string::npos) continue;
+          for (size_t i = 0; i < t.bytes.size(); i += 2) t.bytes[i] ^= 0x08;
+        }
+      });
   const Checkpoint both = Checkpoint::open(both_dir);
   std::vector<std::string> mlp, attn;
   for (const std::string& n : both.names()) {
@@ -172,9 +174,11 @@ TEST(WeightTransferTest, UnknownTensorIsRefusedAndNothingChanges) {
   WeightTransfer wt(engine, "gloo");
   Trainer trainer;
   join(wt, trainer);
-  const fs::path extra = rewrite_checkpoint(tiny_dir(), "wt_extra", [](std::vector<TensorToWrite>& ts) {
-    ts.push_back({"model.layers.0.not_a_tensor.weight", DType::kBF16, {4}, std::vector<uint8_t>(8, 1)});
-  });
+  const fs::path extra =
+      rewrite_checkpoint(tiny_dir(), "wt_extra", [](std::vector<TensorToWrite>& ts) {
+        ts.push_back(
+            {"model.layers.0.not_a_tensor.weight", DType::kBF16, {4}, std::vector<uint8_t>(8, 1)});
+      });
   const Checkpoint source = Checkpoint::open(extra);
   broadcast_update(wt, trainer, source, {"language_model.model.embed_tokens.weight"});
   wt.start();

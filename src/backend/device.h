@@ -84,6 +84,25 @@ class Device {
 // One allocation in a device's memory (or, kHost, the host memory it copies into without
 // staging: Device::allocate_host), freed on destruction. Setup only: the forward pass
 // itself never allocates.
+// Lets a frozen device allocate while it lives (sleep mode's wake-up, a weight transfer's
+// buffers, between steps with every graph released or untouched), then freezes it again;
+// nothing on a device that was not frozen.
+class UnfrozenScope {
+ public:
+  explicit UnfrozenScope(Device& device) : device_(device), was_frozen_(device.frozen()) {
+    if (was_frozen_) device_.unfreeze();
+  }
+  ~UnfrozenScope() {
+    if (was_frozen_) device_.freeze();
+  }
+  UnfrozenScope(const UnfrozenScope&) = delete;
+  UnfrozenScope& operator=(const UnfrozenScope&) = delete;
+
+ private:
+  Device& device_;
+  bool was_frozen_;
+};
+
 class DeviceAllocation {
  public:
   enum class Memory { kDevice, kHost };

@@ -54,10 +54,12 @@ int run_send_weights(const SendArgs& a) {
     CHECK_AS(Error, source.find(n) != nullptr, "send-weights: no tensor ", n, " in ", a.folder);
   }
   if (a.via_folder) {
-    CHECK_AS(Error, a.names.empty(), "send-weights: --via-folder sends the whole folder (no --names)");
+    CHECK_AS(Error, a.names.empty(),
+             "send-weights: --via-folder sends the whole folder (no --names)");
     post(url, "/start_weight_update", nlohmann::json::object(), a.timeout_s);
     post(url, "/update_weights", {{"update_info", {{"weights_path", a.folder}}}}, a.timeout_s);
-    std::printf("%s\n", post(url, "/finish_weight_update", nlohmann::json::object(), a.timeout_s).c_str());
+    std::printf("%s\n",
+                post(url, "/finish_weight_update", nlohmann::json::object(), a.timeout_s).c_str());
     return 0;
   }
   parallel::TcpStoreOptions so;
@@ -68,14 +70,15 @@ int run_send_weights(const SendArgs& a) {
   const auto timeout = std::chrono::seconds(a.timeout_s);
   // The server joins while answering this POST: both sides block until the group forms.
   auto joined = std::async(std::launch::async, [&] {
-    return post(url, "/init_weight_transfer_engine",
-                {{"init_info",
-                  {{"master_address", a.master_address == "0.0.0.0" ? "127.0.0.1" : a.master_address},
-                   {"master_port", store.port()},
-                   {"rank_offset", 1},
-                   {"world_size", 2},
-                   {"timeout_s", a.timeout_s}}}},
-                a.timeout_s + 30);
+    return post(
+        url, "/init_weight_transfer_engine",
+        {{"init_info",
+          {{"master_address", a.master_address == "0.0.0.0" ? "127.0.0.1" : a.master_address},
+           {"master_port", store.port()},
+           {"rank_offset", 1},
+           {"world_size", 2},
+           {"timeout_s", a.timeout_s}}}},
+        a.timeout_s + 30);
   });
   std::unique_ptr<parallel::Communicator> comm =
       parallel::make_cpu_communicator(store, 0, 2, timeout, "weight_transfer");
@@ -107,7 +110,8 @@ int run_send_weights(const SendArgs& a) {
     announced.get();
     total += bytes;
   }
-  const std::string done = post(url, "/finish_weight_update", nlohmann::json::object(), a.timeout_s);
+  const std::string done =
+      post(url, "/finish_weight_update", nlohmann::json::object(), a.timeout_s);
   log::info("send-weights: {} tensors, {} bytes sent", names.size(), total);
   std::printf("%s\n", done.c_str());
   return 0;

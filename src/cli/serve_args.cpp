@@ -362,8 +362,8 @@ std::string parse_weight_transfer_backend(const std::string& config) {
            "--weight-transfer-config: expected {\"backend\": \"gloo\" or \"nccl\"}, got ", config);
   const std::string backend = j["backend"].get<std::string>();
   CHECK_AS(Error, backend == "gloo" || backend == "nccl",
-           "--weight-transfer-config: backend must be 'gloo' (CPU) or 'nccl' (GPUs), got '", backend,
-           "'");
+           "--weight-transfer-config: backend must be 'gloo' (CPU) or 'nccl' (GPUs), got '",
+           backend, "'");
   return backend;
 }
 

@@ -72,7 +72,7 @@ DecodeStep::DecodeStep(const Model& model, KvCache& cache, Workspace& ws, Decode
       // A graph writes its logits at fixed addresses.
       verify_logits_ =
           DeviceAllocation(&backend_, static_cast<size_t>(config_.max_verify_tokens) *
-                                       static_cast<size_t>(model_.config().vocab_size) * 4);
+                                          static_cast<size_t>(model_.config().vocab_size) * 4);
     }
     const int64_t floats = model_.kda_stash_floats(config_.max_verify_tokens);
     if (floats > 0) {
@@ -278,8 +278,8 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   if (lora) {
     for (int64_t i = 0; i < num_seqs; ++i) {
       const SequenceInput& in = batch[static_cast<size_t>(i)];
-      per_sequence.push_back({offsets[i], std::ssize(in.tokens), 0, &cache_,
-                              tables_.as<int32_t>(), pad_, true, in.lora_slot});
+      per_sequence.push_back({offsets[i], std::ssize(in.tokens), 0, &cache_, tables_.as<int32_t>(),
+                              pad_, true, in.lora_slot});
     }
   }
   BatchedDecode decode{&cache_,
@@ -291,13 +291,13 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   decode.token_offsets = reinterpret_cast<const int32_t*>(base + l.offsets);
   decode.num_sequences = rows;
   decode.kda_stash = stash_.data != nullptr ? &stash_ : nullptr;
-  const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
-                       reinterpret_cast<const int64_t*>(base + l.pos),
-                       reinterpret_cast<const int64_t*>(base + l.slots),
-                       tokens,
-                       lora ? std::span<const SequenceSlice>(per_sequence)
-                            : std::span<const SequenceSlice>(&all, 1),
-                       decode};
+  const DeviceBatch db{
+      reinterpret_cast<const int32_t*>(base + l.ids),
+      reinterpret_cast<const int64_t*>(base + l.pos),
+      reinterpret_cast<const int64_t*>(base + l.slots),
+      tokens,
+      lora ? std::span<const SequenceSlice>(per_sequence) : std::span<const SequenceSlice>(&all, 1),
+      decode};
   float* out = graph ? verify_logits_.as<float>() : nullptr;
   const float* logits = nullptr;
   auto step = [&] {

@@ -19,7 +19,6 @@
 
 namespace hyserve {
 
-
 ModelRunnerConfig runner_config(const EngineConfig& c) {
   ModelRunnerConfig r;
   r.max_num_seqs = c.scheduler.max_num_seqs;
@@ -568,7 +567,6 @@ const ModelRunner& Engine::runner() const {
 void Engine::freeze_memory() {
   impl_->runner.freeze_workspace();
   model_->backend().freeze();
-  impl_->memory_frozen = true;
 }
 
 EngineStats Engine::stats() const {

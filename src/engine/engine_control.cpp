@@ -20,7 +20,8 @@ PauseMode parse_pause_mode(std::string_view name, const std::string& field) {
   if (name == "abort") return PauseMode::kAbort;
   if (name == "wait") return PauseMode::kWait;
   if (name == "keep") return PauseMode::kKeep;
-  throw InvalidRequest(field, std::string(field) + " must be one of 'abort', 'wait', 'keep', got '" +
+  throw InvalidRequest(field, std::string(field) +
+                                  " must be one of 'abort', 'wait', 'keep', got '" +
                                   std::string(name) + "'");
 }
 
@@ -35,6 +36,22 @@ void Engine::Impl::release_held() {
   incoming.insert(incoming.begin(), std::make_move_iterator(held.begin()),
                   std::make_move_iterator(held.end()));
   held.clear();
+}
+
+bool Engine::Impl::drain(PauseMode mode, bool& started) {
+  if (!started) {
+    started = true;
+    admission_closed = true;  // what arrives from now on waits for the end of the pause
+    if (mode == PauseMode::kAbort) abort_all(control_out, "abort", false);
+  }
+  return mode != PauseMode::kWait || !scheduler.has_unfinished_requests();
+}
+
+void Engine::Impl::reopen() {
+  paused = false;
+  admission_closed = false;
+  paused_by_sleep = false;
+  release_held();
 }
 
 bool Engine::Impl::run_controls(std::vector<Delivery>& out) {
@@ -106,17 +123,12 @@ void Engine::run_control(std::function<bool()> fn) {
 void Engine::pause(PauseMode mode, bool clear_cache) {
   run_control([this, mode, clear_cache, started = false]() mutable {
     Impl& m = *impl_;
-    if (!m.paused && !started) {
-      started = true;
-      m.admission_closed = true;  // what arrives from now on waits for resume()
-      if (mode == PauseMode::kAbort) m.abort_all(m.control_out, "abort", false);
+    if (!m.paused) {
+      if (!m.drain(mode, started)) return false;  // the running requests finish first
+      log::info("engine: paused (mode {})", mode == PauseMode::kAbort  ? "abort"
+                                            : mode == PauseMode::kWait ? "wait"
+                                                                       : "keep");
     }
-    if (!m.paused && mode == PauseMode::kWait && m.scheduler.has_unfinished_requests()) {
-      return false;  // the running requests finish first (steps go on)
-    }
-    if (!m.paused) log::info("engine: paused (mode {})", mode == PauseMode::kAbort  ? "abort"
-                                                         : mode == PauseMode::kWait ? "wait"
-                                                                                    : "keep");
     m.paused = true;
     if (clear_cache) m.scheduler.reset_prefix_cache();
     return true;
@@ -131,10 +143,7 @@ void Engine::resume() {
                                    "): wake it up first (/wake_up)");
     }
     if (m.paused) log::info("engine: resumed");
-    m.paused = false;
-    m.admission_closed = false;
-    m.paused_by_sleep = false;
-    m.release_held();
+    m.reopen();
     return true;
   });
 }
@@ -165,17 +174,14 @@ void Engine::sleep(int level, PauseMode mode) {
     Impl& m = *impl_;
     if (m.sleep_level > 0) return true;  // asleep already: nothing more to free
     if (!started) {
-      started = true;
       if (m.paused && m.scheduler.has_unfinished_requests() && mode == PauseMode::kWait) {
         throw InvalidRequest("mode",
                              "the engine is paused with requests kept; sleep with mode 'abort' "
                              "or resume first");
       }
       m.paused_by_sleep = !m.paused;
-      m.admission_closed = true;
-      if (mode == PauseMode::kAbort) m.abort_all(m.control_out, "abort", false);
     }
-    if (mode == PauseMode::kWait && m.scheduler.has_unfinished_requests()) return false;
+    if (!m.drain(mode, started)) return false;  // the running requests finish first
     m.paused = true;
     m.scheduler.reset_prefix_cache();
     m.runner.release_graphs();
@@ -208,18 +214,13 @@ void Engine::wake_up(const std::vector<std::string>& tags) {
   run_control([this, weights, kv_cache] {
     Impl& m = *impl_;
     if (m.sleep_level == 0) return true;
-    Backend& backend = m.writable_model.backend();
-    if (m.memory_frozen) backend.unfreeze();
-    try {
+    {
+      const UnfrozenScope allocating(m.writable_model.backend());
       if (weights && !m.writable_model.weights_resident()) {
         m.writable_model.restore_weights();
       }
       if (kv_cache) m.cache->restore();
-    } catch (...) {
-      if (m.memory_frozen) backend.freeze();
-      throw;
     }
-    if (m.memory_frozen) backend.freeze();
     m.runner.release_graphs();  // captured over the old addresses
     if (m.has_workers) {
       StepPlan plan;
@@ -230,12 +231,7 @@ void Engine::wake_up(const std::vector<std::string>& tags) {
     if (m.writable_model.weights_resident() && m.cache->resident()) {
       m.sleep_level = 0;
       log::info("engine: awake");
-      if (m.paused_by_sleep) {
-        m.paused = false;
-        m.admission_closed = false;
-        m.paused_by_sleep = false;
-        m.release_held();
-      }
+      if (m.paused_by_sleep) m.reopen();
     }
     return true;
   });
@@ -260,16 +256,8 @@ void send_update_to_workers(const Model& model, ModelRunner& runner) {
     plan.tensors.push_back({t.info.name, static_cast<uint8_t>(t.info.dtype), t.info.shape});
   }
   runner.send_control(std::move(plan));
-  Backend& backend = model.backend();
-  const bool frozen = backend.frozen();
-  if (frozen) backend.unfreeze();
-  try {
-    relay_tensors(*model.options().parallel.tp.comm, backend, tensors, /*root=*/true);
-  } catch (...) {
-    if (frozen) backend.freeze();
-    throw;
-  }
-  if (frozen) backend.freeze();
+  const UnfrozenScope allocating(model.backend());
+  relay_tensors(*model.options().parallel.tp.comm, model.backend(), tensors, /*root=*/true);
 }
 
 }  // namespace
@@ -279,7 +267,8 @@ void Engine::update_weights(std::unique_ptr<TensorSource> source) {
   run_control([this, holder] {
     Impl& m = *impl_;
     if (!m.writable_model.weights_resident()) {
-      throw InvalidRequest("", "the weights are asleep: wake them up first (/wake_up?tags=weights)");
+      throw InvalidRequest("",
+                           "the weights are asleep: wake them up first (/wake_up?tags=weights)");
     }
     CHECK(*holder != nullptr, "update_weights: no source");
     // The source moves into the model (it keeps the host tensors alive); a failed reload
@@ -296,16 +285,8 @@ void Engine::update_weights(std::unique_ptr<TensorSource> source) {
 
 void Engine::run_between_steps(const std::function<void(const Model&)>& fn) {
   run_control([this, &fn] {
-    Impl& m = *impl_;
-    Backend& backend = m.writable_model.backend();
-    if (m.memory_frozen) backend.unfreeze();
-    try {
-      fn(m.model);
-    } catch (...) {
-      if (m.memory_frozen) backend.freeze();
-      throw;
-    }
-    if (m.memory_frozen) backend.freeze();
+    const UnfrozenScope allocating(impl_->writable_model.backend());
+    fn(impl_->model);
     return true;
   });
 }

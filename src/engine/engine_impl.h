@@ -24,7 +24,7 @@
 namespace hyserve {
 
 inline RequestOutput finished_output(const std::string& id, int64_t num_prompt_tokens,
-                              const std::string& reason) {
+                                     const std::string& reason) {
   RequestOutput out;
   out.request_id = id;
   out.finished = true;
@@ -135,6 +135,12 @@ struct Engine::Impl {
   void settle(std::vector<Delivery>& out);
   // Adds held while paused go back to the queue, in their order.
   void release_held();
+  // One call of a pause's control (pause, sleep): the first closes admission and, kAbort,
+  // ends what is queued and running; true once nothing runs (kWait: after the running requests
+  // have finished; steps go on meanwhile).
+  bool drain(PauseMode mode, bool& started);
+  // Ends a pause: admission opens and the held adds are released.
+  void reopen();
   std::vector<Delivery> control_out;  // outputs a control produced (its aborts), engine thread
   // Controls done in this step, answered after its outputs are delivered (a caller of
   // pause(kWait) sees the finished requests' last outputs first), engine thread.
@@ -148,9 +154,8 @@ struct Engine::Impl {
   std::vector<Command> held;      // engine thread
   std::atomic<bool> paused{false};
   std::atomic<int> sleep_level{0};
-  bool paused_by_sleep = false;     // engine thread
-  bool memory_frozen = false;       // freeze_memory was called
-  bool has_workers = false;         // tensor-parallel workers follow this engine's plans
+  bool paused_by_sleep = false;  // engine thread
+  bool has_workers = false;      // tensor-parallel workers follow this engine's plans
   std::atomic<int64_t> weights_generation{0};
 
   std::mutex mu;
@@ -162,6 +167,5 @@ struct Engine::Impl {
   bool stop_requested = false;          // guarded by mu
   std::thread thread;
 };
-
 
 }  // namespace hyserve

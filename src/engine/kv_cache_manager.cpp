@@ -39,7 +39,8 @@ int64_t KvCacheManager::blocks_for_request(int64_t num_tokens) const {
 PrefixKey KvCacheManager::prefix_key(const Request& request, int64_t weights_generation) const {
   PrefixKey key{request.cache_salt, config_.prefix_extra_keys};
   // Blocks computed with other weights never match (weight updates while serving).
-  if (weights_generation > 0) key.extra_keys.push_back("weights:" + std::to_string(weights_generation));
+  if (weights_generation > 0)
+    key.extra_keys.push_back("weights:" + std::to_string(weights_generation));
   // A LoRA adapter's blocks are its own: no request with another adapter, or none, or a
   // replaced one (another generation in the key) reads them.
   if (request.lora != nullptr) key.extra_keys.push_back(request.lora_key);

@@ -40,45 +40,32 @@ namespace {
 
 // A control plan (StepPlan::control): what rank 0's engine did between steps, on this rank.
 void run_control_plan(Model& model, KvCache& cache, ModelRunner& runner, const StepPlan& plan) {
-  Backend& backend = model.backend();
-  const bool frozen = backend.frozen();
-  if (frozen) backend.unfreeze();
-  try {
-    switch (plan.control) {
-      case PlanControl::kNone:
-        break;
-      case PlanControl::kSleep:
-        runner.release_graphs();
-        cache.release();
-        model.release_weights(plan.control_arg == 1);
-        break;
-      case PlanControl::kWakeUp:
-        if (plan.control_arg & 1) model.restore_weights();
-        if (plan.control_arg & 2) cache.restore();
-        runner.release_graphs();
-        break;
-      case PlanControl::kUpdateWeights: {
-        std::vector<OverrideTensor> tensors;
-        for (const PlanTensor& t : plan.tensors) {
-          OverrideTensor o;
-          o.info.name = t.name;
-          o.info.dtype = static_cast<DType>(t.dtype);
-          o.info.shape = t.shape;
-          o.info.num_bytes = o.info.num_elements() * dtype_size(o.info.dtype);
-          o.info.file = "weight update (from rank 0)";
-          tensors.push_back(std::move(o));
-        }
-        relay_tensors(*model.options().parallel.tp.comm, backend, tensors, /*root=*/false);
-        model.reload_weights(
-            std::make_unique<Checkpoint>(Checkpoint::open_with(plan.weights_dir, std::move(tensors))));
-        break;
+  const UnfrozenScope allocating(model.backend());
+  switch (plan.control) {
+    case PlanControl::kNone:
+      break;
+    case PlanControl::kSleep:
+      runner.release_graphs();
+      cache.release();
+      model.release_weights(plan.control_arg == 1);
+      break;
+    case PlanControl::kWakeUp:
+      if (plan.control_arg & 1) model.restore_weights();
+      if (plan.control_arg & 2) cache.restore();
+      runner.release_graphs();
+      break;
+    case PlanControl::kUpdateWeights: {
+      std::vector<OverrideTensor> tensors;
+      for (const PlanTensor& t : plan.tensors) {
+        tensors.push_back(incoming_tensor(t.name, static_cast<DType>(t.dtype), t.shape, "rank 0"));
       }
+      relay_tensors(*model.options().parallel.tp.comm, model.backend(), tensors,
+                    /*root=*/false);
+      model.reload_weights(std::make_unique<Checkpoint>(
+          Checkpoint::open_with(plan.weights_dir, std::move(tensors))));
+      break;
     }
-  } catch (...) {
-    if (frozen) backend.freeze();
-    throw;
   }
-  if (frozen) backend.freeze();
 }
 
 }  // namespace

@@ -36,9 +36,9 @@ class LeaderLink : public PlanSink {
 
 // Rank > 0: runs plans until the leader says stop (returns) or closes the connection
 // (returns too: the leader exited). Control plans (sleep, wake-up, weight updates) change
-// the rank's model and cache as rank 0's engine changed its own. An error in a step is reported to the leader, then
-// rethrown. `config` as the leader's engine has it (complete_engine_config, the group's
-// num_blocks).
+// the rank's model and cache as rank 0's engine changed its own. An error in a step is reported to
+// the leader, then rethrown. `config` as the leader's engine has it (complete_engine_config, the
+// group's num_blocks).
 void run_tensor_parallel_worker(Model& model, const EngineConfig& config,
                                 parallel::WorkerChannel& channel);
 

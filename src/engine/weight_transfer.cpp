@@ -21,10 +21,10 @@ DType parse_transfer_dtype(const std::string& name) {
   std::string n = name;
   if (n.starts_with("torch.")) n = n.substr(6);
   static const std::pair<const char*, DType> kTorch[] = {
-      {"bfloat16", DType::kBF16},      {"float32", DType::kF32}, {"float", DType::kF32},
-      {"float16", DType::kF16},        {"half", DType::kF16},    {"float8_e4m3fn", DType::kE4M3},
-      {"float8_e8m0fnu", DType::kE8M0}, {"uint8", DType::kU8},   {"int8", DType::kI8},
-      {"int32", DType::kI32},          {"int64", DType::kI64},   {"bool", DType::kBool}};
+      {"bfloat16", DType::kBF16},       {"float32", DType::kF32}, {"float", DType::kF32},
+      {"float16", DType::kF16},         {"half", DType::kF16},    {"float8_e4m3fn", DType::kE4M3},
+      {"float8_e8m0fnu", DType::kE8M0}, {"uint8", DType::kU8},    {"int8", DType::kI8},
+      {"int32", DType::kI32},           {"int64", DType::kI64},   {"bool", DType::kBool}};
   for (const auto& [torch_name, dtype] : kTorch) {
     if (n == torch_name) return dtype;
   }
@@ -47,8 +47,22 @@ std::unique_ptr<Checkpoint> updated_checkpoint(const TensorSource& current,
   return std::make_unique<Checkpoint>(Checkpoint::open_with(current.dir(), std::move(staged)));
 }
 
-void relay_tensors(parallel::Communicator& comm, Device& device, std::vector<OverrideTensor>& tensors,
-                   bool root) {
+OverrideTensor incoming_tensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                               const std::string& from) {
+  for (int64_t d : shape) {
+    if (d < 0) throw InvalidRequest("shapes", "tensor " + name + " has a negative dimension");
+  }
+  OverrideTensor t;
+  t.info.name = std::move(name);
+  t.info.dtype = dtype;
+  t.info.shape = std::move(shape);
+  t.info.num_bytes = t.info.num_elements() * dtype_size(dtype);
+  t.info.file = "weight update from " + from;
+  return t;
+}
+
+void relay_tensors(parallel::Communicator& comm, Device& device,
+                   std::vector<OverrideTensor>& tensors, bool root) {
   for (OverrideTensor& t : tensors) {
     std::shared_ptr<std::vector<uint8_t>> bytes;
     if (root) {
@@ -97,8 +111,8 @@ void WeightTransfer::init(const WeightTransferInit& init) {
                                           ": need 1 <= rank_offset < world_size");
   }
   if (init.master_port <= 0 || init.master_port > 65535) {
-    throw InvalidRequest("init_info", "master_port must be in [1, 65535], got " +
-                                          std::to_string(init.master_port));
+    throw InvalidRequest(
+        "init_info", "master_port must be in [1, 65535], got " + std::to_string(init.master_port));
   }
   comm_.reset();
   store_.reset();
@@ -111,15 +125,14 @@ void WeightTransfer::init(const WeightTransferInit& init) {
   so.timeout = timeout;
   try {
     store_ = std::make_unique<parallel::TcpStore>(so);
-    comm_ = parallel::make_backend_communicator(engine_.model().backend(), *store_,
-                                                init.rank_offset, init.world_size, timeout,
-                                                kPrefix);
+    comm_ = parallel::make_backend_communicator(
+        engine_.model().backend(), *store_, init.rank_offset, init.world_size, timeout, kPrefix);
   } catch (const Error& e) {
     comm_.reset();
     store_.reset();
     throw Error(std::string("weight transfer: joining the trainer's group at ") +
-                init.master_address + ":" + std::to_string(init.master_port) + " failed: " +
-                e.what());
+                init.master_address + ":" + std::to_string(init.master_port) +
+                " failed: " + e.what());
   }
   world_size_ = init.world_size;
   timeout_ms_ = timeout.count();
@@ -141,7 +154,8 @@ void WeightTransfer::stage(TensorInfo info, std::shared_ptr<const std::vector<ui
 
 void WeightTransfer::update(const WeightTransferUpdate& u) {
   std::lock_guard lock(mu_);
-  if (!started_) throw InvalidRequest("", "no weight update in progress: call /start_weight_update");
+  if (!started_)
+    throw InvalidRequest("", "no weight update in progress: call /start_weight_update");
   if (!u.weights_path.empty()) {
     if (!u.names.empty()) {
       throw InvalidRequest("update_info", "give either weights_path or names, not both");
@@ -163,45 +177,25 @@ void WeightTransfer::update(const WeightTransferUpdate& u) {
                                             std::to_string(u.shapes.size()));
   }
   if (comm_ == nullptr) {
-    throw InvalidRequest("", "the trainer's group is not joined: call /init_weight_transfer_engine");
+    throw InvalidRequest("",
+                         "the trainer's group is not joined: call /init_weight_transfer_engine");
   }
   // Every entry is checked before the first receive: the trainer sends them all regardless.
-  std::vector<TensorInfo> infos;
+  std::vector<OverrideTensor> tensors;
   for (size_t i = 0; i < u.names.size(); ++i) {
-    TensorInfo t;
-    t.name = u.names[i];
-    t.dtype = parse_transfer_dtype(u.dtype_names[i]);
-    t.shape = u.shapes[i];
-    for (int64_t d : t.shape) {
-      if (d < 0) throw InvalidRequest("shapes", "tensor " + t.name + " has a negative dimension");
-    }
-    t.num_bytes = t.num_elements() * dtype_size(t.dtype);
-    t.file = "weight update (broadcast)";
-    infos.push_back(std::move(t));
+    tensors.push_back(incoming_tensor(u.names[i], parse_transfer_dtype(u.dtype_names[i]),
+                                      u.shapes[i], "the trainer (broadcast)"));
   }
   parallel::Communicator& comm = *comm_;
-  std::vector<std::shared_ptr<const std::vector<uint8_t>>> received;
-  engine_.run_between_steps([&](const Model& model) {
-    Backend& device = model.backend();
-    for (const TensorInfo& t : infos) {
-      auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(t.num_bytes));
-      if (device.kind() == DeviceKind::kCpu) {
-        comm.broadcast(bytes->data(), bytes->size(), 0);
-      } else {
-        // NCCL receives into device memory on the backend's stream.
-        DeviceAllocation buffer(&device, bytes->size());
-        comm.broadcast(buffer.data(), bytes->size(), 0);
-        device.download(bytes->data(), buffer.data(), bytes->size());
-      }
-      received.push_back(std::move(bytes));
-    }
-  });
-  for (size_t i = 0; i < infos.size(); ++i) stage(std::move(infos[i]), std::move(received[i]));
+  engine_.run_between_steps(
+      [&](const Model& model) { relay_tensors(comm, model.backend(), tensors, /*root=*/false); });
+  for (OverrideTensor& t : tensors) stage(std::move(t.info), std::move(t.bytes));
 }
 
 int64_t WeightTransfer::finish() {
   std::lock_guard lock(mu_);
-  if (!started_) throw InvalidRequest("", "no weight update in progress: call /start_weight_update");
+  if (!started_)
+    throw InvalidRequest("", "no weight update in progress: call /start_weight_update");
   started_ = false;
   std::vector<OverrideTensor> staged = std::move(staged_);
   staged_.clear();

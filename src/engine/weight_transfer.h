@@ -56,11 +56,16 @@ DType parse_transfer_dtype(const std::string& name);
 std::unique_ptr<Checkpoint> updated_checkpoint(const TensorSource& current,
                                                std::vector<OverrideTensor> staged);
 
+// A tensor about to arrive (relay_tensors fills its bytes): its info with num_bytes, named
+// in messages as a weight update from `from`. InvalidRequest on a negative dimension.
+OverrideTensor incoming_tensor(std::string name, DType dtype, std::vector<int64_t> shape,
+                               const std::string& from);
+
 // Rank 0 (root) sends each tensor's bytes over comm in order, the other ranks receive them
 // into fresh buffers (their infos describe the tensors; data is set). On a device whose
 // communicator takes device memory the bytes pass through a device buffer.
-void relay_tensors(parallel::Communicator& comm, Device& device, std::vector<OverrideTensor>& tensors,
-                   bool root);
+void relay_tensors(parallel::Communicator& comm, Device& device,
+                   std::vector<OverrideTensor>& tensors, bool root);
 
 class WeightTransfer {
  public:

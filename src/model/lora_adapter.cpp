@@ -190,8 +190,8 @@ void add_fused_experts(const std::string& canon, const FusedExperts& f, const Lo
   const int64_t out = out_each * static_cast<int64_t>(by_expert[0].size());
   const int64_t er = num_experts * rank;
   CHECK(f.a->shape == (std::vector<int64_t>{er, in}), "LoRA adapter ", file_name, ": tensor ",
-        f.a->name, " has shape [", f.a->shape[0], ", ", f.a->shape[1], "], expected [", er, ", ", in,
-        "] (", num_experts, " experts x r = ", rank, ")");
+        f.a->name, " has shape [", f.a->shape[0], ", ", f.a->shape[1], "], expected [", er, ", ",
+        in, "] (", num_experts, " experts x r = ", rank, ")");
   CHECK(f.b->shape == (std::vector<int64_t>{out, er}), "LoRA adapter ", file_name, ": tensor ",
         f.b->name, " has shape [", f.b->shape[0], ", ", f.b->shape[1], "], expected [", out, ", ",
         er, "] (", num_experts, " experts x r = ", rank, ")");
@@ -211,8 +211,8 @@ void add_fused_experts(const std::string& canon, const FusedExperts& f, const Lo
       p.b.resize(static_cast<size_t>(out_each * rank));
       for (int64_t o = 0; o < out_each; ++o) {
         for (int64_t r = 0; r < rank; ++r) {
-          p.b[static_cast<size_t>(o * rank + r)] =
-              b[static_cast<size_t>((static_cast<int64_t>(part) * out_each + o) * er + r * num_experts + e)];
+          p.b[static_cast<size_t>(o * rank + r)] = b[static_cast<size_t>(
+              (static_cast<int64_t>(part) * out_each + o) * er + r * num_experts + e)];
         }
       }
       module_of[target] = f.module;

@@ -73,9 +73,7 @@ Model::Model(ModelConfig config, std::unique_ptr<TensorSource> source, ModelOpti
           " heads on each rank; the DSA kernels take "
           "at most 128");
   }
-  host_weights_ = load_weights(full_config_, *source_);
-  shard_weights(full_config_, tp.rank, tp.size, host_weights_, kv_b_ranks(),
-                options_.parallel.expert_parallel);
+  host_weights_ = load_rank_weights(*source_);
   weights_ = host_weights_.views;
   place_weights(nullptr);
   rope_ = make_rope_table(config_);

@@ -597,6 +597,11 @@ class Model {
   void place_weights(std::vector<std::vector<uint8_t>>* backup);
   // The resident LoRA adapters merged again (their kv_b copies follow the base weights).
   void refresh_lora();
+  // The source's tensors, checked, as this rank runs them (its tensor-parallel shard).
+  LoadedWeights load_rank_weights(const TensorSource& source) const;
+  // The running views take next's values (same tensors, same order): the Weight objects stay
+  // where they are, so the LoRA targets that point at them stay valid.
+  void adopt_views(ModelWeights& next);
   std::vector<std::vector<uint8_t>> weights_backup_;  // sleep level 1 (non-CPU backends)
   bool weights_resident_ = true;
 };

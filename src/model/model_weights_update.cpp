@@ -21,17 +21,21 @@ struct TensorRefs {
 
 TensorRefs refs_of(ModelWeights& w) {
   TensorRefs r;
-  for_each_tensor(w, [&](Weight& x) { r.weights.push_back(&x); },
-                  [&](Vec& v) { r.vecs.push_back(&v); });
+  for_each_tensor(
+      w, [&](Weight& x) { r.weights.push_back(&x); }, [&](Vec& v) { r.vecs.push_back(&v); });
   return r;
 }
 
 const char* format_name(WeightFormat f) {
   switch (f) {
-    case WeightFormat::kDense: return "dense";
-    case WeightFormat::kFp8Block: return "fp8-block";
-    case WeightFormat::kMxfp4: return "mxfp4";
-    case WeightFormat::kInt4: return "int4";
+    case WeightFormat::kDense:
+      return "dense";
+    case WeightFormat::kFp8Block:
+      return "fp8-block";
+    case WeightFormat::kMxfp4:
+      return "mxfp4";
+    case WeightFormat::kInt4:
+      return "int4";
   }
   return "?";
 }
@@ -64,9 +68,29 @@ void Model::place_weights(std::vector<std::vector<uint8_t>>* backup) {
         w.data = place(w.data, static_cast<size_t>(w.data_bytes()));
         if (const auto sb = static_cast<size_t>(w.scale_bytes())) w.scales = place(w.scales, sb);
       },
-      [&](Vec& v) { v.data = static_cast<const float*>(place(v.data, static_cast<size_t>(v.size) * 4)); });
+      [&](Vec& v) {
+        v.data = static_cast<const float*>(place(v.data, static_cast<size_t>(v.size) * 4));
+      });
   if (config_.tie_word_embeddings) weights_.lm_head = weights_.embed;
   backend_->synchronize();
+}
+
+LoadedWeights Model::load_rank_weights(const TensorSource& source) const {
+  const TensorParallel& tp = options_.parallel.tp;
+  LoadedWeights w = load_weights(full_config_, source);
+  shard_weights(full_config_, tp.rank, tp.size, w, kv_b_ranks(), options_.parallel.expert_parallel);
+  return w;
+}
+
+void Model::adopt_views(ModelWeights& next) {
+  const TensorRefs now = refs_of(weights_);
+  const TensorRefs from = refs_of(next);
+  CHECK(now.weights.size() == from.weights.size() && now.vecs.size() == from.vecs.size(),
+        "weights: ", from.weights.size(), " matrices and ", from.vecs.size(),
+        " vectors where the model runs ", now.weights.size(), " and ", now.vecs.size());
+  for (size_t i = 0; i < now.weights.size(); ++i) *now.weights[i] = *from.weights[i];
+  for (size_t i = 0; i < now.vecs.size(); ++i) *now.vecs[i] = *from.vecs[i];
+  if (config_.tie_word_embeddings) weights_.lm_head = weights_.embed;
 }
 
 void Model::refresh_lora() {
@@ -83,10 +107,7 @@ void Model::reload_weights(std::unique_ptr<TensorSource> source) {
   CHECK(source != nullptr, "reload_weights: no source");
   CHECK(weights_resident_, "reload_weights: the weights are released (sleep); wake them first");
   // Every tensor is found and checked before anything changes.
-  const TensorParallel& tp = options_.parallel.tp;
-  LoadedWeights fresh = load_weights(full_config_, *source);
-  shard_weights(full_config_, tp.rank, tp.size, fresh, kv_b_ranks(),
-                options_.parallel.expert_parallel);
+  LoadedWeights fresh = load_rank_weights(*source);
   const TensorRefs now = refs_of(weights_);
   const TensorRefs next = refs_of(fresh.views);
   CHECK(now.weights.size() == next.weights.size() && now.vecs.size() == next.vecs.size(),
@@ -100,15 +121,11 @@ void Model::reload_weights(std::unique_ptr<TensorSource> source) {
               a.scales_dtype == b.scales_dtype,
           "weight update from ", source->dir().string(), ": matrix ", i, " is ",
           format_name(b.format), " ", dtype_name(b.dtype), " [", b.rows, ", ", b.cols,
-          "] where the model runs ", format_name(a.format), " ", dtype_name(a.dtype), " [",
-          a.rows, ", ", a.cols, "]: an update keeps each tensor's format");
+          "] where the model runs ", format_name(a.format), " ", dtype_name(a.dtype), " [", a.rows,
+          ", ", a.cols, "]: an update keeps each tensor's format");
   }
   if (backend_->kind() == DeviceKind::kCpu) {
-    // The views move to the new host tensors (the Weight objects stay where they are: the
-    // LoRA targets point at them).
-    for (size_t i = 0; i < now.weights.size(); ++i) *now.weights[i] = *next.weights[i];
-    for (size_t i = 0; i < now.vecs.size(); ++i) *now.vecs[i] = *next.vecs[i];
-    if (config_.tie_word_embeddings) weights_.lm_head = weights_.embed;
+    adopt_views(fresh.views);
   } else {
     // New values over the old, at the same addresses.
     for (size_t i = 0; i < now.weights.size(); ++i) {
@@ -152,19 +169,12 @@ void Model::release_weights(bool keep_host_copy) {
 
 void Model::restore_weights() {
   if (weights_resident_) return;
-  const bool from_backup = backend_->kind() != DeviceKind::kCpu && !weights_backup_.empty();
-  if (!from_backup && !(backend_->kind() == DeviceKind::kCpu && !host_weights_.owned.empty())) {
-    // Level 2: read the source again (views of the checkpoint's mmap and fresh copies).
-    const TensorParallel& tp = options_.parallel.tp;
-    LoadedWeights fresh = load_weights(full_config_, *source_);
-    shard_weights(full_config_, tp.rank, tp.size, fresh, kv_b_ranks(),
-                  options_.parallel.expert_parallel);
-    const TensorRefs now = refs_of(weights_);
-    const TensorRefs next = refs_of(fresh.views);
-    CHECK(now.weights.size() == next.weights.size() && now.vecs.size() == next.vecs.size(),
-          "restore_weights: the source's tensors changed");
-    for (size_t i = 0; i < now.weights.size(); ++i) *now.weights[i] = *next.weights[i];
-    for (size_t i = 0; i < now.vecs.size(); ++i) *now.vecs[i] = *next.vecs[i];
+  // Level 1 on a GPU: the host copy; otherwise (level 2, or the CPU's level 2) the source is
+  // read again (views of the checkpoint's mmap and fresh copies).
+  const bool from_backup = !weights_backup_.empty();
+  if (!from_backup) {
+    LoadedWeights fresh = load_rank_weights(*source_);
+    adopt_views(fresh.views);
     host_weights_ = std::move(fresh);
   }
   if (backend_->kind() != DeviceKind::kCpu) {
@@ -172,8 +182,6 @@ void Model::restore_weights() {
     weights_backup_.clear();
     weights_backup_.shrink_to_fit();
     backend_->weights_moved();
-  } else if (config_.tie_word_embeddings) {
-    weights_.lm_head = weights_.embed;
   }
   weights_resident_ = true;
   refresh_lora();

@@ -87,13 +87,15 @@ WeightTransferUpdate parse_update(const Json& info) {
     if (info.contains("names")) u.names = info.at("names").get<std::vector<std::string>>();
     if (info.contains("dtype_names"))
       u.dtype_names = info.at("dtype_names").get<std::vector<std::string>>();
-    if (info.contains("shapes")) u.shapes = info.at("shapes").get<std::vector<std::vector<int64_t>>>();
+    if (info.contains("shapes"))
+      u.shapes = info.at("shapes").get<std::vector<std::vector<int64_t>>>();
   } catch (const nlohmann::json::exception& e) {
     throw RequestError("update_info", std::string("update_info: ") + e.what());
   }
   if (u.weights_path.empty() && u.names.empty()) {
-    throw RequestError("update_info", "update_info needs names (with dtype_names and shapes) or "
-                                      "weights_path");
+    throw RequestError("update_info",
+                       "update_info needs names (with dtype_names and shapes) or "
+                       "weights_path");
   }
   return u;
 }
@@ -116,8 +118,8 @@ void OpenAIServer::add_control_routes() {
   };
   route("POST", "/pause", [this](const HttpRequest& r, HttpResponseWriter& w) {
     // vLLM's mode=abort|wait|keep; its older wait_for_inflight_requests=true means wait.
-    PauseMode mode = bool_param(r, "wait_for_inflight_requests", false) ? PauseMode::kWait
-                                                                        : PauseMode::kAbort;
+    PauseMode mode =
+        bool_param(r, "wait_for_inflight_requests", false) ? PauseMode::kWait : PauseMode::kAbort;
     if (const auto m = r.query_param("mode")) mode = parse_pause_mode(*m);
     const bool clear_cache = bool_param(r, "clear_cache", true);
     answer_later(*control_, w, [this, mode, clear_cache]() -> std::optional<Json> {
@@ -142,7 +144,8 @@ void OpenAIServer::add_control_routes() {
   });
   route("POST", "/sleep", [this](const HttpRequest& r, HttpResponseWriter& w) {
     if (!options_.enable_sleep_mode) {
-      throw RequestError("", "sleep mode is not enabled: start the server with --enable-sleep-mode");
+      throw RequestError("",
+                         "sleep mode is not enabled: start the server with --enable-sleep-mode");
     }
     const std::string level_text = r.query_param("level").value_or("1");
     int level = 0;
@@ -170,13 +173,15 @@ void OpenAIServer::add_control_routes() {
   route("GET", "/is_sleeping", [this](const HttpRequest&, HttpResponseWriter& w) {
     w.send(200, "application/json", Json{{"is_sleeping", engine_.sleep_level() > 0}}.dump());
   });
-  route("POST", "/init_weight_transfer_engine", [this](const HttpRequest& r, HttpResponseWriter& w) {
-    const WeightTransferInit init = parse_init(object_field(parse_json_body(r.body), "init_info"));
-    answer_later(*control_, w, [this, init]() -> std::optional<Json> {
-      transfer_->init(init);
-      return Json{{"message", "weight transfer initialized"}};
-    });
-  });
+  route("POST", "/init_weight_transfer_engine",
+        [this](const HttpRequest& r, HttpResponseWriter& w) {
+          const WeightTransferInit init =
+              parse_init(object_field(parse_json_body(r.body), "init_info"));
+          answer_later(*control_, w, [this, init]() -> std::optional<Json> {
+            transfer_->init(init);
+            return Json{{"message", "weight transfer initialized"}};
+          });
+        });
   route("POST", "/start_weight_update", [this](const HttpRequest&, HttpResponseWriter& w) {
     answer_later(*control_, w, [this]() -> std::optional<Json> {
       transfer_->start();
@@ -184,7 +189,8 @@ void OpenAIServer::add_control_routes() {
     });
   });
   route("POST", "/update_weights", [this](const HttpRequest& r, HttpResponseWriter& w) {
-    const WeightTransferUpdate u = parse_update(object_field(parse_json_body(r.body), "update_info"));
+    const WeightTransferUpdate u =
+        parse_update(object_field(parse_json_body(r.body), "update_info"));
     answer_later(*control_, w, [this, u]() -> std::optional<Json> {
       transfer_->update(u);
       return Json{{"message", "weights received"}};

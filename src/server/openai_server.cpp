@@ -112,7 +112,7 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
 
 OpenAIServer::~OpenAIServer() {
   stop();
-  control_.reset();  // finishes the control in progress, answers the queued ones
+  control_.reset();               // finishes the control in progress, answers the queued ones
   engine_.set_observer(nullptr);  // no event reaches metrics_ after this
 }
 
