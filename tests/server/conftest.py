@@ -103,8 +103,9 @@ def check_binary():
     return binary
 
 
-def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR, env=None):
-    """`env`: variables added to the server's environment."""
+def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR, env=None, cpus=None):
+    """`env`: variables added to the server's environment; `cpus`: the CPUs the server may run
+    on (all of this process's when None)."""
     binary = check_binary()
     port = free_port()
     log_path = Path(log_dir) / f"hyserve-{port}.log"
@@ -113,7 +114,8 @@ def start_server(log_dir, extra_args=(), api_key=None, model_dir=MODEL_DIR, env=
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL,
-                                env={**server_environment(), **(env or {})})
+                                env={**server_environment(), **(env or {})},
+                                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     healthy = False
