@@ -94,7 +94,7 @@ def l2norm(x):
     return x * torch.rsqrt(x.pow(2).sum(-1, keepdim=True) + L2NORM_EPS)
 
 
-def delta_rule_chunked(q, k, v, g, beta, chunk=32):
+def delta_rule_chunked(q, k, v, g, beta, chunk=16):
     """The KDA recurrence (K3.md 3.3) in chunked WY form, exact up to rounding.
 
     q, k [B, T, H, K] (q already scaled), v [B, T, H, V], g [B, T, H, K] log decays in (-5, 0],
@@ -103,9 +103,13 @@ def delta_rule_chunked(q, k, v, g, beta, chunk=32):
       (I + A) U = V - (k e^G) S0,  A[i, j] = beta_j (k_i e^{G_i}) . (k_j e^{-G_j})  (j < i)
       o_i = (q_i e^{G_i})^T S0 + sum_{j <= i} beta_j (q_i e^{G_i}) . (k_j e^{-G_j}) u_j
       S_end = e^{G_C} S0 + sum_j beta_j (k_j e^{G_C - G_j}) u_j^T.
-    The e^{+-G} factors are taken relative to the chunk's middle, so with g > -5 and 32 tokens
-    they stay within e^{+-80} (no fp32 overflow). The intra-chunk solves run for all chunks at
-    once; only the state passes from chunk to chunk."""
+    The e^{+-G} factors are taken relative to the chunk's middle, so with g > -5 and 16 tokens
+    they stay within e^{+-40}, and so does every product of two of them, the discarded upper
+    triangle of k_pos k_neg^T included (e^{80} < fp32's 3.4e38). With 32-token chunks that
+    upper triangle reached e^{160}: inf in the forward pass, masked away by tril, but beta's
+    gradient took inf * 0 = NaN once a head's gates averaged below -2.75 over a chunk (training
+    on the GPU went NaN that way). The intra-chunk solves run for all chunks at once; only the
+    state passes from chunk to chunk."""
     dtype = q.dtype if q.dtype == torch.float64 else torch.float32
     q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     B, T, H, K = q.shape

@@ -53,6 +53,7 @@ sys.path.insert(0, HERE)
 import export as ex  # noqa: E402
 from model import KimiK3, init_weights  # noqa: E402
 
+MAX_SKIPPED_STEPS = 10
 DEFAULT_TOKENS = os.path.join(ex.ROOT, ".cache", "tiny-k3-speaks", "tokens")
 
 
@@ -160,7 +161,7 @@ def main():
 
     result = {"seed": args.seed, "max_steps": args.max_steps, "params": num_params, "args": vars(args)}
     train_start = time.perf_counter()
-    steps_done, stopped_early = 0, False
+    steps_done, stopped_early, skipped_steps = 0, False, 0
     for step in range(args.max_steps):
         if step == fake_quant_from:
             if fake_quant_from > 0:
@@ -180,6 +181,16 @@ def main():
         opt.zero_grad(set_to_none=True)
         (ce + kl).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if not (torch.isfinite(ce) and torch.isfinite(grad_norm)):
+            # A non-finite loss or gradient is a bug to find, not noise to train through: the
+            # step is skipped (no update, no balancing) and said; a few in a row stop the run.
+            skipped_steps += 1
+            log({"event": "non_finite_step_skipped", "step": step + 1, "loss": float(ce), "grad_norm": float(grad_norm),
+                 "skipped_so_far": skipped_steps})
+            if skipped_steps > MAX_SKIPPED_STEPS:
+                raise SystemExit(f"{skipped_steps} steps had a non-finite loss or gradient; stopping at step {step + 1}")
+            opt.zero_grad(set_to_none=True)
+            continue
         opt.step()
         with torch.no_grad():  # auxiliary-loss-free balancing
             for moe, load in zip(model.moe_layers(), aux["expert_load"]):
@@ -198,7 +209,8 @@ def main():
             log({"event": "time_limit", "step": steps_done})
             break
     train_s = time.perf_counter() - train_start
-    result.update(steps_done=steps_done, stopped_early_by_time_limit=stopped_early, train_s=round(train_s, 1))
+    result.update(steps_done=steps_done, stopped_early_by_time_limit=stopped_early, train_s=round(train_s, 1),
+                  non_finite_steps_skipped=skipped_steps)
 
     ppl, n = heldout_ppl(model, heldout_tokens, args, sparse=False, windows=args.eval_windows)
     result.update(heldout_ppl_trained_fp32=ppl, heldout_scored_tokens=n)
