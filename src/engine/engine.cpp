@@ -1,5 +1,6 @@
 #include "engine/engine.h"
 #include "engine/engine_impl.h"
+#include "engine/tensor_parallel_group.h"
 
 #include <algorithm>
 #include <chrono>
@@ -119,6 +120,8 @@ bool Engine::Impl::run_step(std::vector<Delivery>& out) {
     // before it ran once more).
     if (!launched->lora_loads.empty() && in_flight) writable_model.backend().synchronize();
     for (LoraLoad& load : launched->lora_loads) {
+      // The workers' slots change with rank 0's, before this step's plan.
+      if (has_workers) send_lora_to_workers(model, runner, load.slot, load.adapter);
       writable_model.set_lora(load.slot, std::move(load.adapter));
     }
     note_scheduled(*launched);

@@ -429,6 +429,7 @@ void ModelRunner::run_plan(const StepPlan& plan) {
       in.slots = q.slots;
       in.all_logits = q.all_logits;
       in.prefill = q.prefill;
+      in.lora_slot = q.lora_slot;
       batch.push_back(in);
       rows.push_back(q.source_row);
       placeholder = placeholder || q.source_row >= 0;

@@ -214,6 +214,7 @@ StepPlan ModelRunner::make_plan(const SchedulerOutput& scheduled, std::span<cons
       q.tokens.assign(in.tokens.begin(), in.tokens.end());
       q.source_row = run.rows_of_batch[b];
       q.slots.assign(in.slots.begin(), in.slots.end());
+      q.lora_slot = in.lora_slot;
       // Only what changed of the table the workers hold for this request.
       std::vector<int32_t>& sent = plan_tables_[q.request_id];
       const auto kept = std::mismatch(sent.begin(), sent.end(), in.blocks.begin(), in.blocks.end());

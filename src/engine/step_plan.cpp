@@ -118,6 +118,7 @@ std::vector<uint8_t> encode_plan(const StepPlan& plan) {
       w.put(s.slots);
       w.put(s.blocks_kept);
       w.put(s.new_blocks);
+      w.put(s.lora_slot);
     }
   }
   w.put_count(plan.snapshots.size());
@@ -135,6 +136,11 @@ std::vector<uint8_t> encode_plan(const StepPlan& plan) {
     w.put(t.dtype);
     w.put(t.shape);
   }
+  w.put(plan.lora_name);
+  w.put(plan.lora_rank);
+  uint32_t scale_bits = 0;
+  std::memcpy(&scale_bits, &plan.lora_scale, 4);
+  w.put(scale_bits);
   return w.take();
 }
 
@@ -176,6 +182,8 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
       s.slots = r.get_vector<int64_t>("slots");
       s.blocks_kept = r.get<int64_t>("blocks_kept");
       s.new_blocks = r.get_vector<int32_t>("new_blocks");
+      s.lora_slot = r.get<int32_t>("lora_slot");
+      CHECK(s.lora_slot >= -1, "step plan: request ", s.request_id, ": LoRA slot ", s.lora_slot);
       CHECK(s.num_computed >= 0 && s.blocks_kept >= 0 && !s.tokens.empty() &&
                 (s.slots.empty() || s.slots.size() == s.tokens.size()),
             "step plan: request ", s.request_id, ": num_computed ", s.num_computed,
@@ -195,7 +203,7 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
   plan.num_sampled = r.get<int32_t>("num_sampled");
   CHECK(plan.num_sampled >= 0, "step plan: num_sampled ", plan.num_sampled);
   const auto control = r.get<uint8_t>("control");
-  CHECK(control <= static_cast<uint8_t>(PlanControl::kUpdateWeights), "step plan: control ",
+  CHECK(control <= static_cast<uint8_t>(PlanControl::kSetLora), "step plan: control ",
         static_cast<int>(control));
   plan.control = static_cast<PlanControl>(control);
   plan.control_arg = r.get<int32_t>("control_arg");
@@ -208,7 +216,12 @@ StepPlan decode_plan(const std::vector<uint8_t>& bytes) {
     t.shape = r.get_vector<int64_t>("tensor shape");
     plan.tensors.push_back(std::move(t));
   }
-  CHECK(r.done(), "step plan: trailing bytes after the tensors");
+  plan.lora_name = r.get_string("lora_name");
+  plan.lora_rank = r.get<int64_t>("lora_rank");
+  const auto scale_bits = r.get<uint32_t>("lora_scale");
+  std::memcpy(&plan.lora_scale, &scale_bits, 4);
+  CHECK(plan.lora_rank >= 0, "step plan: LoRA rank ", plan.lora_rank);
+  CHECK(r.done(), "step plan: trailing bytes after the LoRA adapter");
   return plan;
 }
 

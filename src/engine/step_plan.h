@@ -37,6 +37,7 @@ struct PlanSequence {
   // The block table: its first blocks_kept entries as last sent, then new_blocks.
   int64_t blocks_kept = 0;
   std::vector<int32_t> new_blocks;
+  int32_t lora_slot = -1;  // its LoRA adapter's slot (-1: none)
 };
 
 struct PlanPart {
@@ -63,6 +64,9 @@ enum class PlanControl : uint8_t {
   kWakeUp,         // control_arg bit 0: the weights, bit 1: the cache
   kUpdateWeights,  // weights_dir with `tensors` in place; rank 0 broadcasts each tensor's
                    // bytes over the group's communicator after this plan, in this order
+  kSetLora,        // LoRA slot control_arg gets the adapter lora_name (none: emptied) whose
+                   // whole pairs are `tensors` (<module>.lora_A [r, in], <module>.lora_B
+                   // [out, r], fp32), relayed as kUpdateWeights' are; each rank keeps its share
 };
 
 struct PlanTensor {
@@ -77,6 +81,9 @@ struct StepPlan {
   int32_t control_arg = 0;
   std::string weights_dir;
   std::vector<PlanTensor> tensors;
+  std::string lora_name;  // kSetLora: the adapter, its rank and scale (empty: none)
+  int64_t lora_rank = 0;
+  float lora_scale = 0.0f;
   bool stop = false;  // the leader is shutting down: the worker exits
   // The commit counts of the last verification before this step (DecodeStep::commit), run
   // first; empty: none.

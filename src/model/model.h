@@ -292,14 +292,17 @@ class Model {
   const AttentionChoice& attention() const { return attention_; }
 
   // LoRA adapters (issue 48; model/model_lora.cpp): enable_lora makes num_slots adapter
-  // slots (serve --max-loras; one rank only); read_lora reads and checks a PEFT folder
-  // against this model; set_lora puts an adapter in a slot (null: empties it) between
+  // slots (serve --max-loras; each rank its share, LoraTargets); read_lora reads and checks a PEFT
+  // folder against this model; set_lora puts an adapter in a slot (null: empties it) between
   // forwards. A sequence runs with the adapter of its SequenceInput::lora_slot; sequences
   // without one are computed exactly as without LoRA (bitwise).
   void enable_lora(int64_t num_slots);
   bool lora_enabled() const { return lora_ != nullptr; }
   std::shared_ptr<const LoraAdapter> read_lora(const std::filesystem::path& dir,
                                                const std::string& name, int64_t max_rank) const;
+  // This rank's share of a whole adapter (read on rank 0 and relayed: tensor parallelism),
+  // checked as read_lora checks; the adapter itself on one rank.
+  std::shared_ptr<const LoraAdapter> share_lora(std::shared_ptr<const LoraAdapter> whole) const;
   void set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter);
   // The adaptable projections (null until enable_lora).
   const LoraTargets* lora_targets() const { return lora_targets_.get(); }

@@ -12,8 +12,11 @@
 namespace hyserve {
 
 void Model::enable_lora(int64_t num_slots) {
-  CHECK(options_.parallel.tp.size == 1, "LoRA adapters are not supported with tensor parallelism");
-  lora_targets_ = std::make_unique<LoraTargets>(weights_);
+  // The rank's targets say how shard_weights cut each projection (LoraTargets), so that an
+  // adapter of the whole model is cut alike (lora_share).
+  const ParallelLayout& par = options_.parallel;
+  const LoraShard shard{par.tp.rank, par.tp.size, par.dcp.size, par.expert_parallel};
+  lora_targets_ = std::make_unique<LoraTargets>(weights_, shard);
   lora_ = std::make_unique<LoraTable>(*lora_targets_, num_slots);
 }
 
@@ -21,8 +24,19 @@ std::shared_ptr<const LoraAdapter> Model::read_lora(const std::filesystem::path&
                                                     const std::string& name,
                                                     int64_t max_rank) const {
   CHECK(lora_ != nullptr, "LoRA adapter ", name, ": LoRA is not enabled (--enable-lora)");
-  auto adapter =
-      std::make_shared<LoraAdapter>(read_lora_adapter(dir, name, *lora_targets_, max_rank));
+  return share_lora(
+      std::make_shared<LoraAdapter>(read_lora_adapter(dir, name, *lora_targets_, max_rank)));
+}
+
+std::shared_ptr<const LoraAdapter> Model::share_lora(
+    std::shared_ptr<const LoraAdapter> whole) const {
+  CHECK(lora_ != nullptr, "LoRA is not enabled (--enable-lora)");
+  CHECK(whole != nullptr, "LoRA: no adapter");
+  std::shared_ptr<const LoraAdapter> adapter =
+      lora_targets_->whole()
+          ? std::move(whole)
+          : std::make_shared<const LoraAdapter>(lora_share(whole, *lora_targets_));
+  const std::string& name = adapter->name;
   for (const LoraAdapter::Pair& p : adapter->pairs) {
     // The FP8 latent attends on the DSA kernels, whose kv_b is the model's (one per call).
     CHECK(!lora_->merges(p.target) || !attention_.fp8_latent(), "LoRA adapter ", name, ": module ",

@@ -11,12 +11,11 @@ written by hand: 8-byte little-endian header length, JSON header, raw little-end
 import json
 import random
 import struct
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
-from conftest import MODEL_DIR, assert_openai_error, binary_path, start_server, server_environment
+from conftest import MODEL_DIR, assert_openai_error, start_server
 
 # (module path, out, in) of the tiny K3: every layer's o_proj and the dense MLP's down_proj.
 MODULES = [(f"language_model.model.layers.{i}.self_attn.o_proj", 64, 64) for i in range(7)] + [
@@ -150,13 +149,3 @@ def test_runtime_load_replace_unload(tmp_path):
 def test_adapter_name_without_enable_lora_is_unknown(server):
     error = assert_openai_error(complete(server, "x"), 404)
     assert error["message"] == "The model `x` does not exist."
-
-
-def test_lora_with_tensor_parallelism_is_refused_at_startup(tmp_path):
-    proc = subprocess.run(
-        [str(binary_path()), "serve", str(MODEL_DIR), "--enable-lora", "--tensor-parallel-size",
-         "2", "--port", "1"], capture_output=True, text=True, timeout=60,
-        env=server_environment())
-    assert proc.returncode != 0
-    assert "--enable-lora" in proc.stdout + proc.stderr
-    assert "tensor" in proc.stdout + proc.stderr

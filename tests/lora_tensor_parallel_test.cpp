@@ -1,0 +1,184 @@
+// LoRA under tensor and expert parallelism (issue 48): an adapter written for the whole model
+// (PEFT's shapes) is cut on each rank as the rank's weights were (LoraTargets, lora_share):
+// column-parallel projections take B's rows of their heads, row-parallel ones (o_proj, down)
+// A's columns, whose partial terms join the projection's partial sums before the all-reduce;
+// under expert parallelism a rank keeps its own experts' pairs whole. The logits of a
+// sequence with the adapter on every rank equal (bitwise across ranks, within 1e-4 of the
+// largest logit) the one-rank model's with the same adapter, for a prompt and a decode step.
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "lora_test_util.h"
+#include "model/model.h"
+#include "parallel/make_communicator.h"
+#include "parallel/store.h"
+
+namespace hyserve {
+namespace {
+
+using namespace std::chrono_literals;
+namespace fs = std::filesystem;
+
+struct Layout {
+  int tp = 1;
+  bool expert_parallel = false;
+};
+
+// A prompt then one decode token, with LoRA slot `slot` (-1: none), on every rank of the
+// layout; each rank's logits (all prompt positions, then the decode token's).
+std::vector<std::vector<float>> run_with_adapter(const fs::path& model_dir, const fs::path& adapter,
+                                                 const Layout& layout, int32_t slot) {
+  parallel::HashStore store;
+  const int tp = layout.tp;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
+  std::vector<std::string> errors(static_cast<size_t>(tp));
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < tp; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        std::unique_ptr<parallel::Communicator> comm =
+            tp > 1 ? parallel::make_cpu_communicator(store, rank, tp, 60s, "tp") : nullptr;
+        ModelOptions o;
+        o.parallel.tp = {rank, tp, comm.get()};
+        o.parallel.expert_parallel = layout.expert_parallel;
+        std::unique_ptr<Model> model = Model::load(model_dir, o);
+        model->enable_lora(1);
+        model->set_lora(0, model->read_lora(adapter, "a", 16));
+        const ModelConfig& c = model->config();
+        std::vector<int32_t> prompt;
+        for (int i = 0; i < 19; ++i) {
+          prompt.push_back((i * 41 + 3) % static_cast<int32_t>(c.vocab_size));
+        }
+        Workspace ws(&model->backend());
+        SequenceState st = model->new_sequence();
+        for (const std::vector<int32_t>& tokens : {prompt, std::vector<int32_t>{7}}) {
+          SequenceInput in = model->prepare(st, tokens, true);
+          in.lora_slot = slot;
+          std::vector<float> l;
+          model->forward(std::span<const SequenceInput>(&in, 1), l, ws);
+          st.num_tokens += static_cast<int64_t>(tokens.size());
+          logits[rank].insert(logits[rank].end(), l.begin(), l.end());
+        }
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < tp; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  return logits;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::fabs(static_cast<double>(x)));
+  return m;
+}
+
+double max_diff(const std::vector<float>& x, const std::vector<float>& y) {
+  double m = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    m = std::max(m, std::fabs(static_cast<double>(x[i]) - y[i]));
+  }
+  return m;
+}
+
+struct Case {
+  const char* dir;
+  std::vector<Layout> layouts;
+};
+
+class LoraTensorParallel : public testing::TestWithParam<Case> {};
+
+TEST_P(LoraTensorParallel, AdapterLogitsMatchOneRankOnEveryRank) {
+  const fs::path model_dir = fs::path(HYSERVE_SOURCE_DIR) / GetParam().dir;
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("hyserve_lora_tp_" + std::to_string(::getpid()) + "_" + model_dir.filename().string());
+  fs::remove_all(dir);
+  fs::path adapter;
+  {
+    // An adapter on every projection and expert of the whole model.
+    std::unique_ptr<Model> whole = Model::load(model_dir);
+    whole->enable_lora(1);
+    adapter = test::write_adapter(*whole, dir / "adapter", 77);
+  }
+  const std::vector<float> base = run_with_adapter(model_dir, adapter, {}, -1)[0];
+  const std::vector<float> one = run_with_adapter(model_dir, adapter, {}, 0)[0];
+  const double scale = max_abs(one);
+  ASSERT_GT(scale, 0.0);
+  // The adapter moves the logits far more than the tolerance: a rank that dropped or
+  // miscut a pair would show.
+  ASSERT_GT(max_diff(base, one), 1e-2 * scale);
+  for (const Layout& layout : GetParam().layouts) {
+    SCOPED_TRACE("tp " + std::to_string(layout.tp) +
+                 (layout.expert_parallel ? " expert-parallel" : ""));
+    const std::vector<std::vector<float>> ranks = run_with_adapter(model_dir, adapter, layout, 0);
+    ASSERT_EQ(ranks[0].size(), one.size());
+    for (size_t r = 1; r < ranks.size(); ++r) {
+      ASSERT_EQ(ranks[r].size(), one.size());
+      EXPECT_EQ(0, std::memcmp(ranks[r].data(), ranks[0].data(), one.size() * 4)) << "rank " << r;
+    }
+    EXPECT_LE(max_diff(ranks[0], one), 1e-4 * scale) << "max |logit| " << scale;
+  }
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoints, LoraTensorParallel,
+    testing::Values(Case{"tests/fixtures/kimi_linear_tiny", {{2, false}, {2, true}}},
+                    Case{"tests/fixtures/deepseek_v32_tiny", {{2, false}, {4, false}, {2, true}}}),
+    [](const testing::TestParamInfo<Case>& p) {
+      return fs::path(p.param.dir).filename().string();
+    });
+
+// An adapter's shapes are the whole model's on every rank: one written for a rank's share
+// (half the heads) is refused naming the tensor, as on one rank.
+TEST(LoraTensorParallelShapes, AShareShapedAdapterIsRefusedNamingTheTensor) {
+  const fs::path model_dir = fs::path(HYSERVE_SOURCE_DIR) / "tests/fixtures/deepseek_v32_tiny";
+  const fs::path dir =
+      fs::temp_directory_path() / ("hyserve_lora_tp_share_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  parallel::HashStore store;
+  std::vector<std::string> errors(2), refusals(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "tp");
+        ModelOptions o;
+        o.parallel.tp = {rank, 2, comm.get()};
+        std::unique_ptr<Model> model = Model::load(model_dir, o);
+        model->enable_lora(1);
+        // Each rank writes an adapter of its own shares' shapes (its own folder).
+        const fs::path a = test::write_adapter(*model, dir / std::to_string(rank), 5);
+        try {
+          model->read_lora(a, "share", 16);
+        } catch (const Error& e) {
+          refusals[rank] = e.what();
+        }
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(errors[rank], "") << "rank " << rank;
+    EXPECT_NE(refusals[rank].find("has shape"), std::string::npos) << refusals[rank];
+    EXPECT_NE(refusals[rank].find("lora_"), std::string::npos) << refusals[rank];
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace hyserve
