@@ -6,6 +6,8 @@
 // mid-request fails the step within the timeout, naming its rank.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <bit>
 
 #include <chrono>
@@ -25,6 +27,7 @@
 #include "engine/step_plan.h"
 #include "engine/tensor_parallel_group.h"
 #include "engine/weight_transfer.h"
+#include "lora_test_util.h"
 #include "model/checkpoint.h"
 #include "model/model.h"
 #include "parallel/make_communicator.h"
@@ -87,6 +90,12 @@ struct GroupOptions {
   SpeculativeConfig speculative;
   // Called on rank 0's engine after each batch but the last (sleep, weight updates).
   std::function<void(Engine&)> between_batches;
+  bool expert_parallel = false;
+  // LoRA: slots, the adapters loaded on rank 0's engine (name -> folder) and the adapter
+  // of each request id that has one.
+  int64_t max_loras = 0;
+  std::map<std::string, fs::path> adapters;
+  std::map<std::string, std::string> adapter_of;
 };
 
 EngineConfig engine_config(const GroupOptions& g) {
@@ -99,6 +108,8 @@ EngineConfig engine_config(const GroupOptions& g) {
   c.num_blocks = g.num_blocks;
   c.enable_prefix_caching = g.prefix_caching;
   c.speculative = g.speculative;
+  c.scheduler.max_loras = g.max_loras;
+  c.max_lora_rank = 16;
   return c;
 }
 
@@ -117,6 +128,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
     o.batch_invariant = g.batch_invariant;
     o.parallel.tp = {rank, g.tp, comm};
     o.token_sharded_prefill = g.token_sharded;
+    o.parallel.expert_parallel = g.expert_parallel;
     if (g.dcp > 1) {
       auto& dc = dcp_comms[static_cast<size_t>(rank)];
       dc = parallel::make_cpu_communicator(store, rank % g.dcp, g.dcp, 5s,
@@ -163,6 +175,7 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
     std::unique_ptr<parallel::Communicator> comm =
         g.tp > 1 ? parallel::make_cpu_communicator(store, 0, g.tp, 5s, "tp") : nullptr;
     Engine engine(load(0, comm.get()), engine_config(g));
+    for (const auto& [name, path] : g.adapters) engine.loras()->load(name, path, false);
     LeaderLink link(channel);
     if (g.tp > 1) {
       channel.accept_workers(g.tp);
@@ -178,7 +191,10 @@ GroupRun run_group(const GroupOptions& g, const std::vector<std::vector<Request>
         }
       }
       const std::vector<Request>& batch = batches[b];
-      for (const Request& r : batch) {
+      for (Request r : batch) {
+        if (const auto it = g.adapter_of.find(r.id); it != g.adapter_of.end()) {
+          EXPECT_TRUE(engine.loras()->attach(it->second, r)) << it->second;
+        }
         engine.add_request(r, [&run](const RequestOutput& o) {
           Result& res = run.results[o.request_id];
           if (!o.prompt_logprobs.empty()) res.prompt_logprobs = o.prompt_logprobs;
@@ -559,6 +575,69 @@ TEST(TensorParallelEngineControl, SleepAndWeightUpdatesReachEveryRank) {
             after.results.at("r3-0").tokens[0].logprob);
 }
 
+// LoRA under tensor parallelism: rank 0 relays each slot's adapter to the workers (kSetLora
+// plans) and every plan sequence carries its slot. Requests with adapters x and y and none
+// in one batch, one slot (x and y take turns in it, so the workers' slot changes several
+// times mid-run): each request's greedy tokens and logprobs those of one rank with the same
+// adapters. With the adapter a request's outputs differ from the same prompt's without.
+struct LoraCase {
+  const char* dir;
+  int tp;
+  int dcp = 1;
+  bool expert_parallel = false;
+};
+
+class TensorParallelEngineLora : public testing::TestWithParam<LoraCase> {};
+
+TEST_P(TensorParallelEngineLora, MixedAdapterBatchesMatchOneRank) {
+  GroupOptions g;
+  g.dir = fixture(GetParam().dir);
+  const fs::path dir =
+      fs::temp_directory_path() / str_cat("hyserve_tp_lora_", ::getpid(), "_", GetParam().tp, "_",
+                                          GetParam().dcp, GetParam().expert_parallel ? "_ep" : "");
+  fs::remove_all(dir);
+  {
+    const std::unique_ptr<Model> whole = Model::load(g.dir);
+    whole->enable_lora(1);
+    g.adapters = {{"x", test::write_adapter(*whole, dir / "x", 41)},
+                  {"y", test::write_adapter(*whole, dir / "y", 42)}};
+  }
+  g.max_loras = 1;
+  const ModelConfig c = ModelConfig::load(g.dir);
+  std::vector<std::vector<Request>> work = workload(c, 6);
+  // r0 .. r5: x, none, y, x, none, y; r1 has r0's prompt.
+  work[0][1].prompt_token_ids = work[0][0].prompt_token_ids;
+  for (int i = 0; i < 6; ++i) {
+    if (i % 3 != 1) g.adapter_of[str_cat("r", i)] = i % 3 == 0 ? "x" : "y";
+  }
+  const GroupRun one = run_group(g, work);
+  ASSERT_EQ(one.results.size(), 6u);
+  const Result& with = one.results.at("r0");
+  const Result& without = one.results.at("r1");
+  ASSERT_FALSE(with.tokens.empty());
+  EXPECT_NE(with.tokens[0].logprob, without.tokens[0].logprob) << "the adapter changed nothing";
+  g.tp = GetParam().tp;
+  g.dcp = GetParam().dcp;
+  g.expert_parallel = GetParam().expert_parallel;
+  const GroupRun tp = run_group(g, work);
+  EXPECT_TRUE(tp.alive);
+  expect_no_worker_errors(tp);
+  expect_greedy_matches(one, tp, 1e-3);
+  fs::remove_all(dir);
+}
+
+INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngineLora,
+                         testing::Values(LoraCase{"tests/fixtures/kimi_linear_tiny", 2},
+                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
+                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
+                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, true}),
+                         [](const testing::TestParamInfo<LoraCase>& p) {
+                           return fs::path(p.param.dir).filename().string() + "_tp" +
+                                  std::to_string(p.param.tp) +
+                                  (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "") +
+                                  (p.param.expert_parallel ? "_ep" : "");
+                         });
+
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   StepPlan p;
   p.step = 7;
@@ -576,6 +655,7 @@ TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   q.slots = {1234};
   q.blocks_kept = 2;
   q.new_blocks = {17};
+  q.lora_slot = 1;
   part.sequences = {q};
   PlanPart verify;
   verify.verify = true;
@@ -586,6 +666,9 @@ TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   p.parts = {part, verify};
   p.snapshots = {{3, 11}};
   p.num_sampled = 5;
+  p.lora_name = "x";
+  p.lora_rank = 4;
+  p.lora_scale = 0.375f;
   const std::vector<uint8_t> bytes = encode_plan(p);
   const StepPlan back = decode_plan(bytes);
   EXPECT_EQ(encode_plan(back), bytes);
@@ -594,6 +677,10 @@ TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   EXPECT_EQ(back.commits, (std::vector<int32_t>{1, 3, 2}));
   EXPECT_TRUE(back.parts.at(1).verify);
   EXPECT_FALSE(back.parts.at(1).decode_step);
+  EXPECT_EQ(back.parts.at(0).sequences.at(0).lora_slot, 1);
+  EXPECT_EQ(back.lora_name, "x");
+  EXPECT_EQ(back.lora_rank, 4);
+  EXPECT_EQ(back.lora_scale, 0.375f);
   for (size_t cut = 0; cut < bytes.size(); ++cut) {
     const std::vector<uint8_t> truncated(bytes.begin(), bytes.begin() + static_cast<long>(cut));
     EXPECT_THROW(decode_plan(truncated), Error) << "cut at " << cut;

@@ -244,3 +244,68 @@ def test_bad_group_flags_are_refused_before_loading():
     assert "divisible by the tensor-parallel size 3" in out, out
     assert "must divide --tensor-parallel-size 2" in run_refused(
         [*COMMON, "--tensor-parallel-size", "2", "--decode-context-parallel-size", "4"])
+
+
+def write_dsv32_adapter(folder, seed, rank=4):
+    """A PEFT adapter on DSV32's attention (q_b, kv_b, o), expert and shared-expert
+    projections, every layer: shapes read from the checkpoint's safetensors header."""
+    import json
+    import random
+    import struct
+    raw = (DSV32 / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+    suffixes = (".self_attn.q_b_proj.weight", ".self_attn.kv_b_proj.weight",
+                ".self_attn.o_proj.weight", ".down_proj.weight", ".gate_proj.weight")
+    rng = random.Random(seed)
+    tensors, data = {}, b""
+    for name in sorted(header):
+        if not name.startswith("model.layers.") or not name.endswith(suffixes):
+            continue
+        out, inp = header[name]["shape"]
+        module = "base_model.model." + name[:-len(".weight")]
+        for suffix, shape, scale in ((".lora_A.weight", [rank, inp], inp ** -0.5),
+                                     (".lora_B.weight", [out, rank], 0.3)):
+            values = [rng.gauss(0.0, scale) for _ in range(shape[0] * shape[1])]
+            blob = struct.pack(f"<{len(values)}f", *values)
+            tensors[module + suffix] = {"dtype": "F32", "shape": shape,
+                                        "data_offsets": [len(data), len(data) + len(blob)]}
+            data += blob
+    assert len(tensors) > 10, sorted(header)[:20]
+    folder.mkdir(parents=True)
+    text = json.dumps(tensors).encode()
+    text += b" " * (-len(text) % 8)
+    (folder / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + data)
+    (folder / "adapter_config.json").write_text(json.dumps(
+        {"r": rank, "lora_alpha": 2 * rank, "target_modules": "all-linear", "peft_type": "LORA"}))
+    return folder
+
+
+@pytest.mark.parametrize("tp,dcp,ep", [(2, 1, False), (2, 2, False), (2, 1, True)])
+def test_lora_adapters_under_tensor_parallelism_match_one_rank(tmp_path, tp, dcp, ep):
+    """--enable-lora with --tensor-parallel-size: a request naming an adapter gets one rank's
+    greedy tokens with that adapter (each rank holds its share of it); the base model's in the
+    same batch stay the base model's."""
+    adapter = write_dsv32_adapter(tmp_path / "x", 3)
+    lora = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8",
+            "--lora-modules", f"x={adapter}"]
+    outputs = {}
+    for size in (1, tp):
+        args = [*COMMON, *lora, "--tensor-parallel-size", str(size)]
+        if size > 1:
+            args += ["--decode-context-parallel-size", str(dcp)]
+            args += ["--enable-expert-parallel"] if ep else []
+        (tmp_path / f"tp{size}").mkdir()
+        srv = start_server(tmp_path / f"tp{size}", args, model_dir=DSV32)
+        try:
+            with cf.ThreadPoolExecutor(4) as pool:
+                jobs = [pool.submit(completion, srv, p, model=m) for p in PROMPTS
+                        for m in ("x", srv.model)]
+                outputs[size] = [j.result() for j in jobs]
+        finally:
+            srv.stop()
+        assert srv.proc.returncode == 0, log_tail(srv.log_path)
+    one = outputs[1]
+    # The adapter moves the logprobs of the same prompt.
+    assert one[0]["logprobs"]["token_logprobs"] != one[1]["logprobs"]["token_logprobs"]
+    for want, got in zip(one, outputs[tp]):
+        expect_greedy_matches(want, got)
