@@ -75,6 +75,8 @@ def parse_args():
     p.add_argument("--eval-windows", type=int, default=0, help="held-out windows per evaluation (0: all)")
     p.add_argument("--time-limit-s", type=float, default=390.0)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
+                   help="bf16 autocast (auto: on a GPU only; on: also on a CPU, to try the GPU's precision there)")
     # model size (tools/tiny_k3/export.py make_config)
     p.add_argument("--hidden", type=int, default=256)
     p.add_argument("--layers", type=int, default=8)
@@ -99,7 +101,8 @@ def lr_at(step, args):
 
 
 def autocast(args):
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=args.device.startswith("cuda"))
+    on = args.bf16 == "on" or (args.bf16 == "auto" and args.device.startswith("cuda"))
+    return torch.autocast(torch.device(args.device).type, dtype=torch.bfloat16, enabled=on)
 
 
 @torch.no_grad()
