@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -16,9 +17,11 @@
 
 namespace hyserve::test {
 
-// A PEFT folder with random A, B (fixed seed) of rank 4 on every target of the model.
-inline std::filesystem::path write_adapter(const Model& model, const std::filesystem::path& dir,
-                                           uint32_t seed) {
+// A PEFT folder with random A, B (fixed seed) of rank 4 on every target of the model (those
+// `keep` accepts, by canonical name, when given).
+inline std::filesystem::path write_adapter(
+    const Model& model, const std::filesystem::path& dir, uint32_t seed,
+    const std::function<bool(const std::string&)>& keep = {}) {
   std::filesystem::create_directories(dir);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -31,6 +34,7 @@ inline std::filesystem::path write_adapter(const Model& model, const std::filesy
     return t;
   };
   for (const LoraTargets::Target& t : model.lora_targets()->targets()) {
+    if (keep && !keep(t.name)) continue;
     const Weight& w = *t.weight;
     std::vector<float> a(static_cast<size_t>(rank * w.cols)), b(static_cast<size_t>(w.rows * rank));
     for (float& v : a) v = normal(rng) / std::sqrt(static_cast<float>(w.cols));

@@ -1,19 +1,26 @@
 // The resident adapters' views, and the merged kv_b copies of adapters that adapt kv_b.
 #include "model/lora_table.h"
 
+#include <algorithm>
 #include <string>
 
 #include "util/error.h"
 
 namespace hyserve {
 
-LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots)
+LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device)
     : targets_(targets),
+      device_(device != nullptr && device->kind() != DeviceKind::kCpu ? device : nullptr),
       slots_(static_cast<size_t>(num_slots)),
-      matrices_(targets.targets().size(),
-                std::vector<LoraMatrices>(static_cast<size_t>(num_slots))),
+      matrices_(targets.targets().size() * static_cast<size_t>(std::max<int64_t>(num_slots, 0))),
       users_(targets.targets().size(), 0) {
   CHECK(num_slots > 0, "LoRA: --max-loras must be positive, got ", num_slots);
+  if (on_device()) {
+    slot_memory_.resize(static_cast<size_t>(num_slots));
+    if (!matrices_.empty()) {
+      device_matrices_ = DeviceAllocation(device_, matrices_.size() * sizeof(LoraMatrices));
+    }
+  }
 }
 
 bool LoraTable::merges(int64_t target) const {
@@ -24,16 +31,35 @@ bool LoraTable::merges(int64_t target) const {
 
 void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   CHECK(slot >= 0 && slot < num_slots(), "LoRA slot ", slot, " of ", num_slots());
-  for (size_t target = 0; target < matrices_.size(); ++target) {
-    LoraMatrices& m = matrices_[target][slot];
+  const int64_t num = num_slots();
+  for (size_t target = 0; target < users_.size(); ++target) {
+    LoraMatrices& m = matrices_[target * num + slot];
     if (!m.empty()) --users_[target];
     m = {};
     merged_.erase({static_cast<int64_t>(target), slot});
   }
   slots_[slot] = std::move(adapter);
-  if (slots_[slot] == nullptr) return;
+  if (on_device()) slot_memory_[slot] = DeviceAllocation();
+  if (slots_[slot] == nullptr) {
+    upload_matrices();
+    return;
+  }
+  // On a device: the slot's A and B, pair after pair, in one allocation.
+  float* device_floats = nullptr;
+  if (on_device()) {
+    size_t floats = 0;
+    for (const LoraAdapter::Pair& p : slots_[slot]->pairs) floats += p.a.size() + p.b.size();
+    slot_memory_[slot] = DeviceAllocation(device_, std::max<size_t>(floats, 1) * sizeof(float));
+    device_floats = slot_memory_[slot].as<float>();
+  }
   for (const LoraAdapter::Pair& p : slots_[slot]->pairs) {
+    CHECK(p.target >= 0 && p.target < std::ssize(users_), "LoRA adapter ", slots_[slot]->name,
+          ": pair of target ", p.target, " of ", users_.size());
+    CHECK(p.rank > 0 && p.rank <= kMaxLoraRank, "LoRA adapter ", slots_[slot]->name, ": rank ",
+          p.rank, " over ", kMaxLoraRank);
     if (merges(p.target)) {
+      CHECK(!on_device(), "LoRA adapter ", slots_[slot]->name, ": ",
+            targets_.targets()[p.target].name, " (kv_b_proj) is merged on the host only");
       // W' = W + scale * B A, row by row in fp32.
       const Weight& w = *targets_.targets()[p.target].weight;
       Merged& mg = merged_[{p.target, slot}];
@@ -54,9 +80,26 @@ void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
       mg.weight.data = mg.data.data();
       continue;
     }
-    matrices_[p.target][slot] = {p.a.data(), p.b.data(), p.rank, p.scale};
+    const float* a = p.a.data();
+    const float* b = p.b.data();
+    if (on_device()) {
+      device_->upload(device_floats, p.a.data(), p.a.size() * sizeof(float));
+      a = device_floats;
+      device_floats += p.a.size();
+      device_->upload(device_floats, p.b.data(), p.b.size() * sizeof(float));
+      b = device_floats;
+      device_floats += p.b.size();
+    }
+    matrices_[p.target * num + slot] = {a, b, p.rank, p.scale};
     ++users_[p.target];
   }
+  upload_matrices();
+}
+
+void LoraTable::upload_matrices() {
+  if (!on_device() || matrices_.empty()) return;
+  device_->upload(device_matrices_.data(), matrices_.data(),
+                  matrices_.size() * sizeof(LoraMatrices));
 }
 
 const std::shared_ptr<const LoraAdapter>& LoraTable::adapter(int64_t slot) const {
@@ -66,7 +109,9 @@ const std::shared_ptr<const LoraAdapter>& LoraTable::adapter(int64_t slot) const
 
 LoraModule LoraTable::module(int64_t target) const {
   if (target < 0 || users_[target] == 0) return {};
-  return {matrices_[target].data(), num_slots()};
+  const LoraMatrices* base =
+      on_device() ? device_matrices_.as<const LoraMatrices>() : matrices_.data();
+  return {base + target * num_slots(), num_slots()};
 }
 
 const Weight* LoraTable::merged(int64_t target, int64_t slot) const {

@@ -10,8 +10,12 @@
 //              so an adapter on kv_b is applied exactly by attending with its own merged
 //              copy (docs/DECISIONS.md "LoRA adapters (issue 48)").
 //
-// Host memory: the CPU backend reads the views directly. Changing a slot is done by the
-// engine thread between steps.
+// Memory: on a CPU device the ops read the adapters' host memory directly; on a device of
+// its own (CUDA) each slot's A and B are uploaded when the slot is set (one allocation per
+// slot) and the [target][slot] table of LoraMatrices the ops read lives in device memory
+// too (uploaded whole at each set). Merged kv_b copies are host-only (Model::share_lora
+// refuses kv_b adapters on such a device). Changing a slot is done by the engine thread
+// between steps, with nothing of the step before still running.
 #pragma once
 
 #include <cstdint>
@@ -21,6 +25,7 @@
 #include <vector>
 
 #include "backend/backend.h"  // LoraMatrices, LoraModule (kernels/lora/params.h)
+#include "backend/device.h"
 #include "core/weight.h"
 #include "model/lora_adapter.h"
 
@@ -28,7 +33,8 @@ namespace hyserve {
 
 class LoraTable {
  public:
-  LoraTable(const LoraTargets& targets, int64_t num_slots);
+  // device: where the ops read the matrices (null: host memory, as a CPU device).
+  LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device = nullptr);
 
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   // Puts adapter in slot (null: empties it); the previous one is released here (requests
@@ -47,11 +53,17 @@ class LoraTable {
     std::vector<float> data;  // [rows, cols]
     Weight weight;            // fp32 dense view of data
   };
+  bool on_device() const { return device_ != nullptr; }
+  void upload_matrices();
   const LoraTargets& targets_;
+  Device* device_ = nullptr;  // null: host memory
   std::vector<std::shared_ptr<const LoraAdapter>> slots_;
-  std::vector<std::vector<LoraMatrices>> matrices_;  // [target][slot]
-  std::vector<int64_t> users_;                       // [target] slots with matrices
+  // [target * num_slots + slot]: host pointers, or device pointers (on_device)
+  std::vector<LoraMatrices> matrices_;
+  std::vector<int64_t> users_;  // [target] slots with matrices
   std::map<std::pair<int64_t, int64_t>, Merged> merged_;
+  std::vector<DeviceAllocation> slot_memory_;  // on_device: [slot] its A and B
+  DeviceAllocation device_matrices_;           // on_device: matrices_ uploaded
 };
 
 }  // namespace hyserve

@@ -13,6 +13,9 @@
 
 namespace hyserve {
 
+// The largest rank (serve --max-lora-rank's limit; the CUDA kernel's shared vector).
+inline constexpr int64_t kMaxLoraRank = 64;
+
 struct LoraMatrices {
   const float* a = nullptr;  // [rank, in]
   const float* b = nullptr;  // [out, rank]

@@ -49,7 +49,7 @@ struct MlpParams {
   int64_t num_tokens = 0;
   GatedActivation act;
   // LoRA adapters on gate / up / down (kernels/lora/params.h), added to each projection's
-  // output for the tokens that have one; null: none (the CPU backend only).
+  // output for the tokens that have one; null: none.
   const MlpLora* lora = nullptr;
 };
 

@@ -52,7 +52,7 @@ struct MoeParams {
   int64_t expert_offset = 0;
   // LoRA adapters (kernels/lora/params.h): expert_lora [num_experts] each expert's, with
   // token_slots [num_tokens] the slots of this call's tokens (the kernel regroups them with
-  // the tokens); shared_lora the shared MLP's. null: none (the CPU backend only).
+  // the tokens; the CPU backend only, so far); shared_lora the shared MLP's. null: none.
   const MlpLora* expert_lora = nullptr;
   const MlpLora* shared_lora = nullptr;
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/elementwise/cuda.h"
+#include "kernels/lora/cuda.h"
 #include "kernels/mlp/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -70,12 +71,27 @@ void mlp(const MlpParams& p, const Blas& blas, void* workspace, size_t workspace
   void* lin = base + 2 * act;
   const size_t lin_bytes = workspace_bytes - 2 * act;
   const int64_t t = p.num_tokens;
+  const int64_t hidden = p.w->down.rows;
+  const int64_t inter = p.w->gate.rows;
+  // LoRA (kernels/lora/cuda.h) on each projection's output, gate and up before the
+  // activation, as the CPU op adds them.
+  const auto add_lora = [&](const LoraModule& m, const float* in_x, float* out_y, int64_t in,
+                            int64_t out) {
+    if (p.lora != nullptr && !m.empty()) {
+      lora_add({in_x, out_y, t, in, out, p.lora->token_slots, m}, stream);
+    }
+  };
   linear({.x = p.x, .w = &p.w->gate, .y = gate, .num_tokens = t}, blas, lin, lin_bytes, stream,
          kernel);
   linear({.x = p.x, .w = &p.w->up, .y = up, .num_tokens = t}, blas, lin, lin_bytes, stream, kernel);
-  apply_gated_activation(gate, up, t * p.w->gate.rows, p.act, stream);
+  if (p.lora != nullptr) {
+    add_lora(p.lora->gate, p.x, gate, hidden, inter);
+    add_lora(p.lora->up, p.x, up, hidden, inter);
+  }
+  apply_gated_activation(gate, up, t * inter, p.act, stream);
   linear({.x = gate, .w = &p.w->down, .y = p.y, .num_tokens = t}, blas, lin, lin_bytes, stream,
          kernel);
+  if (p.lora != nullptr) add_lora(p.lora->down, gate, p.y, inter, hidden);
 }
 
 }  // namespace hyserve::cuda

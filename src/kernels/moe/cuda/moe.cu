@@ -737,8 +737,13 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   });
 
   if (p.shared != nullptr) {
-    mlp({.x = p.x, .w = p.shared, .y = shared_out, .num_tokens = p.num_tokens, .act = p.act}, blas,
-        at(lay.shared_ws), lay.total - lay.shared_ws, stream,
+    mlp({.x = p.x,
+         .w = p.shared,
+         .y = shared_out,
+         .num_tokens = p.num_tokens,
+         .act = p.act,
+         .lora = p.shared_lora},
+        blas, at(lay.shared_ws), lay.total - lay.shared_ws, stream,
         batch_invariant ? LinearKernel::kBatchInvariant : LinearKernel::kAuto);
   }
   combine_kernel<<<static_cast<unsigned>(p.num_tokens), 256, 0, stream>>>(
