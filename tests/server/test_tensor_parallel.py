@@ -10,9 +10,12 @@ last bits).
 """
 
 import concurrent.futures as cf
+import json
 import os
+import random
 import re
 import signal
+import struct
 import subprocess
 import threading
 import time
@@ -244,14 +247,14 @@ def test_bad_group_flags_are_refused_before_loading():
     assert "divisible by the tensor-parallel size 3" in out, out
     assert "must divide --tensor-parallel-size 2" in run_refused(
         [*COMMON, "--tensor-parallel-size", "2", "--decode-context-parallel-size", "4"])
+    assert "--enable-lora with --token-sharded-prefill" in run_refused(
+        [*COMMON, "--tensor-parallel-size", "2", "--token-sharded-prefill", "16",
+         "--enable-lora"])
 
 
 def write_dsv32_adapter(folder, seed, rank=4):
     """A PEFT adapter on DSV32's attention (q_b, kv_b, o), expert and shared-expert
     projections, every layer: shapes read from the checkpoint's safetensors header."""
-    import json
-    import random
-    import struct
     raw = (DSV32 / "model.safetensors").read_bytes()
     header = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
     suffixes = (".self_attn.q_b_proj.weight", ".self_attn.kv_b_proj.weight",
