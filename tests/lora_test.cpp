@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
+#include "lora_test_util.h"
 #include "model/model.h"
 #include "model/safetensors.h"
 #include "util/error.h"
@@ -257,6 +258,32 @@ TEST_P(Lora, RsLoraScaleAndMixedBatchEqualsEachAlone) {
       row += want.size();
     }
   }
+  fs::remove_all(dir);
+}
+
+// A GPU slot's room (LoraTable::device_slot_bytes, allocated before the KV pool is planned)
+// holds exactly an adapter of the rank limit on every target the GPU adapts; the CPU reserves
+// nothing (the adapters stay in host memory).
+TEST_P(Lora, DeviceSlotRoomFitsTheLargestAdapterExactly) {
+  const fs::path src = fs::path(HYSERVE_SOURCE_DIR) / GetParam().dir;
+  auto model = Model::load(src);
+  model->enable_lora(1);
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("hyserve_lora_room_" + std::to_string(::getpid()) + sanitize(GetParam().dir));
+  fs::remove_all(dir);
+  // write_adapter's rank is 4.
+  test::write_adapter(*model, dir, 5, LoraTable::device_adaptable);
+  const auto adapter = model->read_lora(dir, "room", 4);
+  int64_t floats = 0, skipped = 0;
+  for (const LoraAdapter::Pair& p : adapter->pairs) floats += std::ssize(p.a) + std::ssize(p.b);
+  for (const LoraTargets::Target& t : model->lora_targets()->targets()) {
+    skipped += LoraTable::device_adaptable(t.name) ? 0 : 1;
+  }
+  EXPECT_GT(skipped, 0);  // every fixture has kv_b or routed experts
+  EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 4), floats * 4);
+  EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 8), floats * 8);
+  EXPECT_EQ(model->lora_device_bytes(4, 64), 0);
   fs::remove_all(dir);
 }
 

@@ -435,7 +435,7 @@ KvCacheConfig make_kv_config(const Model& model, const EngineConfig& config) {
 Engine::Engine(std::unique_ptr<Model> model, EngineConfig config)
     : model_(std::move(model)), config_(complete_engine_config(*model_, std::move(config))) {
   if (config_.scheduler.max_loras > 0) {
-    model_->enable_lora(config_.scheduler.max_loras);
+    model_->enable_lora(config_.scheduler.max_loras, config_.max_lora_rank);
     loras_ = std::make_unique<LoraRegistry>(*model_, config_.max_lora_rank);
   }
   impl_ = std::make_unique<Impl>(*model_, config_, make_kv_config(*model_, config_));

@@ -160,7 +160,7 @@ void run_tensor_parallel_worker(Model& model, const EngineConfig& config,
         model.new_cache(config.num_blocks, config.min_block_size);
     // The leader's LoRA slots (serve --enable-lora), filled by its kSetLora plans.
     if (config.scheduler.max_loras > 0 && !model.lora_enabled()) {
-      model.enable_lora(config.scheduler.max_loras);
+      model.enable_lora(config.scheduler.max_loras, config.max_lora_rank);
     }
     ModelRunnerConfig rc = runner_config(config);
     rc.samples = false;

@@ -44,7 +44,8 @@ std::vector<int64_t> exchange(const WorkerGroup& g, const std::string& key, int6
 }
 
 // What the device holds now and what the engine takes before its first step (the runner's
-// workspace and buffers), on CUDA: the budget's gpu_memory_bytes and reserve_bytes.
+// workspace and buffers, the LoRA slots' rooms), on CUDA: the budget's gpu_memory_bytes and
+// reserve_bytes.
 void measure_device_memory(const Model& model, const EngineConfig& ec, MemoryBudget& budget) {
   if (const std::optional<DeviceMemoryInfo> m = model.backend().memory_info()) {
     budget.gpu_memory_bytes = static_cast<int64_t>(m->total_bytes);
@@ -52,7 +53,8 @@ void measure_device_memory(const Model& model, const EngineConfig& ec, MemoryBud
     // before its first step: the runner's workspace and buffers.
     budget.reserve_bytes = static_cast<int64_t>(m->total_bytes - m->free_bytes) +
                            static_cast<int64_t>(ec.workspace_bytes) +
-                           ModelRunner::device_bytes(model, runner_config(ec));
+                           ModelRunner::device_bytes(model, runner_config(ec)) +
+                           model.lora_device_bytes(ec.scheduler.max_loras, ec.max_lora_rank);
   }
 }
 

@@ -3,20 +3,49 @@
 
 #include <algorithm>
 #include <string>
+#include <string_view>
 
 #include "util/error.h"
 
 namespace hyserve {
 
-LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device)
+bool LoraTable::device_adaptable(const std::string& name) {
+  const std::string_view kvb = ".kv_b_proj";
+  const bool is_kvb =
+      name.size() > kvb.size() && name.compare(name.size() - kvb.size(), kvb.size(), kvb) == 0;
+  return !is_kvb && name.find(".mlp.experts.") == std::string::npos;
+}
+
+int64_t LoraTable::device_slot_bytes(const LoraTargets& targets, int64_t max_rank) {
+  int64_t floats = 0;
+  for (const LoraTargets::Target& t : targets.targets()) {
+    if (device_adaptable(t.name)) floats += max_rank * (t.weight->rows + t.weight->cols);
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
+int64_t LoraTable::device_bytes(const LoraTargets& targets, int64_t num_slots, int64_t max_rank) {
+  const auto table = static_cast<int64_t>(targets.targets().size() * sizeof(LoraMatrices));
+  return num_slots * (device_slot_bytes(targets, max_rank) + table);
+}
+
+LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device,
+                     int64_t max_rank)
     : targets_(targets),
       device_(device != nullptr && device->kind() != DeviceKind::kCpu ? device : nullptr),
       slots_(static_cast<size_t>(num_slots)),
       matrices_(targets.targets().size() * static_cast<size_t>(std::max<int64_t>(num_slots, 0))),
       users_(targets.targets().size(), 0) {
   CHECK(num_slots > 0, "LoRA: --max-loras must be positive, got ", num_slots);
+  CHECK(max_rank > 0 && max_rank <= kMaxLoraRank, "LoRA: --max-lora-rank ", max_rank,
+        " not in [1, ", kMaxLoraRank, "]");
   if (on_device()) {
-    slot_memory_.resize(static_cast<size_t>(num_slots));
+    // Every slot's room now, before the KV pool takes the rest of the device.
+    slot_floats_ = device_slot_bytes(targets, max_rank) / static_cast<int64_t>(sizeof(float));
+    for (int64_t s = 0; s < num_slots; ++s) {
+      slot_memory_.emplace_back(device_,
+                                static_cast<size_t>(std::max<int64_t>(slot_floats_, 1)) * 4);
+    }
     if (!matrices_.empty()) {
       device_matrices_ = DeviceAllocation(device_, matrices_.size() * sizeof(LoraMatrices));
     }
@@ -39,17 +68,22 @@ void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
     merged_.erase({static_cast<int64_t>(target), slot});
   }
   slots_[slot] = std::move(adapter);
-  if (on_device()) slot_memory_[slot] = DeviceAllocation();
   if (slots_[slot] == nullptr) {
     upload_matrices();
     return;
   }
-  // On a device: the slot's A and B, pair after pair, in one allocation.
+  // On a device: the slot's A and B, pair after pair, in its room.
   float* device_floats = nullptr;
   if (on_device()) {
-    size_t floats = 0;
-    for (const LoraAdapter::Pair& p : slots_[slot]->pairs) floats += p.a.size() + p.b.size();
-    slot_memory_[slot] = DeviceAllocation(device_, std::max<size_t>(floats, 1) * sizeof(float));
+    int64_t floats = 0;
+    for (const LoraAdapter::Pair& p : slots_[slot]->pairs) {
+      CHECK(device_adaptable(targets_.targets()[p.target].name), "LoRA adapter ",
+            slots_[slot]->name, ": ", targets_.targets()[p.target].name,
+            " is not adapted on this device");
+      floats += std::ssize(p.a) + std::ssize(p.b);
+    }
+    CHECK(floats <= slot_floats_, "LoRA adapter ", slots_[slot]->name, ": ", floats,
+          " values, over the slot's room of ", slot_floats_, " (rank over --max-lora-rank?)");
     device_floats = slot_memory_[slot].as<float>();
   }
   for (const LoraAdapter::Pair& p : slots_[slot]->pairs) {

@@ -10,17 +10,21 @@
 //              so an adapter on kv_b is applied exactly by attending with its own merged
 //              copy (docs/DECISIONS.md "LoRA adapters (issue 48)").
 //
-// Memory: on a CPU device the ops read the adapters' host memory directly; on a device of
-// its own (CUDA) each slot's A and B are uploaded when the slot is set (one allocation per
-// slot) and the [target][slot] table of LoraMatrices the ops read lives in device memory
-// too (uploaded whole at each set). Merged kv_b copies are host-only (Model::share_lora
-// refuses kv_b adapters on such a device). Changing a slot is done by the engine thread
-// between steps, with nothing of the step before still running.
+// Memory: on a CPU device the ops read the adapters' host memory directly. On a device of
+// its own (CUDA) every slot's room is allocated when the table is made, for an adapter of
+// max_rank on every target the device adapts (device_slot_bytes; the KV pool is planned
+// after it: Model::lora_device_bytes), and a slot's A and B are copied into its room when
+// it is set: serving never allocates for an adapter. The [target][slot] table of
+// LoraMatrices the ops read lives in device memory too (uploaded whole at each set).
+// Merged kv_b copies are host-only (kv_b and routed experts are not adapted on such a
+// device: device_adaptable). Changing a slot is done by the engine thread between steps,
+// with nothing of the step before still running.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -33,8 +37,18 @@ namespace hyserve {
 
 class LoraTable {
  public:
-  // device: where the ops read the matrices (null: host memory, as a CPU device).
-  LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device = nullptr);
+  // device: where the ops read the matrices (null: host memory, as a CPU device); max_rank:
+  // the largest rank a slot takes there.
+  LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device = nullptr,
+            int64_t max_rank = kMaxLoraRank);
+
+  // Whether a device backend (CUDA) applies adapters on this target (canonical name): not
+  // kv_b_proj (merged on the host) nor routed experts (inside the grouped MoE kernels).
+  static bool device_adaptable(const std::string& name);
+  // Device bytes of one slot's room: A and B of rank max_rank on every device_adaptable
+  // target; and of the whole table (num_slots rooms and the matrix table).
+  static int64_t device_slot_bytes(const LoraTargets& targets, int64_t max_rank);
+  static int64_t device_bytes(const LoraTargets& targets, int64_t num_slots, int64_t max_rank);
 
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   // Puts adapter in slot (null: empties it); the previous one is released here (requests
@@ -62,7 +76,8 @@ class LoraTable {
   std::vector<LoraMatrices> matrices_;
   std::vector<int64_t> users_;  // [target] slots with matrices
   std::map<std::pair<int64_t, int64_t>, Merged> merged_;
-  std::vector<DeviceAllocation> slot_memory_;  // on_device: [slot] its A and B
+  std::vector<DeviceAllocation> slot_memory_;  // on_device: [slot] its room for A and B
+  int64_t slot_floats_ = 0;                    // on_device: the room of a slot
   DeviceAllocation device_matrices_;           // on_device: matrices_ uploaded
 };
 

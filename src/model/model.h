@@ -296,7 +296,10 @@ class Model {
   // folder against this model; set_lora puts an adapter in a slot (null: empties it) between
   // forwards. A sequence runs with the adapter of its SequenceInput::lora_slot; sequences
   // without one are computed exactly as without LoRA (bitwise).
-  void enable_lora(int64_t num_slots);
+  // max_rank: the largest rank a slot takes (serve --max-lora-rank); on a GPU every slot's
+  // room is allocated here for it, lora_device_bytes before (the KV pool is planned after).
+  void enable_lora(int64_t num_slots, int64_t max_rank = kMaxLoraRank);
+  int64_t lora_device_bytes(int64_t num_slots, int64_t max_rank) const;
   bool lora_enabled() const { return lora_ != nullptr; }
   std::shared_ptr<const LoraAdapter> read_lora(const std::filesystem::path& dir,
                                                const std::string& name, int64_t max_rank) const;

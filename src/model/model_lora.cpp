@@ -11,7 +11,15 @@
 
 namespace hyserve {
 
-void Model::enable_lora(int64_t num_slots) {
+int64_t Model::lora_device_bytes(int64_t num_slots, int64_t max_rank) const {
+  if (backend_->kind() == DeviceKind::kCpu || num_slots <= 0) return 0;
+  const ParallelLayout& par = options_.parallel;
+  const LoraTargets targets(weights_,
+                            {par.tp.rank, par.tp.size, kv_b_ranks(), par.expert_parallel});
+  return LoraTable::device_bytes(targets, num_slots, max_rank);
+}
+
+void Model::enable_lora(int64_t num_slots, int64_t max_rank) {
   // The rank's targets say how shard_weights cut each projection (LoraTargets), so that an
   // adapter of the whole model is cut alike (lora_share).
   const ParallelLayout& par = options_.parallel;
@@ -20,7 +28,8 @@ void Model::enable_lora(int64_t num_slots) {
   // kv_b as shard_weights cut it: for the kv_b_ranks() ranks around this one.
   const LoraShard shard{par.tp.rank, par.tp.size, kv_b_ranks(), par.expert_parallel};
   lora_targets_ = std::make_unique<LoraTargets>(weights_, shard);
-  lora_ = std::make_unique<LoraTable>(*lora_targets_, num_slots, backend_.get());
+  const UnfrozenScope allocating(*backend_);
+  lora_ = std::make_unique<LoraTable>(*lora_targets_, num_slots, backend_.get(), max_rank);
 }
 
 std::shared_ptr<const LoraAdapter> Model::read_lora(const std::filesystem::path& dir,
@@ -49,18 +58,15 @@ std::shared_ptr<const LoraAdapter> Model::share_lora(
     // On the GPU: the merged kv_b copy would need uploading in the attention kernels'
     // format, and routed experts' adapters belong inside the grouped MoE kernels; neither is
     // written yet, so such an adapter is refused when read, naming the module.
-    CHECK(host || !lora_->merges(p.target), "LoRA adapter ", name, ": module ", module,
-          " (kv_b_proj) cannot be adapted on the CUDA backend yet");
-    CHECK(host || module.find(".mlp.experts.") == std::string::npos, "LoRA adapter ", name,
-          ": module ", module, " (a routed expert) cannot be adapted on the CUDA backend yet");
+    CHECK(host || LoraTable::device_adaptable(module), "LoRA adapter ", name, ": module ", module,
+          lora_->merges(p.target) ? " (kv_b_proj)" : " (a routed expert)",
+          " cannot be adapted on the CUDA backend yet");
   }
   return adapter;
 }
 
 void Model::set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   CHECK(lora_ != nullptr, "LoRA is not enabled (--enable-lora)");
-  // A device's copy of the adapter is allocated here, between steps.
-  const UnfrozenScope allocating(*backend_);
   lora_->set(slot, std::move(adapter));
 }
 

@@ -95,7 +95,6 @@ void Model::adopt_views(ModelWeights& next) {
 
 void Model::refresh_lora() {
   if (lora_ == nullptr) return;
-  const UnfrozenScope allocating(*backend_);
   for (int64_t s = 0; s < lora_->num_slots(); ++s) {
     std::shared_ptr<const LoraAdapter> a = lora_->adapter(s);
     if (a == nullptr) continue;
