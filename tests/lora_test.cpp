@@ -326,6 +326,31 @@ TEST_P(Lora, BadAdaptersAreRefusedNamingTheTensor) {
           "nonesuch_proj.lora_A.weight");
   // Rank over the limit.
   refused(write("rank", 32, {32, w.cols}, {w.rows, 32}, t.name), "rank 32 is over");
+  // PEFT options that change the math, and fields of the wrong type; nulls read as absent.
+  const fs::path good = write("options", 4, {4, w.cols}, {w.rows, 4}, t.name);
+  const auto with = [&](const nlohmann::json& extra) {
+    nlohmann::json c = {{"r", 4}, {"lora_alpha", 16}, {"target_modules", "all-linear"}};
+    c.update(extra);
+    std::ofstream(good / "adapter_config.json") << c.dump();
+    return good;
+  };
+  refused(with({{"fan_in_fan_out", true}}), "fan_in_fan_out");
+  refused(with({{"bias", "lora_only"}}), "bias \"lora_only\"");
+  refused(with({{"lora_bias", true}}), "lora_bias");
+  refused(with({{"use_dora", true}}), "DoRA");
+  refused(with({{"use_rslora", "yes"}}), "use_rslora must be true or false");
+  refused(with({{"lora_alpha", "16"}}), "lora_alpha must be a number");
+  refused(with({{"rank_pattern", {{"q_proj", 8}}}}), "rank_pattern");
+  const auto ok = model->read_lora(with({{"use_rslora", nullptr},
+                                         {"use_dora", nullptr},
+                                         {"lora_alpha", nullptr},
+                                         {"bias", "none"},
+                                         {"rank_pattern", nlohmann::json::object()},
+                                         {"modules_to_save", nullptr},
+                                         {"fan_in_fan_out", false}}),
+                                   "ok", 16);
+  ASSERT_EQ(ok->pairs.size(), 1u);
+  EXPECT_EQ(ok->pairs[0].scale, 1.0f);  // lora_alpha absent: alpha = r
   fs::remove_all(dir);
 }
 

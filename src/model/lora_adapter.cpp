@@ -296,16 +296,38 @@ LoraAdapter read_lora_adapter(const std::filesystem::path& dir, const std::strin
   CHECK(config.contains("r") && config["r"].is_number_integer(), "LoRA adapter ",
         config_path.string(), ": r must be an integer");
   ad.rank = config["r"].get<int64_t>();
-  ad.alpha = config.value("lora_alpha", static_cast<double>(ad.rank));
-  ad.rslora = config.value("use_rslora", false);
+  // A field PEFT may write as null reads as absent; one of another type is refused.
+  const auto field = [&](const char* key) -> const nlohmann::json* {
+    const auto it = config.find(key);
+    return it == config.end() || it->is_null() ? nullptr : &*it;
+  };
+  const auto flag = [&](const char* key) {
+    const nlohmann::json* v = field(key);
+    CHECK(v == nullptr || v->is_boolean(), "LoRA adapter ", config_path.string(), ": ", key,
+          " must be true or false");
+    return v != nullptr && v->get<bool>();
+  };
+  const nlohmann::json* alpha = field("lora_alpha");
+  CHECK(alpha == nullptr || alpha->is_number(), "LoRA adapter ", config_path.string(),
+        ": lora_alpha must be a number");
+  ad.alpha = alpha != nullptr ? alpha->get<double>() : static_cast<double>(ad.rank);
+  ad.rslora = flag("use_rslora");
   CHECK(ad.rank > 0 && ad.rank <= max_rank, "LoRA adapter ", config_path.string(), ": rank ",
         ad.rank, " is over --max-lora-rank ", max_rank);
   for (const char* unsupported : {"rank_pattern", "alpha_pattern"}) {
-    CHECK(!config.contains(unsupported) || config[unsupported].empty(), "LoRA adapter ",
-          config_path.string(), ": ", unsupported, " is not supported");
+    const nlohmann::json* v = field(unsupported);
+    CHECK(v == nullptr || v->empty(), "LoRA adapter ", config_path.string(), ": ", unsupported,
+          " is not supported");
   }
-  CHECK(!config.value("use_dora", false), "LoRA adapter ", config_path.string(),
-        ": DoRA is not supported");
+  CHECK(!flag("use_dora"), "LoRA adapter ", config_path.string(), ": DoRA is not supported");
+  // Weights stored transposed (GPT-2's Conv1D layers) and trained biases change the math.
+  CHECK(!flag("fan_in_fan_out"), "LoRA adapter ", config_path.string(),
+        ": fan_in_fan_out (transposed weights) is not supported");
+  CHECK(!flag("lora_bias"), "LoRA adapter ", config_path.string(), ": lora_bias is not supported");
+  if (const nlohmann::json* bias = field("bias")) {
+    CHECK(bias->is_string() && bias->get<std::string>() == "none", "LoRA adapter ",
+          config_path.string(), ": bias ", bias->dump(), " is not supported (only \"none\")");
+  }
   const std::set<std::string> modules = read_target_modules(config, config_path);
   const float scale = static_cast<float>(
       ad.rslora ? ad.alpha / std::sqrt(static_cast<double>(ad.rank)) : ad.alpha / ad.rank);
