@@ -15,9 +15,11 @@
 
 #include "core/dtype.h"
 #include "gpu/gpu_test_util.h"
+#include "gpu/test_weights.h"
 #include "kernels/attention/latent/cpu.h"
 #include "kernels/attention/latent/cuda.h"
 #include "kernels/attention/mla/cpu.h"
+#include "kernels/linear/cuda.h"
 
 namespace hyserve {
 namespace {
@@ -198,9 +200,10 @@ struct DeviceInputs {
 // 2e-5 absolute + 2e-6 relative. Empty queries: out exactly 0 and lse exactly -inf.
 // batch_invariant: the kernel's batch-invariant plan. got_out_copy / got_lse_copy, when
 // given, receive the GPU's results.
+// blas: the dense-prefill GEMM path (bf16 inputs), checked at its own tolerance (gemm_check).
 void check(const Problem& pr, Format format, bool use_topk, bool with_lse, const std::string& what,
            bool batch_invariant = false, std::vector<float>* got_out_copy = nullptr,
-           std::vector<float>* got_lse_copy = nullptr) {
+           std::vector<float>* got_lse_copy = nullptr, const cuda::Blas* blas = nullptr) {
   const StoredWeight w(pr.kv_b, pr.z.num_heads * (pr.z.dn + pr.z.dv), pr.z.kv_lora, format);
   const int64_t num_rows = pr.z.num_tokens * pr.z.num_heads;
   std::vector<float> want_out(num_rows * pr.z.dv), want_lse(num_rows);
@@ -214,13 +217,26 @@ void check(const Problem& pr, Format format, bool use_topk, bool with_lse, const
   DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
   p.out = d_out.as<float>();
   p.lse = with_lse ? d_lse.as<float>() : nullptr;
-  const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p);
+  const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p, blas != nullptr);
   DeviceBuffer ws(ws_bytes);
-  cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr, batch_invariant);
+  cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, blas != nullptr ? blas->stream() : nullptr,
+                               batch_invariant, blas);
   CUDA_CHECK(cudaDeviceSynchronize());
 
   const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
   if (got_out_copy != nullptr) *got_out_copy = got_out;
+  if (blas != nullptr) {
+    // bf16 GEMM inputs (q_abs, the latent, the probabilities: 2^-9 relative each, summed
+    // over kv_lora + dr and the keys with random signs): out within 1e-2 of its largest
+    // value + 2e-2 relative, lse (O(1..10)) within 5e-2 + 1e-2 relative.
+    EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
+        << what << " out (GEMM prefill)";
+    if (with_lse) {
+      EXPECT_TRUE(test::all_close(to_host<float>(d_lse, want_lse.size()), want_lse, 5e-2f, 1e-2f))
+          << what << " lse (GEMM prefill)";
+    }
+    return;
+  }
   EXPECT_TRUE(test::all_close(got_out, want_out, 2e-5f, 1e-4f)) << what << " out";
   for (int64_t r = 0; r < num_rows; ++r) {
     if (std::isinf(want_lse[r])) {
@@ -263,6 +279,27 @@ TEST(GpuMla, DenseAndTopkMatchCpuOnAwkwardShapes) {
         }
       }
     }
+  }
+}
+
+// The dense-prefill GEMM path (cuBLAS, bf16 inputs): prefills of 64 (the threshold), 65 and
+// 300 queries, over no prefix, a short one, and one past a key chunk (4,096 keys); 300 x 16
+// (t, h) rows cross a row chunk (4,096 rows).
+TEST(GpuMla, DensePrefillGemmMatchesCpu) {
+  REQUIRE_GPU();
+  test::Stream stream;
+  cuda::Blas blas(stream.s);
+  uint32_t seed = 900;
+  struct Case {
+    int64_t T, first_pos, H;
+  };
+  for (const Case c : {Case{64, 0, 1}, Case{65, 37, 3}, Case{300, 0, 16}, Case{65, 4100, 3}}) {
+    const Sizes z{c.T, c.first_pos + c.T, c.H, 128, 64, 128, 512};
+    Problem pr(z, c.first_pos, ++seed);
+    check(pr, Format::kF32, false, true, name_of(z, c.first_pos, "dense GEMM"), false, nullptr,
+          nullptr, &blas);
+    check(pr, Format::kBF16, false, true, name_of(z, c.first_pos, "dense GEMM, bf16 kv_b"), false,
+          nullptr, nullptr, &blas);
   }
 }
 
@@ -418,8 +455,11 @@ TEST(GpuMla, WorkspaceDoesNotGrowWithContext) {
     p.topk = nullptr;
     p.num_keys = 1;
     const size_t short_context = cuda::mla_attention_workspace_bytes(p);
+    const size_t short_gemm = cuda::mla_attention_workspace_bytes(p, /*gemm_prefill=*/true);
     p.num_keys = int64_t{1} << 20;
     EXPECT_EQ(cuda::mla_attention_workspace_bytes(p), short_context) << tokens << " tokens";
+    EXPECT_EQ(cuda::mla_attention_workspace_bytes(p, true), short_gemm) << tokens << " tokens";
+    EXPECT_EQ(short_gemm > short_context, tokens >= cuda::kMlaGemmMinTokens) << tokens;
     static const int32_t kDummy = 0;
     p.topk = &kDummy;
     p.topk_width = 2048;

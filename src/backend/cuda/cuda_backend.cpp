@@ -265,9 +265,12 @@ void CudaBackend::rope(const RopeOpParams& p) {
 }
 
 void CudaBackend::mla_attention(const MlaAttentionOpParams& p) {
-  // The GPU runs the absorbed form for prefill and decode alike.
-  const size_t need = cuda::mla_attention_workspace_bytes(p.attn);
-  cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_);
+  // The GPU runs the absorbed form for prefill and decode alike. Dense prefill on cuBLAS's
+  // tensor cores (kernels/attention/mla/cuda.h) once measured and tested on a GPU.
+  constexpr bool kMlaGemmPrefill = false;
+  const size_t need = cuda::mla_attention_workspace_bytes(p.attn, kMlaGemmPrefill);
+  cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_,
+                               kMlaGemmPrefill ? blas_.get() : nullptr);
 }
 
 void CudaBackend::kda_chunked(const KdaParams& p) {

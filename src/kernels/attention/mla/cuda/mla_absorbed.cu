@@ -8,6 +8,17 @@
 //
 // Workspace (each part 256-byte aligned):
 //   q_abs  [T*H, kv_lora + dr] | part_o [T*H, splits, kv_lora] | part_ml [T*H, splits, 2]
+//
+// Dense prefill on tensor cores (cuda.h, gemm_prefill): step 2 as two cuBLAS GEMMs per
+// (key chunk, row chunk), one split, with the online softmax between them:
+//   gather_latent_kernel   key chunk of the (paged) latent -> bf16 [Kc, kv_lora + dr]
+//   scores = q_abs(bf16) lat^T                          cuBLAS, fp32 [Rc, Kc]
+//   softmax_chunk_kernel   block per row: causal mask, running max / sum (part_ml), P bf16,
+//                          the row's o_lat rescaled by exp(old max - new max)
+//   o_lat += P lat[:, :kv_lora]                          cuBLAS, fp32 accumulate (part_o)
+// then combine_project_kernel as for one split. Its extra workspace:
+//   q_bf16 [T*H, kv_lora + dr] | lat [Kc, kv_lora + dr] bf16 | scores [Rc, Kc] | P [Rc, Kc] bf16
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -18,6 +29,7 @@
 #include "core/cuda/dtype.cuh"
 #include "kernels/attention/mla/check.h"
 #include "kernels/attention/mla/cuda.h"
+#include "kernels/linear/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
@@ -277,6 +289,172 @@ __global__ void combine_project_kernel(MlaArgs a) {
   }
 }
 
+// ---- Dense prefill on tensor cores ----
+
+constexpr int kGemmThreads = 256;
+
+struct GemmPlan {
+  size_t q_bf16_bytes, lat_bytes, scores_bytes, probs_bytes;
+  size_t total_bytes() const { return q_bf16_bytes + lat_bytes + scores_bytes + probs_bytes; }
+};
+
+GemmPlan make_gemm_plan(const MlaAttentionParams& p) {
+  const int64_t rows = p.num_tokens * p.num_heads;
+  const int64_t width = p.kv_lora + p.dr;
+  const int64_t rc = std::min(rows, kMlaGemmRowChunk);
+  GemmPlan g{};
+  g.q_bf16_bytes = align_up(sizeof(__nv_bfloat16) * rows * width);
+  g.lat_bytes = align_up(sizeof(__nv_bfloat16) * kMlaGemmKeyChunk * width);
+  g.scores_bytes = align_up(sizeof(float) * rc * kMlaGemmKeyChunk);
+  g.probs_bytes = align_up(sizeof(__nv_bfloat16) * rc * kMlaGemmKeyChunk);
+  return g;
+}
+
+__global__ void to_bf16_kernel(const float* __restrict__ src, __nv_bfloat16* __restrict__ dst,
+                               int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    dst[i] = __float2bfloat16(src[i]);
+  }
+}
+
+// Block per key of the chunk [k0, k0 + gridDim.x): its latent row as bf16.
+template <typename L>
+__global__ void gather_latent_kernel(MlaAttentionParams p, const L* latent, int64_t width,
+                                     int64_t k0, __nv_bfloat16* __restrict__ dst) {
+  const int64_t j = blockIdx.x;
+  const L* c = p.latent_pages.row(latent, k0 + j, width);
+  for (int64_t i = threadIdx.x; i < width; i += blockDim.x) {
+    dst[j * width + i] = __float2bfloat16(load_latent(c, i));
+  }
+}
+
+__device__ float block_reduce(float v, float* scratch, bool is_max) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  for (int off = 16; off > 0; off /= 2) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = is_max ? fmaxf(v, o) : v + o;
+  }
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float r = scratch[0];
+  for (int w = 1; w < kGemmThreads / 32; ++w) r = is_max ? fmaxf(r, scratch[w]) : r + scratch[w];
+  __syncthreads();
+  return r;
+}
+
+// Block per row r of the chunk (row0 + r = t * H + h): the chunk's logits of keys
+// [k0, k0 + kc) scaled and masked (key <= q_pos[t], < num_keys), the running max m and sum
+// l (part_ml, one split) updated, P = exp(logit - m) as bf16 (l sums the rounded values the
+// GEMM reads), and the row's o_lat scaled by exp(m_old - m) before the GEMM adds P lat.
+__global__ void __launch_bounds__(kGemmThreads)
+    softmax_chunk_kernel(MlaArgs a, int64_t row0, int64_t k0, int64_t kc,
+                         const float* __restrict__ scores, __nv_bfloat16* __restrict__ probs) {
+  __shared__ float scratch[kGemmThreads / 32];
+  const MlaAttentionParams& p = a.p;
+  const int64_t r = blockIdx.x;
+  const int64_t row = row0 + r;
+  const int64_t t = row / p.num_heads;
+  const int64_t q_pos = p.q_pos[t];
+  int64_t visible_end = q_pos + 1 < p.num_keys ? q_pos + 1 : p.num_keys;  // exclusive
+  if (visible_end > k0 + kc) visible_end = k0 + kc;
+  const int64_t n = visible_end > k0 ? visible_end - k0 : 0;
+  const float* srow = scores + r * kc;
+  __nv_bfloat16* prow = probs + r * kc;
+  float* ml = a.part_ml + row * 2;
+  const float m_old = ml[0];
+  float local = -INFINITY;
+  for (int64_t j = threadIdx.x; j < n; j += blockDim.x) local = fmaxf(local, srow[j]);
+  const float chunk_max = block_reduce(local, scratch, true) * p.softmax_scale;
+  const float m_new = n > 0 ? fmaxf(m_old, chunk_max) : m_old;
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < kc; j += blockDim.x) {
+    float e = 0.0f;
+    if (j < n) e = expf(srow[j] * p.softmax_scale - m_new);
+    const __nv_bfloat16 b = __float2bfloat16(e);
+    prow[j] = b;
+    sum += __bfloat162float(b);
+  }
+  sum = block_reduce(sum, scratch, false);
+  const float correction = m_old == -INFINITY || m_new == -INFINITY ? 0.0f : expf(m_old - m_new);
+  if (m_old != m_new && m_old != -INFINITY) {
+    float* o = a.part_o + row * p.kv_lora;
+    for (int64_t l = threadIdx.x; l < p.kv_lora; l += blockDim.x) o[l] *= correction;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    ml[0] = m_new;
+    ml[1] = (m_old == -INFINITY ? 0.0f : ml[1] * correction) + sum;
+  }
+}
+
+__global__ void init_ml_kernel(float* ml, int64_t rows) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < rows;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    ml[2 * i] = -INFINITY;
+    ml[2 * i + 1] = 0.0f;
+  }
+}
+
+unsigned grid_for(int64_t n) {
+  return static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+}
+
+// Step 2 of a dense prefill as GEMMs (see the top of the file); a.num_splits == 1.
+void attend_gemm(const MlaArgs& a, const GemmPlan& g, char* gemm_base, const Blas& blas,
+                 cudaStream_t stream) {
+  const MlaAttentionParams& p = a.p;
+  const int64_t rows = p.num_tokens * p.num_heads;
+  const int64_t width = p.kv_lora + p.dr;
+  auto* q_bf16 = reinterpret_cast<__nv_bfloat16*>(gemm_base);
+  auto* lat = reinterpret_cast<__nv_bfloat16*>(gemm_base + g.q_bf16_bytes);
+  auto* scores = reinterpret_cast<float*>(gemm_base + g.q_bf16_bytes + g.lat_bytes);
+  auto* probs =
+      reinterpret_cast<__nv_bfloat16*>(gemm_base + g.q_bf16_bytes + g.lat_bytes + g.scores_bytes);
+  to_bf16_kernel<<<grid_for(rows * width), 256, 0, stream>>>(a.q_abs, q_bf16, rows * width);
+  CUDA_CHECK_LAUNCH();
+  init_ml_kernel<<<grid_for(rows), 256, 0, stream>>>(a.part_ml, rows);
+  CUDA_CHECK_LAUNCH();
+  CUDA_CHECK(cudaMemsetAsync(a.part_o, 0, sizeof(float) * rows * p.kv_lora, stream));
+  const float one = 1.0f, zero = 0.0f;
+  for (int64_t k0 = 0; k0 < p.num_keys; k0 += kMlaGemmKeyChunk) {
+    const int64_t kc = std::min(kMlaGemmKeyChunk, p.num_keys - k0);
+    if (p.latent_bf16 != nullptr) {
+      gather_latent_kernel<<<static_cast<unsigned>(kc), 128, 0, stream>>>(
+          p, reinterpret_cast<const __nv_bfloat16*>(p.latent_bf16), width, k0, lat);
+    } else {
+      gather_latent_kernel<<<static_cast<unsigned>(kc), 128, 0, stream>>>(p, p.latent, width, k0,
+                                                                          lat);
+    }
+    CUDA_CHECK_LAUNCH();
+    for (int64_t r0 = 0; r0 < rows; r0 += kMlaGemmRowChunk) {
+      const int64_t rc = std::min(kMlaGemmRowChunk, rows - r0);
+      // scores[rc, kc] = q[rc, width] lat[kc, width]^T (row-major).
+      CUBLAS_CHECK(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kc),
+                                static_cast<int>(rc), static_cast<int>(width), &one, lat,
+                                CUDA_R_16BF, static_cast<int>(width), q_bf16 + r0 * width,
+                                CUDA_R_16BF, static_cast<int>(width), &zero, scores, CUDA_R_32F,
+                                static_cast<int>(kc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      softmax_chunk_kernel<<<static_cast<unsigned>(rc), kGemmThreads, 0, stream>>>(a, r0, k0, kc,
+                                                                                   scores, probs);
+      CUDA_CHECK_LAUNCH();
+      // o_lat[rc, kv_lora] += P[rc, kc] lat[kc, :kv_lora] (row-major; lat's rows width apart).
+      CUBLAS_CHECK(
+          cublasGemmEx(blas.handle(), CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(p.kv_lora),
+                       static_cast<int>(rc), static_cast<int>(kc), &one, lat, CUDA_R_16BF,
+                       static_cast<int>(width), probs, CUDA_R_16BF, static_cast<int>(kc), &one,
+                       a.part_o + r0 * p.kv_lora, CUDA_R_32F, static_cast<int>(p.kv_lora),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    }
+  }
+}
+
+bool uses_gemm(const MlaAttentionParams& p, bool batch_invariant, bool gemm_prefill) {
+  return gemm_prefill && !batch_invariant && p.topk == nullptr && p.table_stride == 0 &&
+         p.num_tokens >= kMlaGemmMinTokens && p.num_keys > 0;
+}
+
 // validate(p), then the CUDA-only limit: one block per (query, head).
 void check_params(const MlaAttentionParams& p) {
   validate(p);
@@ -286,17 +464,27 @@ void check_params(const MlaAttentionParams& p) {
 
 }  // namespace
 
-size_t mla_attention_workspace_bytes(const MlaAttentionParams& p) {
-  return make_plan(p, /*batch_invariant=*/false).total_bytes();  // one split needs less
+size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_prefill) {
+  // One split needs less; the GEMM path's buffers when its calls may take it (any context).
+  const size_t base = make_plan(p, /*batch_invariant=*/false).total_bytes();
+  MlaAttentionParams any = p;
+  any.num_keys = 1;
+  return base + (uses_gemm(any, false, gemm_prefill) ? make_gemm_plan(p).total_bytes() : 0);
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream, bool batch_invariant) {
+                            cudaStream_t stream, bool batch_invariant, const Blas* blas) {
   check_params(p);
   if (p.num_tokens == 0) return;
-  const Plan plan = make_plan(p, batch_invariant);
-  CHECK(workspace != nullptr && workspace_bytes >= plan.total_bytes(), "MLA workspace of ",
-        workspace_bytes, " bytes, need ", plan.total_bytes());
+  const bool gemm = uses_gemm(p, batch_invariant, blas != nullptr);
+  Plan plan = make_plan(p, batch_invariant);
+  if (gemm) {
+    plan.num_splits = 1;
+    plan.keys_per_split = std::max<int64_t>(1, p.num_keys);
+  }
+  const size_t need = plan.total_bytes() + (gemm ? make_gemm_plan(p).total_bytes() : 0);
+  CHECK(workspace != nullptr && workspace_bytes >= need, "MLA workspace of ", workspace_bytes,
+        " bytes, need ", need);
   CHECK(reinterpret_cast<uintptr_t>(workspace) % kAlign == 0, "MLA workspace must be ", kAlign,
         "-byte aligned");
   auto* base = static_cast<char*>(workspace);
@@ -312,6 +500,13 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
 
   absorb_q_kernel<<<rows, kAbsorbThreads, sizeof(float) * p.dn, stream>>>(a);
   CUDA_CHECK_LAUNCH();
+  if (gemm) {
+    CHECK(blas->stream() == stream, "MLA: the cuBLAS handle runs on another stream");
+    attend_gemm(a, make_gemm_plan(p), base + plan.total_bytes(), *blas, stream);
+    combine_project_kernel<<<rows, kCombineThreads, sizeof(float) * (p.kv_lora + 1), stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
 
   const size_t attend_smem =
       sizeof(const float*) * kKeyTile + sizeof(float) * (2 * p.kv_lora + p.dr + 2 * kKeyTile);
