@@ -585,6 +585,7 @@ struct LoraCase {
   int tp;
   int dcp = 1;
   bool expert_parallel = false;
+  bool speculative = false;  // n-gram drafts verified with the adapters (DecodeStep::verify)
 };
 
 class TensorParallelEngineLora : public testing::TestWithParam<LoraCase> {};
@@ -619,24 +620,34 @@ TEST_P(TensorParallelEngineLora, MixedAdapterBatchesMatchOneRank) {
   g.tp = GetParam().tp;
   g.dcp = GetParam().dcp;
   g.expert_parallel = GetParam().expert_parallel;
+  if (GetParam().speculative) {
+    g.speculative.method = SpeculativeMethod::kNgram;
+    g.speculative.num_speculative_tokens = 3;
+    g.speculative.prompt_lookup_min = 1;
+    g.speculative.prompt_lookup_max = 3;
+  }
   const GroupRun tp = run_group(g, work);
   EXPECT_TRUE(tp.alive);
   expect_no_worker_errors(tp);
   expect_greedy_matches(one, tp, 1e-3);
+  if (GetParam().speculative) {
+    EXPECT_GT(tp.spec.num_draft_tokens, 0);
+  }
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(Checkpoints, TensorParallelEngineLora,
-                         testing::Values(LoraCase{"tests/fixtures/kimi_linear_tiny", 2},
-                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
-                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
-                                         LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, true}),
-                         [](const testing::TestParamInfo<LoraCase>& p) {
-                           return fs::path(p.param.dir).filename().string() + "_tp" +
-                                  std::to_string(p.param.tp) +
-                                  (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "") +
-                                  (p.param.expert_parallel ? "_ep" : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Checkpoints, TensorParallelEngineLora,
+    testing::Values(LoraCase{"tests/fixtures/kimi_linear_tiny", 2},
+                    LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
+                    LoraCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
+                    LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, true},
+                    LoraCase{"tests/fixtures/kimi_linear_tiny", 2, 1, false, true}),
+    [](const testing::TestParamInfo<LoraCase>& p) {
+      return fs::path(p.param.dir).filename().string() + "_tp" + std::to_string(p.param.tp) +
+             (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "") +
+             (p.param.expert_parallel ? "_ep" : "") + (p.param.speculative ? "_spec" : "");
+    });
 
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {
   StepPlan p;
