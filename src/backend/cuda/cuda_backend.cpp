@@ -7,10 +7,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
 #include <memory>
+#include <string_view>
 
 #include "backend/backend.h"
 #include "core/cuda/device_buffer.h"
@@ -264,13 +266,23 @@ void CudaBackend::rope(const RopeOpParams& p) {
   }
 }
 
+// Dense MLA prefill on cuBLAS's tensor cores (kernels/attention/mla/cuda.h): off until its GPU
+// test and benchmark have run; HYSERVE_MLA_GEMM_PREFILL=1 turns it on to measure it beside the
+// default in one run (docs/DECISIONS.md, "Dense MLA prefill on cuBLAS's tensor cores").
+bool mla_gemm_prefill() {
+  static const bool on = [] {
+    const char* env = std::getenv("HYSERVE_MLA_GEMM_PREFILL");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  return on;
+}
+
 void CudaBackend::mla_attention(const MlaAttentionOpParams& p) {
-  // The GPU runs the absorbed form for prefill and decode alike. Dense prefill on cuBLAS's
-  // tensor cores (kernels/attention/mla/cuda.h) once measured and tested on a GPU.
-  constexpr bool kMlaGemmPrefill = false;
-  const size_t need = cuda::mla_attention_workspace_bytes(p.attn, kMlaGemmPrefill);
+  // The GPU runs the absorbed form for prefill and decode alike.
+  const bool gemm = mla_gemm_prefill();
+  const size_t need = cuda::mla_attention_workspace_bytes(p.attn, gemm);
   cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_,
-                               kMlaGemmPrefill ? blas_.get() : nullptr);
+                               gemm ? blas_.get() : nullptr);
 }
 
 void CudaBackend::kda_chunked(const KdaParams& p) {
