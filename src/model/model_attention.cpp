@@ -157,13 +157,17 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   //    absorbed for decode and, batch-invariant, for prefill too: attends_absorbed).
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
   // A sequence with a LoRA adapter on kv_b attends with its adapter's merged kv_b.
+  // first_pos: the first query's position when the queries are a sequence's consecutive
+  // positions (a prefill slice without DCP), else -1 (MlaAttentionParams::q_pos_first).
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
-                    PagedRows pages, int64_t table_stride, bool absorbed, int32_t lora_slot) {
+                    PagedRows pages, int64_t table_stride, bool absorbed, int32_t lora_slot,
+                    int64_t first_pos) {
     MlaAttentionParams p = mla_params(layer, cache, lora_kv_b(w, lora_slot, kv_b), ha);
     p.q = qa + offset * ha * dqk;
     p.latent_pages = pages;
     p.table_stride = table_stride;
     p.q_pos = cpos + offset;
+    p.q_pos_first = first_pos;
     p.topk = topk ? topk + offset * c.index_topk : nullptr;
     p.topk_width = topk ? c.index_topk : 0;
     p.out = oa + offset * ha * dv;
@@ -175,19 +179,20 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   const BatchedDecode& bd = pass.decode;
   if (bd.cache != nullptr && !lora_splits_kv_b(w, seqs)) {
     attend(0, t, local_keys(bd.max_keys), *bd.cache, bd.cache->pages(bd.tables), bd.table_stride,
-           /*absorbed=*/true, -1);
+           /*absorbed=*/true, -1, -1);
   } else if (bd.cache != nullptr) {
     // Decode rows of sequences whose kv_b differ (LoRA on kv_b): one call per sequence, each
     // query row (a token) still reading its own row of the batch's tables.
     for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, local_keys(bd.max_keys), *bd.cache,
              bd.cache->pages(bd.tables + sq.offset * bd.table_stride), bd.table_stride,
-             /*absorbed=*/true, sq.lora_slot);
+             /*absorbed=*/true, sq.lora_slot, -1);
     }
   } else {
     for (const SequenceSlice& sq : seqs) {
       attend(sq.offset, sq.n, local_keys(sq.num_computed + sq.n), *sq.cache,
-             sq.cache->pages(sq.blocks), 0, attends_absorbed(sq.n), sq.lora_slot);
+             sq.cache->pages(sq.blocks), 0, attends_absorbed(sq.n), sq.lora_slot,
+             world > 1 ? -1 : sq.num_computed);
     }
   }
   if (world > 1) merge_partials(pass, oa, lse, t, h, dv, o);

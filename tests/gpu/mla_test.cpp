@@ -217,6 +217,8 @@ void check(const Problem& pr, Format format, bool use_topk, bool with_lse, const
   DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
   p.out = d_out.as<float>();
   p.lse = with_lse ? d_lse.as<float>() : nullptr;
+  // The GEMM path with bf16 kv_b also takes the positions hint (its queries are consecutive).
+  if (blas != nullptr && format == Format::kBF16) p.q_pos_first = pr.q_pos.at(0);
   const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p, blas != nullptr);
   DeviceBuffer ws(ws_bytes);
   cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, blas != nullptr ? blas->stream() : nullptr,
@@ -284,7 +286,8 @@ TEST(GpuMla, DenseAndTopkMatchCpuOnAwkwardShapes) {
 
 // The dense-prefill GEMM path (cuBLAS, bf16 inputs): prefills of 64 (the threshold), 65 and
 // 300 queries, over no prefix, a short one, and one past a key chunk (4,096 keys); 300 x 16
-// (t, h) rows cross a row chunk (4,096 rows).
+// (t, h) rows cross a row chunk (4,096 rows). The bf16-kv_b runs also pass the positions hint
+// (q_pos_first), which skips the keys a row chunk cannot see: the same results.
 TEST(GpuMla, DensePrefillGemmMatchesCpu) {
   REQUIRE_GPU();
   test::Stream stream;

@@ -35,18 +35,22 @@ struct MlaAttentionParams {
   int64_t table_stride = 0;
   const Weight* kv_b = nullptr;    // [H*(dn+dv), kv_lora] kv_b_proj, any Weight format
   const int64_t* q_pos = nullptr;  // [T] position of each query
-  const int32_t* topk = nullptr;   // [T, topk_width] key positions, -1 = empty; null = dense
-  int64_t topk_width = 0;          // slots per query when topk is set
-  float* out = nullptr;            // [T, H, dv]
-  float* lse = nullptr;            // [T, H] ln sum exp of the scaled logits; may be null
-  int64_t num_tokens = 0;          // T >= 0
-  int64_t num_keys = 0;            // S >= 0
-  int64_t num_heads = 0;           // H
-  int64_t dn = 0;                  // qk_nope_head_dim
-  int64_t dr = 0;                  // qk_rope_head_dim (present even when NoPE)
-  int64_t dv = 0;                  // v_head_dim
-  int64_t kv_lora = 0;             // kv_lora_rank
-  float softmax_scale = 0.0f;      // (dn+dr)^-0.5, times mscale^2 with YaRN
+  // A host-side hint, -1 when unknown: q_pos[t] == q_pos_first + t for every t (a prefill chunk
+  // of one sequence), so that a device kernel may skip keys no query sees. Never changes the
+  // result; the CPU ops ignore it.
+  int64_t q_pos_first = -1;
+  const int32_t* topk = nullptr;  // [T, topk_width] key positions, -1 = empty; null = dense
+  int64_t topk_width = 0;         // slots per query when topk is set
+  float* out = nullptr;           // [T, H, dv]
+  float* lse = nullptr;           // [T, H] ln sum exp of the scaled logits; may be null
+  int64_t num_tokens = 0;         // T >= 0
+  int64_t num_keys = 0;           // S >= 0
+  int64_t num_heads = 0;          // H
+  int64_t dn = 0;                 // qk_nope_head_dim
+  int64_t dr = 0;                 // qk_rope_head_dim (present even when NoPE)
+  int64_t dv = 0;                 // v_head_dim
+  int64_t kv_lora = 0;            // kv_lora_rank
+  float softmax_scale = 0.0f;     // (dn+dr)^-0.5, times mscale^2 with YaRN
 };
 
 // The backend's MLA op: the CPU computes the form asked for (cpu.h); the GPU runs the

@@ -16,7 +16,9 @@
 //   softmax_chunk_kernel   block per row: causal mask, running max / sum (part_ml), P bf16,
 //                          the row's o_lat rescaled by exp(old max - new max)
 //   o_lat += P lat[:, :kv_lora]                          cuBLAS, fp32 accumulate (part_o)
-// then combine_project_kernel as for one split. Its extra workspace:
+// then combine_project_kernel as for one split. With MlaAttentionParams::q_pos_first (a
+// prefill slice), the keys no query of a row chunk sees are left out of its GEMMs. Its extra
+// workspace:
 //   q_bf16 [T*H, kv_lora + dr] | lat [Kc, kv_lora + dr] bf16 | scores [Rc, Kc] | P [Rc, Kc] bf16
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -419,17 +421,27 @@ void attend_gemm(const MlaArgs& a, const GemmPlan& g, char* gemm_base, const Bla
   CUDA_CHECK(cudaMemsetAsync(a.part_o, 0, sizeof(float) * rows * p.kv_lora, stream));
   const float one = 1.0f, zero = 0.0f;
   for (int64_t k0 = 0; k0 < p.num_keys; k0 += kMlaGemmKeyChunk) {
-    const int64_t kc = std::min(kMlaGemmKeyChunk, p.num_keys - k0);
+    const int64_t kc_all = std::min(kMlaGemmKeyChunk, p.num_keys - k0);
+    if (p.q_pos_first >= 0 && p.q_pos_first + p.num_tokens - 1 < k0) break;  // no query sees it
     if (p.latent_bf16 != nullptr) {
-      gather_latent_kernel<<<static_cast<unsigned>(kc), 128, 0, stream>>>(
+      gather_latent_kernel<<<static_cast<unsigned>(kc_all), 128, 0, stream>>>(
           p, reinterpret_cast<const __nv_bfloat16*>(p.latent_bf16), width, k0, lat);
     } else {
-      gather_latent_kernel<<<static_cast<unsigned>(kc), 128, 0, stream>>>(p, p.latent, width, k0,
-                                                                          lat);
+      gather_latent_kernel<<<static_cast<unsigned>(kc_all), 128, 0, stream>>>(p, p.latent, width,
+                                                                              k0, lat);
     }
     CUDA_CHECK_LAUNCH();
     for (int64_t r0 = 0; r0 < rows; r0 += kMlaGemmRowChunk) {
       const int64_t rc = std::min(kMlaGemmRowChunk, rows - r0);
+      // Keys no query of the row chunk sees (past its last position, q_pos_first's hint) are
+      // left out: whole chunks skipped, the last one cut.
+      int64_t kc = kc_all;
+      if (p.q_pos_first >= 0) {
+        const int64_t last_pos = p.q_pos_first + (r0 + rc - 1) / p.num_heads;
+        const int64_t visible = std::min(p.num_keys, last_pos + 1);
+        if (visible <= k0) continue;
+        kc = std::min(kc_all, visible - k0);
+      }
       // scores[rc, kc] = q[rc, width] lat[kc, width]^T (row-major).
       CUBLAS_CHECK(cublasGemmEx(blas.handle(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(kc),
                                 static_cast<int>(rc), static_cast<int>(width), &one, lat,
