@@ -16,7 +16,11 @@
 // Only Engine's public API is used, so the same source builds against an older tree and
 // both run side by side in one session (`--label` names the tree in the JSON lines).
 //
-//   hyserve_step_bench [--model DIR | --config CONFIG.json] --batches 1,8,64,256
+//   hyserve_step_bench [--model DIR | --config CONFIG.json] --batches 1,8,64,256 [--lora-rank R]
+//
+// --lora-rank R: every request runs with one LoRA adapter of rank R (random A and B, written
+// as a PEFT folder in a temporary directory) on every projection the backend adapts (issue 48
+// item 2's cost, against a run without it).
 //
 // --config builds the two-layer slice hyserve_layer_bench uses (one KDA layer with a dense
 // MLP, one DSA MLA layer with the MoE; random weights, FP8 latent and index keys).
@@ -26,8 +30,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -44,6 +50,17 @@
 #include "model/backend.h"
 #endif
 #include "engine/engine.h"
+#if __has_include("engine/lora_registry.h")
+#define HYSERVE_STEP_BENCH_LORA 1
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "engine/lora_registry.h"
+#include "model/lora_table.h"
+#include "model/safetensors.h"
+#endif
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "peaks.h"
@@ -169,8 +186,47 @@ struct Args {
   int64_t warmup = 4;
   bool enforce_eager = false;
   bool async_scheduling = false;  // serve's default; off: each step waits for its results
-  bool kernels = false;  // a breakdown line per batch: GPU time and count per step by kernel
+  bool kernels = false;   // a breakdown line per batch: GPU time and count per step by kernel
+  int64_t lora_rank = 0;  // > 0: every request with an adapter of this rank
 };
+
+#ifdef HYSERVE_STEP_BENCH_LORA
+// A PEFT folder with random A [r, in] (~1/sqrt(in)) and B [out, r] (~0.01) on every target of
+// the model the GPU adapts (LoraTable::device_adaptable); returns the folder.
+std::filesystem::path write_bench_adapter(const Model& model, int64_t rank) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("hyserve_step_bench_lora_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<TensorToWrite> tensors;
+  const auto tensor = [](std::string name, std::vector<int64_t> shape,
+                         const std::vector<float>& v) {
+    TensorToWrite t{std::move(name), DType::kF32, std::move(shape), {}};
+    t.bytes.resize(v.size() * 4);
+    std::memcpy(t.bytes.data(), v.data(), t.bytes.size());
+    return t;
+  };
+  for (const LoraTargets::Target& t : model.lora_targets()->targets()) {
+    if (!LoraTable::device_adaptable(t.name)) continue;
+    const Weight& w = *t.weight;
+    std::vector<float> av(static_cast<size_t>(rank * w.cols)),
+        bv(static_cast<size_t>(w.rows * rank));
+    for (float& v : av) v = normal(rng) / std::sqrt(static_cast<float>(w.cols));
+    for (float& v : bv) v = 0.01f * normal(rng);
+    const std::string module = "base_model.model.model." + t.name;
+    tensors.push_back(tensor(module + ".lora_A.weight", {rank, w.cols}, av));
+    tensors.push_back(tensor(module + ".lora_B.weight", {w.rows, rank}, bv));
+  }
+  write_safetensors(dir / "adapter_model.safetensors", tensors);
+  std::ofstream(dir / "adapter_config.json") << nlohmann::json{
+      {"r", rank},
+      {"lora_alpha", 2 * rank},
+      {"target_modules", "all-linear"}}.dump();
+  return dir;
+}
+#endif
 
 std::unique_ptr<Model> make_model(const Args& a) {
   if (!a.config.empty()) {
@@ -199,6 +255,9 @@ int run(int argc, char** argv) {
   app.add_flag("--async-scheduling", a.async_scheduling,
                "schedule and launch each step while the one before runs (serve's default)");
   app.add_flag("--kernels", a.kernels, "print the GPU time per step by kernel too");
+  app.add_option("--lora-rank", a.lora_rank,
+                 "every request with a random LoRA adapter of this rank (0: none)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   CUPTI_CHECK(cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed));
@@ -219,7 +278,25 @@ int run(int argc, char** argv) {
   ec.async_scheduling = a.async_scheduling;
   ec.scheduler.max_model_len = max_len;
   ec.scheduler.max_num_batched_tokens = std::max<int64_t>(8192, max_batch);
+#ifdef HYSERVE_STEP_BENCH_LORA
+  if (a.lora_rank > 0) {
+    ec.scheduler.max_loras = 1;
+    ec.max_lora_rank = a.lora_rank;
+  }
+#else
+  if (a.lora_rank > 0) {
+    std::fprintf(stderr, "--lora-rank: this tree has no LoRA\n");
+    return 2;
+  }
+#endif
   Engine engine(std::move(model), ec);
+#ifdef HYSERVE_STEP_BENCH_LORA
+  std::filesystem::path adapter;
+  if (a.lora_rank > 0) {
+    adapter = write_bench_adapter(engine.model(), a.lora_rank);
+    engine.loras()->load("bench", adapter, false);
+  }
+#endif
   std::mt19937_64 rng(7);
   int64_t wave = 0;
   for (int64_t b : a.batches) {
@@ -235,6 +312,12 @@ int run(int argc, char** argv) {
       r.sampling_params.seed = static_cast<uint64_t>(i);
       r.sampling_params.max_tokens = max_tokens;
       r.sampling_params.ignore_eos = true;
+#ifdef HYSERVE_STEP_BENCH_LORA
+      if (a.lora_rank > 0 && !engine.loras()->attach("bench", r)) {
+        std::fprintf(stderr, "the bench adapter is not loaded\n");
+        return 1;
+      }
+#endif
       bool started = false;
       engine.add_request(std::move(r),
                          [&num_started, &num_finished, started](const RequestOutput& o) mutable {
@@ -293,6 +376,7 @@ int run(int argc, char** argv) {
     j["edge_us"] = median(edge_us);
     j["d2h_bytes"] = median(d2h);
     j["tokens_per_s"] = static_cast<double>(b) / (wall * 1e-6);
+    j["lora_rank"] = a.lora_rank;
     std::printf("%s\n", j.dump().c_str());
     if (a.kernels) {
       // GPU time and launches per timed step, by kernel, largest first.
@@ -330,6 +414,9 @@ int run(int argc, char** argv) {
     }
     std::fflush(stdout);
   }
+#ifdef HYSERVE_STEP_BENCH_LORA
+  if (!adapter.empty()) std::filesystem::remove_all(adapter);
+#endif
   return 0;
 }
 
