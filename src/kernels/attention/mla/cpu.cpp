@@ -198,15 +198,27 @@ void run_heads(const MlaAttentionParams& p, HeadFn head_fn) {
   });
 }
 
+// The positions hint (params.h q_pos_first) is not used here, only checked: a device kernel
+// that trusts it must not be given a wrong one.
+void check_q_pos_first(const MlaAttentionParams& p) {
+  if (p.q_pos_first < 0) return;
+  for (int64_t t = 0; t < p.num_tokens; ++t) {
+    CHECK(p.q_pos[t] == p.q_pos_first + t, "mla_attention: q_pos_first ", p.q_pos_first,
+          " but query ", t, " is at position ", p.q_pos[t]);
+  }
+}
+
 }  // namespace
 
 void mla_attention_expanded(const MlaAttentionParams& p) {
   validate(MlaAttentionOpParams{.attn = p, .absorbed = false});
+  check_q_pos_first(p);
   run_heads(p, expanded_head);
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p) {
   validate(p);
+  check_q_pos_first(p);
   run_heads(p, absorbed_head);
 }
 
