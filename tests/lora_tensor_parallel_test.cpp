@@ -14,18 +14,15 @@
 #include <cstring>
 #include <filesystem>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "lora_test_util.h"
 #include "model/model.h"
-#include "parallel/make_communicator.h"
-#include "parallel/store.h"
+#include "tp_test_util.h"
 
 namespace hyserve {
 namespace {
 
-using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 struct Layout {
@@ -37,44 +34,20 @@ struct Layout {
 // layout; each rank's logits (all prompt positions, then the decode token's).
 std::vector<std::vector<float>> run_with_adapter(const fs::path& model_dir, const fs::path& adapter,
                                                  const Layout& layout, int32_t slot) {
-  parallel::HashStore store;
-  const int tp = layout.tp;
-  std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
-  std::vector<std::string> errors(static_cast<size_t>(tp));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        std::unique_ptr<parallel::Communicator> comm =
-            tp > 1 ? parallel::make_cpu_communicator(store, rank, tp, 60s, "tp") : nullptr;
-        ModelOptions o;
-        o.parallel.tp = {rank, tp, comm.get()};
-        o.parallel.expert_parallel = layout.expert_parallel;
-        std::unique_ptr<Model> model = Model::load(model_dir, o);
-        model->enable_lora(1);
-        model->set_lora(0, model->read_lora(adapter, "a", 16));
-        const ModelConfig& c = model->config();
-        std::vector<int32_t> prompt;
-        for (int i = 0; i < 19; ++i) {
-          prompt.push_back((i * 41 + 3) % static_cast<int32_t>(c.vocab_size));
-        }
-        Workspace ws(&model->backend());
-        SequenceState st = model->new_sequence();
-        for (const std::vector<int32_t>& tokens : {prompt, std::vector<int32_t>{7}}) {
-          SequenceInput in = model->prepare(st, tokens, true);
-          in.lora_slot = slot;
-          std::vector<float> l;
-          model->forward(std::span<const SequenceInput>(&in, 1), l, ws);
-          st.num_tokens += static_cast<int64_t>(tokens.size());
-          logits[rank].insert(logits[rank].end(), l.begin(), l.end());
-        }
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int rank = 0; rank < tp; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  std::vector<std::vector<float>> logits(static_cast<size_t>(layout.tp));
+  test::on_ranks(layout.tp, [&](int rank, parallel::Communicator* comm) {
+    ModelOptions o;
+    o.parallel.tp = {rank, layout.tp, comm};
+    o.parallel.expert_parallel = layout.expert_parallel;
+    std::unique_ptr<Model> model = Model::load(model_dir, o);
+    model->enable_lora(1);
+    model->set_lora(0, model->read_lora(adapter, "a", 16));
+    std::vector<int32_t> prompt;
+    for (int i = 0; i < 19; ++i) {
+      prompt.push_back((i * 41 + 3) % static_cast<int32_t>(model->config().vocab_size));
+    }
+    logits[rank] = test::run_steps_flat(*model, {prompt, {7}}, slot);
+  });
   return logits;
 }
 
@@ -148,32 +121,21 @@ TEST(LoraTensorParallelShapes, AShareShapedAdapterIsRefusedNamingTheTensor) {
   const fs::path dir =
       fs::temp_directory_path() / ("hyserve_lora_tp_share_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  parallel::HashStore store;
-  std::vector<std::string> errors(2), refusals(2);
-  std::vector<std::thread> threads;
+  std::vector<std::string> refusals(2);
+  test::on_ranks(2, [&](int rank, parallel::Communicator* comm) {
+    ModelOptions o;
+    o.parallel.tp = {rank, 2, comm};
+    std::unique_ptr<Model> model = Model::load(model_dir, o);
+    model->enable_lora(1);
+    // Each rank writes an adapter of its own shares' shapes (its own folder).
+    const fs::path a = test::write_adapter(*model, dir / std::to_string(rank), 5);
+    try {
+      model->read_lora(a, "share", 16);
+    } catch (const Error& e) {
+      refusals[rank] = e.what();
+    }
+  });
   for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        auto comm = parallel::make_cpu_communicator(store, rank, 2, 60s, "tp");
-        ModelOptions o;
-        o.parallel.tp = {rank, 2, comm.get()};
-        std::unique_ptr<Model> model = Model::load(model_dir, o);
-        model->enable_lora(1);
-        // Each rank writes an adapter of its own shares' shapes (its own folder).
-        const fs::path a = test::write_adapter(*model, dir / std::to_string(rank), 5);
-        try {
-          model->read_lora(a, "share", 16);
-        } catch (const Error& e) {
-          refusals[rank] = e.what();
-        }
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_EQ(errors[rank], "") << "rank " << rank;
     EXPECT_NE(refusals[rank].find("has shape"), std::string::npos) << refusals[rank];
     EXPECT_NE(refusals[rank].find("lora_"), std::string::npos) << refusals[rank];
   }

@@ -141,19 +141,7 @@ struct LoraRun {
 
 // A prompt then three decode tokens, as one sequence (slot: its adapter slot).
 LoraRun run_alone(const Model& model, const std::vector<int32_t>& prompt, int32_t slot) {
-  Workspace ws(&model.backend());
-  SequenceState st = model.new_sequence();
-  LoraRun r;
-  std::vector<std::vector<int32_t>> steps = {prompt, {5}, {9}, {2}};
-  for (const auto& tokens : steps) {
-    SequenceInput in = model.prepare(st, tokens, true);
-    in.lora_slot = slot;
-    std::vector<float> l;
-    model.forward(std::span<const SequenceInput>(&in, 1), l, ws);
-    st.num_tokens += static_cast<int64_t>(tokens.size());
-    r.logits.push_back(l);
-  }
-  return r;
+  return {test::run_steps(model, {prompt, {5}, {9}, {2}}, slot)};
 }
 
 double max_abs_diff(const LoraRun& x, const LoraRun& y) {

@@ -1,4 +1,4 @@
-// The LoRA tests' adapter: a PEFT folder written here.
+// The LoRA tests' adapter (a PEFT folder written here) and a sequence run with an adapter slot.
 #pragma once
 
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 
 #include "model/model.h"
 #include "model/safetensors.h"
+#include "model/workspace.h"
 
 namespace hyserve::test {
 
@@ -48,6 +50,35 @@ inline std::filesystem::path write_adapter(
       {"r", rank}, {"lora_alpha", 8}, {"target_modules", "all-linear"}, {"peft_type", "LORA"}};
   std::ofstream(dir / "adapter_config.json") << config.dump();
   return dir;
+}
+
+// One sequence run step by step (each step's tokens one forward, all positions' logits) with
+// LoRA slot `slot` (-1: none): each step's logits.
+inline std::vector<std::vector<float>> run_steps(const Model& model,
+                                                 const std::vector<std::vector<int32_t>>& steps,
+                                                 int32_t slot) {
+  Workspace ws(&model.backend());
+  SequenceState st = model.new_sequence();
+  std::vector<std::vector<float>> out;
+  for (const std::vector<int32_t>& tokens : steps) {
+    SequenceInput in = model.prepare(st, tokens, true);
+    in.lora_slot = slot;
+    std::vector<float>& l = out.emplace_back();
+    model.forward(std::span<const SequenceInput>(&in, 1), l, ws);
+    st.num_tokens += static_cast<int64_t>(tokens.size());
+  }
+  return out;
+}
+
+// run_steps' logits end to end.
+inline std::vector<float> run_steps_flat(const Model& model,
+                                         const std::vector<std::vector<int32_t>>& steps,
+                                         int32_t slot) {
+  std::vector<float> all;
+  for (const std::vector<float>& l : run_steps(model, steps, slot)) {
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
 }
 
 }  // namespace hyserve::test

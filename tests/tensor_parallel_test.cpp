@@ -23,6 +23,7 @@
 #include "model/weight_bytes.h"
 #include "parallel/make_communicator.h"
 #include "parallel/store.h"
+#include "tp_test_util.h"
 
 namespace hyserve {
 namespace {
@@ -174,32 +175,19 @@ TEST(TensorParallel, ShardConfigDividesHeadsAndWidthsOrNamesTheField) {
 template <class Make>
 std::vector<std::vector<float>> run_ranks(int tp, bool batch_invariant, Make make,
                                           const std::vector<int32_t>& prompt) {
-  parallel::HashStore store;
   std::vector<std::vector<float>> logits(static_cast<size_t>(tp));
-  std::vector<std::string> errors(static_cast<size_t>(tp));
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < tp; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        std::unique_ptr<parallel::Communicator> comm =
-            parallel::make_cpu_communicator(store, rank, tp, 60s, "tp");
-        ModelOptions o;
-        o.batch_invariant = batch_invariant;
-        o.parallel.tp = {rank, tp, comm.get()};
-        std::unique_ptr<Model> model = make(o);
-        SequenceState s = model->new_sequence();
-        model->forward(prompt, s, logits[rank], true);
-        // A decode step after the prompt: the KDA state and cache of each rank's share.
-        std::vector<float> next;
-        model->forward(std::vector<int32_t>{prompt[1]}, s, next, false);
-        logits[rank].insert(logits[rank].end(), next.begin(), next.end());
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  for (int rank = 0; rank < tp; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  test::on_ranks(tp, [&](int rank, parallel::Communicator* comm) {
+    ModelOptions o;
+    o.batch_invariant = batch_invariant;
+    o.parallel.tp = {rank, tp, comm};
+    std::unique_ptr<Model> model = make(o);
+    SequenceState s = model->new_sequence();
+    model->forward(prompt, s, logits[rank], true);
+    // A decode step after the prompt: the KDA state and cache of each rank's share.
+    std::vector<float> next;
+    model->forward(std::vector<int32_t>{prompt[1]}, s, next, false);
+    logits[rank].insert(logits[rank].end(), next.begin(), next.end());
+  });
   return logits;
 }
 

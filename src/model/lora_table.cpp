@@ -3,17 +3,17 @@
 
 #include <algorithm>
 #include <string>
-#include <string_view>
 
 #include "util/error.h"
 
 namespace hyserve {
 
+bool LoraTable::merged_target(const std::string& name) {
+  return name.ends_with(".kv_b_proj");
+}
+
 bool LoraTable::device_adaptable(const std::string& name) {
-  const std::string_view kvb = ".kv_b_proj";
-  const bool is_kvb =
-      name.size() > kvb.size() && name.compare(name.size() - kvb.size(), kvb.size(), kvb) == 0;
-  return !is_kvb && name.find(".mlp.experts.") == std::string::npos;
+  return !merged_target(name) && name.find(".mlp.experts.") == std::string::npos;
 }
 
 int64_t LoraTable::device_slot_bytes(const LoraTargets& targets, int64_t max_rank) {
@@ -53,9 +53,7 @@ LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots, Device* devi
 }
 
 bool LoraTable::merges(int64_t target) const {
-  const std::string& name = targets_.targets()[target].name;
-  const std::string_view kvb = ".kv_b_proj";
-  return name.size() > kvb.size() && name.compare(name.size() - kvb.size(), kvb.size(), kvb) == 0;
+  return merged_target(targets_.targets()[target].name);
 }
 
 void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {

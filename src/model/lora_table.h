@@ -42,6 +42,8 @@ class LoraTable {
   LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device = nullptr,
             int64_t max_rank = kMaxLoraRank);
 
+  // Whether a target (canonical name) is applied by merging: the MLA layers' kv_b_proj.
+  static bool merged_target(const std::string& name);
   // Whether a device backend (CUDA) applies adapters on this target (canonical name): not
   // kv_b_proj (merged on the host) nor routed experts (inside the grouped MoE kernels).
   static bool device_adaptable(const std::string& name);

@@ -6,6 +6,7 @@
 // fma sums over `in` then a butterfly, against the CPU's sequential sums): abs 1e-5, rel
 // 1e-4 on outputs of O(1). The model: the golden tests' fp32 GPU path (prompts in chunks of
 // 15 tokens, GEMV linears): abs 1e-3, rel 2e-4 (model_gpu_test.cpp says why).
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <memory>
@@ -106,23 +107,12 @@ bool gpu_adaptable(const std::string& name) {
 std::vector<float> run_sequence(const Model& model, int32_t slot) {
   const std::vector<int32_t> prompt = {3, 17, 42, 8,  99, 1, 64, 23, 7,  11, 250, 4,  5,
                                        6, 7,  30, 12, 19, 2, 77, 81, 90, 13, 14,  15, 16};
-  Workspace ws(&model.backend());
-  SequenceState st = model.new_sequence();
-  std::vector<float> all;
   std::vector<std::vector<int32_t>> steps;
   for (size_t b = 0; b < prompt.size(); b += 15) {
     steps.emplace_back(prompt.begin() + b, prompt.begin() + std::min(prompt.size(), b + 15));
   }
   for (int32_t tok : {5, 9, 2}) steps.push_back({tok});
-  for (const std::vector<int32_t>& tokens : steps) {
-    SequenceInput in = model.prepare(st, tokens, true);
-    in.lora_slot = slot;
-    std::vector<float> l;
-    model.forward(std::span<const SequenceInput>(&in, 1), l, ws);
-    st.num_tokens += std::ssize(tokens);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
+  return test::run_steps_flat(model, steps, slot);
 }
 
 class GpuLoraModel : public testing::TestWithParam<const char*> {};
