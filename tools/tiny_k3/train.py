@@ -74,6 +74,11 @@ def parse_args():
     p.add_argument("--eval-every", type=int, default=250)
     p.add_argument("--eval-windows", type=int, default=0, help="held-out windows per evaluation (0: all)")
     p.add_argument("--time-limit-s", type=float, default=390.0)
+    p.add_argument("--fit-steps-to-s", type=float, default=0.0,
+                   help="time the first --fit-probe-steps steps and lower --max-steps so the loop ends within this "
+                        "many seconds (0: off); result.json records the step count, and a rerun with that "
+                        "--max-steps gives the same bits")
+    p.add_argument("--fit-probe-steps", type=int, default=20)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--bf16", choices=("auto", "on", "off"), default="auto",
                    help="bf16 autocast (auto: on a GPU only; on: also on a CPU, to try the GPU's precision there)")
@@ -162,6 +167,8 @@ def main():
          "fake_quant_from_step": fake_quant_from, "mla_layers": list(mla_layers(args.layers)),
          "startup_s": round(time.perf_counter() - start_time, 1)})
 
+    if args.fit_steps_to_s > 0 and args.fit_probe_steps >= args.warmup:
+        raise SystemExit("--fit-probe-steps must be below --warmup (the step count is chosen inside the warm-up)")
     result = {"seed": args.seed, "max_steps": args.max_steps, "params": num_params, "args": vars(args)}
     train_start = time.perf_counter()
     steps_done, stopped_early, skipped_steps = 0, False, 0
@@ -199,6 +206,22 @@ def main():
             for moe, load in zip(model.moe_layers(), aux["expert_load"]):
                 moe.gate.e_score_correction_bias += args.bias_rate * torch.sign(load.mean() - load)
         steps_done = step + 1
+        if args.fit_steps_to_s > 0 and steps_done == args.fit_probe_steps:
+            # Decided inside the warm-up, whose learning rates do not depend on --max-steps, and
+            # before the fake-quant phase: the run is the run `--max-steps N` would have made.
+            if args.device.startswith("cuda"):
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - train_start
+            per_step = elapsed / steps_done
+            fit = int((args.fit_steps_to_s - elapsed) / per_step) + steps_done
+            fit = max(args.warmup + 10, fit - fit % 10)
+            if fit < args.max_steps:
+                args.max_steps = fit
+                fake_quant_from = int(round(args.max_steps * (1 - args.fake_quant_frac)))
+                result["max_steps"] = fit
+            result["max_steps_fitted"] = {"probe_s_per_step": round(per_step, 4), "max_steps": args.max_steps}
+            log({"event": "max_steps_fitted", "s_per_step": round(per_step, 4), "max_steps": args.max_steps,
+                 "fake_quant_from_step": fake_quant_from})
         if step % args.log_every == 0 or steps_done == args.max_steps:
             imbalance = max(float(l.max() / l.mean()) for l in aux["expert_load"])
             log({"step": steps_done, "loss": round(ce.item(), 5), "indexer_kl": round(float(kl.detach()), 5),
@@ -210,6 +233,8 @@ def main():
         if time.perf_counter() - train_start > args.time_limit_s and steps_done < args.max_steps:
             stopped_early = True
             log({"event": "time_limit", "step": steps_done})
+            break
+        if steps_done >= args.max_steps:  # lowered by --fit-steps-to-s
             break
     train_s = time.perf_counter() - train_start
     result.update(steps_done=steps_done, stopped_early_by_time_limit=stopped_early, train_s=round(train_s, 1),
