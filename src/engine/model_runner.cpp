@@ -40,7 +40,8 @@ int64_t ModelRunner::device_bytes(const Model& model, const ModelRunnerConfig& c
   const int64_t rows = max_sample_rows(c);
   const int64_t lp_rows = std::max(rows, c.max_num_batched_tokens);
   const int64_t width = model.cache_plan().blocks_for_tokens(c.max_model_len);
-  return 3 * rows * vocab * 4                                          // raw, work, weights
+  return 2 * rows * vocab * 4                                          // raw, work
+         + sampling::sample_workspace_bytes(rows, vocab)               // the sampler's
          + rows * (static_cast<int64_t>(sizeof(SamplingOptions)) + 8)  // options, ids
          + (c.max_num_seqs + 1) * (12 + vocab * 4 + words * 4)         // penalty state
          + rows * words * 4                                            // masks
@@ -79,7 +80,8 @@ ModelRunner::ModelRunner(const Model& model, KvCache& cache, ModelRunnerConfig c
   if (!config_.samples) return;
   raw_ = DeviceAllocation(b, srows * vocab * 4);
   work_ = DeviceAllocation(b, srows * vocab * 4);
-  weights_ = DeviceAllocation(b, srows * vocab * 4);
+  sample_workspace_ = DeviceAllocation(
+      b, static_cast<size_t>(sampling::sample_workspace_bytes(sample_rows_, vocab_)));
   options_ = DeviceAllocation(b, srows * sizeof(SamplingOptions));
   rows_ = DeviceAllocation(b, srows * 4);
   repetition_ = DeviceAllocation(b, (seqs + 1) * 4);

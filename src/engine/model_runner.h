@@ -294,8 +294,8 @@ class ModelRunner {
   std::unordered_map<std::string, RequestState> requests_;
   LogitsObserver observer_;
 
-  DeviceAllocation raw_, work_;                         // [max_num_seqs, vocab] fp32
-  DeviceAllocation weights_;                            // [max_num_seqs, vocab] uint32 (sampling)
+  DeviceAllocation raw_, work_;        // [max_num_seqs, vocab] fp32
+  DeviceAllocation sample_workspace_;  // sampling::sample_workspace_bytes(sample rows, vocab)
   DeviceAllocation options_, tokens_, rows_;            // [max_num_seqs] SamplingOptions / int32
   DeviceAllocation repetition_, presence_, frequency_;  // [max_num_seqs + 1] fp32
   DeviceAllocation counts_;                             // [max_num_seqs + 1, vocab] int32

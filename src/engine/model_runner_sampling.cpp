@@ -275,7 +275,7 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
   p.tokens = tokens_.as<int32_t>();
   p.num_rows = static_cast<int64_t>(rows.size());
   p.vocab = vocab_;
-  p.weights = weights_.as<uint32_t>();
+  p.workspace = sample_workspace_.data();
   backend_.sample_tokens(p);
   if (penalties_active_) {
     // The new tokens join the outputs' counts (rows_ still holds each row's penalty row;

@@ -3,6 +3,8 @@
 // filter, ties, NaN and -inf logits, all-NaN rows, and awkward vocabularies.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -21,13 +23,14 @@ std::vector<int32_t> run_gpu(const std::vector<float>& logits,
   const cuda::DeviceBuffer dl = cuda::to_device(logits);
   const cuda::DeviceBuffer d_opts = cuda::to_device(opts);
   cuda::DeviceBuffer tokens(opts.size() * sizeof(int32_t) + 4);
-  cuda::DeviceBuffer weights(static_cast<size_t>(rows * vocab) * 4 + 4);
+  cuda::DeviceBuffer workspace(static_cast<size_t>(sampling::sample_workspace_bytes(rows, vocab)) +
+                               4);
   cuda::sample_tokens({.logits = dl.as<float>(),
                        .options = d_opts.as<SamplingOptions>(),
                        .tokens = tokens.as<int32_t>(),
                        .num_rows = rows,
                        .vocab = vocab,
-                       .weights = weights.as<uint32_t>()},
+                       .workspace = workspace.data()},
                       nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   return cuda::to_host<int32_t>(tokens, opts.size());
@@ -80,6 +83,66 @@ TEST(GpuSampling, TokensEqualCpuTokens) {
       EXPECT_EQ(run_gpu(logits, opts, vocab), want);
     }
   }
+}
+
+std::vector<int32_t> run_cpu(const std::vector<float>& logits,
+                             const std::vector<SamplingOptions>& opts, int64_t vocab) {
+  std::vector<int32_t> want(opts.size());
+  cpu::sample_tokens({.logits = logits.data(),
+                      .options = opts.data(),
+                      .tokens = want.data(),
+                      .num_rows = static_cast<int64_t>(opts.size()),
+                      .vocab = vocab});
+  return want;
+}
+
+// K3's vocabulary, the shapes the many-block sampler was written for: peaked rows (a few
+// candidates), flat rows (every id a candidate, boundary bins of hundreds), rows of equal
+// logits (one bin of every id: the list overflows and the block resolves it alone), a
+// plateau at the top (the top-k / top-p cut inside a run of equal logits, by id), and the
+// same rows alone and in batches of other sizes (other chunkings): every token the CPU's.
+TEST(GpuSampling, LargeVocabularyEveryBinPath) {
+  REQUIRE_GPU();
+  const int64_t vocab = 163840;
+  std::mt19937_64 rng(11);
+  std::vector<float> logits;
+  std::vector<SamplingOptions> opts;
+  uint64_t step = 0;
+  const auto add_row = [&](int shape) {
+    std::normal_distribution<float> d(0.0f, shape == 0 ? 6.0f : 1.0f);
+    for (int64_t i = 0; i < vocab; ++i) {
+      float v = d(rng);
+      if (shape == 2) v = 0.25f;                                  // all equal
+      if (shape == 3) v = i % 7 == 0 ? 3.0f : std::min(v, 2.0f);  // a plateau on top
+      if (shape == 4) v = std::round(v * 64.0f) / 64.0f;          // many ties
+      logits.push_back(v);
+    }
+  };
+  for (int shape = 0; shape < 5; ++shape) {
+    for (int32_t k : {0, 1, 50, 4000, 30000}) {
+      for (float p : {1.0f, 0.95f, 0.3f}) {
+        add_row(shape);
+        opts.push_back({.temperature = shape == 0 ? 0.8f : 1.3f,
+                        .top_k = k,
+                        .top_p = p,
+                        .min_p = k == 50 ? 0.01f : 0.0f,
+                        .seed = 1234 + step,
+                        .step = step});
+        ++step;
+      }
+    }
+  }
+  const std::vector<int32_t> want = run_cpu(logits, opts, vocab);
+  EXPECT_EQ(run_gpu(logits, opts, vocab), want);
+  // Each row alone (one row: the most chunks) and the first eight (another chunking).
+  for (size_t row : {0, 17, 31, 44, 52, 74}) {
+    SCOPED_TRACE("row " + std::to_string(row));
+    const std::vector<float> one(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
+    EXPECT_EQ(run_gpu(one, {opts[row]}, vocab), std::vector<int32_t>{want[row]});
+  }
+  const std::vector<float> eight(logits.begin(), logits.begin() + 8 * vocab);
+  EXPECT_EQ(run_gpu(eight, std::vector<SamplingOptions>(opts.begin(), opts.begin() + 8), vocab),
+            std::vector<int32_t>(want.begin(), want.begin() + 8));
 }
 
 TEST(GpuSampling, ManySeedsAgreeOnOneRow) {

@@ -44,9 +44,9 @@ struct SampleParams {
   int32_t* tokens = nullptr;                 // [num_rows] out
   int64_t num_rows = 0;
   int64_t vocab = 0;  // in [1, kMaxSamplingVocab]
-  // [num_rows, vocab] scratch for the rows' fixed-point weights (W <= 2^31): the CUDA
-  // sampler computes them once and re-reads them in its passes; the CPU sampler ignores it.
-  uint32_t* weights = nullptr;
+  // sampling::sample_workspace_bytes(num_rows, vocab) of device scratch for the CUDA
+  // sampler (each row's fixed-point weights, bins and bookkeeping); the CPU sampler ignores it.
+  void* workspace = nullptr;
 };
 
 // tokens[i] = source[source_rows[i]] for each i < num_rows with source_rows[i] >= 0 (the
@@ -62,6 +62,47 @@ struct GatherTokensParams {
 inline constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
 
 namespace sampling {
+
+// The CUDA sampler's workspace (kernels/sampling/cuda/sampling.cu): per row, the weights
+// [vocab] uint32, its state, the chunks' stats, kSampleBins bins (count uint32, weight
+// uint64), the chunks' kept sums and a list of kSampleListCap 16-byte entries; each part
+// 256-byte aligned. A row is split into sample_chunks(rows, vocab) chunks (one block each).
+inline constexpr int kSampleBins = 4096;
+inline constexpr int kMaxSampleChunks = 64;
+inline constexpr int kSampleListCap = 4096;
+inline constexpr int64_t kSampleStateBytes = 256;
+
+struct SampleRowLayout {
+  int64_t weights, state, partials, bin_counts, bin_weights, chunk_sums, list, row_bytes;
+};
+
+constexpr SampleRowLayout sample_row_layout(int64_t vocab) {
+  const auto up = [](int64_t n) { return (n + 255) / 256 * 256; };
+  SampleRowLayout l{};
+  l.weights = 0;
+  l.state = up(vocab * 4);
+  l.partials = l.state + kSampleStateBytes;
+  l.bin_counts = l.partials + up(kMaxSampleChunks * 16);
+  l.bin_weights = l.bin_counts + up(kSampleBins * 4);
+  l.chunk_sums = l.bin_weights + up(kSampleBins * 8);
+  l.list = l.chunk_sums + up(kMaxSampleChunks * 8);
+  l.row_bytes = l.list + up(kSampleListCap * 16);
+  return l;
+}
+
+constexpr int64_t sample_workspace_bytes(int64_t num_rows, int64_t vocab) {
+  return num_rows * sample_row_layout(vocab).row_bytes;
+}
+
+// Chunks per row: about two blocks per SM of an H100 over the batch, at least 2,048 ids a
+// chunk, at most kMaxSampleChunks. The token never depends on it (integer sums, id order).
+constexpr int32_t sample_chunks(int64_t num_rows, int64_t vocab) {
+  const int64_t by_vocab = (vocab + 2047) / 2048;
+  const int64_t by_batch = (264 + num_rows - 1) / (num_rows > 0 ? num_rows : 1);
+  int64_t c = by_vocab < by_batch ? by_vocab : by_batch;
+  c = c < kMaxSampleChunks ? c : kMaxSampleChunks;
+  return static_cast<int32_t>(c > 0 ? c : 1);
+}
 
 inline constexpr int kWeightBits = 31;
 inline constexpr uint64_t kMaxWeight = uint64_t{1} << kWeightBits;
