@@ -64,7 +64,8 @@ int run(int argc, char** argv) {
                              .tokens = tokens.as<int32_t>(),
                              .num_rows = rows,
                              .vocab = vocab,
-                             .workspace = ws.data()};
+                             .workspace = ws.data(),
+                             .workspace_bytes = ws.size()};
         const float ms = median_event_ms([&] { cuda::sample_tokens(p, nullptr); });
         const double bytes = static_cast<double>(rows * vocab * 4);
         const double us = ms * 1e3;

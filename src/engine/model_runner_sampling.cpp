@@ -276,6 +276,8 @@ void ModelRunner::sample(std::span<const Sampling> rows, const float* work) {
   p.num_rows = static_cast<int64_t>(rows.size());
   p.vocab = vocab_;
   p.workspace = sample_workspace_.data();
+  p.workspace_bytes = sample_workspace_.size();
+  p.host_options = options.data();
   backend_.sample_tokens(p);
   if (penalties_active_) {
     // The new tokens join the outputs' counts (rows_ still holds each row's penalty row;

@@ -421,6 +421,7 @@ TEST(GpuLogits, BackendsAgreeOnTheWholeSequence) {
     std::vector<int32_t> targets(rows);
     for (int32_t& t : targets) t = static_cast<int32_t>(rng() % vocab);
     const int32_t top_n = 7;
+    const auto ws_bytes = static_cast<size_t>(sampling::sample_workspace_bytes(rows, vocab));
 
     struct Out {
       std::vector<float> logits, logprob, top_logprobs;
@@ -451,7 +452,7 @@ TEST(GpuLogits, BackendsAgreeOnTheWholeSequence) {
       backend->apply_token_mask(
           {logits, b.put(masked), b.put(masks), static_cast<int64_t>(masked.size()), rows, vocab});
       backend->sample_tokens({logits, b.put(options), tokens, rows, vocab,
-                              b.put(std::vector<uint32_t>(static_cast<size_t>(rows * vocab)))});
+                              b.put(std::vector<uint8_t>(ws_bytes)), ws_bytes});
       backend->synchronize();
       return Out{b.get(logits, raw.size()),         b.get(logprob, rows),
                  b.get(top_logprobs, rows * top_n), b.get(rank, rows),
@@ -472,7 +473,7 @@ TEST(GpuLogits, BackendsAgreeOnTheWholeSequence) {
       BackendBatch b{backend, {}};
       int32_t* tokens = b.put(std::vector<int32_t>(rows));
       backend->sample_tokens({b.put(raw), b.put(options), tokens, rows, vocab,
-                              b.put(std::vector<uint32_t>(static_cast<size_t>(rows * vocab)))});
+                              b.put(std::vector<uint8_t>(ws_bytes)), ws_bytes});
       return b.get(tokens, rows);
     };
     EXPECT_EQ(sample_raw(cuda_backend.get()), sample_raw(cpu_backend.get()));

@@ -30,7 +30,8 @@ std::vector<int32_t> run_gpu(const std::vector<float>& logits,
                        .tokens = tokens.as<int32_t>(),
                        .num_rows = rows,
                        .vocab = vocab,
-                       .workspace = workspace.data()},
+                       .workspace = workspace.data(),
+                       .workspace_bytes = workspace.size()},
                       nullptr);
   CUDA_CHECK(cudaDeviceSynchronize());
   return cuda::to_host<int32_t>(tokens, opts.size());

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <bit>
+#include <cstddef>
 #include <cstdint>
 
 #include "core/order_key.h"
@@ -47,6 +48,10 @@ struct SampleParams {
   // sampling::sample_workspace_bytes(num_rows, vocab) of device scratch for the CUDA
   // sampler (each row's fixed-point weights, bins and bookkeeping); the CPU sampler ignores it.
   void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  // Optional host copy of options (the CUDA sampler then skips the filter passes no row
+  // asks for); null: every pass runs.
+  const SamplingOptions* host_options = nullptr;
 };
 
 // tokens[i] = source[source_rows[i]] for each i < num_rows with source_rows[i] >= 0 (the
@@ -168,7 +173,8 @@ constexpr double inverse_temperature(float temperature) {
 constexpr uint64_t token_weight(float logit, float max_logit, double inv_temperature) {
   if (logit == max_logit) return kMaxWeight;
   const double x = (static_cast<double>(logit) - static_cast<double>(max_logit)) * inv_temperature;
-  if (!(x > -64.0)) return 0;
+  // Below -23 the weight is 0 (2^31 e^-23 < 1; n >= 33 below), so the work is skipped.
+  if (!(x > -23.0)) return 0;
   constexpr uint64_t kLog2eQ32 = 6196328019u;             // log2(e) * 2^32
   constexpr uint64_t kLn2Q30 = 744261118u;                // ln(2) * 2^30
   const auto a = static_cast<uint64_t>(-x * 16777216.0);  // -x in Q24, < 2^30

@@ -41,6 +41,7 @@ constexpr int kThreads = 256;         // multi-block kernels
 constexpr int kResolveThreads = 512;  // resolve: kListCap = 512 x 8 sorted items
 constexpr int kSortItems = 8;
 constexpr int kListCap = kResolveThreads * kSortItems;
+constexpr int kSmallList = 1024;  // resolved by counting (each entry against all), no sort
 constexpr int kBins = sampling::kSampleBins;
 constexpr int kDigits = 256;
 
@@ -342,6 +343,10 @@ struct ResolveShared {
     typename cub::BlockRadixSort<u64, kResolveThreads, kSortItems, uint32_t>::TempStorage sort;
     typename cub::BlockScan<u64, kResolveThreads>::TempStorage scan;
     typename cub::BlockReduce<u64, kResolveThreads>::TempStorage reduce;
+    struct {
+      u64 keys[kSmallList];
+      uint32_t weights[kSmallList];
+    } small;
   } tmp;
   u64 histogram[kDigits];
   u64 broadcast;
@@ -441,6 +446,34 @@ __device__ u64 resolve_bin(const Row& r, int64_t vocab, bool weighted, u64 targe
       if (k >= key && k >= st.lower) part += w;
     }
     return block_sum(part, s);
+  }
+  if (n <= static_cast<uint32_t>(kSmallList)) {
+    // Each entry's rank value: the value of the entries of larger key (keys are unique).
+    for (uint32_t e = threadIdx.x; e < n; e += kResolveThreads) {
+      s.tmp.small.keys[e] = r.list[e].key;
+      s.tmp.small.weights[e] = r.list[e].weight;
+    }
+    __syncthreads();
+    for (uint32_t e = threadIdx.x; e < n; e += kResolveThreads) {
+      const u64 key = s.tmp.small.keys[e];
+      u64 above = 0;
+      for (uint32_t j = 0; j < n; ++j) {
+        if (s.tmp.small.keys[j] > key) above += weighted ? s.tmp.small.weights[j] : 1;
+      }
+      const u64 v = weighted ? s.tmp.small.weights[e] : 1;
+      if (above < target && above + v >= target) {
+        s.found_key = key;
+        s.found_before = above;
+      }
+    }
+    __syncthreads();
+    const u64 found = s.found_key;
+    u64 kept = 0;
+    for (uint32_t e = threadIdx.x; e < n; e += kResolveThreads) {
+      if (s.tmp.small.keys[e] >= found) kept += s.tmp.small.weights[e];
+    }
+    __syncthreads();  // the list is read: block_sum may take the union
+    return block_sum(kept, s);
   }
   u64 keys[kSortItems];
   uint32_t weights[kSortItems];
@@ -631,6 +664,10 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   CHECK(
       p.logits != nullptr && p.options != nullptr && p.tokens != nullptr && p.workspace != nullptr,
       "sample_tokens: null pointer (the CUDA sampler needs SampleParams::workspace)");
+  CHECK(p.workspace_bytes >=
+            static_cast<size_t>(sampling::sample_workspace_bytes(p.num_rows, p.vocab)),
+        "sample_tokens: a workspace of ", p.workspace_bytes, " bytes, ", p.num_rows, " rows of ",
+        p.vocab, " need ", sampling::sample_workspace_bytes(p.num_rows, p.vocab));
   CHECK(p.num_rows <= 65535, "sample_tokens: ", p.num_rows, " rows (at most 65,535)");
   const int32_t chunks = sampling::sample_chunks(p.num_rows, p.vocab);
   Args a{.logits = p.logits,
@@ -641,6 +678,18 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
          .chunk = (p.vocab + chunks - 1) / chunks,
          .chunks = chunks,
          .layout = sampling::sample_row_layout(p.vocab)};
+  // The launches no row needs are left out when the host's copy of the options says so.
+  bool sampled = true, top_k = true, top_p = true;
+  if (p.host_options != nullptr) {
+    sampled = top_k = top_p = false;
+    for (int64_t r = 0; r < p.num_rows; ++r) {
+      const SamplingOptions& o = p.host_options[r];
+      const bool s = o.temperature != 0.0f;
+      sampled |= s;
+      top_k |= s && o.top_k > 0;
+      top_p |= s && o.top_p < 1.0f;
+    }
+  }
   const dim3 grid(static_cast<unsigned>(chunks), static_cast<unsigned>(p.num_rows));
   const auto rows = static_cast<unsigned>(p.num_rows);
   stats_kernel<<<grid, kThreads, 0, stream>>>(a);
@@ -653,7 +702,16 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   (void)smem_set;
   weights_kernel<<<grid, kThreads, sizeof(WeightsShared), stream>>>(a);
   CUDA_CHECK_LAUNCH();
-  for (int phase = 0; phase < 2; ++phase) {
+  if (!sampled) return;  // every token written by weights_kernel
+  if (top_k) {
+    gather_kernel<<<grid, kThreads, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+  }
+  if (top_k || top_p) {
+    resolve_kernel<<<rows, kResolveThreads, 0, stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+  }
+  if (top_p) {
     gather_kernel<<<grid, kThreads, 0, stream>>>(a);
     CUDA_CHECK_LAUNCH();
     resolve_kernel<<<rows, kResolveThreads, 0, stream>>>(a);
