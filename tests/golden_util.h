@@ -29,6 +29,7 @@ inline const GoldenFixture kGoldenFixtures[] = {
      "tests/fixtures/deepseek_v32_fp8_tiny"},
     {"kimi_k3_published", "tests/fixtures/kimi_k3_published_tiny",
      "tests/fixtures/kimi_k3_published_tiny"},
+    {"tiny_k3_speaks", "models/tiny-k3-speaks", "tests/fixtures/tiny_k3_speaks"},
 };
 
 inline std::vector<float> golden_floats(const SafetensorsFile& f, const std::string& name) {
