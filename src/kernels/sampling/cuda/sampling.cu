@@ -694,12 +694,9 @@ void sample_tokens(const SampleParams& p, cudaStream_t stream) {
   const auto rows = static_cast<unsigned>(p.num_rows);
   stats_kernel<<<grid, kThreads, 0, stream>>>(a);
   CUDA_CHECK_LAUNCH();
-  static const bool smem_set = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(weights_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(sizeof(WeightsShared))));
-    return true;
-  }();
-  (void)smem_set;
+  // Every call, as the MoE kernels do: the attribute is the current device's.
+  CUDA_CHECK(cudaFuncSetAttribute(weights_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  static_cast<int>(sizeof(WeightsShared))));
   weights_kernel<<<grid, kThreads, sizeof(WeightsShared), stream>>>(a);
   CUDA_CHECK_LAUNCH();
   if (!sampled) return;  // every token written by weights_kernel
