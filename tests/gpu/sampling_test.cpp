@@ -53,6 +53,17 @@ std::vector<SamplingOptions> option_grid(uint64_t seed) {
   return out;
 }
 
+std::vector<int32_t> run_cpu(const std::vector<float>& logits,
+                             const std::vector<SamplingOptions>& opts, int64_t vocab) {
+  std::vector<int32_t> want(opts.size());
+  cpu::sample_tokens({.logits = logits.data(),
+                      .options = opts.data(),
+                      .tokens = want.data(),
+                      .num_rows = static_cast<int64_t>(opts.size()),
+                      .vocab = vocab});
+  return want;
+}
+
 TEST(GpuSampling, TokensEqualCpuTokens) {
   REQUIRE_GPU();
   uint64_t seed = 1;
@@ -72,29 +83,13 @@ TEST(GpuSampling, TokensEqualCpuTokens) {
       if (kind == 2) {  // one all-NaN row
         for (int64_t i = 0; i < vocab; ++i) logits[3 * vocab + i] = NAN;
       }
-      std::vector<int32_t> want(rows);
-      cpu::sample_tokens({.logits = logits.data(),
-                          .options = opts.data(),
-                          .tokens = want.data(),
-                          .num_rows = rows,
-                          .vocab = vocab});
+      const std::vector<int32_t> want = run_cpu(logits, opts, vocab);
       if (kind == 2) {
         EXPECT_EQ(want[3], -1);
       }
       EXPECT_EQ(run_gpu(logits, opts, vocab), want);
     }
   }
-}
-
-std::vector<int32_t> run_cpu(const std::vector<float>& logits,
-                             const std::vector<SamplingOptions>& opts, int64_t vocab) {
-  std::vector<int32_t> want(opts.size());
-  cpu::sample_tokens({.logits = logits.data(),
-                      .options = opts.data(),
-                      .tokens = want.data(),
-                      .num_rows = static_cast<int64_t>(opts.size()),
-                      .vocab = vocab});
-  return want;
 }
 
 // K3's vocabulary, the shapes the many-block sampler was written for: peaked rows (a few
@@ -159,13 +154,7 @@ TEST(GpuSampling, ManySeedsAgreeOnOneRow) {
     opts.push_back({.temperature = 1.0f, .top_p = 0.95f, .seed = s * 7919, .step = s % 13});
     logits.insert(logits.end(), row.begin(), row.end());
   }
-  std::vector<int32_t> want(opts.size());
-  cpu::sample_tokens({.logits = logits.data(),
-                      .options = opts.data(),
-                      .tokens = want.data(),
-                      .num_rows = static_cast<int64_t>(opts.size()),
-                      .vocab = vocab});
-  EXPECT_EQ(run_gpu(logits, opts, vocab), want);
+  EXPECT_EQ(run_gpu(logits, opts, vocab), run_cpu(logits, opts, vocab));
 }
 
 TEST(GpuSampling, InvalidOptionsGiveMinusOne) {

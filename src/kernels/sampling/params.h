@@ -69,7 +69,7 @@ inline constexpr int64_t kMaxSamplingVocab = int64_t{1} << 21;
 namespace sampling {
 
 // The CUDA sampler's workspace (kernels/sampling/cuda/sampling.cu): per row, the weights
-// [vocab] uint32, its state, the chunks' stats, kSampleBins bins (count uint32, weight
+// [vocab] uint32, its state, the chunks' maxima, kSampleBins bins (count uint32, weight
 // uint64), the chunks' kept sums and a list of kSampleListCap 16-byte entries; each part
 // 256-byte aligned. A row is split into sample_chunks(rows, vocab) chunks (one block each).
 inline constexpr int kSampleBins = 4096;
@@ -87,7 +87,7 @@ constexpr SampleRowLayout sample_row_layout(int64_t vocab) {
   l.weights = 0;
   l.state = up(vocab * 4);
   l.partials = l.state + kSampleStateBytes;
-  l.bin_counts = l.partials + up(kMaxSampleChunks * 16);
+  l.bin_counts = l.partials + up(kMaxSampleChunks * 8);
   l.bin_weights = l.bin_counts + up(kSampleBins * 4);
   l.chunk_sums = l.bin_weights + up(kSampleBins * 8);
   l.list = l.chunk_sums + up(kMaxSampleChunks * 8);

@@ -47,13 +47,10 @@ constexpr int kDigits = 256;
 
 // The row's bookkeeping (workspace, after the weights).
 struct RowState {
-  u64 max_key;       // stats' argmax rank key (0: no non-NaN id)
-  u64 num_valid;     // non-NaN ids
-  u64 candidates;    // ids of W > 0
-  u64 total_weight;  // their weight
-  u64 lower;         // the cut: kept ids have rank key >= lower
-  u64 kept_total;    // weight kept by top-k (then top-p)
-  u64 target;        // top-p's weight target
+  u64 max_key;     // stats' argmax rank key (0: no non-NaN id)
+  u64 lower;       // the cut: kept ids have rank key >= lower
+  u64 kept_total;  // weight kept by top-k (then top-p)
+  u64 target;      // top-p's weight target
   int32_t done_blocks;
   int32_t done;   // 1: the token is written (greedy, no valid id, invalid options)
   int32_t bin;    // the boundary bin the next gather collects (-1: none)
@@ -113,7 +110,7 @@ struct Row {
   const float* logits;
   uint32_t* weights;
   RowState* state;
-  u64* partials;  // [chunks][2]: max key, count
+  u64* partials;  // [chunks]: each chunk's max rank key
   uint32_t* bin_counts;
   u64* bin_weights;
   u64* chunk_sums;
@@ -157,23 +154,17 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(Args a) {
   const Row r = row_of(a, row);
   const int64_t begin = blockIdx.x * a.chunk;
   const int64_t end = begin + a.chunk < a.vocab ? begin + a.chunk : a.vocab;
-  u64 best = 0, count = 0;
+  u64 best = 0;
   for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
     const float l = r.logits[i];
     if (isnan(l)) continue;
-    ++count;
     const u64 key = sampling::rank_key(l, i);
     best = key > best ? key : best;
   }
   using Reduce = cub::BlockReduce<u64, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   const u64 block_best = Reduce(tmp).Reduce(best, [](u64 x, u64 y) { return x > y ? x : y; });
-  __syncthreads();
-  const u64 block_count = Reduce(tmp).Sum(count);
-  if (threadIdx.x == 0) {
-    r.partials[2 * blockIdx.x] = block_best;
-    r.partials[2 * blockIdx.x + 1] = block_count;
-  }
+  if (threadIdx.x == 0) r.partials[blockIdx.x] = block_best;
   // The row's bins and state, cleared for weights_kernel (the next launch).
   const int64_t stride = static_cast<int64_t>(gridDim.x) * kThreads;
   for (int64_t b = blockIdx.x * kThreads + threadIdx.x; b < kBins; b += stride) {
@@ -192,7 +183,7 @@ struct WeightsShared {
 };
 
 // Top-k's boundary bin from the row's bins (the row's last weights block): sets the state's
-// candidates, totals, and bin / need (-1: top-k cuts no candidate).
+// kept total, cut and bin / need (-1: top-k cuts no candidate).
 __device__ void find_top_k_bin(const Row& r, const SamplingOptions& o) {
   __shared__ u64 s_total[2];
   __shared__ int s_bin;  // -1: top-k cuts no candidate
@@ -226,8 +217,6 @@ __device__ void find_top_k_bin(const Row& r, const SamplingOptions& o) {
   __syncthreads();
   if (threadIdx.x == 0) {
     RowState& st = *r.state;
-    st.candidates = candidates;
-    st.total_weight = s_total[1];
     st.kept_total = s_total[1];
     st.lower = 0;
     st.phase = 0;
@@ -243,23 +232,18 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(Args a) {
   const Row r = row_of(a, row);
   const SamplingOptions o = a.options[row];
   // Every block reduces the chunks' stats the same way (the max is order-free).
-  __shared__ u64 s_max, s_count;
+  __shared__ u64 s_max;
   if (threadIdx.x < 32) {
-    u64 best = 0, count = 0;
+    u64 best = 0;
     for (int c = threadIdx.x; c < a.chunks; c += 32) {
-      const u64 k = r.partials[2 * c];
+      const u64 k = r.partials[c];
       best = k > best ? k : best;
-      count += r.partials[2 * c + 1];
     }
     for (int off = 16; off > 0; off /= 2) {
       const u64 k = __shfl_xor_sync(0xffffffffu, best, off);
       best = k > best ? k : best;
-      count += __shfl_xor_sync(0xffffffffu, count, off);
     }
-    if (threadIdx.x == 0) {
-      s_max = best;
-      s_count = count;
-    }
+    if (threadIdx.x == 0) s_max = best;
   }
   __syncthreads();
   const u64 max_key = s_max;
@@ -307,7 +291,6 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(Args a) {
   if (threadIdx.x == 0) {
     s.last = atomicAdd(&r.state->done_blocks, 1) == a.chunks - 1;
     if (blockIdx.x == 0) r.state->max_key = max_key;
-    if (blockIdx.x == 0) r.state->num_valid = s_count;
   }
   __syncthreads();
   if (!s.last) return;
@@ -352,8 +335,6 @@ struct ResolveShared {
   u64 broadcast;
   u64 above;
   u64 found_key;
-  u64 found_before;  // the list's weight (or count) before the found key
-  int32_t bin;
 };
 
 __device__ u64 block_sum(u64 v, ResolveShared& s) {
@@ -396,7 +377,7 @@ __device__ int select_digit(const u64* histogram, u64 above, u64 target, Resolve
 
 // The slow path for a boundary bin of more than kListCap tokens: the largest rank key c
 // among the row's ids in `bin` with key >= lower such that the value (1, or W) of those with
-// key >= c reaches target. Sets s.found_before to the value of the keys above c.
+// key >= c reaches target.
 template <bool kWeighted>
 __device__ u64 select_in_bin(const Row& r, int64_t vocab, int bin, u64 lower, u64 target,
                              ResolveShared& s) {
@@ -422,13 +403,12 @@ __device__ u64 select_in_bin(const Row& r, int64_t vocab, int bin, u64 lower, u6
     above = s.above;
     __syncthreads();
   }
-  s.found_before = above;
   return prefix;
 }
 
 // The list (or, past kListCap, the row) sorted by rank key, descending: the key at which
-// the running value (count, or weight) reaches target; sets s.found_key, s.found_before and
-// returns the weight of the list's keys >= the found key.
+// the running value (count, or weight) reaches target; sets s.found_key and returns the weight of
+// the list's keys >= the found key.
 __device__ u64 resolve_bin(const Row& r, int64_t vocab, bool weighted, u64 target,
                            ResolveShared& s) {
   const RowState& st = *r.state;
@@ -461,10 +441,7 @@ __device__ u64 resolve_bin(const Row& r, int64_t vocab, bool weighted, u64 targe
         if (s.tmp.small.keys[j] > key) above += weighted ? s.tmp.small.weights[j] : 1;
       }
       const u64 v = weighted ? s.tmp.small.weights[e] : 1;
-      if (above < target && above + v >= target) {
-        s.found_key = key;
-        s.found_before = above;
-      }
+      if (above < target && above + v >= target) s.found_key = key;
     }
     __syncthreads();
     const u64 found = s.found_key;
@@ -495,10 +472,7 @@ __device__ u64 resolve_bin(const Row& r, int64_t vocab, bool weighted, u64 targe
   for (int j = 0; j < kSortItems; ++j) {
     if (keys[j] == 0) break;
     const u64 v = weighted ? weights[j] : 1;
-    if (run < target && run + v >= target) {
-      s.found_key = keys[j];
-      s.found_before = run;
-    }
+    if (run < target && run + v >= target) s.found_key = keys[j];
     run += v;
   }
   __syncthreads();
