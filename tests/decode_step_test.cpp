@@ -1,8 +1,12 @@
 // The decode step (engine/decode_step.h) on the CPU backend: its eager step computes what
 // Model::forward_logits computes for the same batch, bitwise, and it copies a block-table
 // row only where it changed: nothing in a step where no sequence crossed a block boundary,
-// one entry per sequence that did, whole rows when the batch's order changes.
+// one entry per sequence that did, whole rows when the batch's order changes. Rows with LoRA
+// adapters decode there too (each row's slot in the step's inputs; a slot with a merged kv_b
+// in a slice of its own), bitwise as the forward computes them.
 #include "engine/decode_step.h"
+
+#include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
@@ -12,6 +16,7 @@
 
 #include <gtest/gtest.h>
 
+#include "lora_test_util.h"
 #include "model/model.h"
 #include "model/workspace.h"
 
@@ -118,6 +123,98 @@ TEST(DecodeStep, EagerStepEqualsTheForwardAndCopiesOnlyChangedTableEntries) {
       ++s.length;
     }
   }
+}
+
+// Three sequences decode with adapters x (every target but kv_b: the slots ride in the
+// step's inputs), none, and x again, then x, none and y (every target, kv_b merged: one
+// slice per sequence): every step's logits bitwise the forward's. The layout generation (a
+// graph's LoRA key) changes only when a projection's op gains or loses its last adapter.
+TEST(DecodeStep, LoraRowsEqualTheForwardWithAndWithoutAMergedKvB) {
+  const auto model =
+      Model::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {});
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("hyserve_decode_lora_" + std::to_string(getpid()));
+  model->enable_lora(3);
+  const auto no_kv_b = [](const std::string& name) {
+    return name.find("kv_b_proj") == std::string::npos;
+  };
+  const auto x = model->read_lora(test::write_adapter(*model, dir / "x", 41, no_kv_b), "x", 16);
+  const auto x2 = model->read_lora(test::write_adapter(*model, dir / "x2", 42, no_kv_b), "x2", 16);
+  const auto y = model->read_lora(test::write_adapter(*model, dir / "y", 43), "y", 16);
+  std::filesystem::remove_all(dir);
+  const int64_t g0 = model->lora_generation();
+  model->set_lora(0, x);
+  const int64_t g1 = model->lora_generation();
+  EXPECT_NE(g1, g0);
+  model->set_lora(0, x2);  // the same projections: the same layout
+  EXPECT_EQ(model->lora_generation(), g1);
+  model->set_lora(0, x);
+  EXPECT_EQ(model->lora_generation(), g1);
+  EXPECT_FALSE(model->lora_merges(0));
+
+  const int64_t vocab = model->config().vocab_size;
+  const CachePlan plan = model->cache_plan();
+  const int64_t bs = plan.block_size;
+  const bool kda = plan.kda_state_rows > 0;
+  auto cache_s = model->new_cache(40), cache_f = model->new_cache(40);
+  Workspace ws_s(&model->backend()), ws_f(&model->backend());
+  DecodeStep step(*model, *cache_s, ws_s, {4, 8 * bs, 0});
+  std::vector<Seq> seqs(3);
+  std::vector<int32_t> slot = {0, -1, 0};
+  int32_t next_block = 0;
+  for (int i = 0; i < 3; ++i) {
+    Seq& s = seqs[static_cast<size_t>(i)];
+    s.state = kda ? 30 + i : -1;
+    const auto prompt =
+        random_prompt(static_cast<size_t>(9 + 4 * i), 70 + static_cast<uint32_t>(i), vocab);
+    while (std::ssize(s.blocks) * bs < std::ssize(prompt) + 12) s.blocks.push_back(next_block++);
+    if (kda) {
+      cache_s->zero_block(s.state);
+      cache_f->zero_block(s.state);
+    }
+    std::vector<float> l;
+    for (KvCache* cache : {cache_s.get(), cache_f.get()}) {
+      SequenceInput in{cache, s.blocks, s.state, 0, prompt, false};
+      in.lora_slot = slot[static_cast<size_t>(i)];
+      model->forward(std::span<const SequenceInput>(&in, 1), l,
+                     cache == cache_s.get() ? ws_s : ws_f);
+    }
+    s.length = std::ssize(prompt);
+    s.next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+  }
+  for (int t = 0; t < 8; ++t) {
+    if (t == 4) {
+      // kv_b gains its first adapter, merged (no op of its own): the same layout.
+      model->set_lora(2, y);
+      EXPECT_EQ(model->lora_generation(), g1);
+      EXPECT_TRUE(model->lora_merges(2));
+      slot[2] = 2;
+    }
+    std::vector<SequenceInput> batch_s, batch_f;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& s = seqs[i];
+      const std::span<const int32_t> tok(&s.next, 1);
+      batch_s.push_back({cache_s.get(), s.blocks, s.state, s.length, tok, false});
+      batch_f.push_back({cache_f.get(), s.blocks, s.state, s.length, tok, false});
+      batch_s.back().lora_slot = slot[i];
+      batch_f.back().lora_slot = slot[i];
+    }
+    ASSERT_TRUE(step.accepts(batch_s));
+    const float* got = step.run(batch_s);
+    std::vector<float> want;
+    model->forward(batch_f, want, ws_f);
+    ASSERT_TRUE(same_bits(want, got, want.size())) << "step " << t;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Seq& s = seqs[i];
+      const float* row = got + static_cast<int64_t>(i) * vocab;
+      s.next = static_cast<int32_t>(std::max_element(row, row + vocab) - row);
+      ++s.length;
+    }
+  }
+  model->set_lora(2, nullptr);  // x still adapts every projection y's ops did
+  EXPECT_EQ(model->lora_generation(), g1);
+  model->set_lora(0, nullptr);  // now none does
+  EXPECT_NE(model->lora_generation(), g1);
 }
 
 TEST(DecodeStep, RefusesWhatIsNotABatchedDecodeOfItsCache) {

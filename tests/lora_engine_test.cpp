@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -46,8 +47,8 @@ class LoraEngine : public ::testing::Test {
     config.enable_prefix_caching = prefix_caching;
     if (prefix_caching) config.scheduler.max_model_len = 512;  // 4 blocks of the tiny K3
     auto engine = std::make_unique<Engine>(load_tiny(), config);
-    x_ = write_adapter(engine->model(), dir_ / "x", 31);
-    y_ = write_adapter(engine->model(), dir_ / "y", 32);
+    x_ = write_adapter(engine->model(), dir_ / "x", 31, keep_);
+    y_ = write_adapter(engine->model(), dir_ / "y", 32, keep_);
     engine->loras()->load("x", x_, false);
     engine->loras()->load("y", y_, false);
     return engine;
@@ -73,34 +74,47 @@ class LoraEngine : public ::testing::Test {
     return col.results[id];
   }
 
+  // Without kv_b, the decode step carries each row's slot in its inputs (one slice, as a
+  // CUDA graph runs it); with it, each sequence attends in a slice of its own.
+  void adapt_kv_b(bool on) {
+    keep_ = on ? std::function<bool(const std::string&)>{} : [](const std::string& name) {
+      return name.find("kv_b_proj") == std::string::npos;
+    };
+  }
+
   fs::path dir_, x_, y_;
+  std::function<bool(const std::string&)> keep_;
 };
 
 const std::vector<int32_t> kPromptA = {3, 17, 42, 8, 99, 1, 64, 23, 7, 11, 250, 4};
 const std::vector<int32_t> kPromptB = {5, 6, 7, 300, 12, 19, 2};
 
 // Adapters X, none, Y and X again in one batch (prefill then decode, through the engine's
-// runner: the decode step is bypassed for batches with an adapter): each request gets
-// bitwise the tokens and logprobs it gets alone; with an adapter they differ from the base.
+// runner and its decode step), with adapters on kv_b and without: each request gets bitwise
+// the tokens and logprobs it gets alone; with an adapter they differ from the base.
 TEST_F(LoraEngine, MixedBatchEqualsEachAlone) {
-  auto engine = make_engine(2);
-  const Collected base = alone(*engine, "base", kPromptA, "");
-  const Collected x = alone(*engine, "x", kPromptA, "x");
-  const Collected y = alone(*engine, "y", kPromptA, "y");
-  const Collected xb = alone(*engine, "xb", kPromptB, "x");
-  EXPECT_NE(std::memcmp(&base.tokens[0].logprob, &x.tokens[0].logprob, 4), 0);
-  EXPECT_NE(std::memcmp(&x.tokens[0].logprob, &y.tokens[0].logprob, 4), 0);
+  for (const bool kv_b : {true, false}) {
+    SCOPED_TRACE(kv_b ? "adapters with kv_b" : "adapters without kv_b");
+    adapt_kv_b(kv_b);
+    auto engine = make_engine(2);
+    const Collected base = alone(*engine, "base", kPromptA, "");
+    const Collected x = alone(*engine, "x", kPromptA, "x");
+    const Collected y = alone(*engine, "y", kPromptA, "y");
+    const Collected xb = alone(*engine, "xb", kPromptB, "x");
+    EXPECT_NE(std::memcmp(&base.tokens[0].logprob, &x.tokens[0].logprob, 4), 0);
+    EXPECT_NE(std::memcmp(&x.tokens[0].logprob, &y.tokens[0].logprob, 4), 0);
 
-  Collector col;
-  engine->add_request(lora_request(*engine, "m-x", kPromptA, "x"), col.callback());
-  engine->add_request(lora_request(*engine, "m-none", kPromptA, ""), col.callback());
-  engine->add_request(lora_request(*engine, "m-y", kPromptA, "y"), col.callback());
-  engine->add_request(lora_request(*engine, "m-xb", kPromptB, "x"), col.callback());
-  run_to_completion(*engine);
-  expect_same_tokens(col.results["m-x"], x, "x");
-  expect_same_tokens(col.results["m-none"], base, "none");
-  expect_same_tokens(col.results["m-y"], y, "y");
-  expect_same_tokens(col.results["m-xb"], xb, "x, prompt B");
+    Collector col;
+    engine->add_request(lora_request(*engine, "m-x", kPromptA, "x"), col.callback());
+    engine->add_request(lora_request(*engine, "m-none", kPromptA, ""), col.callback());
+    engine->add_request(lora_request(*engine, "m-y", kPromptA, "y"), col.callback());
+    engine->add_request(lora_request(*engine, "m-xb", kPromptB, "x"), col.callback());
+    run_to_completion(*engine);
+    expect_same_tokens(col.results["m-x"], x, "x");
+    expect_same_tokens(col.results["m-none"], base, "none");
+    expect_same_tokens(col.results["m-y"], y, "y");
+    expect_same_tokens(col.results["m-xb"], xb, "x, prompt B");
+  }
 }
 
 // Speculative decoding with adapters: the verification carries each sequence's slot (and its
@@ -116,22 +130,26 @@ TEST_F(LoraEngine, SpeculativeVerificationCarriesTheAdapters) {
   for (int i = 0; i < 6; ++i) repeating.insert(repeating.end(), {21, 22, 23, 24, 25});
   const std::vector<std::pair<std::string, std::vector<int32_t>>> requests = {
       {"x", repeating}, {"", repeating}, {"y", kPromptA}, {"x", kPromptB}};
-  std::map<std::string, Collected> want, got;
-  SpecDecodeCounts counts;
-  for (const bool speculate : {false, true}) {
-    auto engine = make_engine(2, false, speculate ? ngram : SpeculativeConfig{});
-    Collector col;
-    for (size_t i = 0; i < requests.size(); ++i) {
-      engine->add_request(
-          lora_request(*engine, "r" + std::to_string(i), requests[i].second, requests[i].first, 16),
-          col.callback());
+  for (const bool kv_b : {true, false}) {
+    SCOPED_TRACE(kv_b ? "adapters with kv_b" : "adapters without kv_b");
+    adapt_kv_b(kv_b);
+    std::map<std::string, Collected> want, got;
+    SpecDecodeCounts counts;
+    for (const bool speculate : {false, true}) {
+      auto engine = make_engine(2, false, speculate ? ngram : SpeculativeConfig{});
+      Collector col;
+      for (size_t i = 0; i < requests.size(); ++i) {
+        engine->add_request(lora_request(*engine, "r" + std::to_string(i), requests[i].second,
+                                         requests[i].first, 16),
+                            col.callback());
+      }
+      run_to_completion(*engine);
+      (speculate ? got : want) = col.results;
+      if (speculate) counts = engine->stats().spec_decode;
     }
-    run_to_completion(*engine);
-    (speculate ? got : want) = col.results;
-    if (speculate) counts = engine->stats().spec_decode;
+    for (const auto& [id, w] : want) expect_same_tokens(got[id], w, id);
+    EXPECT_GT(counts.num_draft_tokens, 0) << "no draft was verified";
   }
-  for (const auto& [id, w] : want) expect_same_tokens(got[id], w, id);
-  EXPECT_GT(counts.num_draft_tokens, 0) << "no draft was verified";
 }
 
 // Asynchronous scheduling with one slot (X and Y take turns in it, a base request between):

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <tuple>
 #include <vector>
 
 #include "core/dcp_position.h"
@@ -20,25 +21,41 @@ int64_t next_graph_id() {
 
 // The per-token inputs of a step of `rows` rows, at offsets that depend on rows only (a
 // graph of that many rows reads them there): pos, slots (int64), ids, seq_lens, state rows,
-// the rows of ids taken from a device token array (int32).
+// the rows of ids taken from a device token array, the LoRA adapter slots (int32).
 struct InputLayout {
-  int64_t pos, slots, ids, seq_lens, state_rows, sources, bytes;
+  int64_t pos, slots, ids, seq_lens, state_rows, sources, lora, bytes;
 };
 InputLayout input_layout(int64_t rows) {
-  return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows, 32 * rows};
+  return {0, 8 * rows, 16 * rows, 20 * rows, 24 * rows, 28 * rows, 32 * rows, 36 * rows};
 }
 
 // A verification's inputs for up to `tokens` tokens of up to `seqs` sequences: per token
-// pos, slots (int64), ids, seq_lens (int32); per sequence state rows, token offsets (one
-// more) and the commit's counts (int32).
+// pos, slots (int64), ids, seq_lens, LoRA adapter slots (int32); per sequence state rows,
+// token offsets (one more) and the commit's counts (int32).
 struct VerifyLayout {
-  int64_t pos, slots, ids, seq_lens, state_rows, offsets, counts, bytes;
+  int64_t pos, slots, ids, seq_lens, lora, state_rows, offsets, counts, bytes;
 };
 VerifyLayout verify_layout(int64_t tokens, int64_t seqs) {
-  const int64_t state_rows = 24 * tokens;
+  const int64_t state_rows = 28 * tokens;
   const int64_t offsets = state_rows + 4 * seqs;
   const int64_t counts = offsets + 4 * (seqs + 1);
-  return {0, 8 * tokens, 16 * tokens, 20 * tokens, state_rows, offsets, counts, counts + 4 * seqs};
+  return {0,          8 * tokens, 16 * tokens, 20 * tokens,      24 * tokens,
+          state_rows, offsets,    counts,      counts + 4 * seqs};
+}
+
+// Releases and forgets the graphs with LoRA ops (a key whose last part, the LoRA key, is
+// not 0).
+template <class Graphs>
+void release_lora_graphs(Graphs& graphs, Backend& backend) {
+  constexpr size_t kLora = std::tuple_size_v<typename Graphs::key_type> - 1;
+  for (auto it = graphs.begin(); it != graphs.end();) {
+    if (std::get<kLora>(it->first) != 0) {
+      backend.release_graph(it->second.id);
+      it = graphs.erase(it);
+    } else {
+      ++it;
+    }
+  }
 }
 
 }  // namespace
@@ -174,6 +191,26 @@ int64_t DecodeStep::check_row(const SequenceInput& in, int64_t i, int64_t j) con
                           : in.slots[static_cast<size_t>(j)];
 }
 
+DecodeStep::LoraMode DecodeStep::lora_mode(std::span<const SequenceInput> batch) {
+  if (!model_.lora_applies(batch)) return LoraMode::kNone;
+  for (const SequenceInput& in : batch) {
+    if (model_.lora_merges(in.lora_slot)) return LoraMode::kSplit;
+  }
+  // Graphs with LoRA ops launch those of the projections adapted when they were captured:
+  // another layout (a projection gained or lost its last adapter) captures them again.
+  const int64_t generation = model_.lora_generation();
+  if (generation != lora_generation_) {
+    release_lora_graphs(graphs_, backend_);
+    release_lora_graphs(verify_graphs_, backend_);
+    lora_generation_ = generation;
+  }
+  return LoraMode::kSlots;
+}
+
+int64_t DecodeStep::graph_lora_key(LoraMode mode) const {
+  return mode == LoraMode::kSlots ? 1 + lora_generation_ : 0;
+}
+
 bool DecodeStep::accepts_verify(std::span<const SequenceInput> batch) const {
   if (config_.max_verify_tokens == 0 || batch.empty() || std::ssize(batch) > config_.max_batch) {
     return false;
@@ -203,13 +240,13 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
     num_tokens += std::ssize(in.tokens);
     max_keys = std::max<int64_t>(max_keys, in.num_computed + std::ssize(in.tokens));
   }
-  // LoRA adapters: per-sequence slices (their slots, their merged kv_b), run eagerly (a graph
-  // would replay the slots it was captured with).
-  const bool lora = std::any_of(batch.begin(), batch.end(),
-                                [](const SequenceInput& in) { return in.lora_slot >= 0; });
+  // LoRA adapters: each token's slot in the inputs (a graph replays them); a batch with a
+  // merged kv_b (its sequences attend with their own weights) is cut into per-sequence
+  // slices and runs eagerly.
+  const LoraMode lora = lora_mode(batch);
   // The shape: the graph bucket (rows, tokens, context), or the batch itself.
-  const bool graph =
-      !lora && verify_logits_.data() != nullptr && num_seqs <= config_.graph_max_batch;
+  const bool graph = lora != LoraMode::kSplit && verify_logits_.data() != nullptr &&
+                     num_seqs <= config_.graph_max_batch;
   int64_t rows = num_seqs, tokens = num_tokens, context = max_keys;
   if (graph) {
     tokens = 1;
@@ -230,6 +267,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
   auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
   auto* offsets = reinterpret_cast<int32_t*>(staging_.data() + l.offsets);
+  auto* lora_slots = reinterpret_cast<int32_t*>(staging_.data() + l.lora);
   int64_t row = 0;
   verify_lengths_.clear();
   for (int64_t i = 0; i < num_seqs; ++i) {
@@ -246,6 +284,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
       pos[row] = in.num_computed + j;
       ids[row] = id;
       seq_lens[row] = static_cast<int32_t>(in.num_computed + j + 1);
+      lora_slots[row] = in.lora_slot;
     }
   }
   // Padding: tokens past the batch's (the last padding row's run), rows past its sequences.
@@ -255,6 +294,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
     slots[row] = -1;
     ids[row] = 0;
     seq_lens[row] = 1;
+    lora_slots[row] = -1;
   }
   for (int64_t i = num_seqs; i < rows; ++i) {
     offsets[i] = static_cast<int32_t>(num_tokens);
@@ -263,9 +303,10 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
   offsets[rows] = static_cast<int32_t>(tokens);
   // Only the parts in use: the per-token arrays of `tokens` tokens and the rows' arrays.
   uint8_t* base = verify_inputs_.as<uint8_t>();
-  const std::pair<int64_t, int64_t> parts[] = {
-      {l.pos, 8 * tokens},      {l.slots, 8 * tokens},    {l.ids, 4 * tokens},
-      {l.seq_lens, 4 * tokens}, {l.state_rows, 4 * rows}, {l.offsets, 4 * (rows + 1)}};
+  const std::pair<int64_t, int64_t> parts[] = {{l.pos, 8 * tokens},        {l.slots, 8 * tokens},
+                                               {l.ids, 4 * tokens},        {l.seq_lens, 4 * tokens},
+                                               {l.lora, 4 * tokens},       {l.state_rows, 4 * rows},
+                                               {l.offsets, 4 * (rows + 1)}};
   for (const auto& [at, bytes] : parts) {
     backend_.upload(base + at, staging_.data() + at, static_cast<size_t>(bytes));
     bytes_uploaded_ += bytes;
@@ -275,7 +316,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
 
   const SequenceSlice all{0, tokens, 0, &cache_, tables_.as<int32_t>(), pad_, true};
   std::vector<SequenceSlice> per_sequence;
-  if (lora) {
+  if (lora == LoraMode::kSplit) {
     for (int64_t i = 0; i < num_seqs; ++i) {
       const SequenceInput& in = batch[static_cast<size_t>(i)];
       per_sequence.push_back({offsets[i], std::ssize(in.tokens), 0, &cache_, tables_.as<int32_t>(),
@@ -296,8 +337,10 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
       reinterpret_cast<const int64_t*>(base + l.pos),
       reinterpret_cast<const int64_t*>(base + l.slots),
       tokens,
-      lora ? std::span<const SequenceSlice>(per_sequence) : std::span<const SequenceSlice>(&all, 1),
-      decode};
+      lora == LoraMode::kSplit ? std::span<const SequenceSlice>(per_sequence)
+                               : std::span<const SequenceSlice>(&all, 1),
+      decode,
+      lora == LoraMode::kSlots ? reinterpret_cast<const int32_t*>(base + l.lora) : nullptr};
   float* out = graph ? verify_logits_.as<float>() : nullptr;
   const float* logits = nullptr;
   auto step = [&] {
@@ -308,7 +351,7 @@ const float* DecodeStep::verify(std::span<const SequenceInput> batch) {
     step();
     return logits;
   }
-  replay_or_capture(verify_graphs_[{rows, tokens, context}], step);
+  replay_or_capture(verify_graphs_[{rows, tokens, context, graph_lora_key(lora)}], step);
   return out;
 }
 
@@ -344,9 +387,13 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
   int64_t max_keys = 0;
   for (const SequenceInput& in : batch) max_keys = std::max(max_keys, in.num_computed + 1);
 
+  // LoRA adapters: each row's slot in the inputs (a graph replays them); a batch with a
+  // merged kv_b (its sequences attend with their own weights) runs eagerly, one slice per
+  // sequence.
+  const LoraMode lora = lora_mode(batch);
   // The shape: the graph bucket, or the batch itself when it runs eagerly.
-  const bool graph = config_.graph_max_batch > 0 && backend_.supports_graphs() &&
-                     num_seqs <= config_.graph_max_batch;
+  const bool graph = lora != LoraMode::kSplit && config_.graph_max_batch > 0 &&
+                     backend_.supports_graphs() && num_seqs <= config_.graph_max_batch;
   int64_t rows = num_seqs, context = max_keys;
   if (graph) {
     rows = 1;
@@ -366,6 +413,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
   auto* seq_lens = reinterpret_cast<int32_t*>(staging_.data() + l.seq_lens);
   auto* state_rows = reinterpret_cast<int32_t*>(staging_.data() + l.state_rows);
   auto* sources = reinterpret_cast<int32_t*>(staging_.data() + l.sources);
+  auto* lora_slots = reinterpret_cast<int32_t*>(staging_.data() + l.lora);
   CHECK(source.rows.empty() || std::ssize(source.rows) == num_seqs,
         "decode step: ", source.rows.size(), " token source rows for ", num_seqs, " sequences");
   bool gather = false;
@@ -381,6 +429,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
       seq_lens[i] = 1;
       state_rows[i] = pad_;
       sources[i] = -1;
+      lora_slots[i] = -1;
       continue;
     }
     const SequenceInput& in = batch[static_cast<size_t>(i)];
@@ -402,6 +451,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
     ids[i] = sources[i] >= 0 ? 0 : in.tokens[0];
     seq_lens[i] = static_cast<int32_t>(in.num_computed + 1);
     state_rows[i] = in.state_block >= 0 ? in.state_block : pad_;
+    lora_slots[i] = in.lora_slot;
   }
   backend_.upload(inputs_.data(), staging_.data(), static_cast<size_t>(l.bytes));
   bytes_uploaded_ += l.bytes;
@@ -412,14 +462,24 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
                             reinterpret_cast<const int32_t*>(base + l.sources), num_seqs});
   }
   const SequenceSlice all{0, rows, 0, &cache_, tables_.as<int32_t>(), pad_, true};
-  const DeviceBatch db{reinterpret_cast<const int32_t*>(base + l.ids),
-                       reinterpret_cast<const int64_t*>(base + l.pos),
-                       reinterpret_cast<const int64_t*>(base + l.slots),
-                       rows,
-                       std::span<const SequenceSlice>(&all, 1),
-                       {&cache_, tables_.as<int32_t>(), width_,
-                        reinterpret_cast<const int32_t*>(base + l.state_rows),
-                        reinterpret_cast<const int32_t*>(base + l.seq_lens), context}};
+  std::vector<SequenceSlice> per_sequence;
+  if (lora == LoraMode::kSplit) {
+    for (int64_t i = 0; i < num_seqs; ++i) {
+      per_sequence.push_back({i, 1, 0, &cache_, tables_.as<int32_t>(), pad_, true,
+                              batch[static_cast<size_t>(i)].lora_slot});
+    }
+  }
+  const DeviceBatch db{
+      reinterpret_cast<const int32_t*>(base + l.ids),
+      reinterpret_cast<const int64_t*>(base + l.pos),
+      reinterpret_cast<const int64_t*>(base + l.slots),
+      rows,
+      lora == LoraMode::kSplit ? std::span<const SequenceSlice>(per_sequence)
+                               : std::span<const SequenceSlice>(&all, 1),
+      {&cache_, tables_.as<int32_t>(), width_,
+       reinterpret_cast<const int32_t*>(base + l.state_rows),
+       reinterpret_cast<const int32_t*>(base + l.seq_lens), context},
+      lora == LoraMode::kSlots ? reinterpret_cast<const int32_t*>(base + l.lora) : nullptr};
   auto step = [&] {
     ws_.reset();
     model_.forward_device(db, ws_, logits_.as<float>());
@@ -428,7 +488,7 @@ const float* DecodeStep::run(std::span<const SequenceInput> batch, const TokenSo
     step();
     return logits_.as<float>();
   }
-  replay_or_capture(graphs_[{rows, context}], step);
+  replay_or_capture(graphs_[{rows, context, graph_lora_key(lora)}], step);
   return logits_.as<float>();
 }
 

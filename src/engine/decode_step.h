@@ -7,9 +7,9 @@
 //   tables     [max_batch, W] int32  block tables, W = blocks of max_context tokens; entries
 //                                    past a sequence's blocks (and padding rows) hold the
 //                                    cache's scratch block
-//   per token  ids int32, pos int64, slots int64, seq_lens int32, state_rows int32, and
-//              the rows of ids gathered on the device (TokenSource): new every step,
-//              uploaded in one copy of rows x 32 bytes
+//   per token  ids int32, pos int64, slots int64, seq_lens int32, state_rows int32, the
+//              rows of ids gathered on the device (TokenSource) and the LoRA adapter
+//              slots int32: new every step, uploaded in one copy of rows x 36 bytes
 //   logits     [max_batch, vocab] fp32 (a graph writes its output at fixed addresses)
 //
 // A host mirror of the tables keeps what the device holds: a row is copied only where it
@@ -114,6 +114,13 @@ class DecodeStep {
   void set_table_row(int64_t row, std::span<const int32_t> blocks);
   // Replays the shape's graph, or runs `step` and captures it (first use, or the pool moved).
   void replay_or_capture(Graph& g, const std::function<void()>& step);
+  // How a batch's LoRA adapters run: none apply; each token's slot from the inputs (one
+  // slice, graphs allowed); one slice per sequence (a slot with a merged kv_b: eager). A new
+  // LoRA layout (Model::lora_generation) releases the graphs with LoRA ops.
+  enum class LoraMode { kNone, kSlots, kSplit };
+  LoraMode lora_mode(std::span<const SequenceInput> batch);
+  // The graph key's LoRA part: 0 without LoRA ops, else 1 + the layout generation.
+  int64_t graph_lora_key(LoraMode mode) const;
   // The checks of one input of a run (row i of the batch) and its position's slot.
   int64_t check_row(const SequenceInput& in, int64_t i, int64_t j) const;
 
@@ -128,14 +135,16 @@ class DecodeStep {
   // Verification: its per-token and per-sequence inputs, the KDA stash, and the last
   // verify's sequences (commit() reads them).
   DeviceAllocation verify_inputs_, stash_buffer_, verify_logits_;
-  std::map<std::tuple<int64_t, int64_t, int64_t>, Graph> verify_graphs_;
+  // (rows, tokens, context, LoRA key)
+  std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Graph> verify_graphs_;
   KdaStash stash_;
   int64_t verify_sequences_ = 0, verify_tokens_ = 0;
   std::vector<int32_t> verify_lengths_;
   std::vector<int32_t> table_host_;  // [max_batch, width] what tables_ holds
   std::vector<int64_t> row_used_;    // [max_batch] leading entries that are not pad
   std::vector<uint8_t> staging_;     // the per-token inputs, laid out as inputs_
-  std::map<std::pair<int64_t, int64_t>, Graph> graphs_;
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Graph> graphs_;  // (rows, context, LoRA key)
+  int64_t lora_generation_ = 0;  // the LoRA layout the graphs with LoRA ops were captured in
   int64_t bytes_uploaded_ = 0;
   int64_t table_entries_uploaded_ = 0;
 };

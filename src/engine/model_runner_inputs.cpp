@@ -156,11 +156,8 @@ std::vector<ModelRunner::PartRun> ModelRunner::plan_forwards(const SchedulerOutp
       runs.push_back(std::move(run));
       continue;
     }
-    // The decode step builds one slice for the whole batch, without LoRA slots: a batch with
-    // an adapter runs through forward_logits (docs/DECISIONS.md, LoRA).
-    const bool lora = std::any_of(run.batch.begin(), run.batch.end(),
-                                  [](const SequenceInput& in) { return in.lora_slot >= 0; });
-    run.decode = !lora && decode_.accepts(run.batch);
+    // A batch with adapters decodes there too: the step carries each row's LoRA slot.
+    run.decode = decode_.accepts(run.batch);
     if (!run.decode) {
       for (size_t b = 0; b < run.batch.size(); ++b) {
         if (run.rows_of_batch[b] < 0) continue;

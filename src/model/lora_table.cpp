@@ -58,6 +58,29 @@ bool LoraTable::merges(int64_t target) const {
 
 void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   CHECK(slot >= 0 && slot < num_slots(), "LoRA slot ", slot, " of ", num_slots());
+  const std::vector<int64_t> users_before = users_;
+  clear(slot);
+  slots_[slot] = std::move(adapter);
+  try {
+    fill(slot);
+  } catch (...) {
+    // Nothing of a refused adapter stays: the slot is left empty.
+    clear(slot);
+    slots_[slot] = nullptr;
+    ++layout_generation_;
+    upload_matrices();
+    throw;
+  }
+  for (size_t target = 0; target < users_.size(); ++target) {
+    if ((users_[target] == 0) != (users_before[target] == 0)) {
+      ++layout_generation_;
+      break;
+    }
+  }
+  upload_matrices();
+}
+
+void LoraTable::clear(int64_t slot) {
   const int64_t num = num_slots();
   for (size_t target = 0; target < users_.size(); ++target) {
     LoraMatrices& m = matrices_[target * num + slot];
@@ -65,11 +88,11 @@ void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
     m = {};
     merged_.erase({static_cast<int64_t>(target), slot});
   }
-  slots_[slot] = std::move(adapter);
-  if (slots_[slot] == nullptr) {
-    upload_matrices();
-    return;
-  }
+}
+
+void LoraTable::fill(int64_t slot) {
+  if (slots_[slot] == nullptr) return;
+  const int64_t num = num_slots();
   // On a device: the slot's A and B, pair after pair, in its room.
   float* device_floats = nullptr;
   if (on_device()) {
@@ -125,7 +148,6 @@ void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
     matrices_[p.target * num + slot] = {a, b, p.rank, p.scale};
     ++users_[p.target];
   }
-  upload_matrices();
 }
 
 void LoraTable::upload_matrices() {
@@ -144,6 +166,13 @@ LoraModule LoraTable::module(int64_t target) const {
   const LoraMatrices* base =
       on_device() ? device_matrices_.as<const LoraMatrices>() : matrices_.data();
   return {base + target * num_slots(), num_slots()};
+}
+
+bool LoraTable::slot_merges(int64_t slot) const {
+  for (const auto& [key, m] : merged_) {
+    if (key.second == slot) return true;
+  }
+  return false;
 }
 
 const Weight* LoraTable::merged(int64_t target, int64_t slot) const {

@@ -59,6 +59,12 @@ class LoraTable {
   const std::shared_ptr<const LoraAdapter>& adapter(int64_t slot) const;
   // The target's matrices by slot; empty when no resident adapter adapts it.
   LoraModule module(int64_t target) const;
+  // Changes whenever a target's module turns empty or non-empty (an op a captured CUDA graph
+  // launches, or leaves out); the matrices behind a module's table may change without it.
+  int64_t layout_generation() const { return layout_generation_; }
+  // Whether slot's adapter adapts a merged target (kv_b_proj: its tokens attend with their own
+  // weights, so a batch with it is cut into per-sequence calls).
+  bool slot_merges(int64_t slot) const;
   // The merged kv_b of slot's adapter on this kv_b target, or null when it has none there.
   const Weight* merged(int64_t target, int64_t slot) const;
   // Whether a target is applied by merging (the MLA layers' kv_b_proj).
@@ -70,6 +76,10 @@ class LoraTable {
     Weight weight;            // fp32 dense view of data
   };
   bool on_device() const { return device_ != nullptr; }
+  // Empties slot's matrices and merged copies (the adapter pointer is kept).
+  void clear(int64_t slot);
+  // Fills slot's matrices (and merged copies) from slots_[slot]; throws on a bad pair.
+  void fill(int64_t slot);
   void upload_matrices();
   const LoraTargets& targets_;
   Device* device_ = nullptr;  // null: host memory
@@ -77,6 +87,7 @@ class LoraTable {
   // [target * num_slots + slot]: host pointers, or device pointers (on_device)
   std::vector<LoraMatrices> matrices_;
   std::vector<int64_t> users_;  // [target] slots with matrices
+  int64_t layout_generation_ = 0;
   std::map<std::pair<int64_t, int64_t>, Merged> merged_;
   std::vector<DeviceAllocation> slot_memory_;  // on_device: [slot] its room for A and B
   int64_t slot_floats_ = 0;                    // on_device: the room of a slot

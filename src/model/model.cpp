@@ -396,7 +396,9 @@ const float* Model::forward_device(const DeviceBatch& batch, Workspace& ws,
   CHECK(!batch.seqs.empty() && t > 0, "forward needs at least one token");
   CHECK(weights_resident_, "forward: the model's weights are released (sleep mode)");
   Pass pass{ws, batch.decode};
-  pass.lora_slots = lora_token_slots(ws, batch.seqs, t);
+  pass.lora_slots = batch.lora_slots != nullptr && lora_ != nullptr
+                        ? batch.lora_slots
+                        : lora_token_slots(ws, batch.seqs, t);
   const Hidden hidden = run_layers(pass, batch.ids, batch.pos, batch.slots, batch.seqs, t);
   // logits = lm_head(final_norm(h)) for the rows asked for.
   trace("lm_head");

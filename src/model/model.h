@@ -185,6 +185,10 @@ struct DeviceBatch {
   int64_t num_tokens = 0;
   std::span<const SequenceSlice> seqs;  // host
   BatchedDecode decode;
+  // [T] each token's LoRA adapter slot (-1: none) in backend memory, read instead of the
+  // slices' slots (a decode step's persistent inputs, so a CUDA graph replays them); null:
+  // from the slices. A batch given them must not need per-sequence kv_b (Model::lora_merges).
+  const int32_t* lora_slots = nullptr;
 };
 
 // Receives named intermediates ("layers.3.attn_out", shape [rows, cols]) when set.
@@ -309,6 +313,14 @@ class Model {
   void set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter);
   // The adaptable projections (null until enable_lora).
   const LoraTargets* lora_targets() const { return lora_targets_.get(); }
+  // Whether any sequence of a batch runs with a resident adapter (the LoRA ops run); checks
+  // the slots' range.
+  bool lora_applies(std::span<const SequenceInput> batch) const;
+  // Whether slot's adapter has a merged kv_b (its sequences attend in calls of their own).
+  bool lora_merges(int32_t slot) const;
+  // Changes whenever an adapted projection gains or loses its last adapter (LoraTable's
+  // layout_generation): a CUDA graph with LoRA ops is valid for one generation.
+  int64_t lora_generation() const;
 
   // Weight updates and sleep mode (issue 48; model/model_weights_update.cpp), between
   // forwards. reload_weights reads and checks every tensor of `source` first (a missing or

@@ -70,6 +70,25 @@ void Model::set_lora(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   lora_->set(slot, std::move(adapter));
 }
 
+bool Model::lora_applies(std::span<const SequenceInput> batch) const {
+  if (lora_ == nullptr) return false;
+  bool any = false;
+  for (const SequenceInput& in : batch) {
+    CHECK(in.lora_slot >= -1 && in.lora_slot < lora_->num_slots(), "sequence LoRA slot ",
+          in.lora_slot, " of ", lora_->num_slots());
+    any = any || (in.lora_slot >= 0 && lora_->adapter(in.lora_slot) != nullptr);
+  }
+  return any;
+}
+
+bool Model::lora_merges(int32_t slot) const {
+  return lora_ != nullptr && slot >= 0 && lora_->slot_merges(slot);
+}
+
+int64_t Model::lora_generation() const {
+  return lora_ != nullptr ? lora_->layout_generation() : 0;
+}
+
 const int32_t* Model::lora_token_slots(Workspace& ws, std::span<const SequenceSlice> seqs,
                                        int64_t t) const {
   if (lora_ == nullptr) return nullptr;
