@@ -268,7 +268,7 @@ TEST_P(Lora, DeviceSlotRoomFitsTheLargestAdapterExactly) {
   for (const LoraTargets::Target& t : model->lora_targets()->targets()) {
     skipped += LoraTable::device_adaptable(t.name) ? 0 : 1;
   }
-  EXPECT_GT(skipped, 0);  // every fixture has kv_b or routed experts
+  EXPECT_GT(skipped, 0);  // every fixture has routed experts
   EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 4), floats * 4);
   EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 8), floats * 8);
   EXPECT_EQ(model->lora_device_bytes(4, 64), 0);

@@ -3,6 +3,7 @@
 // dense path, and the empty / invalid cases.
 #include "kernels/attention/mla/cpu.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -213,6 +214,98 @@ TEST(Mla, NopeHeadsWithZeroRopeDims) {
       {.num_tokens = 5, .num_keys = 5, .num_heads = 2, .dn = 8, .dr = 0, .dv = 8, .kv_lora = 16}, 0,
       9);
   check_forms(pr, false, "dr=0");
+}
+
+// kv_b's LoRA adapters in low-rank form (params.h lora_slots / kv_b_lora): each query attends
+// as with the merged weights W + s B A of its slot's adapter (the naive reference on the
+// merged kv_b, per slot), over dense and top-k keys; a query of slot -1 or of a slot without
+// matrices is bitwise the call without adapters. The expanded form refuses them.
+TEST(Mla, KvBLoraLowRankFormEqualsTheMergedWeights) {
+  const Sizes z{
+      .num_tokens = 9, .num_keys = 9, .num_heads = 3, .dn = 16, .dr = 8, .dv = 12, .kv_lora = 32};
+  for (const bool use_topk : {false, true}) {
+    SCOPED_TRACE(use_topk ? "top-k" : "dense");
+    Problem pr(z, 0, 77);
+    if (use_topk) {
+      pr.topk_width = 4;
+      pr.topk.assign(z.num_tokens * pr.topk_width, -1);
+      // Query t: keys t, t - 2, t - 4 (those >= 0), a -1 slot after them.
+      for (int64_t t = 0; t < z.num_tokens; ++t) {
+        for (int64_t i = 0; i < 3 && t - 2 * i >= 0; ++i) {
+          pr.topk[t * pr.topk_width + i] = static_cast<int32_t>(t - 2 * i);
+        }
+      }
+    }
+    // Slots: 0 (rank 4), 1 (no matrices), 2 (rank 64, rsLoRA-like scale).
+    std::mt19937 rng(5);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t rows = z.num_heads * (z.dn + z.dv);
+    const std::vector<int64_t> ranks = {4, 0, 64};
+    const std::vector<float> scales = {2.0f, 0.0f, 0.25f};
+    std::vector<std::vector<float>> a(3), b(3);
+    std::vector<LoraMatrices> table(3);
+    for (size_t k = 0; k < 3; ++k) {
+      if (ranks[k] == 0) continue;
+      a[k].resize(static_cast<size_t>(ranks[k] * z.kv_lora));
+      b[k].resize(static_cast<size_t>(rows * ranks[k]));
+      for (float& v : a[k]) v = dist(rng) / std::sqrt(static_cast<float>(z.kv_lora));
+      for (float& v : b[k]) v = 0.2f * dist(rng);
+      table[k] = {a[k].data(), b[k].data(), ranks[k], scales[k]};
+    }
+    const std::vector<int32_t> slots = {0, -1, 2, 1, 0, 2, -1, 0, 2};
+    std::vector<float> base_out, base_lse, out, lse;
+    cpu::mla_attention_absorbed(pr.params(base_out, &base_lse, use_topk));
+    MlaAttentionParams p = pr.params(out, &lse, use_topk);
+    p.lora_slots = slots.data();
+    p.kv_b_lora = {table.data(), 3};
+    cpu::mla_attention_absorbed(p);
+    // The naive reference on each slot's merged kv_b.
+    std::vector<std::vector<double>> want_out(3), want_lse(3);
+    for (size_t k = 0; k < 3; ++k) {
+      Problem merged = pr;
+      merged.kv_b.data = merged.kv_b_data.data();
+      for (int64_t r = 0; r < rows && ranks[k] > 0; ++r) {
+        for (int64_t c = 0; c < z.kv_lora; ++c) {
+          double acc = 0;
+          for (int64_t j = 0; j < ranks[k]; ++j) {
+            acc += double(b[k][r * ranks[k] + j]) * a[k][j * z.kv_lora + c];
+          }
+          merged.kv_b_data[r * z.kv_lora + c] += static_cast<float>(scales[k] * acc);
+        }
+      }
+      merged.reference(use_topk, want_out[k], want_lse[k]);
+    }
+    double worst = 0, adapted = 0;
+    for (int64_t t = 0; t < z.num_tokens; ++t) {
+      const int32_t slot = slots[t];
+      const int64_t n = z.num_heads * z.dv, first = t * n;
+      if (slot < 0 || ranks[slot] == 0) {
+        EXPECT_EQ(0, std::memcmp(&out[first], &base_out[first], n * 4)) << "query " << t;
+        EXPECT_EQ(0,
+                  std::memcmp(&lse[t * z.num_heads], &base_lse[t * z.num_heads], z.num_heads * 4))
+            << "query " << t;
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        worst = std::max(worst, std::fabs(out[first + i] - want_out[slot][first + i]));
+        adapted = std::max(adapted, std::fabs(base_out[first + i] - want_out[slot][first + i]));
+      }
+      for (int64_t h = 0; h < z.num_heads; ++h) {
+        const int64_t i = t * z.num_heads + h;
+        if (std::isinf(want_lse[slot][i])) {
+          EXPECT_EQ(lse[i], -std::numeric_limits<float>::infinity());
+        } else {
+          worst = std::max(worst, std::fabs(lse[i] - want_lse[slot][i]));
+        }
+      }
+    }
+    EXPECT_LE(worst, kTol);
+    EXPECT_GT(adapted, 100 * kTol) << "the adapters change the outputs";
+    // The expanded form refuses them.
+    EXPECT_THROW(cpu::mla_attention_expanded(p), Error);
+    p.kv_b_lora = {};
+    EXPECT_THROW(cpu::mla_attention_absorbed(p), Error);  // slots without a table
+  }
 }
 
 // Random subsets per query, listed unsorted, with -1 slots in between.

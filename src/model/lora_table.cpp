@@ -13,7 +13,7 @@ bool LoraTable::merged_target(const std::string& name) {
 }
 
 bool LoraTable::device_adaptable(const std::string& name) {
-  return !merged_target(name) && name.find(".mlp.experts.") == std::string::npos;
+  return name.find(".mlp.experts.") == std::string::npos;
 }
 
 int64_t LoraTable::device_slot_bytes(const LoraTargets& targets, int64_t max_rank) {
@@ -53,7 +53,7 @@ LoraTable::LoraTable(const LoraTargets& targets, int64_t num_slots, Device* devi
 }
 
 bool LoraTable::merges(int64_t target) const {
-  return merged_target(targets_.targets()[target].name);
+  return !on_device() && merged_target(targets_.targets()[target].name);
 }
 
 void LoraTable::set(int64_t slot, std::shared_ptr<const LoraAdapter> adapter) {

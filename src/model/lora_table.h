@@ -16,8 +16,9 @@
 // after it: Model::lora_device_bytes), and a slot's A and B are copied into its room when
 // it is set: serving never allocates for an adapter. The [target][slot] table of
 // LoraMatrices the ops read lives in device memory too (uploaded whole at each set).
-// Merged kv_b copies are host-only (kv_b and routed experts are not adapted on such a
-// device: device_adaptable). Changing a slot is done by the engine thread between steps,
+// Merged kv_b copies are host-only: on a device kv_b's A and B sit in the slot's room like
+// the others and the MLA op applies them in low-rank form; routed experts are not adapted
+// there (device_adaptable). Changing a slot is done by the engine thread between steps,
 // with nothing of the step before still running.
 #pragma once
 
@@ -42,10 +43,11 @@ class LoraTable {
   LoraTable(const LoraTargets& targets, int64_t num_slots, Device* device = nullptr,
             int64_t max_rank = kMaxLoraRank);
 
-  // Whether a target (canonical name) is applied by merging: the MLA layers' kv_b_proj.
+  // Whether a target (canonical name) is read inside MLA's attention op (kv_b_proj): merged
+  // on the host; on a device, applied there in low-rank form (MlaAttentionParams::kv_b_lora).
   static bool merged_target(const std::string& name);
-  // Whether a device backend (CUDA) applies adapters on this target (canonical name): not
-  // kv_b_proj (merged on the host) nor routed experts (inside the grouped MoE kernels).
+  // Whether a device backend (CUDA) applies adapters on this target (canonical name): every
+  // one but the routed experts (their adapters belong inside the grouped MoE kernels).
   static bool device_adaptable(const std::string& name);
   // Device bytes of one slot's room: A and B of rank max_rank on every device_adaptable
   // target; and of the whole table (num_slots rooms and the matrix table).
@@ -67,7 +69,7 @@ class LoraTable {
   bool slot_merges(int64_t slot) const;
   // The merged kv_b of slot's adapter on this kv_b target, or null when it has none there.
   const Weight* merged(int64_t target, int64_t slot) const;
-  // Whether a target is applied by merging (the MLA layers' kv_b_proj).
+  // Whether a target is applied by merging (the MLA layers' kv_b_proj, on the host).
   bool merges(int64_t target) const;
 
  private:

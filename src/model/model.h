@@ -379,6 +379,9 @@ class Model {
   void add_lora(const Pass& pass, const Weight& w, const float* x, int64_t t, float* y) const;
   bool mlp_lora(const Pass& pass, const MlpWeights& w, MlpLora& out) const;
   const Weight& lora_kv_b(const MlaWeights& w, int32_t slot, const Weight& base) const;
+  // The kv_b adapters a device's attention op applies in low-rank form for this forward's
+  // tokens (Pass::lora_slots); empty on the host (merged copies) or when none applies.
+  LoraModule lora_kv_b_module(const Pass& pass, const MlaWeights& w) const;
   // Whether a decode batch's sequences attend with different kv_b (LoRA on kv_b).
   bool lora_splits_kv_b(const MlaWeights& w, std::span<const SequenceSlice> seqs) const;
   void linear_into(const Pass& pass, const float* x, int64_t num_tokens, const Weight& w,

@@ -156,13 +156,19 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   // 6. Attention of each sequence over its cached latents (expanded for prefill,
   //    absorbed for decode and, batch-invariant, for prefill too: attends_absorbed).
   // Queries [offset, offset + n) over num_keys keys of `cache` through `pages`.
-  // A sequence with a LoRA adapter on kv_b attends with its adapter's merged kv_b.
+  // A sequence with a LoRA adapter on kv_b attends with its adapter's merged kv_b (host), or
+  // the op applies each token's adapter in low-rank form (a device: kv_b_lora).
+  const LoraModule kv_b_lora = lora_kv_b_module(pass, w);
   // first_pos: the first query's position when the queries are a sequence's consecutive
   // positions (a prefill slice without DCP), else -1 (MlaAttentionParams::q_pos_first).
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed, int32_t lora_slot,
                     int64_t first_pos) {
     MlaAttentionParams p = mla_params(layer, cache, lora_kv_b(w, lora_slot, kv_b), ha);
+    if (!kv_b_lora.empty()) {
+      p.lora_slots = pass.lora_slots + offset;
+      p.kv_b_lora = kv_b_lora;
+    }
     p.q = qa + offset * ha * dqk;
     p.latent_pages = pages;
     p.table_stride = table_stride;

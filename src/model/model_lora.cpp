@@ -2,7 +2,9 @@
 // (docs/DECISIONS.md "LoRA adapters (issue 48)"). A projection's output gets
 // scale * (x A^T) B^T for the tokens whose slot's adapter adapts it (Backend::lora_add;
 // inside Backend::mlp / moe for the MLPs and experts); kv_b_proj, read inside MLA's
-// attention op, is replaced for a sequence by its adapter's merged copy (LoraTable).
+// attention op, is replaced for a sequence by its adapter's merged copy on the host
+// (LoraTable), and applied in low-rank form inside the op on a device
+// (MlaAttentionParams::kv_b_lora).
 #include <algorithm>
 #include <vector>
 
@@ -53,14 +55,12 @@ std::shared_ptr<const LoraAdapter> Model::share_lora(
   for (const LoraAdapter::Pair& p : adapter->pairs) {
     const std::string& module = lora_targets_->targets()[p.target].name;
     // The FP8 latent attends on the DSA kernels, whose kv_b is the model's (one per call).
-    CHECK(!lora_->merges(p.target) || !attention_.fp8_latent(), "LoRA adapter ", name, ": module ",
-          module, " (kv_b_proj) cannot be adapted with the FP8 latent cache");
-    // On the GPU: the merged kv_b copy would need uploading in the attention kernels'
-    // format, and routed experts' adapters belong inside the grouped MoE kernels; neither is
-    // written yet, so such an adapter is refused when read, naming the module.
+    CHECK(!LoraTable::merged_target(module) || !attention_.fp8_latent(), "LoRA adapter ", name,
+          ": module ", module, " (kv_b_proj) cannot be adapted with the FP8 latent cache");
+    // On the GPU routed experts' adapters belong inside the grouped MoE kernels, not written
+    // yet: such an adapter is refused when read, naming the module.
     CHECK(host || LoraTable::device_adaptable(module), "LoRA adapter ", name, ": module ", module,
-          lora_->merges(p.target) ? " (kv_b_proj)" : " (a routed expert)",
-          " cannot be adapted on the CUDA backend yet");
+          " (a routed expert) cannot be adapted on the CUDA backend yet");
   }
   return adapter;
 }
@@ -126,6 +126,13 @@ const Weight& Model::lora_kv_b(const MlaWeights& w, int32_t slot, const Weight& 
   if (lora_ == nullptr || slot < 0) return base;
   const Weight* merged = lora_->merged(lora_targets_->find(&w.kv_b_proj), slot);
   return merged != nullptr ? *merged : base;
+}
+
+LoraModule Model::lora_kv_b_module(const Pass& pass, const MlaWeights& w) const {
+  if (pass.lora_slots == nullptr) return {};
+  const int64_t target = lora_targets_->find(&w.kv_b_proj);
+  if (target < 0 || lora_->merges(target)) return {};
+  return lora_->module(target);
 }
 
 bool Model::lora_splits_kv_b(const MlaWeights& w, std::span<const SequenceSlice> seqs) const {

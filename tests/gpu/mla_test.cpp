@@ -175,6 +175,52 @@ struct Problem {
   }
 };
 
+// kv_b's LoRA adapters (params.h kv_b_lora) for a Problem: slots 0 (rank 8), 1 (no
+// matrices), 2 (rank 64); query t takes kSlotCycle[t % 5]. Host and device copies.
+struct KvBLora {
+  static constexpr int32_t kSlotCycle[5] = {0, -1, 2, 1, 0};
+  std::vector<std::vector<float>> a, b;
+  std::vector<DeviceBuffer> d_a, d_b;
+  std::vector<LoraMatrices> host, device;
+  std::vector<int32_t> slots;
+  DeviceBuffer d_table, d_slots;
+
+  KvBLora(const Sizes& z, uint32_t seed) : a(3), b(3), host(3), device(3) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> dist(0.0f, 1.0f);
+    const int64_t ranks[3] = {8, 0, 64};
+    const float scales[3] = {2.0f, 0.0f, 0.125f};
+    for (int k = 0; k < 3; ++k) {
+      if (ranks[k] == 0) {
+        d_a.emplace_back();
+        d_b.emplace_back();
+        continue;
+      }
+      a[k].resize(static_cast<size_t>(ranks[k] * z.kv_lora));
+      b[k].resize(static_cast<size_t>(z.num_heads * (z.dn + z.dv) * ranks[k]));
+      for (float& v : a[k]) v = dist(rng) / std::sqrt(static_cast<float>(z.kv_lora));
+      for (float& v : b[k]) v = 0.2f * dist(rng);
+      d_a.push_back(to_device(a[k]));
+      d_b.push_back(to_device(b[k]));
+      host[k] = {a[k].data(), b[k].data(), ranks[k], scales[k]};
+      device[k] = {d_a.back().as<float>(), d_b.back().as<float>(), ranks[k], scales[k]};
+    }
+    for (int64_t t = 0; t < z.num_tokens; ++t) slots.push_back(kSlotCycle[t % 5]);
+    d_table = DeviceBuffer(sizeof(LoraMatrices) * 3);
+    CUDA_CHECK(cudaMemcpy(d_table.data(), device.data(), sizeof(LoraMatrices) * 3,
+                          cudaMemcpyHostToDevice));
+    d_slots = to_device(slots);
+  }
+  void bind_host(MlaAttentionParams& p) const {
+    p.lora_slots = slots.data();
+    p.kv_b_lora = {host.data(), 3};
+  }
+  void bind_device(MlaAttentionParams& p) const {
+    p.lora_slots = d_slots.as<int32_t>();
+    p.kv_b_lora = {d_table.as<LoraMatrices>(), 3};
+  }
+};
+
 // A Problem's inputs on the device.
 struct DeviceInputs {
   DeviceBuffer q, latent, pos, topk;
@@ -201,19 +247,23 @@ struct DeviceInputs {
 // batch_invariant: the kernel's batch-invariant plan. got_out_copy / got_lse_copy, when
 // given, receive the GPU's results.
 // blas: the dense-prefill GEMM path (bf16 inputs), checked at its own tolerance (gemm_check).
+// lora: kv_b's adapters on both sides (the CPU op's low-rank form is the reference).
 void check(const Problem& pr, Format format, bool use_topk, bool with_lse, const std::string& what,
            bool batch_invariant = false, std::vector<float>* got_out_copy = nullptr,
-           std::vector<float>* got_lse_copy = nullptr, const cuda::Blas* blas = nullptr) {
+           std::vector<float>* got_lse_copy = nullptr, const cuda::Blas* blas = nullptr,
+           const KvBLora* lora = nullptr) {
   const StoredWeight w(pr.kv_b, pr.z.num_heads * (pr.z.dn + pr.z.dv), pr.z.kv_lora, format);
   const int64_t num_rows = pr.z.num_tokens * pr.z.num_heads;
   std::vector<float> want_out(num_rows * pr.z.dv), want_lse(num_rows);
   MlaAttentionParams p = pr.params(&w.host, use_topk);
   p.out = want_out.data();
   p.lse = want_lse.data();
+  if (lora != nullptr) lora->bind_host(p);
   cpu::mla_attention_absorbed(p);
 
   const DeviceInputs in(pr);
   in.bind(p, &w.device, use_topk);
+  if (lora != nullptr) lora->bind_device(p);
   DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
   p.out = d_out.as<float>();
   p.lse = with_lse ? d_lse.as<float>() : nullptr;
@@ -281,6 +331,36 @@ TEST(GpuMla, DenseAndTopkMatchCpuOnAwkwardShapes) {
         }
       }
     }
+  }
+}
+
+// kv_b's LoRA adapters in low-rank form (params.h): queries of slots with a rank-8 and a
+// rank-64 adapter, one without matrices and none, over dense and top-k keys, fp32 and bf16
+// kv_b, the split-KV kernels and the dense-prefill GEMM path: the CPU op's outputs within
+// the tolerances above; the adapters move the outputs far beyond them.
+TEST(GpuMla, KvBLoraMatchesCpu) {
+  REQUIRE_GPU();
+  test::Stream stream;
+  cuda::Blas blas(stream.s);
+  uint32_t seed = 1300;
+  for (const Sizes z : {Sizes{7, 40, 3, 32, 16, 32, 64}, Sizes{65, 321, 2, 128, 64, 128, 512}}) {
+    Problem pr(z, z.num_keys - z.num_tokens, ++seed);
+    const KvBLora lora(z, ++seed);
+    for (const Format f : {Format::kF32, Format::kBF16}) {
+      const std::string what =
+          name_of(z, pr.q_pos[0], "lora") + (f == Format::kF32 ? " f32" : " bf16");
+      std::vector<float> with, without;
+      check(pr, f, false, true, what + " dense", false, &with, nullptr, nullptr, &lora);
+      check(pr, f, false, true, what + " dense plain", false, &without);
+      EXPECT_FALSE(test::all_close(with, without, 1e-2f, 1e-2f)) << what << ": no effect";
+      check(pr, f, false, true, what + " batch-invariant", true, nullptr, nullptr, nullptr, &lora);
+      if (z.num_tokens >= 64) {
+        check(pr, f, false, true, what + " GEMM prefill", false, nullptr, nullptr, &blas, &lora);
+      }
+    }
+    pr.make_topk(16, ++seed);
+    check(pr, Format::kF32, true, true, name_of(z, pr.q_pos[0], "lora topk"), false, nullptr,
+          nullptr, nullptr, &lora);
   }
 }
 

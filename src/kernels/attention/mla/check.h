@@ -39,6 +39,8 @@ inline void validate(const MlaAttentionParams& p) {
           "mla_attention: exactly one of latent and latent_bf16 must be set");
   }
   if (p.topk != nullptr) CHECK(p.topk_width > 0, "mla_attention: topk_width ", p.topk_width);
+  CHECK(p.lora_slots == nullptr || !p.kv_b_lora.empty(),
+        "mla_attention: LoRA slots without kv_b's adapter table");
 }
 
 // The backend op: the expanded form reads one block table for every query.
@@ -47,6 +49,8 @@ inline void validate(const MlaAttentionOpParams& p) {
   CHECK(p.absorbed || p.attn.table_stride == 0,
         "mla_attention: the expanded MLA form reads one block table (table_stride ",
         p.attn.table_stride, ")");
+  CHECK(p.absorbed || p.attn.lora_slots == nullptr,
+        "mla_attention: kv_b's LoRA adapters in low-rank form need the absorbed form");
 }
 
 }  // namespace hyserve

@@ -150,6 +150,20 @@ void expanded_head(const MlaAttentionParams& p, int64_t h) {
   }
 }
 
+// Query t's adapter on kv_b (params.h), or null.
+const LoraMatrices* kv_b_lora(const MlaAttentionParams& p, int64_t t) {
+  if (p.lora_slots == nullptr) return nullptr;
+  const int32_t slot = p.lora_slots[t];
+  CHECK(slot >= -1 && slot < p.kv_b_lora.num_slots, "mla_attention: LoRA slot ", slot, " of ",
+        p.kv_b_lora.num_slots);
+  if (slot < 0) return nullptr;
+  const LoraMatrices& m = p.kv_b_lora.slots[slot];
+  if (m.empty()) return nullptr;
+  CHECK(m.rank > 0 && m.rank <= kMaxLoraRank && m.b != nullptr, "mla_attention: kv_b adapter of ",
+        "rank ", m.rank);
+  return &m;
+}
+
 void absorbed_head(const MlaAttentionParams& p, int64_t h) {
   const std::vector<float> w = decode_head_weights(p, h);
   const float* w_uk = w.data();                     // [dn, kv_lora]
@@ -158,6 +172,7 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
   std::vector<float> probs;
   std::vector<float> q_lat(static_cast<size_t>(p.kv_lora));
   std::vector<float> o_lat(static_cast<size_t>(p.kv_lora));
+  std::vector<float> u_lat(static_cast<size_t>(kMaxLoraRank));
   std::vector<float> row;
   for (int64_t t = 0; t < p.num_tokens; ++t) {
     gather_keys(p, t, keys);
@@ -170,6 +185,21 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
     std::fill(q_lat.begin(), q_lat.end(), 0.0f);
     for (int64_t d = 0; d < p.dn; ++d) {
       for (int64_t l = 0; l < p.kv_lora; ++l) q_lat[l] += q_nope[d] * w_uk[d * p.kv_lora + l];
+    }
+    // kv_b's adapter: q_lat += s (q_nope B_UK(h)) A; u = q_nope B_UK(h) [r].
+    const LoraMatrices* m = kv_b_lora(p, t);
+    const int64_t b_row0 = h * (p.dn + p.dv);
+    if (m != nullptr) {
+      for (int64_t j = 0; j < m->rank; ++j) {
+        float u = 0.0f;
+        for (int64_t d = 0; d < p.dn; ++d) u += q_nope[d] * m->b[(b_row0 + d) * m->rank + j];
+        u_lat[j] = u;
+      }
+      for (int64_t l = 0; l < p.kv_lora; ++l) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < m->rank; ++j) acc += u_lat[j] * m->a[j * p.kv_lora + l];
+        q_lat[l] += m->scale * acc;
+      }
     }
     probs.resize(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -185,6 +215,17 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
     }
     float* out = p.out + (t * p.num_heads + h) * p.dv;
     for (int64_t d = 0; d < p.dv; ++d) out[d] = dot(&w_uv[d * p.kv_lora], o_lat.data(), p.kv_lora);
+    // kv_b's adapter: out += s B_UV(h) (A o_lat).
+    if (m != nullptr) {
+      for (int64_t j = 0; j < m->rank; ++j)
+        u_lat[j] = dot(m->a + j * p.kv_lora, o_lat.data(), p.kv_lora);
+      for (int64_t d = 0; d < p.dv; ++d) {
+        const float* b = m->b + (b_row0 + p.dn + d) * m->rank;
+        float acc = 0.0f;
+        for (int64_t j = 0; j < m->rank; ++j) acc += b[j] * u_lat[j];
+        out[d] += m->scale * acc;
+      }
+    }
     if (p.lse != nullptr) p.lse[t * p.num_heads + h] = lse;
   }
 }

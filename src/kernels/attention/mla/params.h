@@ -19,6 +19,7 @@
 
 #include "core/paged.h"
 #include "core/weight.h"
+#include "kernels/lora/params.h"
 
 namespace hyserve {
 
@@ -51,6 +52,15 @@ struct MlaAttentionParams {
   int64_t dv = 0;                 // v_head_dim
   int64_t kv_lora = 0;            // kv_lora_rank
   float softmax_scale = 0.0f;     // (dn+dr)^-0.5, times mscale^2 with YaRN
+  // LoRA adapters on kv_b (issue 48), applied in their low-rank form, absorbed form only: an
+  // adapter (A [r, kv_lora], B [H*(dn+dv), r], scale s) makes W_UK' = W_UK + s B_UK A and
+  // W_UV' = W_UV + s B_UV A, so query t of slot lora_slots[t] attends with
+  //   q_abs += s (q_nope B_UK(h)) A        and   out += s B_UV(h) (A o_lat)
+  // (B_UK(h), B_UV(h): B's rows of head h's W_UK, W_UV). Null lora_slots: none; a slot of -1,
+  // or one without matrices in kv_b_lora: that query's kv_b is the base. (The CPU backend
+  // attends with a merged copy W + s B A instead: model/lora_table.h.)
+  const int32_t* lora_slots = nullptr;  // [T]
+  LoraModule kv_b_lora{};
 };
 
 // The backend's MLA op: the CPU computes the form asked for (cpu.h); the GPU runs the

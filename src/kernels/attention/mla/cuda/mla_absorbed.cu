@@ -1,10 +1,12 @@
 // CUDA MLA attention, absorbed form with split-KV (cuda.h). Three kernels:
-//   absorb_q_kernel         block per (t, h): q_abs = [q_nope W_UK | q_pe]
+//   absorb_q_kernel         block per (t, h): q_abs = [q_nope W_UK | q_pe] (+ kv_b's LoRA
+//                           adapter's s (q_nope B_UK) A, params.h)
 //   attend_kernel           block per ((t, h), split): online softmax over a slice of
 //                           the query's key slots, kKeyTile keys at a time; a warp per
 //                           key for the logits, a thread per latent column for o_lat
 //   combine_project_kernel  block per (t, h): merge the splits by their maxima, then
-//                           out = W_UV o_lat (a warp per output column)
+//                           out = W_UV o_lat (a warp per output column; + the adapter's
+//                           s B_UV (A o_lat))
 //
 // Workspace (each part 256-byte aligned):
 //   q_abs  [T*H, kv_lora + dr] | part_o [T*H, splits, kv_lora] | part_ml [T*H, splits, 2]
@@ -135,6 +137,18 @@ struct MlaArgs {
   float* part_ml;  // [T*H, splits, 2] running max, running sum
 };
 
+// Query t's adapter on kv_b (params.h lora_slots / kv_b_lora), or null: a slot of -1, out
+// of range, without matrices or of a rank over kMaxLoraRank is none. Uniform over a block.
+__device__ const LoraMatrices* kv_b_lora(const MlaAttentionParams& p, int64_t t) {
+  if (p.lora_slots == nullptr) return nullptr;
+  const int32_t slot = p.lora_slots[t];
+  if (slot < 0 || slot >= p.kv_b_lora.num_slots) return nullptr;
+  const LoraMatrices* m = p.kv_b_lora.slots + slot;
+  if (m->a == nullptr || m->b == nullptr || m->rank <= 0 || m->rank > kMaxLoraRank) return nullptr;
+  return m;
+}
+
+// Shared memory: q_nope [dn] | u [kMaxLoraRank] (kv_b's adapter: u = q_nope B_UK(h)).
 __global__ void absorb_q_kernel(MlaArgs a) {
   extern __shared__ float q_nope_s[];
   const MlaAttentionParams& p = a.p;
@@ -145,10 +159,27 @@ __global__ void absorb_q_kernel(MlaArgs a) {
   for (int64_t d = threadIdx.x; d < p.dn; d += blockDim.x) q_nope_s[d] = q[d];
   __syncthreads();
   const int64_t w_row0 = h * (p.dn + p.dv);
+  const LoraMatrices* m = kv_b_lora(p, row / p.num_heads);
+  float* u_s = q_nope_s + p.dn;
+  int64_t rank = 0;
+  if (m != nullptr) {
+    rank = m->rank;
+    for (int64_t j = threadIdx.x; j < rank; j += blockDim.x) {
+      float u = 0.0f;
+      for (int64_t d = 0; d < p.dn; ++d) u += q_nope_s[d] * m->b[(w_row0 + d) * rank + j];
+      u_s[j] = u;
+    }
+    __syncthreads();
+  }
   float* dst = a.q_abs + row * width;
   for (int64_t l = threadIdx.x; l < p.kv_lora; l += blockDim.x) {
     float acc = 0.0f;
     for (int64_t d = 0; d < p.dn; ++d) acc += q_nope_s[d] * weight_at(a.kv_b, w_row0 + d, l);
+    if (m != nullptr) {
+      float lora = 0.0f;
+      for (int64_t j = 0; j < rank; ++j) lora += u_s[j] * m->a[j * p.kv_lora + l];
+      acc += m->scale * lora;
+    }
     dst[l] = acc;
   }
   for (int64_t i = threadIdx.x; i < p.dr; i += blockDim.x) dst[p.kv_lora + i] = q[p.dn + i];
@@ -247,12 +278,14 @@ __global__ void attend_kernel(MlaArgs a, const L* latent) {
   }
 }
 
-// Shared memory: o_lat [kv_lora] | split weight [splits].
+// Shared memory: o_lat [kv_lora] | split weight [splits] | v [kMaxLoraRank] (kv_b's
+// adapter: v = A o_lat).
 __global__ void combine_project_kernel(MlaArgs a) {
   extern __shared__ float smem_f[];
   const MlaAttentionParams& p = a.p;
   float* o_s = smem_f;
   float* weight_s = o_s + p.kv_lora;
+  float* v_s = weight_s + a.num_splits;
   const int64_t row = blockIdx.x;
   const int64_t h = row % p.num_heads;
   const float* ml = a.part_ml + row * a.num_splits * 2;
@@ -283,11 +316,29 @@ __global__ void combine_project_kernel(MlaArgs a) {
   const int64_t w_row0 = h * (p.dn + p.dv) + p.dn;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  const LoraMatrices* m = kv_b_lora(p, row / p.num_heads);
+  if (m != nullptr) {
+    for (int64_t j = threadIdx.x; j < m->rank; j += blockDim.x) {
+      const float* a_row = m->a + j * p.kv_lora;
+      float v = 0.0f;
+      for (int64_t l = 0; l < p.kv_lora; ++l) v += a_row[l] * o_s[l];
+      v_s[j] = v;
+    }
+    __syncthreads();
+  }
   for (int64_t d = warp; d < p.dv; d += blockDim.x / 32) {
     float acc = 0.0f;
     for (int64_t l = lane; l < p.kv_lora; l += 32) acc += weight_at(a.kv_b, w_row0 + d, l) * o_s[l];
     acc = warp_sum(acc);
-    if (lane == 0) out[d] = acc;
+    if (lane == 0) {
+      if (m != nullptr) {
+        const float* b = m->b + (w_row0 + d) * m->rank;
+        float lora = 0.0f;
+        for (int64_t j = 0; j < m->rank; ++j) lora += b[j] * v_s[j];
+        acc += m->scale * lora;
+      }
+      out[d] = acc;
+    }
   }
 }
 
@@ -510,12 +561,13 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
                   .part_ml = reinterpret_cast<float*>(base + plan.q_abs_bytes + plan.part_o_bytes)};
   const auto rows = static_cast<unsigned>(plan.num_rows);
 
-  absorb_q_kernel<<<rows, kAbsorbThreads, sizeof(float) * p.dn, stream>>>(a);
+  absorb_q_kernel<<<rows, kAbsorbThreads, sizeof(float) * (p.dn + kMaxLoraRank), stream>>>(a);
   CUDA_CHECK_LAUNCH();
   if (gemm) {
     CHECK(blas->stream() == stream, "MLA: the cuBLAS handle runs on another stream");
     attend_gemm(a, make_gemm_plan(p), base + plan.total_bytes(), *blas, stream);
-    combine_project_kernel<<<rows, kCombineThreads, sizeof(float) * (p.kv_lora + 1), stream>>>(a);
+    combine_project_kernel<<<rows, kCombineThreads, sizeof(float) * (p.kv_lora + 1 + kMaxLoraRank),
+                             stream>>>(a);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -534,7 +586,7 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
   }
   CUDA_CHECK_LAUNCH();
 
-  const size_t combine_smem = sizeof(float) * (p.kv_lora + plan.num_splits);
+  const size_t combine_smem = sizeof(float) * (p.kv_lora + plan.num_splits + kMaxLoraRank);
   combine_project_kernel<<<rows, kCombineThreads, combine_smem, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
