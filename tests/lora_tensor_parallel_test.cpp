@@ -4,7 +4,10 @@
 // A's columns, whose partial terms join the projection's partial sums before the all-reduce;
 // under expert parallelism a rank keeps its own experts' pairs whole. The logits of a
 // sequence with the adapter on every rank equal (bitwise across ranks, within 1e-4 of the
-// largest logit) the one-rank model's with the same adapter, for a prompt and a decode step.
+// largest logit) the one-rank model's with the same adapter, for a prompt and a decode step;
+// with token-sharded prefill too (kv_b whole on every rank: each piece attends with its
+// adapter's merged kv_b, the decode step with the view of the rank's heads), with and without
+// decode context parallelism.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -28,17 +31,28 @@ namespace fs = std::filesystem;
 struct Layout {
   int tp = 1;
   bool expert_parallel = false;
+  int dcp = 1;                // DCP groups of dcp consecutive ranks
+  int64_t token_sharded = 0;  // --token-sharded-prefill (the 19-token prompt is sharded at 8)
 };
 
 // A prompt then one decode token, with LoRA slot `slot` (-1: none), on every rank of the
 // layout; each rank's logits (all prompt positions, then the decode token's).
 std::vector<std::vector<float>> run_with_adapter(const fs::path& model_dir, const fs::path& adapter,
                                                  const Layout& layout, int32_t slot) {
+  using namespace std::chrono_literals;
   std::vector<std::vector<float>> logits(static_cast<size_t>(layout.tp));
+  parallel::HashStore dcp_store;
   test::on_ranks(layout.tp, [&](int rank, parallel::Communicator* comm) {
     ModelOptions o;
     o.parallel.tp = {rank, layout.tp, comm};
     o.parallel.expert_parallel = layout.expert_parallel;
+    o.token_sharded_prefill = layout.token_sharded;
+    std::unique_ptr<parallel::Communicator> dcp_comm;
+    if (layout.dcp > 1) {
+      dcp_comm = parallel::make_cpu_communicator(dcp_store, rank % layout.dcp, layout.dcp, 60s,
+                                                 "dcp" + std::to_string(rank / layout.dcp));
+      o.parallel.dcp = {rank % layout.dcp, layout.dcp, dcp_comm.get()};
+    }
     std::unique_ptr<Model> model = Model::load(model_dir, o);
     model->enable_lora(1);
     model->set_lora(0, model->read_lora(adapter, "a", 16));
@@ -94,7 +108,9 @@ TEST_P(LoraTensorParallel, AdapterLogitsMatchOneRankOnEveryRank) {
   ASSERT_GT(max_diff(base, one), 1e-2 * scale);
   for (const Layout& layout : GetParam().layouts) {
     SCOPED_TRACE("tp " + std::to_string(layout.tp) +
-                 (layout.expert_parallel ? " expert-parallel" : ""));
+                 (layout.expert_parallel ? " expert-parallel" : "") + " dcp " +
+                 std::to_string(layout.dcp) + " token-sharded " +
+                 std::to_string(layout.token_sharded));
     const std::vector<std::vector<float>> ranks = run_with_adapter(model_dir, adapter, layout, 0);
     ASSERT_EQ(ranks[0].size(), one.size());
     for (size_t r = 1; r < ranks.size(); ++r) {
@@ -106,13 +122,20 @@ TEST_P(LoraTensorParallel, AdapterLogitsMatchOneRankOnEveryRank) {
   fs::remove_all(dir);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Checkpoints, LoraTensorParallel,
-    testing::Values(Case{"tests/fixtures/kimi_linear_tiny", {{2, false}, {2, true}}},
-                    Case{"tests/fixtures/deepseek_v32_tiny", {{2, false}, {4, false}, {2, true}}}),
-    [](const testing::TestParamInfo<Case>& p) {
-      return fs::path(p.param.dir).filename().string();
-    });
+INSTANTIATE_TEST_SUITE_P(Checkpoints, LoraTensorParallel,
+                         testing::Values(Case{"tests/fixtures/kimi_linear_tiny",
+                                              {{2, false}, {2, true}, {2, false, 1, 8}}},
+                                         Case{"tests/fixtures/deepseek_v32_tiny",
+                                              {{2, false},
+                                               {4, false},
+                                               {2, true},
+                                               {2, false, 1, 8},
+                                               {4, false, 1, 8},
+                                               {2, false, 2, 8},
+                                               {4, false, 2, 8}}}),
+                         [](const testing::TestParamInfo<Case>& p) {
+                           return fs::path(p.param.dir).filename().string();
+                         });
 
 // An adapter's shapes are the whole model's on every rank: one written for a rank's share
 // (half the heads) is refused naming the tensor, as on one rank.

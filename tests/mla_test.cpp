@@ -223,8 +223,12 @@ TEST(Mla, NopeHeadsWithZeroRopeDims) {
 TEST(Mla, KvBLoraLowRankFormEqualsTheMergedWeights) {
   const Sizes z{
       .num_tokens = 9, .num_keys = 9, .num_heads = 3, .dn = 16, .dr = 8, .dv = 12, .kv_lora = 32};
-  for (const bool use_topk : {false, true}) {
-    SCOPED_TRACE(use_topk ? "top-k" : "dense");
+  for (const int variant : {0, 1, 2}) {
+    // 0: dense; 1: top-k; 2: dense, the call's heads the second half of B's rows
+    // (kv_b_lora_row0: kv_b a view of some heads of the adapted weight).
+    const bool use_topk = variant == 1;
+    const int64_t row0 = variant == 2 ? z.num_heads * (z.dn + z.dv) : 0;
+    SCOPED_TRACE("variant " + std::to_string(variant));
     Problem pr(z, 0, 77);
     if (use_topk) {
       pr.topk_width = 4;
@@ -247,7 +251,7 @@ TEST(Mla, KvBLoraLowRankFormEqualsTheMergedWeights) {
     for (size_t k = 0; k < 3; ++k) {
       if (ranks[k] == 0) continue;
       a[k].resize(static_cast<size_t>(ranks[k] * z.kv_lora));
-      b[k].resize(static_cast<size_t>(rows * ranks[k]));
+      b[k].resize(static_cast<size_t>((row0 + rows) * ranks[k]));
       for (float& v : a[k]) v = dist(rng) / std::sqrt(static_cast<float>(z.kv_lora));
       for (float& v : b[k]) v = 0.2f * dist(rng);
       table[k] = {a[k].data(), b[k].data(), ranks[k], scales[k]};
@@ -258,6 +262,7 @@ TEST(Mla, KvBLoraLowRankFormEqualsTheMergedWeights) {
     MlaAttentionParams p = pr.params(out, &lse, use_topk);
     p.lora_slots = slots.data();
     p.kv_b_lora = {table.data(), 3};
+    p.kv_b_lora_row0 = row0;
     cpu::mla_attention_absorbed(p);
     // The naive reference on each slot's merged kv_b.
     std::vector<std::vector<double>> want_out(3), want_lse(3);
@@ -268,7 +273,7 @@ TEST(Mla, KvBLoraLowRankFormEqualsTheMergedWeights) {
         for (int64_t c = 0; c < z.kv_lora; ++c) {
           double acc = 0;
           for (int64_t j = 0; j < ranks[k]; ++j) {
-            acc += double(b[k][r * ranks[k] + j]) * a[k][j * z.kv_lora + c];
+            acc += double(b[k][(row0 + r) * ranks[k] + j]) * a[k][j * z.kv_lora + c];
           }
           merged.kv_b_data[r * z.kv_lora + c] += static_cast<float>(scales[k] * acc);
         }

@@ -585,7 +585,8 @@ struct LoraCase {
   int tp;
   int dcp = 1;
   bool expert_parallel = false;
-  bool speculative = false;  // n-gram drafts verified with the adapters (DecodeStep::verify)
+  bool speculative = false;   // n-gram drafts verified with the adapters (DecodeStep::verify)
+  int64_t token_sharded = 0;  // prefills of at least this many tokens token-sharded
 };
 
 class TensorParallelEngineLora : public testing::TestWithParam<LoraCase> {};
@@ -595,7 +596,8 @@ TEST_P(TensorParallelEngineLora, MixedAdapterBatchesMatchOneRank) {
   g.dir = fixture(GetParam().dir);
   const fs::path dir =
       fs::temp_directory_path() / str_cat("hyserve_tp_lora_", ::getpid(), "_", GetParam().tp, "_",
-                                          GetParam().dcp, GetParam().expert_parallel ? "_ep" : "");
+                                          GetParam().dcp, GetParam().expert_parallel ? "_ep" : "",
+                                          GetParam().token_sharded > 0 ? "_ts" : "");
   fs::remove_all(dir);
   {
     const std::unique_ptr<Model> whole = Model::load(g.dir);
@@ -620,6 +622,7 @@ TEST_P(TensorParallelEngineLora, MixedAdapterBatchesMatchOneRank) {
   g.tp = GetParam().tp;
   g.dcp = GetParam().dcp;
   g.expert_parallel = GetParam().expert_parallel;
+  g.token_sharded = GetParam().token_sharded;
   if (GetParam().speculative) {
     g.speculative.method = SpeculativeMethod::kNgram;
     g.speculative.num_speculative_tokens = 3;
@@ -642,11 +645,14 @@ INSTANTIATE_TEST_SUITE_P(
                     LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 2},
                     LoraCase{"tests/fixtures/deepseek_v32_tiny", 4, 2},
                     LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, true},
-                    LoraCase{"tests/fixtures/kimi_linear_tiny", 2, 1, false, true}),
+                    LoraCase{"tests/fixtures/kimi_linear_tiny", 2, 1, false, true},
+                    LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 1, false, false, 8},
+                    LoraCase{"tests/fixtures/deepseek_v32_tiny", 2, 2, false, false, 8}),
     [](const testing::TestParamInfo<LoraCase>& p) {
       return fs::path(p.param.dir).filename().string() + "_tp" + std::to_string(p.param.tp) +
              (p.param.dcp > 1 ? "_dcp" + std::to_string(p.param.dcp) : "") +
-             (p.param.expert_parallel ? "_ep" : "") + (p.param.speculative ? "_spec" : "");
+             (p.param.expert_parallel ? "_ep" : "") + (p.param.speculative ? "_spec" : "") +
+             (p.param.token_sharded > 0 ? "_token_sharded" : "");
     });
 
 TEST(StepPlan, RoundTripsAndRefusesMalformedBytes) {

@@ -113,9 +113,6 @@ void check_engine_flags(const ServeArgs& a) {
     require(a.max_lora_rank >= 1 && a.max_lora_rank <= 64, "--max-lora-rank must be from 1 to 64",
             ", got ", a.max_lora_rank);
     require(a.max_loras >= 1, "--max-loras must be >= 1, got ", a.max_loras);
-    // Token-sharded prefill steps move each rank's tokens and kv_b around: not with adapters.
-    require(a.token_sharded_prefill == 0 || a.tensor_parallel_size == 1,
-            "--enable-lora with --token-sharded-prefill is not supported yet");
     for (const std::string& m : a.lora_modules) parse_lora_module(m);
   } else {
     require(a.lora_modules.empty(), "--lora-modules needs --enable-lora");

@@ -448,6 +448,10 @@ class Model {
   // own heads; the DCP size: its DCP group's), a view of what the rank keeps: its heads, the
   // DCP group's, or with token-sharded prefill all of them.
   Weight own_kv_b(const MlaWeights& w, int ranks = 1) const;
+  // The same view of `held` (kv_b_proj as the rank keeps it, or a LoRA adapter's merged copy
+  // of it), and the first row of the view in it.
+  Weight own_kv_b(const Weight& held, int ranks) const;
+  int64_t own_kv_b_row0(const Weight& held, int ranks) const;
   // The ranks whose heads kv_b_proj is kept for: 1, the DCP group, or the TP group.
   int kv_b_ranks() const;
   bool token_sharded(const Pass& pass, int64_t t) const;

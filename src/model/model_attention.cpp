@@ -132,8 +132,9 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
     token_sharded_attention(pass, layer, x, q_in, q, t, pos, slots, seqs, o);
     return;
   }
-  // The kv_b rows of the heads this rank attends with: its own, or its DCP group's.
-  const Weight kv_b = own_kv_b(w, static_cast<int>(world));
+  // The kv_b rows of the heads this rank attends with: its own, or its DCP group's (a view
+  // of the rank's kv_b_proj, or of a LoRA adapter's merged copy of it).
+  const int kv_b_share = static_cast<int>(world);
 
   // mla_sparse: the DSA indexer's top-k past positions per token.
   const int32_t* topk = nullptr;
@@ -164,10 +165,12 @@ void Model::latent_attention(Pass& pass, int64_t layer, const float* x, const fl
   auto attend = [&](int64_t offset, int64_t n, int64_t num_keys, const KvCache& cache,
                     PagedRows pages, int64_t table_stride, bool absorbed, int32_t lora_slot,
                     int64_t first_pos) {
-    MlaAttentionParams p = mla_params(layer, cache, lora_kv_b(w, lora_slot, kv_b), ha);
+    const Weight own = own_kv_b(lora_kv_b(w, lora_slot, w.kv_b_proj), kv_b_share);
+    MlaAttentionParams p = mla_params(layer, cache, own, ha);
     if (!kv_b_lora.empty()) {
       p.lora_slots = pass.lora_slots + offset;
       p.kv_b_lora = kv_b_lora;
+      p.kv_b_lora_row0 = own_kv_b_row0(w.kv_b_proj, kv_b_share);
     }
     p.q = qa + offset * ha * dqk;
     p.latent_pages = pages;
@@ -260,12 +263,21 @@ int Model::kv_b_ranks() const {
 }
 
 Weight Model::own_kv_b(const MlaWeights& w, int ranks) const {
+  return own_kv_b(w.kv_b_proj, ranks);
+}
+
+Weight Model::own_kv_b(const Weight& held, int ranks) const {
   // The rank keeps the heads of the `held` ranks around it; this rank's `ranks` of them are
   // share (rank % held) / ranks.
-  const int held = kv_b_ranks();
-  if (ranks == held) return w.kv_b_proj;
-  return row_shard(w.kv_b_proj, options_.parallel.tp.rank % held / ranks, held / ranks,
-                   "kv_b_proj");
+  const int kept = kv_b_ranks();
+  if (ranks == kept) return held;
+  return row_shard(held, options_.parallel.tp.rank % kept / ranks, kept / ranks, "kv_b_proj");
+}
+
+int64_t Model::own_kv_b_row0(const Weight& held, int ranks) const {
+  const int kept = kv_b_ranks();
+  if (ranks == kept) return 0;
+  return (options_.parallel.tp.rank % kept / ranks) * (held.rows / (kept / ranks));
 }
 
 Model::IndexQuery Model::index_query(Pass& pass, int64_t layer, const float* x, const float* q_in,

@@ -25,8 +25,6 @@ void Model::enable_lora(int64_t num_slots, int64_t max_rank) {
   // The rank's targets say how shard_weights cut each projection (LoraTargets), so that an
   // adapter of the whole model is cut alike (lora_share).
   const ParallelLayout& par = options_.parallel;
-  CHECK(par.tp.size == 1 || options_.token_sharded_prefill == 0,
-        "LoRA adapters with token-sharded prefill are not supported yet");
   // kv_b as shard_weights cut it: for the kv_b_ranks() ranks around this one.
   const LoraShard shard{par.tp.rank, par.tp.size, kv_b_ranks(), par.expert_parallel};
   lora_targets_ = std::make_unique<LoraTargets>(weights_, shard);

@@ -83,6 +83,10 @@ struct Model::ShardedQueries {
   float* o = nullptr;               // [m, N * h, dv] out (fp32 / bf16 latent)
   bool fp8 = false;                 // the FP8 latent: the DSA kernels' absorbed form
   SparseQueries sparse{};           // its queries and outputs
+  // kv_b's LoRA adapters in low-rank form (a device; Model::lora_kv_b_module): this rank's
+  // tokens' slots [m]; empty / null otherwise (the host attends with merged copies).
+  LoraModule kv_b_lora{};
+  const int32_t* lora_slots = nullptr;
 };
 
 Model::TokenShards Model::shard_tokens(Pass& pass, const int64_t* pos,
@@ -213,7 +217,14 @@ void Model::context_mla(int64_t layer, const ContextRows& ctx, const SequenceSli
   const ModelConfig& c = config_;
   const int64_t ha = c.num_attention_heads * options_.parallel.tp.size;
   const int64_t dqk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-  MlaAttentionParams p = mla_params(layer, *sq.cache, weights_.layers[layer].mla.kv_b_proj, ha);
+  // kv_b whole (or a LoRA adapter's merged copy of it); on a device, its adapters in
+  // low-rank form.
+  const MlaWeights& w = weights_.layers[layer].mla;
+  MlaAttentionParams p = mla_params(layer, *sq.cache, lora_kv_b(w, sq.lora_slot, w.kv_b_proj), ha);
+  if (!qs.kv_b_lora.empty()) {
+    p.lora_slots = qs.lora_slots + sq.offset;
+    p.kv_b_lora = qs.kv_b_lora;
+  }
   if (p.latent_bf16 != nullptr) {
     p.latent_bf16 = static_cast<const uint16_t*>(ctx.latent);
   } else {
@@ -286,6 +297,16 @@ void Model::token_sharded_attention(Pass& pass, int64_t layer, const float* x, c
   // absorbed with the whole kv_b_proj; W_UV after the last piece).
   qs.fp8 = attention_.fp8_latent();
   if (qs.fp8) absorb_queries(pass, layer, s, qs);
+  qs.kv_b_lora = lora_kv_b_module(pass, weights_.layers[layer].mla);
+  if (!qs.kv_b_lora.empty()) {
+    int32_t* own = pass.ws.ints(s.rows());
+    int64_t at = 0;
+    for (const TokenPiece& p : s.mine()) {
+      backend_->copy(own + at, pass.lora_slots + p.row, static_cast<size_t>(p.n) * 4);
+      at += p.n;
+    }
+    qs.lora_slots = own;
+  }
 
   // Sequence by sequence (its context, gathered under DCP, is live for its pieces only):
   // the indexer's top-k and the attention of this rank's tokens with every head, piece by

@@ -184,8 +184,10 @@ struct KvBLora {
   std::vector<LoraMatrices> host, device;
   std::vector<int32_t> slots;
   DeviceBuffer d_table, d_slots;
+  int64_t row0 = 0;  // the call's heads start at B's row row0 (params.h kv_b_lora_row0)
 
-  KvBLora(const Sizes& z, uint32_t seed) : a(3), b(3), host(3), device(3) {
+  KvBLora(const Sizes& z, uint32_t seed, int64_t b_row0 = 0)
+      : a(3), b(3), host(3), device(3), row0(b_row0) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> dist(0.0f, 1.0f);
     const int64_t ranks[3] = {8, 0, 64};
@@ -197,7 +199,7 @@ struct KvBLora {
         continue;
       }
       a[k].resize(static_cast<size_t>(ranks[k] * z.kv_lora));
-      b[k].resize(static_cast<size_t>(z.num_heads * (z.dn + z.dv) * ranks[k]));
+      b[k].resize(static_cast<size_t>((row0 + z.num_heads * (z.dn + z.dv)) * ranks[k]));
       for (float& v : a[k]) v = dist(rng) / std::sqrt(static_cast<float>(z.kv_lora));
       for (float& v : b[k]) v = 0.2f * dist(rng);
       d_a.push_back(to_device(a[k]));
@@ -214,10 +216,12 @@ struct KvBLora {
   void bind_host(MlaAttentionParams& p) const {
     p.lora_slots = slots.data();
     p.kv_b_lora = {host.data(), 3};
+    p.kv_b_lora_row0 = row0;
   }
   void bind_device(MlaAttentionParams& p) const {
     p.lora_slots = d_slots.as<int32_t>();
     p.kv_b_lora = {d_table.as<LoraMatrices>(), 3};
+    p.kv_b_lora_row0 = row0;
   }
 };
 
@@ -361,6 +365,10 @@ TEST(GpuMla, KvBLoraMatchesCpu) {
     pr.make_topk(16, ++seed);
     check(pr, Format::kF32, true, true, name_of(z, pr.q_pos[0], "lora topk"), false, nullptr,
           nullptr, nullptr, &lora);
+    // The call's heads a view of the second half of B's rows.
+    const KvBLora upper(z, ++seed, z.num_heads * (z.dn + z.dv));
+    check(pr, Format::kF32, false, true, name_of(z, pr.q_pos[0], "lora row0"), false, nullptr,
+          nullptr, nullptr, &upper);
   }
 }
 

@@ -247,9 +247,6 @@ def test_bad_group_flags_are_refused_before_loading():
     assert "divisible by the tensor-parallel size 3" in out, out
     assert "must divide --tensor-parallel-size 2" in run_refused(
         [*COMMON, "--tensor-parallel-size", "2", "--decode-context-parallel-size", "4"])
-    assert "--enable-lora with --token-sharded-prefill" in run_refused(
-        [*COMMON, "--tensor-parallel-size", "2", "--token-sharded-prefill", "16",
-         "--enable-lora"])
 
 
 def write_dsv32_adapter(folder, seed, rank=4):
@@ -283,11 +280,13 @@ def write_dsv32_adapter(folder, seed, rank=4):
     return folder
 
 
-@pytest.mark.parametrize("tp,dcp,ep", [(2, 1, False), (2, 2, False), (2, 1, True)])
-def test_lora_adapters_under_tensor_parallelism_match_one_rank(tmp_path, tp, dcp, ep):
+@pytest.mark.parametrize("tp,dcp,ep,sharded", [(2, 1, False, 0), (2, 2, False, 0),
+                                               (2, 1, True, 0), (2, 1, False, 16)])
+def test_lora_adapters_under_tensor_parallelism_match_one_rank(tmp_path, tp, dcp, ep, sharded):
     """--enable-lora with --tensor-parallel-size: a request naming an adapter gets one rank's
     greedy tokens with that adapter (each rank holds its share of it); the base model's in the
-    same batch stay the base model's."""
+    same batch stay the base model's. With --token-sharded-prefill 16 the 17- and 40-token
+    prompts prefill token-sharded (kv_b whole, each piece with its adapter's merged copy)."""
     adapter = write_dsv32_adapter(tmp_path / "x", 3)
     lora = ["--enable-lora", "--max-loras", "1", "--max-lora-rank", "8",
             "--lora-modules", f"x={adapter}"]
@@ -297,6 +296,7 @@ def test_lora_adapters_under_tensor_parallelism_match_one_rank(tmp_path, tp, dcp
         if size > 1:
             args += ["--decode-context-parallel-size", str(dcp)]
             args += ["--enable-expert-parallel"] if ep else []
+            args += ["--token-sharded-prefill", str(sharded)] if sharded else []
         (tmp_path / f"tp{size}").mkdir()
         srv = start_server(tmp_path / f"tp{size}", args, model_dir=DSV32)
         try:

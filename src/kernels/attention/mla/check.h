@@ -41,6 +41,7 @@ inline void validate(const MlaAttentionParams& p) {
   if (p.topk != nullptr) CHECK(p.topk_width > 0, "mla_attention: topk_width ", p.topk_width);
   CHECK(p.lora_slots == nullptr || !p.kv_b_lora.empty(),
         "mla_attention: LoRA slots without kv_b's adapter table");
+  CHECK(p.kv_b_lora_row0 >= 0, "mla_attention: kv_b_lora_row0 ", p.kv_b_lora_row0);
 }
 
 // The backend op: the expanded form reads one block table for every query.

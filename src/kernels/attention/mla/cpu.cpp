@@ -188,7 +188,7 @@ void absorbed_head(const MlaAttentionParams& p, int64_t h) {
     }
     // kv_b's adapter: q_lat += s (q_nope B_UK(h)) A; u = q_nope B_UK(h) [r].
     const LoraMatrices* m = kv_b_lora(p, t);
-    const int64_t b_row0 = h * (p.dn + p.dv);
+    const int64_t b_row0 = p.kv_b_lora_row0 + h * (p.dn + p.dv);
     if (m != nullptr) {
       for (int64_t j = 0; j < m->rank; ++j) {
         float u = 0.0f;

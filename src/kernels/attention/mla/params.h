@@ -61,6 +61,8 @@ struct MlaAttentionParams {
   // attends with a merged copy W + s B A instead: model/lora_table.h.)
   const int32_t* lora_slots = nullptr;  // [T]
   LoraModule kv_b_lora{};
+  // B's row of the call's kv_b row 0 (kv_b a view of some heads' rows of the adapted kv_b).
+  int64_t kv_b_lora_row0 = 0;
 };
 
 // The backend's MLA op: the CPU computes the form asked for (cpu.h); the GPU runs the

@@ -166,7 +166,9 @@ __global__ void absorb_q_kernel(MlaArgs a) {
     rank = m->rank;
     for (int64_t j = threadIdx.x; j < rank; j += blockDim.x) {
       float u = 0.0f;
-      for (int64_t d = 0; d < p.dn; ++d) u += q_nope_s[d] * m->b[(w_row0 + d) * rank + j];
+      for (int64_t d = 0; d < p.dn; ++d) {
+        u += q_nope_s[d] * m->b[(p.kv_b_lora_row0 + w_row0 + d) * rank + j];
+      }
       u_s[j] = u;
     }
     __syncthreads();
@@ -332,7 +334,7 @@ __global__ void combine_project_kernel(MlaArgs a) {
     acc = warp_sum(acc);
     if (lane == 0) {
       if (m != nullptr) {
-        const float* b = m->b + (w_row0 + d) * m->rank;
+        const float* b = m->b + (p.kv_b_lora_row0 + w_row0 + d) * m->rank;
         float lora = 0.0f;
         for (int64_t j = 0; j < m->rank; ++j) lora += b[j] * v_s[j];
         acc += m->scale * lora;
