@@ -1,7 +1,9 @@
 """Issue 50 item 5 on the CPU: the bundled tiny K3.1 Pro's n-gram speculation, prefix-cache hits on a
 multi-turn chat, and generate's tokens/s, through the real `hyserve serve` / `hyserve generate`.
 
-  python3 tools/measure_speaks_cpu.py [--binary build/hyserve] [--threads N]
+  python3 tools/measure_speaks_cpu.py [--binary build/hyserve] [--threads N] [--device cuda]
+
+(--device cuda: the same measurements on the GPU, tools/device_check.sh's "speaks".)
 
 Speculation: `serve --speculative-config '{"method": "ngram", "num_speculative_tokens": K,
 "prompt_lookup_max": 3, "prompt_lookup_min": 1}'` for K in 0 (off), 3, 5; 8 greedy completions one
@@ -79,7 +81,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--binary", default=os.path.join(ROOT, "build", "hyserve"))
     ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
+    device = ["--device", args.device]
     env = dict(os.environ, HYSERVE_NUM_THREADS=str(args.threads))
     baseline = None
     for k in (0, 3, 5):
@@ -87,7 +91,7 @@ def main():
         if k:
             extra = ["--speculative-config", json.dumps({"method": "ngram", "num_speculative_tokens": k,
                                                          "prompt_lookup_max": 3, "prompt_lookup_min": 1})]
-        proc, port = serve(args.binary, extra, env)
+        proc, port = serve(args.binary, extra + device, env)
         try:
             texts, tokens = [], 0
             start = time.perf_counter()
@@ -102,7 +106,7 @@ def main():
         finally:
             proc.terminate()
             proc.wait()
-        row = {"measure": "ngram_speculation", "num_speculative_tokens": k, "output_tokens": tokens,
+        row = {"measure": "ngram_speculation", "device": args.device, "num_speculative_tokens": k, "output_tokens": tokens,
                "tokens_per_s": round(tokens / wall, 1),
                "acceptance_length": round(1 + accepted / drafts, 3) if drafts else None}
         if baseline is None:
@@ -112,7 +116,7 @@ def main():
             row["texts_equal_to_no_speculation"] = texts == baseline[0]
         print(json.dumps(row), flush=True)
 
-    proc, port = serve(args.binary, [], env)
+    proc, port = serve(args.binary, device, env)
     try:
         messages = []
         for turn in range(TURNS):
@@ -128,7 +132,8 @@ def main():
     print(json.dumps({"measure": "multi_turn_prefix_cache", "turns": TURNS, "queried_tokens": queries,
                       "hit_tokens": hits, "hit_rate": round(hits / queries, 3) if queries else None}), flush=True)
 
-    out = subprocess.run([args.binary, "generate", "--prompt", "The Python interpreter reads", "--max-tokens", "256"],
+    out = subprocess.run([args.binary, "generate", *device, "--prompt", "The Python interpreter reads",
+                          "--max-tokens", "256"],
                          env=env, capture_output=True, text=True, check=True).stdout
     m = re.search(r"generated (\d+) tokens, decode ([0-9.]+) ms", out)
     print(json.dumps({"measure": "generate_decode", "tokens": int(m.group(1)), "decode_ms": float(m.group(2)),

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# One device call that verifies the CUDA code and measures the open GPU figures:
+#   builds build-gpu (Release, -DHYSERVE_WERROR=OFF: the GPU machine's g++ 13 warns where
+#   CI's g++ 12 does not), runs every gpu-labelled ctest test in its own process (a sticky
+#   CUDA error fails one test, not the rest), then the benchmarks named in $BENCH.
+# Run from the repository root on the GPU machine, .deps carried (scripts/make_gpu_deps.sh):
+#   run(command="OUT=$OUT bash tools/device_check.sh", carry=[".deps"])
+# Environment:
+#   OUT          where the logs go (default ./device-out); packed as $OUT/logs.tgz
+#   BODY_S       seconds for everything before packing (default 540)
+#   TESTS_S      seconds for the GPU tests (default 240)
+#   GPU_FILTER   a ctest -R regex to run only some GPU tests (default: all)
+#   TESTS_J      GPU tests run at once (default 4; one GPU, small tests)
+#   BENCH        space-separated benchmarks after the tests, any of:
+#                  sampler   hyserve_sampler_bench + tools/bench_sampler_torch.py
+#                  mla       hyserve_layer_bench (K3.1 Pro slice, Kimi Linear shape), the MLA
+#                            GEMM prefill off and on
+#                  lora      hyserve_step_bench on the tiny K3, LoRA rank 0 and 32
+#                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
+#                            speculation, multi-turn prefix hits, generate on the bundled model)
+#                (default: "sampler mla lora")
+# Prints a summary (build result, tests passed / failed with the failures' first lines,
+# each benchmark's exit status); the JSON lines are in the logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-device-out}
+L=$OUT/logs
+mkdir -p "$L"
+BENCH=${BENCH-sampler mla lora}
+t0=$(date +%s)
+elapsed() { echo $(($(date +%s) - t0)); }
+
+body() {
+  nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee "$L/gpu.txt"
+  if [[ ! -f build-gpu/build.ninja ]] || ! grep -q "HYSERVE_WERROR:BOOL=OFF" build-gpu/CMakeCache.txt; then
+    cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$PWD/.deps" \
+      -DHYSERVE_WERROR=OFF >"$L/cmake.log" 2>&1 || { tail -30 "$L/cmake.log"; return 1; }
+  fi
+  local jobs
+  jobs=$(($(nproc) > 1 ? $(nproc) - 1 : 1))
+  ninja -C build-gpu -j"$jobs" >"$L/build.log" 2>&1
+  local brc=$?
+  echo "build rc $brc at $(elapsed) s"
+  if [[ $brc -ne 0 ]]; then
+    grep -E "error|FAILED" "$L/build.log" | head -30
+    return 1
+  fi
+  (cd build-gpu && timeout "${TESTS_S:-240}" ctest -L gpu ${GPU_FILTER:+-R "$GPU_FILTER"} \
+    -j"${TESTS_J:-4}" --timeout 120 --output-on-failure) >"$L/gpu_tests.log" 2>&1
+  echo "gpu tests rc $? at $(elapsed) s"
+  grep -E "tests passed|tests failed|\(Failed\)|\(Timeout\)|\(SEGFAULT\)|\(Subprocess aborted\)" \
+    "$L/gpu_tests.log" | head -40
+  grep -E "Failure|Expected|Which is|actual|error:" "$L/gpu_tests.log" | head -40
+  local C=.deps/configs/kimi-k3.1-pro-published.json
+  for b in $BENCH; do
+    case $b in
+      sampler)
+        timeout 60 ./build-gpu/hyserve_sampler_bench >"$L/sampler.jsonl" 2>&1
+        echo "sampler bench rc $? at $(elapsed) s"
+        timeout 60 python3 tools/bench_sampler_torch.py >"$L/sampler_torch.jsonl" 2>&1
+        echo "torch sampler rc $?"
+        ;;
+      mla)
+        for g in 0 1; do
+          HYSERVE_MLA_GEMM_PREFILL=$g timeout 60 ./build-gpu/hyserve_layer_bench --config "$C" \
+            --iters 3 >"$L/layer_k31_gemm$g.jsonl" 2>&1
+          echo "layer k3.1 gemm=$g rc $? at $(elapsed) s"
+          HYSERVE_MLA_GEMM_PREFILL=$g timeout 60 ./build-gpu/hyserve_layer_bench \
+            --config bench/configs/kimi-linear-48b-shaped.json --iters 3 \
+            >"$L/layer_kl_gemm$g.jsonl" 2>&1
+          echo "layer kimi-linear gemm=$g rc $? at $(elapsed) s"
+        done
+        ;;
+      lora)
+        for r in 0 32; do
+          timeout 60 ./build-gpu/hyserve_step_bench --label "lora$r" --lora-rank "$r" \
+            --model models/tiny-kimi-k3 --batches 1,8,64 >"$L/step_lora$r.jsonl" 2>&1
+          echo "step bench lora rank $r rc $? at $(elapsed) s"
+        done
+        ;;
+      speaks)
+        timeout 240 python3 tools/measure_speaks_cpu.py --binary build-gpu/hyserve --device cuda \
+          >"$L/speaks_cuda.jsonl" 2>&1
+        echo "speaks (n-gram, prefix cache, generate) on cuda rc $? at $(elapsed) s"
+        ;;
+      *) echo "unknown benchmark $b" ;;
+    esac
+  done
+}
+
+timeout "${BODY_S:-540}" bash -c "$(declare -f body elapsed); t0=$t0; L=$L; BENCH='$BENCH'; body"
+echo "body rc $? at $(elapsed) s"
+tar -C "$OUT" -czf "$OUT/logs.tgz" logs && rm -rf "$L"
+ls -la "$OUT"
