@@ -12,6 +12,12 @@
 //                  the GPU waits for)
 //   d2h_bytes      median bytes copied device -> host per step (CUPTI's memcpy records)
 //   tokens_per_s   batch / wall
+//   step_bytes     the bytes the step must move (model/step_bytes.h: weights, the routed
+//                  experts the batch touches under uniform routing, the cache rows attended,
+//                  the KDA states read and written), at the timed steps' mean context
+//   bound_us       step_bytes / the copy rate measured at the start of the run (a device-to-
+//                  device cudaMemcpy of 1 GiB, bytes read + written per second, best of 5)
+//   gpu_over_bound gpu_us / bound_us (issue 51: <= 1.25 at batch 1, <= 1.4 at batch 8)
 //
 // Only Engine's public API is used, so the same source builds against an older tree and
 // both run side by side in one session (`--label` names the tree in the JSON lines).
@@ -50,6 +56,10 @@
 #include "model/backend.h"
 #endif
 #include "engine/engine.h"
+#if __has_include("model/step_bytes.h")
+#define HYSERVE_STEP_BENCH_BOUND 1
+#include "model/step_bytes.h"
+#endif
 #if __has_include("engine/lora_registry.h")
 #define HYSERVE_STEP_BENCH_LORA 1
 #include <unistd.h>
@@ -265,6 +275,32 @@ int run(int argc, char** argv) {
   CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
   CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
 
+  // The copy rate of this GPU now: bytes read + written per second by a 1 GiB device-to-
+  // device copy, the best of 5.
+  double copy_bytes_per_s = 0;
+  {
+    const size_t n = size_t{1} << 30;
+    void *src = nullptr, *dst = nullptr;
+    cudaEvent_t e0, e1;
+    if (cudaMalloc(&src, n) == cudaSuccess && cudaMalloc(&dst, n) == cudaSuccess &&
+        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
+      cudaMemset(src, 1, n);
+      for (int i = 0; i < 6; ++i) {
+        cudaEventRecord(e0);
+        cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice);
+        cudaEventRecord(e1);
+        cudaEventSynchronize(e1);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, e0, e1);
+        if (i > 0 && ms > 0) copy_bytes_per_s = std::max(copy_bytes_per_s, 2.0 * n / (ms * 1e-3));
+      }
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+    }
+    cudaFree(src);
+    cudaFree(dst);
+  }
+
   // One engine for every batch size (the model is built once): each batch size is a wave of
   // requests that runs to completion before the next.
   const int64_t max_batch = *std::max_element(a.batches.begin(), a.batches.end());
@@ -377,6 +413,29 @@ int run(int argc, char** argv) {
     j["d2h_bytes"] = median(d2h);
     j["tokens_per_s"] = static_cast<double>(b) / (wall * 1e-6);
     j["lora_rank"] = a.lora_rank;
+#ifdef HYSERVE_STEP_BENCH_BOUND
+    {
+      const CachePlan plan = engine.model().cache_plan();
+      const DecodeStepBytes bytes =
+          estimate_decode_step_bytes(c, {.batch = b,
+                                         .context = a.prompt + a.warmup + a.steps / 2,
+                                         .tp = 1,
+                                         .latent = plan.options.latent,
+                                         .index = plan.options.index});
+      j["step_bytes"] = bytes.total();
+      j["step_bytes_parts"] = {{"weights", bytes.weights},
+                               {"routed_experts", bytes.routed_experts},
+                               {"cache", bytes.cache},
+                               {"kda_state", bytes.kda_state}};
+      j["copy_gb_per_s"] = copy_bytes_per_s / 1e9;
+      if (copy_bytes_per_s > 0) {
+        const double bound_us = static_cast<double>(bytes.total()) / copy_bytes_per_s * 1e6;
+        j["bound_us"] = bound_us;
+        j["gpu_over_bound"] = gpu / bound_us;
+        j["wall_over_bound"] = wall / bound_us;
+      }
+    }
+#endif
     std::printf("%s\n", j.dump().c_str());
     if (a.kernels) {
       // GPU time and launches per timed step, by kernel, largest first.
