@@ -18,6 +18,10 @@
 //   bound_us       step_bytes / the copy rate measured at the start of the run (a device-to-
 //                  device cudaMemcpy of 1 GiB, bytes read + written per second, best of 5)
 //   gpu_over_bound gpu_us / bound_us (issue 51: <= 1.25 at batch 1, <= 1.4 at batch 8)
+//   projection     with --config: the whole model of that config (every layer) at TP8 and a
+//                  32K context, per GPU: its step_bytes, its bound at this run's copy rate,
+//                  and that bound times the slice's gpu_over_bound (the step as fast, per
+//                  byte, as the slice measured here; the issue's full-model projection)
 //
 // Only Engine's public API is used, so the same source builds against an older tree and
 // both run side by side in one session (`--label` names the tree in the JSON lines).
@@ -433,6 +437,22 @@ int run(int argc, char** argv) {
         j["bound_us"] = bound_us;
         j["gpu_over_bound"] = gpu / bound_us;
         j["wall_over_bound"] = wall / bound_us;
+        if (!a.config.empty()) {
+          const ModelConfig whole = ModelConfig::load(a.config);
+          const DecodeStepBytes full =
+              estimate_decode_step_bytes(whole, {.batch = b,
+                                                 .context = 32768,
+                                                 .tp = 8,
+                                                 .latent = plan.options.latent,
+                                                 .index = plan.options.index});
+          const double full_bound_us = static_cast<double>(full.total()) / copy_bytes_per_s * 1e6;
+          j["projection"] = {{"layers", whole.num_hidden_layers},
+                             {"tp", 8},
+                             {"context", 32768},
+                             {"step_bytes_per_gpu", full.total()},
+                             {"bound_us", full_bound_us},
+                             {"at_slice_efficiency_us", full_bound_us * gpu / bound_us}};
+        }
       }
     }
 #endif
