@@ -15,7 +15,8 @@
 #                  sampler   hyserve_sampler_bench + tools/bench_sampler_torch.py
 #                  mla       hyserve_layer_bench (K3.1 Pro slice, Kimi Linear shape), the MLA
 #                            GEMM prefill off and on
-#                  lora      hyserve_step_bench on the tiny K3, LoRA rank 0 and 32
+#                  lora      hyserve_step_bench on the tiny K3 and the K3.1 Pro slice, LoRA
+#                            rank 0 and 32 (issue 48 item 2's cost; issue 51's byte bounds)
 #                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
 #                            speculation, multi-turn prefix hits, generate on the bundled model)
 #                (default: "sampler mla lora")
@@ -72,10 +73,15 @@ body() {
         done
         ;;
       lora)
+        # The tiny K3 (LoRA's launches against a small step) and the K3.1 Pro slice (against
+        # a real layer's bytes); the step's byte bound is printed beside each.
         for r in 0 32; do
           timeout 60 ./build-gpu/hyserve_step_bench --label "lora$r" --lora-rank "$r" \
             --model models/tiny-kimi-k3 --batches 1,8,64 >"$L/step_lora$r.jsonl" 2>&1
-          echo "step bench lora rank $r rc $? at $(elapsed) s"
+          echo "step bench tiny lora rank $r rc $? at $(elapsed) s"
+          timeout 90 ./build-gpu/hyserve_step_bench --label "lora$r" --lora-rank "$r" \
+            --config "$C" --batches 1,8,64 >"$L/step_k31_lora$r.jsonl" 2>&1
+          echo "step bench k3.1 slice lora rank $r rc $? at $(elapsed) s"
         done
         ;;
       speaks)
