@@ -15,8 +15,8 @@
 //   step_bytes     the bytes the step must move (model/step_bytes.h: weights, the routed
 //                  experts the batch touches under uniform routing, the cache rows attended,
 //                  the KDA states read and written), at the timed steps' mean context
-//   bound_us       step_bytes / the copy rate measured at the start of the run (a device-to-
-//                  device cudaMemcpy of 1 GiB, bytes read + written per second, best of 5)
+//   bound_us       step_bytes / the copy rate measured at the start of the run
+//                  (measure_copy_bandwidth, peaks.h: bytes read + written per second)
 //   gpu_over_bound gpu_us / bound_us (issue 51: <= 1.25 at batch 1, <= 1.4 at batch 8)
 //   projection     with --config: the whole model of that config (every layer) at TP8 and a
 //                  32K context, per GPU: its step_bytes, its bound at this run's copy rate,
@@ -279,31 +279,10 @@ int run(int argc, char** argv) {
   CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY));
   CUPTI_CHECK(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMSET));
 
-  // The copy rate of this GPU now: bytes read + written per second by a 1 GiB device-to-
-  // device copy, the best of 5.
-  double copy_bytes_per_s = 0;
-  {
-    const size_t n = size_t{1} << 30;
-    void *src = nullptr, *dst = nullptr;
-    cudaEvent_t e0, e1;
-    if (cudaMalloc(&src, n) == cudaSuccess && cudaMalloc(&dst, n) == cudaSuccess &&
-        cudaEventCreate(&e0) == cudaSuccess && cudaEventCreate(&e1) == cudaSuccess) {
-      cudaMemset(src, 1, n);
-      for (int i = 0; i < 6; ++i) {
-        cudaEventRecord(e0);
-        cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice);
-        cudaEventRecord(e1);
-        cudaEventSynchronize(e1);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, e0, e1);
-        if (i > 0 && ms > 0) copy_bytes_per_s = std::max(copy_bytes_per_s, 2.0 * n / (ms * 1e-3));
-      }
-      cudaEventDestroy(e0);
-      cudaEventDestroy(e1);
-    }
-    cudaFree(src);
-    cudaFree(dst);
-  }
+  // The copy rate of this GPU now (peaks.h): bytes read + written per second.
+#ifdef HYSERVE_STEP_BENCH_BOUND
+  const double copy_bytes_per_s = measure_copy_bandwidth();
+#endif
 
   // One engine for every batch size (the model is built once): each batch size is a wave of
   // requests that runs to completion before the next.

@@ -9,18 +9,13 @@
 #include "kv/memory_plan.h"
 #include "model/config.h"
 #include "model/weight_bytes.h"
+#include "shared_config.h"
 #include "util/error.h"
 
 namespace hyserve {
 namespace {
 
-std::filesystem::path shared_config(const char* name) {
-  for (auto dir : {std::filesystem::path(HYSERVE_SOURCE_DIR) / "../shared/configs",
-                   std::filesystem::path(HYSERVE_SOURCE_DIR) / "shared/configs"}) {
-    if (std::filesystem::exists(dir / name)) return dir / name;
-  }
-  return {};
-}
+using test::shared_config;
 
 // Layers K K M K M; fp8 latent 30 + 8 = 38 B, fp8 index keys 32 + 4 = 36 B per token;
 // KDA 2 heads x 4, conv 4.

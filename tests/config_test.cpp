@@ -13,6 +13,7 @@
 
 #include "kv/cache_format.h"
 #include "model/param_count.h"
+#include "shared_config.h"
 #include "util/error.h"
 
 namespace hyserve {
@@ -20,13 +21,7 @@ namespace {
 
 using nlohmann::json;
 
-std::filesystem::path shared_config(const char* name) {
-  for (auto dir : {std::filesystem::path(HYSERVE_SOURCE_DIR) / "../shared/configs",
-                   std::filesystem::path(HYSERVE_SOURCE_DIR) / "shared/configs"}) {
-    if (std::filesystem::exists(dir / name)) return dir / name;
-  }
-  return {};
-}
+using test::shared_config;
 
 json small_kimi_linear() {
   return json::parse(R"({

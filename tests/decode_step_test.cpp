@@ -41,6 +41,27 @@ struct Seq {
   int32_t next = 0;
 };
 
+// A pool and the workspace its forwards run in.
+struct Pool {
+  KvCache* cache;
+  Workspace* ws;
+};
+
+// Prefills `prompt` as sequence s (its blocks and state row set) in two identical pools, with
+// LoRA slot `slot` (-1: none), its KDA state zeroed first: s's length and greedy next token.
+void prefill_both(const Model& model, Pool a, Pool b, Seq& s, const std::vector<int32_t>& prompt,
+                  int32_t slot) {
+  std::vector<float> l;
+  for (const Pool& p : {a, b}) {
+    if (s.state >= 0) p.cache->zero_block(s.state);
+    SequenceInput in{p.cache, s.blocks, s.state, 0, prompt, false};
+    in.lora_slot = slot;
+    model.forward(std::span<const SequenceInput>(&in, 1), l, *p.ws);
+  }
+  s.length = std::ssize(prompt);
+  s.next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+}
+
 TEST(DecodeStep, EagerStepEqualsTheForwardAndCopiesOnlyChangedTableEntries) {
   const auto model =
       Model::load(std::filesystem::path(HYSERVE_SOURCE_DIR) / "models/tiny-kimi-k3", {});
@@ -64,18 +85,7 @@ TEST(DecodeStep, EagerStepEqualsTheForwardAndCopiesOnlyChangedTableEntries) {
     const auto prompt = random_prompt(static_cast<size_t>(bs - 2 - 3 * i + bs * (i == 2)),
                                       5 + static_cast<uint32_t>(i), vocab);
     while (std::ssize(s.blocks) * bs < std::ssize(prompt) + 1) s.blocks.push_back(next_block++);
-    if (kda) {
-      cache_s->zero_block(s.state);
-      cache_f->zero_block(s.state);
-    }
-    std::vector<float> l;
-    for (KvCache* cache : {cache_s.get(), cache_f.get()}) {
-      const SequenceInput in{cache, s.blocks, s.state, 0, prompt, false};
-      model->forward(std::span<const SequenceInput>(&in, 1), l,
-                     cache == cache_s.get() ? ws_s : ws_f);
-    }
-    s.length = std::ssize(prompt);
-    s.next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    prefill_both(*model, {cache_s.get(), &ws_s}, {cache_f.get(), &ws_f}, s, prompt, -1);
   }
 
   std::vector<int> order = {0, 1, 2};
@@ -168,19 +178,8 @@ TEST(DecodeStep, LoraRowsEqualTheForwardWithAndWithoutAMergedKvB) {
     const auto prompt =
         random_prompt(static_cast<size_t>(9 + 4 * i), 70 + static_cast<uint32_t>(i), vocab);
     while (std::ssize(s.blocks) * bs < std::ssize(prompt) + 12) s.blocks.push_back(next_block++);
-    if (kda) {
-      cache_s->zero_block(s.state);
-      cache_f->zero_block(s.state);
-    }
-    std::vector<float> l;
-    for (KvCache* cache : {cache_s.get(), cache_f.get()}) {
-      SequenceInput in{cache, s.blocks, s.state, 0, prompt, false};
-      in.lora_slot = slot[static_cast<size_t>(i)];
-      model->forward(std::span<const SequenceInput>(&in, 1), l,
-                     cache == cache_s.get() ? ws_s : ws_f);
-    }
-    s.length = std::ssize(prompt);
-    s.next = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+    prefill_both(*model, {cache_s.get(), &ws_s}, {cache_f.get(), &ws_f}, s, prompt,
+                 slot[static_cast<size_t>(i)]);
   }
   for (int t = 0; t < 8; ++t) {
     if (t == 4) {

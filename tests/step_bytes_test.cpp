@@ -9,18 +9,13 @@
 #include <gtest/gtest.h>
 
 #include "model/weight_bytes.h"
+#include "shared_config.h"
 #include "util/error.h"
 
 namespace hyserve {
 namespace {
 
-std::filesystem::path shared_config(const char* name) {
-  for (auto dir : {std::filesystem::path(HYSERVE_SOURCE_DIR) / "../shared/configs",
-                   std::filesystem::path(HYSERVE_SOURCE_DIR) / "shared/configs"}) {
-    if (std::filesystem::exists(dir / name)) return dir / name;
-  }
-  return {};
-}
+using test::shared_config;
 
 TEST(DecodeStepBytes, KimiK31ProAtTp8MatchesHandComputation) {
   const auto path = shared_config("kimi-k3.1-pro-published.json");
