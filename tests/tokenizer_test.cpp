@@ -384,6 +384,38 @@ TEST(TokenizerJson, MergesAsSpaceSeparatedStrings) {
   fs::remove_all(dir);
 }
 
+// A checkpoint's embedding may have more rows than its tokenizer has tokens: the ids between
+// read as nothing in model output (decode_output, the streaming detokenizer) and stay errors for
+// decode, which reads client-given ids.
+TEST(TokenizerJson, IdsWithoutATokenReadAsNothingInModelOutput) {
+  int32_t moved = -1;
+  const fs::path dir = edited_tokenizer_json([&](json& root) {
+    json& last = root["added_tokens"].back();
+    moved = last["id"].get<int32_t>();
+    last["id"] = moved + 6;  // ids moved .. moved + 5 have no token
+  });
+  const auto tok = Tokenizer::load(dir);
+  ASSERT_EQ(tok->vocab_size(), moved + 7);
+  EXPECT_TRUE(tok->has_token(moved + 6));
+  EXPECT_TRUE(tok->has_token(0));
+  for (int32_t id : {moved, moved + 5, -1, moved + 7}) EXPECT_FALSE(tok->has_token(id)) << id;
+  const std::vector<int32_t> known = tok->encode("Hello world", true);
+  ASSERT_GE(known.size(), 2u);
+  const std::vector<int32_t> with_gaps = {known[0],  moved,     known[1], moved + 3,
+                                          moved + 6, moved + 7, -1};
+  const std::vector<int32_t> kept = {known[0], known[1], moved + 6};
+  EXPECT_THROW(tok->decode(with_gaps, false), InvalidArgument);
+  for (const bool skip : {false, true}) {
+    EXPECT_EQ(tok->decode_output(with_gaps, skip), tok->decode(kept, skip)) << skip;
+    StreamingDetokenizer detok(*tok, skip);
+    std::string streamed;
+    for (const int32_t id : with_gaps) streamed += detok.push(id);
+    streamed += detok.finish();
+    EXPECT_EQ(streamed, replace_invalid_utf8(tok->decode(kept, skip))) << skip;
+  }
+  fs::remove_all(dir);
+}
+
 std::string load_error(const fs::path& dir) {
   try {
     Tokenizer::load(dir);

@@ -77,13 +77,7 @@ std::vector<int32_t> random_vocabulary(const Tokenizer& tokenizer) {
   std::vector<int32_t> ids;
   for (int64_t id = 0; id < tokenizer.vocab_size(); ++id) {
     const auto token = static_cast<int32_t>(id);
-    if (tokenizer.is_special(token)) continue;
-    try {
-      tokenizer.decode({&token, 1}, true);
-    } catch (const InvalidArgument&) {
-      continue;  // an unassigned id
-    }
-    ids.push_back(token);
+    if (tokenizer.has_token(token) && !tokenizer.is_special(token)) ids.push_back(token);
   }
   return ids;
 }

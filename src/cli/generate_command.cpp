@@ -115,7 +115,8 @@ int run_generate(const GenerateArgs& a) {
   for (int32_t id : out) std::printf(" %d", id);
   std::printf("\nlast_logits_xxh64: %s\n", last_hash.c_str());
   if (tokenizer) {
-    const std::string text = replace_invalid_utf8(tokenizer->decode(out, /*skip_special=*/true));
+    const std::string text =
+        replace_invalid_utf8(tokenizer->decode_output(out, /*skip_special=*/true));
     std::printf("text: %s\n", text.c_str());
   }
   return 0;

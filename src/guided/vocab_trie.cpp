@@ -76,12 +76,8 @@ VocabTrie VocabTrie::from_tokenizer(const Tokenizer& tokenizer, int64_t vocab_si
   std::vector<std::string> bytes(static_cast<size_t>(vocab_size));
   for (int64_t id = 0; id < n; ++id) {
     const int32_t ids[1] = {static_cast<int32_t>(id)};
-    std::string b;
-    try {
-      b = tokenizer.decode(ids, /*skip_special=*/false);
-    } catch (const InvalidArgument&) {
-      continue;  // unassigned id
-    }
+    if (!tokenizer.has_token(ids[0])) continue;  // an id without a token
+    std::string b = tokenizer.decode(ids, /*skip_special=*/false);
     // An added or special token decodes to its text, which token_id() maps back to it.
     if (tokenizer.is_special(ids[0]) || tokenizer.token_id(b) == ids[0]) continue;
     bytes[static_cast<size_t>(id)] = std::move(b);

@@ -27,7 +27,7 @@ ChoiceProcessor::ChoiceProcessor(const Tokenizer& tokenizer, ChoiceOptions optio
 std::string ChoiceProcessor::token_text(int32_t id) const {
   if (options_.tokens_as_ids) return "token_id:" + std::to_string(id);
   const int32_t ids[1] = {id};
-  return replace_invalid_utf8(tokenizer_.decode(ids, false));
+  return replace_invalid_utf8(tokenizer_.decode_output(ids, false));
 }
 
 std::vector<TokenLogprob> ChoiceProcessor::prompt_token_logprobs(

@@ -169,12 +169,11 @@ class GenerationRun : public std::enable_shared_from_this<GenerationRun> {
         const std::string key = std::to_string(token);
         if (pos.contains(key)) return;
         const int32_t ids[1] = {token};
-        pos[key] = {
-            {"logprob", logprob},
-            {"rank", rank},
-            {"decoded_token",
-             g_.detokenize ? ordered_json(replace_invalid_utf8(tokenizer_.decode(ids, false)))
-                           : ordered_json(nullptr)}};
+        pos[key] = {{"logprob", logprob},
+                    {"rank", rank},
+                    {"decoded_token", g_.detokenize ? ordered_json(replace_invalid_utf8(
+                                                          tokenizer_.decode_output(ids, false)))
+                                                    : ordered_json(nullptr)}};
       };
       int64_t rank = 1;
       for (const LogprobEntry& t : e->top_logprobs) add(t.token, t.logprob, rank++);

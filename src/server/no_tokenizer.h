@@ -25,6 +25,7 @@ class NoTokenizer : public Tokenizer {
   std::string decode(std::span<const int32_t>, bool) const override { return {}; }
   int32_t token_id(std::string_view) const override { return -1; }
   bool is_special(int32_t) const override { return false; }
+  bool has_token(int32_t id) const override { return id >= 0 && id < vocab_size_; }
   int64_t vocab_size() const override { return vocab_size_; }
 
  private:

@@ -435,4 +435,8 @@ bool HfBpeTokenizer::is_special(int32_t id) const {
   return id >= 0 && id < vocab_size() && tokens_[id].special;
 }
 
+bool HfBpeTokenizer::has_token(int32_t id) const {
+  return id >= 0 && id < vocab_size() && tokens_[id].assigned;
+}
+
 }  // namespace hyserve

@@ -43,6 +43,7 @@ class HfBpeTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
   int32_t token_id(std::string_view special) const override;
   bool is_special(int32_t id) const override;
+  bool has_token(int32_t id) const override;
   int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
 
   // The pieces BPE runs on for text without added tokens (tokenizers'

@@ -9,7 +9,7 @@ StreamingDetokenizer::StreamingDetokenizer(const Tokenizer& tokenizer, bool skip
     : tokenizer_(tokenizer), skip_special_(skip_special) {}
 
 std::string StreamingDetokenizer::push(std::span<const int32_t> ids) {
-  pending_ += tokenizer_.decode(ids, skip_special_);
+  pending_ += tokenizer_.decode_output(ids, skip_special_);
   std::string text;
   pending_.erase(0, append_lossy_utf8(pending_, false, text));
   return text;

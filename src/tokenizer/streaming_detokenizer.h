@@ -2,7 +2,8 @@
 // back only text that is final. A UTF-8 character split across tokens is held until its
 // last byte arrives; bytes that can no longer become a valid character are emitted as U+FFFD.
 // The concatenation of every push() and finish() equals
-// replace_invalid_utf8(tokenizer.decode(all ids, skip_special)), and each returned string is
+// replace_invalid_utf8(tokenizer.decode_output(all ids, skip_special)) (ids without a token
+// read as nothing), and each returned string is
 // valid UTF-8 on its own.
 #pragma once
 

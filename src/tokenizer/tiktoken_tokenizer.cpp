@@ -270,4 +270,8 @@ bool TiktokenTokenizer::is_special(int32_t id) const {
   return id >= num_base_ && id < vocab_size() && specials_[id - num_base_].special;
 }
 
+bool TiktokenTokenizer::has_token(int32_t id) const {
+  return id >= 0 && id < vocab_size();
+}
+
 }  // namespace hyserve

@@ -61,6 +61,7 @@ class TiktokenTokenizer final : public Tokenizer {
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
   int32_t token_id(std::string_view special) const override;
   bool is_special(int32_t id) const override;
+  bool has_token(int32_t id) const override;
   int64_t vocab_size() const override { return num_base_ + kNumReservedSpecial; }
 
   // The pieces BPE runs on for ordinary text (no special-token handling): the split regex's

@@ -51,6 +51,16 @@ class Tokenizer {
   // True for ids that decode(..., skip_special=true) drops.
   virtual bool is_special(int32_t id) const = 0;
 
+  // True for ids in [0, vocab_size()) that have a token. A checkpoint's embedding may have more
+  // rows than its tokenizer has tokens (DeepSeek-V3: 129,280 rows, fewer tokens), so a model
+  // can sample an id this is false for.
+  virtual bool has_token(int32_t id) const = 0;
+
+  // decode() of the ids that have a token, the others dropped: the text of model output, where
+  // an id without a token reads as nothing (as Hugging Face tokenizers' decode and vLLM's
+  // detokenizer do) instead of failing the request. Client-given ids use decode().
+  std::string decode_output(std::span<const int32_t> ids, bool skip_special) const;
+
   // One past the largest id.
   virtual int64_t vocab_size() const = 0;
 };

@@ -145,3 +145,36 @@ def test_reasoning_follows_deepseek_thinking_mode(dsv32):
     on = forced_chat(dsv32, chat_template_kwargs={"thinking": True})
     assert not on.get("content")
     assert on["reasoning"] == expected
+
+
+def test_a_sampled_id_without_a_token_reads_as_nothing(dsv32):
+    """The checkpoint's 1,024 embedding rows outnumber the tokenizer's tokens (as DeepSeek-V3's
+    129,280 do): a sampled id without a token reads as nothing, in the message, the stream and
+    the logprobs, as vLLM's detokenizer does; it does not fail the request."""
+    rows = json.loads((FIXTURE / "config.json").read_text())["vocab_size"]
+    num_added = len(json.loads(TOKENIZER.read_text())["added_tokens"])
+    hole = rows - 1
+    assert NUM_KEPT_IDS + num_added <= hole  # the ids write_tokenizer assigns end below it
+    body = {"model": dsv32.model, "messages": [{"role": "user", "content": "Hello"}],
+            "max_tokens": 3, "ignore_eos": True, "logit_bias": {str(hole): 100},
+            "logprobs": True, "top_logprobs": 2}
+    r = requests.post(dsv32.url("/v1/chat/completions"), json=body, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 200, r.text[:500]
+    choice = r.json()["choices"][0]
+    assert choice["message"]["content"] == ""
+    assert [t["token"] for t in choice["logprobs"]["content"]] == [""] * 3
+    assert choice["finish_reason"] == "length"
+    r = requests.post(dsv32.url("/v1/chat/completions"), json={**body, "stream": True},
+                      stream=True, timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 200
+    events = [line[len(b"data: "):] for line in r.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"[DONE]"
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert all("error" not in c for c in chunks), chunks
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == ""
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    # /detokenize reads ids a client gives: one without a token is the client's error.
+    r = requests.post(dsv32.url("/detokenize"), json={"model": dsv32.model, "tokens": [hole]},
+                      timeout=REQUEST_TIMEOUT_S)
+    assert r.status_code == 400, r.text[:500]
