@@ -249,9 +249,56 @@ TEST_P(Lora, RsLoraScaleAndMixedBatchEqualsEachAlone) {
   fs::remove_all(dir);
 }
 
+// The CUDA MoE kernels read a layer's routed experts' adapters as one block of the table,
+// [expert][gate, up, down][slot] (MoeParams::expert_lora_table): the targets are laid out so,
+// and LoraTable::matrices(first) is the per-target modules' entries, slot by slot.
+TEST_P(Lora, RoutedExpertsAreOneBlockOfTargets) {
+  const fs::path src = fs::path(HYSERVE_SOURCE_DIR) / GetParam().dir;
+  auto model = Model::load(src);
+  model->enable_lora(3);
+  const LoraTargets& targets = *model->lora_targets();
+  const fs::path dir =
+      fs::temp_directory_path() /
+      ("hyserve_lora_block_" + std::to_string(::getpid()) + sanitize(GetParam().dir));
+  fs::remove_all(dir);
+  test::write_adapter(*model, dir, 11);
+  LoraTable table(targets, 3);
+  table.set(2, model->read_lora(dir, "block", 4));
+  int64_t layers = 0;
+  for (int64_t first = 0; first < std::ssize(targets.targets()); ++first) {
+    const LoraTargets::Target& head = targets.targets()[first];
+    if (targets.experts_first_target(head.weight) != first) continue;
+    ++layers;
+    const int64_t count = targets.num_experts(head.layer);
+    ASSERT_GT(count, 0);
+    const std::string prefix = "layers." + std::to_string(head.layer) + ".mlp.experts.";
+    for (int64_t e = 0; e < count; ++e) {
+      const char* projs[3] = {"gate_proj", "up_proj", "down_proj"};
+      for (int j = 0; j < 3; ++j) {
+        const int64_t t = first + 3 * e + j;
+        EXPECT_EQ(targets.targets()[t].name, prefix + std::to_string(e) + "." + projs[j]);
+        if (j > 0) {
+          EXPECT_EQ(targets.experts_first_target(targets.targets()[t].weight), -1);
+        }
+        const LoraMatrices* block = table.matrices(first) + (3 * e + j) * table.num_slots();
+        const LoraModule m = table.module(t);
+        ASSERT_FALSE(m.empty());
+        for (int64_t slot = 0; slot < table.num_slots(); ++slot) {
+          EXPECT_EQ(block[slot].a, m.slots[slot].a);
+          EXPECT_EQ(block[slot].b, m.slots[slot].b);
+        }
+        EXPECT_TRUE(block[0].empty());
+        EXPECT_FALSE(block[2].empty());
+      }
+    }
+  }
+  EXPECT_GT(layers, 0);
+  fs::remove_all(dir);
+}
+
 // A GPU slot's room (LoraTable::device_slot_bytes, allocated before the KV pool is planned)
-// holds exactly an adapter of the rank limit on every target the GPU adapts; the CPU reserves
-// nothing (the adapters stay in host memory).
+// holds exactly an adapter of the rank limit on every target, routed experts included; the CPU
+// reserves nothing (the adapters stay in host memory).
 TEST_P(Lora, DeviceSlotRoomFitsTheLargestAdapterExactly) {
   const fs::path src = fs::path(HYSERVE_SOURCE_DIR) / GetParam().dir;
   auto model = Model::load(src);
@@ -261,14 +308,15 @@ TEST_P(Lora, DeviceSlotRoomFitsTheLargestAdapterExactly) {
       ("hyserve_lora_room_" + std::to_string(::getpid()) + sanitize(GetParam().dir));
   fs::remove_all(dir);
   // write_adapter's rank is 4.
-  test::write_adapter(*model, dir, 5, LoraTable::device_adaptable);
+  test::write_adapter(*model, dir, 5);
   const auto adapter = model->read_lora(dir, "room", 4);
-  int64_t floats = 0, skipped = 0;
-  for (const LoraAdapter::Pair& p : adapter->pairs) floats += std::ssize(p.a) + std::ssize(p.b);
-  for (const LoraTargets::Target& t : model->lora_targets()->targets()) {
-    skipped += LoraTable::device_adaptable(t.name) ? 0 : 1;
+  int64_t floats = 0, experts = 0;
+  for (const LoraAdapter::Pair& p : adapter->pairs) {
+    floats += std::ssize(p.a) + std::ssize(p.b);
+    experts += p.module.find(".mlp.experts.") != std::string::npos ? 1 : 0;
   }
-  EXPECT_GT(skipped, 0);  // every fixture has routed experts
+  EXPECT_GT(experts, 0);  // every fixture has routed experts
+  EXPECT_EQ(std::ssize(adapter->pairs), std::ssize(model->lora_targets()->targets()));
   EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 4), floats * 4);
   EXPECT_EQ(LoraTable::device_slot_bytes(*model->lora_targets(), 8), floats * 8);
   EXPECT_EQ(model->lora_device_bytes(4, 64), 0);

@@ -93,10 +93,12 @@ LoraTargets::LoraTargets(const ModelWeights& weights, const LoraShard& shard) {
       ex.first = count * r;
       ex.total = count * n;
     }
+    const auto before = static_cast<int64_t>(targets_.size());
     for (int64_t e = 0; e < count; ++e) {
       mlp(p + "mlp.experts." + std::to_string(ex.first + e) + ".", l.moe.experts[e],
           !shard.expert_parallel);
     }
+    if (count > 0 && std::ssize(targets_) == before + 3 * count) ex.first_target = before;
     if (l.moe.has_shared) mlp(p + "mlp.shared_experts.", l.moe.shared, true);
   }
 }
@@ -132,6 +134,13 @@ bool LoraTargets::full_shape(const std::string& name, int64_t& rows, int64_t& co
   rows = targets_[static_cast<size_t>(t)].full_rows;
   cols = targets_[static_cast<size_t>(t)].full_cols;
   return true;
+}
+
+int64_t LoraTargets::experts_first_target(const Weight* expert0_gate) const {
+  const int64_t t = find(expert0_gate);
+  if (t < 0) return -1;
+  const Experts& ex = experts_[static_cast<size_t>(targets_[t].layer)];
+  return ex.first_target == t ? t : -1;
 }
 
 int64_t LoraTargets::num_experts(int64_t layer) const {

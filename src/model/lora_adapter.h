@@ -80,6 +80,10 @@ class LoraTargets {
   int64_t num_experts(int64_t layer) const;
   // Whether the targets are the whole model's (one rank, nothing cut or elsewhere).
   bool whole() const { return whole_; }
+  // A layer's routed experts as one block of targets, [expert][gate, up, down] (the form the
+  // CUDA MoE kernels read, MoeParams::expert_lora_table), found by expert 0's gate weight: the
+  // index of that gate's target, or -1 when the weight is not such a layer's first expert.
+  int64_t experts_first_target(const Weight* expert0_gate) const;
   // A checkpoint-style module path (prefixes and naming variants of MODEL.md §7 accepted)
   // as its canonical name; empty when it is not a decoder layer's module.
   static std::string canonical_name(const std::string& module_path);
@@ -89,6 +93,7 @@ class LoraTargets {
     int64_t first = 0;  // this rank's [first, first + count) of total
     int64_t count = 0;
     int64_t total = 0;
+    int64_t first_target = -1;  // targets [first_target, + 3 count): [expert][gate, up, down]
   };
   void add(std::string name, const Weight& w, int64_t layer, Cut cut = Cut::kWhole, int part = 0,
            int parts = 1);

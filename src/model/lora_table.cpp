@@ -12,14 +12,10 @@ bool LoraTable::merged_target(const std::string& name) {
   return name.ends_with(".kv_b_proj");
 }
 
-bool LoraTable::device_adaptable(const std::string& name) {
-  return name.find(".mlp.experts.") == std::string::npos;
-}
-
 int64_t LoraTable::device_slot_bytes(const LoraTargets& targets, int64_t max_rank) {
   int64_t floats = 0;
   for (const LoraTargets::Target& t : targets.targets()) {
-    if (device_adaptable(t.name)) floats += max_rank * (t.weight->rows + t.weight->cols);
+    floats += max_rank * (t.weight->rows + t.weight->cols);
   }
   return floats * static_cast<int64_t>(sizeof(float));
 }
@@ -98,9 +94,6 @@ void LoraTable::fill(int64_t slot) {
   if (on_device()) {
     int64_t floats = 0;
     for (const LoraAdapter::Pair& p : slots_[slot]->pairs) {
-      CHECK(device_adaptable(targets_.targets()[p.target].name), "LoRA adapter ",
-            slots_[slot]->name, ": ", targets_.targets()[p.target].name,
-            " is not adapted on this device");
       floats += std::ssize(p.a) + std::ssize(p.b);
     }
     CHECK(floats <= slot_floats_, "LoRA adapter ", slots_[slot]->name, ": ", floats,
@@ -166,6 +159,13 @@ LoraModule LoraTable::module(int64_t target) const {
   const LoraMatrices* base =
       on_device() ? device_matrices_.as<const LoraMatrices>() : matrices_.data();
   return {base + target * num_slots(), num_slots()};
+}
+
+const LoraMatrices* LoraTable::matrices(int64_t target) const {
+  CHECK(target >= 0 && target < std::ssize(users_), "LoRA target ", target, " of ", users_.size());
+  const LoraMatrices* base =
+      on_device() ? device_matrices_.as<const LoraMatrices>() : matrices_.data();
+  return base + target * num_slots();
 }
 
 bool LoraTable::slot_merges(int64_t slot) const {

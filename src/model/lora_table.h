@@ -46,11 +46,9 @@ class LoraTable {
   // Whether a target (canonical name) is read inside MLA's attention op (kv_b_proj): merged
   // on the host; on a device, applied there in low-rank form (MlaAttentionParams::kv_b_lora).
   static bool merged_target(const std::string& name);
-  // Whether a device backend (CUDA) applies adapters on this target (canonical name): every
-  // one but the routed experts (their adapters belong inside the grouped MoE kernels).
-  static bool device_adaptable(const std::string& name);
-  // Device bytes of one slot's room: A and B of rank max_rank on every device_adaptable
-  // target; and of the whole table (num_slots rooms and the matrix table).
+  // Device bytes of one slot's room: A and B of rank max_rank on every target (routed experts
+  // included, as vLLM's fused-MoE LoRA allocates them); and of the whole table (num_slots rooms
+  // and the matrix table).
   static int64_t device_slot_bytes(const LoraTargets& targets, int64_t max_rank);
   static int64_t device_bytes(const LoraTargets& targets, int64_t num_slots, int64_t max_rank);
 
@@ -61,6 +59,9 @@ class LoraTable {
   const std::shared_ptr<const LoraAdapter>& adapter(int64_t slot) const;
   // The target's matrices by slot; empty when no resident adapter adapts it.
   LoraModule module(int64_t target) const;
+  // The table from target on ([target][slot], num_slots() a target, empty entries where a slot
+  // does not adapt it), in the ops' memory: the MoE kernels read a layer's experts' block.
+  const LoraMatrices* matrices(int64_t target) const;
   // Changes whenever a target's module turns empty or non-empty (an op a captured CUDA graph
   // launches, or leaves out); the matrices behind a module's table may change without it.
   int64_t layout_generation() const { return layout_generation_; }

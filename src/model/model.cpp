@@ -596,7 +596,15 @@ void Model::feed_forward(Pass& pass, int64_t layer, const float* x, int64_t t, f
   for (size_t e = 0; e < expert_lora.size(); ++e) {
     any_expert_lora = mlp_lora(pass, lw.moe.experts[e], expert_lora[e]) || any_expert_lora;
   }
-  if (any_expert_lora) m.expert_lora = expert_lora.data();
+  if (any_expert_lora) {
+    m.expert_lora = expert_lora.data();
+    // The device backend's form of the same adapters: the table's block of these experts.
+    const int64_t first = lora_targets_->experts_first_target(&lw.moe.experts[0].gate);
+    CHECK(first >= 0, "LoRA: layer ", layer, "'s routed experts are not one block of targets");
+    m.expert_lora_table = lora_->matrices(first);
+    m.lora_num_slots = lora_->num_slots();
+    m.lora_token_slots = pass.lora_slots;
+  }
   MlpLora shared_lora;
   if (lw.moe.has_shared && mlp_lora(pass, lw.moe.shared, shared_lora)) {
     m.shared_lora = &shared_lora;

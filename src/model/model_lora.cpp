@@ -49,16 +49,11 @@ std::shared_ptr<const LoraAdapter> Model::share_lora(
           ? std::move(whole)
           : std::make_shared<const LoraAdapter>(lora_share(whole, *lora_targets_));
   const std::string& name = adapter->name;
-  const bool host = backend_->kind() == DeviceKind::kCpu;
   for (const LoraAdapter::Pair& p : adapter->pairs) {
     const std::string& module = lora_targets_->targets()[p.target].name;
     // The FP8 latent attends on the DSA kernels, whose kv_b is the model's (one per call).
     CHECK(!LoraTable::merged_target(module) || !attention_.fp8_latent(), "LoRA adapter ", name,
           ": module ", module, " (kv_b_proj) cannot be adapted with the FP8 latent cache");
-    // On the GPU routed experts' adapters belong inside the grouped MoE kernels, not written
-    // yet: such an adapter is refused when read, naming the module.
-    CHECK(host || LoraTable::device_adaptable(module), "LoRA adapter ", name, ": module ", module,
-          " (a routed expert) cannot be adapted on the CUDA backend yet");
   }
   return adapter;
 }

@@ -240,10 +240,9 @@ void CudaBackend::route_experts(const RouterParams& p) {
 }
 
 void CudaBackend::moe(const MoeParams& p) {
-  // Routed experts' adapters would go inside the grouped kernels (gate and up before the
-  // fused activation): refused when the adapter is read (Model::share_lora), never skipped.
-  CHECK(p.expert_lora == nullptr,
-        "moe: LoRA adapters on routed experts are not supported on the CUDA backend yet");
+  // Routed experts' adapters: the kernels read the device table's block (moe_lora.cuh).
+  CHECK(p.expert_lora == nullptr || p.expert_lora_table != nullptr,
+        "moe: routed experts' LoRA adapters without their device table");
   auto it = experts_.find(p.experts);
   if (it == experts_.end()) {
     CHECK(!frozen_, "MoE experts first used after the CUDA backend was frozen");

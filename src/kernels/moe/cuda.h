@@ -35,6 +35,12 @@
 //   depend on the batch at all. Per-slot outputs are combined in slot order (w_i * out_i, then +
 //   shared(x)), as on the CPU; a token's result does not depend on the other tokens or on the order
 //   of slots within a bucket.
+//   With routed experts' LoRA adapters (p.expert_lora_table), every expert runs the GEMV kernel
+//   (< kMoeMmaMinTokens) or the tiles, whose h is fp32, and moe/cuda/moe_lora.cuh adds each
+//   position's adapter terms (gate and up before the activation, down after), fp32 in a fixed
+//   order per position: against the CPU op, the paths' tolerances; a token without an adapter
+//   on its experts gets the bits of the same paths without LoRA (in batch-invariant mode, the
+//   bits of a call without LoRA).
 #pragma once
 
 #include <cuda_runtime_api.h>

@@ -52,9 +52,16 @@ struct MoeParams {
   int64_t expert_offset = 0;
   // LoRA adapters (kernels/lora/params.h): expert_lora [num_experts] each expert's, with
   // token_slots [num_tokens] the slots of this call's tokens (the kernel regroups them with
-  // the tokens; the CPU backend only, so far); shared_lora the shared MLP's. null: none.
+  // the tokens; the CPU backend's form); shared_lora the shared MLP's. null: none.
   const MlpLora* expert_lora = nullptr;
   const MlpLora* shared_lora = nullptr;
+  // The routed experts' adapters in the CUDA kernels' form (device memory, the same matrices
+  // as expert_lora): expert_lora_table [num_experts][3][lora_num_slots], expert e's gate, up
+  // and down by adapter slot (entries with a == null: that slot does not adapt it), and
+  // lora_token_slots [num_tokens] each token's slot (-1: none). null: none.
+  const LoraMatrices* expert_lora_table = nullptr;
+  int64_t lora_num_slots = 0;
+  const int32_t* lora_token_slots = nullptr;
 };
 
 namespace cpu {

@@ -36,6 +36,7 @@
 #include "kernels/moe/cuda/grouped_gemm.h"
 #include "kernels/moe/cuda/moe_common.cuh"
 #include "kernels/moe/cuda/moe_decode.cuh"
+#include "kernels/moe/cuda/moe_lora.cuh"
 #include "kernels/moe/cuda/moe_prefill.cuh"
 #include "util/cuda_check.h"
 
@@ -45,7 +46,9 @@ namespace {
 using moe_internal::assign;
 using moe_internal::Assignment;
 using moe_internal::Buckets;
+using moe_internal::ExpertLora;
 using moe_internal::ExpertPtrs;
+using moe_internal::lora_gate_up;
 static_assert(sizeof(ExpertPtrs) == 6 * sizeof(void*),
               "grouped_gemm.h reads the table as 6 pointers");
 using moe_internal::Geometry;
@@ -75,9 +78,10 @@ size_t align_up(size_t n) {
 struct Layout {
   size_t counts, cursor, active, sorted_slots, h, slot_out, x_split, h_split, units, unit_counts,
       partials, arrivals, x_bf16, prefill_units, prefill_count, grouped_rows, grouped_out,
-      grouped_ws, shared_out, shared_ws, total;
+      grouped_ws, shared_out, shared_ws, lora_u, total;
   size_t grouped_ws_bytes = 0;
   size_t arrivals_bytes = 0;
+  size_t lora_u_bytes = 0;
 
   // split: the formats of the decode kernels' split activation rows (gate's for x, down's
   // for h; the same), or null when the decode kernels do not run. prefill: what runs the
@@ -133,6 +137,10 @@ struct Layout {
     grouped_ws = take(grouped_ws_bytes);
     shared_out = take(shared != nullptr ? static_cast<size_t>(max_tokens * hidden) * 4 : 0);
     shared_ws = take(shared != nullptr ? mlp_workspace_bytes(*shared, max_tokens) : 0);
+    // Routed experts' LoRA shrinks ([positions][2][kMaxLoraRank]): in slot_out, which the down
+    // kernels write only after the gate/up kernels read them, when its rows are wide enough.
+    lora_u_bytes = hidden >= 2 * kMaxLoraRank ? 0 : s * 2 * kMaxLoraRank * 4;
+    lora_u = take(lora_u_bytes);
     total = at;
   }
 };
@@ -206,7 +214,7 @@ __global__ void fill_kernel(const int32_t* __restrict__ ids, int64_t num_slots, 
 template <WFmt F, bool kVec>
 __global__ void __launch_bounds__(kSmallWarps * 32)
     gate_up_small_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
-                         const float* __restrict__ x, float* __restrict__ h) {
+                         const float* __restrict__ x, float* __restrict__ h, ExpertLora lora) {
   const Assignment a = assign<Path::kGemv>(g, b, blockIdx.x);
   if (a.expert < 0) return;
   __shared__ const float* xs[kGemvMaxTokens];
@@ -231,7 +239,10 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
 #pragma unroll
     for (int j = 0; j < kGemvMaxTokens; ++j) {
       if (q < num_rows && j < a.count && lane == j) {
-        h[(a.begin + j) * g.inter + r0 + q] = gated_activation(acc_gate[q][j], acc_up[q][j], g.act);
+        float gate = acc_gate[q][j], up = acc_up[q][j];
+        const int32_t pos = a.begin + j;
+        lora_gate_up(lora, a.expert, pos, b.sorted_slots[pos], r0 + q, gate, up);
+        h[pos * g.inter + r0 + q] = gated_activation(gate, up, g.act);
       }
     }
   }
@@ -272,7 +283,7 @@ __global__ void __launch_bounds__(kSmallWarps * 32)
 template <class T, WFmt F, bool kVec>
 __global__ void __launch_bounds__(kMmaThreads)
     gate_up_mma_kernel(Geometry g, const ExpertPtrs* __restrict__ table, Buckets b,
-                       const float* __restrict__ x, float* __restrict__ h) {
+                       const float* __restrict__ x, float* __restrict__ h, ExpertLora lora) {
   constexpr int kBM = T::kTokens;
   const Assignment a = assign < T::kTokens == tile::SmallTile::kTokens
                            ? Path::kSmallTile
@@ -294,8 +305,10 @@ __global__ void __launch_bounds__(kMmaThreads)
       const int m = i / kBN;
       const int n = i % kBN;
       if (m0 + m < a.count && n0 + n < g.inter) {
-        h[(a.begin + m0 + m) * g.inter + n0 + n] =
-            gated_activation(s.c[0][m * kLdC + n], s.c[1][m * kLdC + n], g.act);
+        float gate = s.c[0][m * kLdC + n], up = s.c[1][m * kLdC + n];
+        const int32_t pos = a.begin + m0 + m;
+        lora_gate_up(lora, a.expert, pos, b.sorted_slots[pos], n0 + n, gate, up);
+        h[static_cast<int64_t>(pos) * g.inter + n0 + n] = gated_activation(gate, up, g.act);
       }
     }
     __syncthreads();
@@ -495,7 +508,13 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   count_kernel<<<grid_for(num_slots, 256), 256, 0, stream>>>(p.expert_ids, num_slots, p.num_experts,
                                                              offset, counts);
   CUDA_CHECK_LAUNCH();
-  const bool decode_runs = experts.decode_kernels() && !batch_invariant;
+  // Routed experts' adapters (moe_lora.cuh) ride on the fp32 paths: the GEMV kernel and the
+  // tiles (the decode and prefill kernels keep h in bf16 forms).
+  const bool lora = p.expert_lora_table != nullptr;
+  CHECK(!lora || (p.lora_token_slots != nullptr && p.lora_num_slots > 0 &&
+                  p.lora_num_slots <= INT32_MAX),
+        "moe: routed experts' LoRA table without token slots (", p.lora_num_slots, " slots)");
+  const bool decode_runs = experts.decode_kernels() && !batch_invariant && !lora;
   // Experts with more than the decode kernels' tokens run the prefill kernels when the
   // experts allow them (outside batch-invariant mode, which keeps mma_tile.cuh's tiles).
   const bool prefill_runs = decode_runs && experts.prefill_kernel() != MoePrefillKernel::kTiles &&
@@ -522,6 +541,14 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
   g.decode_max_tokens = decode_runs ? static_cast<int32_t>(kMoeDecodeMaxTokens) : 0;
   g.act = p.act;
   const Buckets b{active, sorted_slots};
+  ExpertLora lora_args;
+  if (lora) {
+    lora_args = {.table = p.expert_lora_table,
+                 .num_slots = static_cast<int32_t>(p.lora_num_slots),
+                 .token_slots = p.lora_token_slots,
+                 .top_k = p.top_k,
+                 .u = lay.lora_u_bytes > 0 ? reinterpret_cast<float*>(at(lay.lora_u)) : slot_out};
+  }
   const auto* table = static_cast<const ExpertPtrs*>(experts.device_table());
   const auto max_active = static_cast<unsigned>(std::min(p.num_experts, num_slots));
   const auto blocks = [&](int64_t rows, int64_t per_block) {
@@ -683,26 +710,33 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
       }
     });
   }
+  const dim3 lora_grid(max_active, static_cast<unsigned>(std::min<int64_t>(
+                                       num_slots, moe_internal::kLoraBlocksPerExpert)));
+  if (lora) {
+    moe_internal::expert_lora_shrink_kernel<<<lora_grid, moe_internal::kLoraThreads, 0, stream>>>(
+        b, lora_args, p.x, p.hidden);
+    CUDA_CHECK_LAUNCH();
+  }
   dispatch_format(weight_wfmt(l.gate), [&]<WFmt F>() {
     if (gemv_may_run) {
       if (gate_up_gemv_vec) {
         gate_up_small_kernel<F, true>
-            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                        p.x, h);
+            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
+                g, table, b, p.x, h, lora_args);
       } else {
         gate_up_small_kernel<F, false>
-            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(g, table, b,
-                                                                                        p.x, h);
+            <<<blocks(g.inter, kSmallWarps * kGemvRows), kSmallWarps * 32, 0, stream>>>(
+                g, table, b, p.x, h, lora_args);
       }
       CUDA_CHECK_LAUNCH();
     }
     const auto gate_up_tiles = [&]<class T>() {
       if (experts.gate_up_aligned() && x_aligned) {
         gate_up_mma_kernel<T, F, true>
-            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h, lora_args);
       } else {
         gate_up_mma_kernel<T, F, false>
-            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h);
+            <<<blocks(g.inter, kBN), kMmaThreads, 0, stream>>>(g, table, b, p.x, h, lora_args);
       }
       CUDA_CHECK_LAUNCH();
     };
@@ -735,6 +769,11 @@ void moe(const MoeParams& p, const MoeExperts& experts, const Blas& blas, void* 
     if (small_tile_may_run) down_tiles.template operator()<tile::SmallTile>();
     if (big_tile_may_run) down_tiles.template operator()<tile::BigTile>();
   });
+  if (lora) {
+    moe_internal::expert_lora_down_kernel<<<lora_grid, moe_internal::kLoraThreads, 0, stream>>>(
+        b, lora_args, h, g.inter, slot_out, p.hidden);
+    CUDA_CHECK_LAUNCH();
+  }
 
   if (p.shared != nullptr) {
     mlp({.x = p.x,
