@@ -260,6 +260,11 @@ void add_engine_flags(CLI::App& cmd, ServeArgs& a) {
   cmd.add_flag("--enable-prefix-caching", a.enable_prefix_caching);
   cmd.add_flag("--no-enable-prefix-caching", a.no_enable_prefix_caching);
   cmd.add_flag("--enable-auto-tool-choice", a.enable_auto_tool_choice);
+  cmd.add_option("--chat-template", a.chat_template,
+                 "the chat template (a Jinja file, or the template itself) in place of the "
+                 "model's");
+  cmd.add_flag("--trust-request-chat-template", a.trust_request_chat_template,
+               "render a request's own chat_template (else such a request is refused)");
   cmd.add_option("--tool-call-parser", a.tool_call_parser, "kimi_k3 or deepseek_v32");
   cmd.add_option("--reasoning-parser", a.reasoning_parser, "kimi_k3 or deepseek_v3");
   cmd.add_option("--speculative-config", a.speculative_config, "JSON");

@@ -45,6 +45,8 @@ struct ServeArgs {
   bool enable_prefix_caching = false;
   bool no_enable_prefix_caching = false;
   bool enable_auto_tool_choice = false;
+  std::string chat_template;  // --chat-template: a file, or the template itself
+  bool trust_request_chat_template = false;
   std::string tool_call_parser;
   std::string reasoning_parser;
   std::string speculative_config;

@@ -7,9 +7,11 @@
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -223,6 +225,47 @@ struct TokenizerParts {
   SpecialTokens special;
 };
 
+// --chat-template as vLLM reads it: a file when one opens; else, when the text holds '{', '}'
+// or a newline, the template itself with its backslash escapes (\n, \t, \r, \\, \', \")
+// decoded; else an error naming it (a file path that did not open).
+std::string read_chat_template_arg(const std::string& arg) {
+  std::ifstream file(arg, std::ios::binary);
+  if (file && !std::filesystem::is_directory(arg)) {
+    std::ostringstream text;
+    text << file.rdbuf();
+    return text.str();
+  }
+  CHECK(arg.find_first_of("{}\n") != std::string::npos, "--chat-template: ", arg,
+        " looks like a file path, but it could not be opened");
+  std::string out;
+  for (size_t i = 0; i < arg.size(); ++i) {
+    if (arg[i] != '\\' || i + 1 == arg.size()) {
+      out += arg[i];
+      continue;
+    }
+    switch (const char c = arg[++i]) {
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+      case '\'':
+      case '"':
+        out += c;
+        break;
+      default:
+        out += '\\';
+        out += c;
+    }
+  }
+  return out;
+}
+
 TokenizerParts load_tokenizer_parts(const ServeArgs& a, const ServeSetup& s) {
   TokenizerParts t;
   if (a.skip_tokenizer_init) {
@@ -239,6 +282,17 @@ TokenizerParts load_tokenizer_parts(const ServeArgs& a, const ServeSetup& s) {
   // encoding (vLLM's deepseek_v32 tokenizer mode).
   if (t.templates.by_name.empty() && s.config.model_type == ModelType::kDeepseekV32)
     t.templates.builtin = "deepseek_v32";
+  if (!a.chat_template.empty()) {
+    // In place of every template the model ships (vLLM: the tokenizer's chat_template).
+    std::string text = read_chat_template_arg(a.chat_template);
+    try {
+      ChatTemplate check(text);
+    } catch (const jinja::TemplateError& e) {
+      throw Error(str_cat("--chat-template: ", e.what()));
+    }
+    t.templates.by_name = {{"default", std::move(text)}};
+    t.templates.builtin.clear();
+  }
   t.special = load_special_tokens(s.dir);
   return t;
 }
@@ -306,6 +360,7 @@ OpenAIServerOptions server_options(const ServeArgs& a, const ServeSetup& s) {
   so.model_root = s.dir.string();
   so.api_key = a.api_key;
   so.enable_auto_tool_choice = a.enable_auto_tool_choice;
+  so.trust_request_chat_template = a.trust_request_chat_template;
   so.tool_call_parser = a.tool_call_parser;
   so.reasoning_parser = a.reasoning_parser;
   so.cors = s.flags.cors;

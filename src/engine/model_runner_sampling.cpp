@@ -223,18 +223,31 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
     }
   }
 
-  // 3. Guided decoding: the constraint's allowed ids as a bitmask per constrained row.
+  // 3. Guided decoding and allowed_token_ids: the allowed ids as a bitmask per masked row
+  // (the constraint's, ANDed with the request's allow-list when it has both).
   const int64_t words = token_mask_words(vocab_);
   std::vector<int32_t> masked_rows;
   std::vector<uint32_t> masks;
   std::vector<uint8_t> allowed;
   for (size_t k = 0; k < rows.size(); ++k) {
     ConstraintState* c = rows[k].state->constraint.get();
-    if (c == nullptr) continue;
     const Request& r = *rows[k].request;
-    const std::vector<int32_t> stops = terminator_ids(r.sampling_params, config_.eos_token_ids);
-    c->sync(outputs_before_draw(r, true), stops);
-    c->compute_mask(stops, allowed);
+    const std::vector<int32_t>& allow_list = r.sampling_params.allowed_token_ids;
+    if (c == nullptr && allow_list.empty()) continue;
+    if (c != nullptr) {
+      const std::vector<int32_t> stops = terminator_ids(r.sampling_params, config_.eos_token_ids);
+      c->sync(outputs_before_draw(r, true), stops);
+      c->compute_mask(stops, allowed);
+    } else {
+      allowed.assign(static_cast<size_t>(vocab_), 1);
+    }
+    if (!allow_list.empty()) {
+      std::vector<uint8_t> listed(allowed.size(), 0);
+      for (const int32_t id : allow_list) {
+        if (id >= 0 && static_cast<size_t>(id) < listed.size()) listed[id] = 1;
+      }
+      for (size_t id = 0; id < allowed.size(); ++id) allowed[id] &= listed[id];
+    }
     masked_rows.push_back(static_cast<int32_t>(k));
     masks.resize(masks.size() + static_cast<size_t>(words), 0);
     const std::span<uint32_t> row(masks.data() + masks.size() - static_cast<size_t>(words),

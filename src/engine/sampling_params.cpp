@@ -34,6 +34,10 @@ void SamplingParams::validate(int64_t vocab_size, int64_t max_model_len) const {
     require(token >= 0 && token < vocab_size, "stop_token_ids", "stop_token_ids: token id ", token,
             " out of range [0, ", vocab_size, ")");
   }
+  for (int32_t token : allowed_token_ids) {
+    require(token >= 0 && token < vocab_size, "allowed_token_ids", "allowed_token_ids: token id ",
+            token, " out of range [0, ", vocab_size, ")");
+  }
   if (max_tokens) {
     require(*max_tokens >= 1 && *max_tokens <= max_model_len, "max_tokens",
             "max_tokens must be in [1, ", max_model_len, "] (max_model_len), got ", *max_tokens);

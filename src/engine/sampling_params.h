@@ -30,6 +30,9 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token id, bias added to its logit)
   std::vector<std::string> stop;                      // stop strings (matched on text)
   std::vector<int32_t> stop_token_ids;
+  // vLLM's allowed_token_ids: when not empty, only these ids can be sampled (every other
+  // logit masked, as guided decoding's masks do; ANDed with a constraint's).
+  std::vector<int32_t> allowed_token_ids;
   bool include_stop_str_in_output = false;
   std::optional<int64_t> max_tokens;  // none: up to max_model_len
   int64_t min_tokens = 0;             // EOS and stop_token_ids do not stop before this

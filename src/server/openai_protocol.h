@@ -91,6 +91,9 @@ struct GenerationRequest {
   std::optional<std::string> user;
   int32_t priority = 0;
   std::optional<std::string> cache_salt;
+  // vLLM's truncate_prompt_tokens: k >= 1 keeps the prompt's last k tokens, -1 its last
+  // max_model_len (truncate_prompt).
+  std::optional<int64_t> truncate_prompt_tokens;
   std::vector<std::string> unknown_fields;  // top-level keys we ignore, for a log line
 };
 
@@ -100,6 +103,7 @@ struct ChatCompletionRequest : GenerationRequest {
   nlohmann::ordered_json tools;                 // array as sent, or null
   ToolChoice tool_choice;                       // default: auto with tools, none without
   nlohmann::ordered_json chat_template_kwargs;  // object as sent, or null
+  std::optional<std::string> chat_template;     // vLLM's per-request template (trusted only)
   bool logprobs = false;
   std::optional<int32_t> top_logprobs;
   // The template's generation prompt; off when continue_final_message, which instead ends
@@ -129,6 +133,7 @@ struct TokenizeRequest {
   nlohmann::ordered_json messages_json;  // null unless messages were sent (developer -> system)
   nlohmann::ordered_json tools;          // array or null
   nlohmann::ordered_json chat_template_kwargs;
+  std::optional<std::string> chat_template;
   bool add_generation_prompt = true;
   bool continue_final_message = false;
 };
@@ -155,6 +160,10 @@ std::string client_message(std::string_view what);
 
 // validate_request (engine/request.h: the sampling params and vLLM's context-length checks
 // on a tokenized prompt) with its InvalidRequest as a RequestError (400) naming the field.
+// vLLM's truncate_prompt_tokens on a tokenized prompt: none leaves it; k >= 1 keeps its last k
+// tokens, -1 its last max_model_len; k over max_model_len is a RequestError (vLLM's message).
+void truncate_prompt(std::vector<int32_t>& prompt, std::optional<int64_t> k, int64_t max_model_len);
+
 void validate_prompt(std::span<const int32_t> prompt, const SamplingParams& params,
                      const RequestLimits& limits);
 

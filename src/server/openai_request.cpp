@@ -227,6 +227,10 @@ void read_common(BodyReader& body, GenerationRequest& request) {
   if (const auto* v = body.get("stop_token_ids")) {
     s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
   }
+  if (const auto* v = body.get("allowed_token_ids")) {
+    s.allowed_token_ids = get_token_ids(*v, "allowed_token_ids");
+    if (s.allowed_token_ids.empty()) fail("allowed_token_ids", "Empty allowed_token_ids provided.");
+  }
   if (const auto* v = body.get("ignore_eos")) s.ignore_eos = get_bool(*v, "ignore_eos");
   if (const auto* v = body.get("min_tokens")) s.min_tokens = get_int(*v, "min_tokens");
   if (const auto* v = body.get("stream")) request.stream = get_bool(*v, "stream");
@@ -294,6 +298,13 @@ void read_common(BodyReader& body, GenerationRequest& request) {
   if (const auto* v = body.get("user")) request.user = get_string(*v, "user");
   if (const auto* v = body.get("priority")) request.priority = get_int32(*v, "priority");
   if (const auto* v = body.get("cache_salt")) request.cache_salt = get_string(*v, "cache_salt");
+  if (const auto* v = body.get("truncate_prompt_tokens")) {
+    const int64_t k = get_int(*v, "truncate_prompt_tokens");
+    if (k < -1 || k == 0) {
+      fail("truncate_prompt_tokens", str_cat("truncate_prompt_tokens must be -1 or >= 1, got ", k));
+    }
+    request.truncate_prompt_tokens = k;
+  }
 }
 
 std::optional<std::string> get_message_content(const ordered_json& value,
@@ -521,6 +532,9 @@ ChatCompletionRequest parse_chat_completion_request(std::string_view body_text) 
     if (!v->is_object()) fail_type("chat_template_kwargs", "object", *v);
     request.chat_template_kwargs = *v;
   }
+  if (const auto* v = body.get("chat_template")) {
+    request.chat_template = get_string(*v, "chat_template");
+  }
   request.unknown_fields = body.unknown_fields();
   return request;
 }
@@ -612,6 +626,9 @@ TokenizeRequest parse_tokenize_request(std::string_view body_text) {
       if (!v->is_object()) fail_type("chat_template_kwargs", "object", *v);
       request.chat_template_kwargs = *v;
     }
+    if (const auto* v = body.get("chat_template")) {
+      request.chat_template = get_string(*v, "chat_template");
+    }
   } else if (const auto* v = body.get("prompt")) {
     request.prompt = get_string(*v, "prompt");
   } else {
@@ -672,6 +689,18 @@ std::string client_message(std::string_view what) {
   const size_t location = message.rfind(" [");
   if (location != std::string::npos && message.back() == ']') message.resize(location);
   return message;
+}
+
+void truncate_prompt(std::vector<int32_t>& prompt, std::optional<int64_t> k,
+                     int64_t max_model_len) {
+  if (!k) return;
+  const int64_t keep = *k == -1 ? max_model_len : *k;
+  if (keep > max_model_len) {
+    fail("truncate_prompt_tokens",
+         str_cat("truncate_prompt_tokens value (", keep, ") is greater than max_model_len (",
+                 max_model_len, "). Please, select a smaller truncation size."));
+  }
+  if (std::ssize(prompt) > keep) prompt.erase(prompt.begin(), prompt.end() - keep);
 }
 
 void validate_prompt(std::span<const int32_t> prompt, const SamplingParams& params,

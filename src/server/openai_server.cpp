@@ -19,6 +19,7 @@
 #include "tokenizer/reasoning_parser.h"
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/log.h"
 
 namespace hyserve {
 namespace {
@@ -158,18 +159,25 @@ void OpenAIServer::models(const HttpRequest&, HttpResponseWriter& w) {
 
 std::string OpenAIServer::render_chat(const ordered_json& messages, const ordered_json& tools,
                                       bool add_generation_prompt, bool continue_final_message,
-                                      const ordered_json& chat_template_kwargs) const {
-  if (templates_.empty()) {
+                                      const ordered_json& chat_template_kwargs,
+                                      const std::optional<std::string>& request_template) const {
+  if (request_template && !options_.trust_request_chat_template) {
+    // vLLM's rule and words: a request's own template runs only on a server that trusts them.
+    throw RequestError("chat_template",
+                       "Chat template is passed with request, but --trust-request-chat-template "
+                       "is not set. Refused request with untrusted chat template.");
+  }
+  if (templates_.empty() && !request_template) {
     throw RequestError("messages", "this model has no chat template; use /v1/completions");
   }
   const bool has_tools = tools.is_array() && !tools.empty();
   std::string prompt;
   try {
-    if (templates_.by_name.empty() && templates_.builtin == "deepseek_v32") {
+    if (!request_template && templates_.by_name.empty() && templates_.builtin == "deepseek_v32") {
       prompt = encode_deepseek_v32_chat(messages, tools, chat_template_kwargs);
       return continue_final_message ? cut_after_final_message(prompt, messages) : prompt;
     }
-    const ChatTemplate tmpl(templates_.select(has_tools));
+    const ChatTemplate tmpl(request_template ? *request_template : templates_.select(has_tools));
     prompt =
         tmpl.render(messages, tools, add_generation_prompt, chat_template_kwargs, special_tokens_);
   } catch (const jinja::TemplateError& e) {
@@ -216,6 +224,12 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
 }  // namespace
 
 bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) const {
+  if (!r.unknown_fields.empty()) {
+    // vLLM's line for fields it does not read (SERVING.md: ignored with a log line).
+    std::string names;
+    for (const std::string& f : r.unknown_fields) names += (names.empty() ? "" : ", ") + f;
+    log::warn("The following fields were present in the request but ignored: {{{}}}", names);
+  }
   const auto& names = options_.served_model_names;
   if (!r.model.empty() && std::find(names.begin(), names.end(), r.model) == names.end() &&
       adapter_name(r.model).empty()) {
@@ -287,8 +301,9 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
                          "\"auto\" tool choice requires --enable-auto-tool-choice and "
                          "--tool-call-parser to be set");
     }
-    const std::string prompt = render_chat(r.messages_json, r.tools, r.add_generation_prompt,
-                                           r.continue_final_message, r.chat_template_kwargs);
+    const std::string prompt =
+        render_chat(r.messages_json, r.tools, r.add_generation_prompt, r.continue_final_message,
+                    r.chat_template_kwargs, r.chat_template);
     check_num_sequences(1, r.n);
     Generation g;
     g.chat = true;
@@ -300,6 +315,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     g.role = r.add_generation_prompt ? "assistant" : last.role;
     if (r.echo && last.role == g.role && last.content) g.echo.push_back(*last.content);
     g.prompts.push_back(tokenizer_.encode(prompt, /*allow_special=*/true));
+    truncate_prompt(g.prompts[0], r.truncate_prompt_tokens, limits().max_model_len);
     validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
     g.choice.parse_reasoning = !options_.reasoning_parser.empty();
@@ -365,18 +381,21 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     g.lora_name = adapter_name(r.model);
     set_ids(g, "cmpl", g.lora_name.empty() ? model_name() : g.lora_name, req, r);
     for (const CompletionPrompt& p : r.prompts) {
-      if (const auto* text = std::get_if<std::string>(&p)) {
-        g.prompts.push_back(tokenizer_.encode(*text, /*allow_special=*/true));
-        if (r.echo) g.echo.push_back(*text);
-      } else {
-        const auto& ids = std::get<std::vector<int32_t>>(p);
-        g.prompts.push_back(ids);
-        // The ids may end (or start) inside a character: U+FFFD, as vLLM's detokenizer.
-        if (r.echo) {
-          g.echo.push_back(
-              replace_invalid_utf8(tokenizer_.decode(ids, r.sampling.skip_special_tokens)));
-        }
+      const auto* text = std::get_if<std::string>(&p);
+      std::vector<int32_t> ids = text != nullptr ? tokenizer_.encode(*text, /*allow_special=*/true)
+                                                 : std::get<std::vector<int32_t>>(p);
+      const size_t before = ids.size();
+      truncate_prompt(ids, r.truncate_prompt_tokens, limits().max_model_len);
+      if (r.echo) {
+        // The prompt as sent, or (ids, or cut by truncate_prompt_tokens) the text of the ids
+        // the model reads; they may end (or start) inside a character: U+FFFD, as vLLM's
+        // detokenizer.
+        g.echo.push_back(
+            text != nullptr && ids.size() == before
+                ? *text
+                : replace_invalid_utf8(tokenizer_.decode(ids, r.sampling.skip_special_tokens)));
       }
+      g.prompts.push_back(std::move(ids));
       validate_prompt(g.prompts.back(), r.sampling, limits());
     }
     fill_generation(r, g);
@@ -422,10 +441,10 @@ void OpenAIServer::tokenize(const HttpRequest& req, HttpResponseWriter& w) {
     }
     // `tools` as in a chat request (vLLM's tokenize takes them too): the prompt's count
     // then equals the chat request's usage.prompt_tokens.
-    const std::string text = r.prompt
-                                 ? *r.prompt
-                                 : render_chat(r.messages_json, r.tools, r.add_generation_prompt,
-                                               r.continue_final_message, r.chat_template_kwargs);
+    const std::string text =
+        r.prompt ? *r.prompt
+                 : render_chat(r.messages_json, r.tools, r.add_generation_prompt,
+                               r.continue_final_message, r.chat_template_kwargs, r.chat_template);
     const std::vector<int32_t> ids = tokenizer_.encode(text, true);
     ordered_json out;
     out["count"] = ids.size();

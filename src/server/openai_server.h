@@ -34,6 +34,8 @@ struct OpenAIServerOptions {
   std::string model_root;  // the model folder, for /v1/models' "root"
   std::string api_key;     // empty: no authentication
   bool enable_auto_tool_choice = false;
+  // --trust-request-chat-template: a request's "chat_template" is rendered (else a 400).
+  bool trust_request_chat_template = false;
   std::string tool_call_parser;  // "kimi_k3", "deepseek_v32" or empty
   std::string reasoning_parser;  // "kimi_k3", "deepseek_v3" or empty
   CorsOptions cors;
@@ -85,7 +87,8 @@ class OpenAIServer {
   std::string render_chat(const nlohmann::ordered_json& messages,
                           const nlohmann::ordered_json& tools, bool add_generation_prompt,
                           bool continue_final_message,
-                          const nlohmann::ordered_json& chat_template_kwargs) const;
+                          const nlohmann::ordered_json& chat_template_kwargs,
+                          const std::optional<std::string>& request_template) const;
   // The model name, engine health and unsupported options of a generation request;
   // answers and returns false (404, 503) or throws RequestError.
   bool admit(const GenerationRequest& r, HttpResponseWriter& w) const;

@@ -1,7 +1,8 @@
 """Request fields as vLLM treats them (issue 25): numbers beyond a double, tools without
 --enable-auto-tool-choice, /v1/completions' default max_tokens, return_tokens_as_token_ids,
 chat echo (with continue_final_message), suffix, best_of, continuous usage stats,
-X-Request-Id, the developer role and the empty prompt's one error text."""
+X-Request-Id, the developer role and the empty prompt's one error text; vLLM's
+allowed_token_ids and truncate_prompt_tokens; unknown fields ignored with a log line."""
 
 import json
 import re
@@ -293,3 +294,69 @@ def test_empty_prompts_share_one_error(server):
         assert error["param"] == "prompt", (prompt, error)
         messages.add(error["message"])
     assert messages == {"The prompt is empty."}
+
+
+# ---- vLLM's allowed_token_ids, truncate_prompt_tokens; unknown fields ------------------------
+
+def test_allowed_token_ids_are_the_only_tokens_sampled(server):
+    allowed = [300, 301, 777]
+    for route, body in (("/v1/completions", {"prompt": "Once upon a time"}),
+                        ("/v1/chat/completions", {"messages": USER, **NO_THINK})):
+        r = post(server, route, {**body, "max_tokens": 12, "ignore_eos": True, "seed": 3,
+                                 "temperature": 1.5, "allowed_token_ids": allowed,
+                                 "return_token_ids": True})
+        assert r.status_code == 200, r.text[:500]
+        ids = r.json()["choices"][0]["token_ids"]
+        assert len(ids) == 12 and set(ids) <= set(allowed), ids
+        assert len(set(ids)) > 1  # sampled among them, not one forced id
+    # With greedy decoding and a bias toward another id: still only the allowed ones.
+    r = post(server, "/v1/completions",
+             {"prompt": [300, 301], "max_tokens": 4, "ignore_eos": True, "temperature": 0,
+              "logit_bias": {"500": 100}, "allowed_token_ids": [42], "return_token_ids": True})
+    assert r.json()["choices"][0]["token_ids"] == [42] * 4
+    for bad in ([], [10 ** 8], [-1]):
+        error = assert_openai_error(
+            post(server, "/v1/completions",
+                 {"prompt": "hi", "max_tokens": 2, "allowed_token_ids": bad}), 400)
+        assert error["param"] == "allowed_token_ids", error
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(server):
+    prompt = [300, 301, 302, 303, 304, 305, 306, 307, 308, 309]
+    body = {"max_tokens": 3, "ignore_eos": True, "temperature": 0, "return_token_ids": True}
+    cut = post(server, "/v1/completions",
+               {**body, "prompt": prompt, "truncate_prompt_tokens": 4}).json()
+    tail = post(server, "/v1/completions", {**body, "prompt": prompt[-4:]}).json()
+    assert cut["usage"]["prompt_tokens"] == 4
+    assert cut["choices"][0]["prompt_token_ids"] == prompt[-4:]
+    assert cut["choices"][0]["token_ids"] == tail["choices"][0]["token_ids"]
+    # Echo gives the text of the ids the model read.
+    echoed = post(server, "/v1/completions",
+                  {**body, "prompt": "one two three four five six seven", "echo": True,
+                   "truncate_prompt_tokens": 2}).json()["choices"][0]
+    kept = echoed["prompt_token_ids"]
+    assert len(kept) == 2
+    text = post(server, "/detokenize", {"tokens": kept}).json()["prompt"]
+    assert echoed["text"].startswith(text) and "one" not in text
+    # -1: the last max_model_len tokens (a short prompt is whole); chat prompts too.
+    whole = post(server, "/v1/completions",
+                 {**body, "prompt": prompt, "truncate_prompt_tokens": -1}).json()
+    assert whole["usage"]["prompt_tokens"] == len(prompt)
+    chat = post(server, "/v1/chat/completions",
+                {"messages": USER, "max_tokens": 2, "truncate_prompt_tokens": 3, **NO_THINK})
+    assert chat.status_code == 200 and chat.json()["usage"]["prompt_tokens"] == 3
+    max_len = requests.get(server.url("/v1/models"),
+                           timeout=REQUEST_TIMEOUT_S).json()["data"][0]["max_model_len"]
+    for bad in (0, -2, max_len + 1):
+        error = assert_openai_error(
+            post(server, "/v1/completions",
+                 {"prompt": "hi", "max_tokens": 2, "truncate_prompt_tokens": bad}), 400)
+        assert error["param"] == "truncate_prompt_tokens", error
+
+
+def test_unknown_fields_are_ignored_with_a_log_line(server):
+    r = post(server, "/v1/completions",
+             {"prompt": "hi", "max_tokens": 1, "zz_not_a_field": 1, "zz_other": "x"})
+    assert r.status_code == 200, r.text[:500]
+    log = server.log_path.read_text(errors="replace")
+    assert "present in the request but ignored: {zz_not_a_field, zz_other}" in log
