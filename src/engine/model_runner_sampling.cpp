@@ -161,7 +161,7 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
     backend_.apply_penalties(p);
   }
 
-  // 2. logit_bias (summed per id), then the min_tokens bans.
+  // 2. logit_bias (summed per id), then the min_tokens and bad_words bans.
   std::vector<int32_t> add_row, add_id, ban_row, ban_id;
   std::vector<float> add_value;
   for (size_t k = 0; k < rows.size(); ++k) {
@@ -180,6 +180,18 @@ void ModelRunner::apply_logits_processors(std::span<const Sampling> rows, float*
       for (int32_t id : banned) {
         ban_row.push_back(static_cast<int32_t>(k));
         ban_id.push_back(id);
+      }
+    }
+    if (!sp.bad_words_token_ids.empty()) {
+      // vLLM's rule: a word's last id is banned where the outputs end with the rest of it.
+      const std::vector<int32_t> past = outputs_before_draw(r, true);
+      for (const std::vector<int32_t>& word : sp.bad_words_token_ids) {
+        const size_t prefix = word.size() - 1;
+        if (prefix > past.size() ||
+            !std::equal(word.begin(), word.end() - 1, past.end() - static_cast<ptrdiff_t>(prefix)))
+          continue;
+        ban_row.push_back(static_cast<int32_t>(k));
+        ban_id.push_back(word.back());
       }
     }
   }

@@ -34,6 +34,13 @@ void SamplingParams::validate(int64_t vocab_size, int64_t max_model_len) const {
     require(token >= 0 && token < vocab_size, "stop_token_ids", "stop_token_ids: token id ", token,
             " out of range [0, ", vocab_size, ")");
   }
+  for (const std::vector<int32_t>& word : bad_words_token_ids) {
+    require(!word.empty(), "bad_words", "bad_words: a word of no tokens");
+    for (int32_t token : word) {
+      require(token >= 0 && token < vocab_size, "bad_words", "bad_words: token id ", token,
+              " out of range [0, ", vocab_size, ")");
+    }
+  }
   for (int32_t token : allowed_token_ids) {
     require(token >= 0 && token < vocab_size, "allowed_token_ids", "allowed_token_ids: token id ",
             token, " out of range [0, ", vocab_size, ")");

@@ -33,6 +33,9 @@ struct SamplingParams {
   // vLLM's allowed_token_ids: when not empty, only these ids can be sampled (every other
   // logit masked, as guided decoding's masks do; ANDed with a constraint's).
   std::vector<int32_t> allowed_token_ids;
+  // vLLM's bad_words as id sequences: the last id of a sequence is banned where the outputs so
+  // far end with the rest of it (a one-id word is banned everywhere).
+  std::vector<std::vector<int32_t>> bad_words_token_ids;
   bool include_stop_str_in_output = false;
   std::optional<int64_t> max_tokens;  // none: up to max_model_len
   int64_t min_tokens = 0;             // EOS and stop_token_ids do not stop before this

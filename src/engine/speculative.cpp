@@ -55,7 +55,8 @@ void validate(const SpeculativeConfig& c) {
 
 bool speculates(const SamplingParams& sp) {
   return sp.repetition_penalty == 1.0f && sp.presence_penalty == 0.0f &&
-         sp.frequency_penalty == 0.0f && sp.constraint == nullptr && sp.allowed_token_ids.empty();
+         sp.frequency_penalty == 0.0f && sp.constraint == nullptr && sp.allowed_token_ids.empty() &&
+         sp.bad_words_token_ids.empty();
 }
 
 std::vector<int32_t> ngram_drafts(std::span<const int32_t> tokens, int64_t min_n, int64_t max_n,

@@ -94,6 +94,9 @@ struct GenerationRequest {
   // vLLM's truncate_prompt_tokens: k >= 1 keeps the prompt's last k tokens, -1 its last
   // max_model_len (truncate_prompt).
   std::optional<int64_t> truncate_prompt_tokens;
+  // vLLM's bad_words (words, whitespace-led ones stripped); their ids are the server's to find
+  // (bad_words_token_ids needs the tokenizer).
+  std::vector<std::string> bad_words;
   std::vector<std::string> unknown_fields;  // top-level keys we ignore, for a log line
 };
 

@@ -227,6 +227,16 @@ void read_common(BodyReader& body, GenerationRequest& request) {
   if (const auto* v = body.get("stop_token_ids")) {
     s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
   }
+  if (const auto* v = body.get("bad_words")) {
+    if (!v->is_array()) fail_type("bad_words", "list of strings", *v);
+    for (size_t i = 0; i < v->size(); ++i) {
+      const std::string param = str_cat("bad_words[", i, "]");
+      std::string word = get_string((*v)[i], param);
+      word.erase(0, std::min(word.find_first_not_of(" \t\n\r\f\v"), word.size()));
+      if (word.empty()) fail(param, "bad_words cannot contain an empty (or blank) word");
+      request.bad_words.push_back(std::move(word));
+    }
+  }
   if (const auto* v = body.get("allowed_token_ids")) {
     s.allowed_token_ids = get_token_ids(*v, "allowed_token_ids");
     if (s.allowed_token_ids.empty()) fail("allowed_token_ids", "Empty allowed_token_ids provided.");

@@ -205,6 +205,23 @@ void force_tool_calls(const ChatCompletionRequest& r, ChoiceOptions& choice) {
 }
 
 // The fields chat and completion requests share.
+// vLLM's bad_words ids: each word as it starts the text, and as it follows a space when that
+// gives another first token and as many tokens (the word in mid-text).
+std::vector<std::vector<int32_t>> bad_words_ids(const Tokenizer& tokenizer,
+                                                const std::vector<std::string>& words) {
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& word : words) {
+    std::vector<int32_t> plain = tokenizer.encode(word, /*allow_special=*/true);
+    std::vector<int32_t> spaced = tokenizer.encode(" " + word, /*allow_special=*/true);
+    if (plain.empty()) continue;
+    const bool add_spaced =
+        !spaced.empty() && spaced[0] != plain[0] && spaced.size() == plain.size();
+    out.push_back(std::move(plain));
+    if (add_spaced) out.push_back(std::move(spaced));
+  }
+  return out;
+}
+
 void fill_generation(const GenerationRequest& r, Generation& g) {
   g.n = r.n;
   g.sampling = r.sampling;
@@ -222,6 +239,25 @@ void fill_generation(const GenerationRequest& r, Generation& g) {
 }
 
 }  // namespace
+
+void OpenAIServer::set_bad_words(const GenerationRequest& r, Generation& g) const {
+  if (r.bad_words.empty()) return;
+  if (options_.skip_tokenizer_init) {
+    throw RequestError("bad_words",
+                       "bad_words need the tokenizer, and this server runs with "
+                       "--skip-tokenizer-init");
+  }
+  g.sampling.bad_words_token_ids = bad_words_ids(tokenizer_, r.bad_words);
+  for (const std::vector<int32_t>& word : g.sampling.bad_words_token_ids) {
+    for (const int32_t id : word) {
+      if (id < 0 || id >= limits().vocab_size) {
+        throw RequestError("bad_words", str_cat("bad_words: token id ", id,
+                                                " is outside the model's vocabulary [0, ",
+                                                limits().vocab_size, ")"));
+      }
+    }
+  }
+}
 
 bool OpenAIServer::admit(const GenerationRequest& r, HttpResponseWriter& w) const {
   if (!r.unknown_fields.empty()) {
@@ -318,6 +354,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     truncate_prompt(g.prompts[0], r.truncate_prompt_tokens, limits().max_model_len);
     validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
+    set_bad_words(r, g);
     g.choice.parse_reasoning = !options_.reasoning_parser.empty();
     g.choice.reasoning_parser = options_.reasoning_parser;
     g.choice.tool_call_parser = options_.tool_call_parser;
@@ -399,6 +436,7 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
       validate_prompt(g.prompts.back(), r.sampling, limits());
     }
     fill_generation(r, g);
+    set_bad_words(r, g);
     g.detokenize = !options_.skip_tokenizer_init;
     g.choice.tokens_as_ids = r.tokens_as_ids || options_.skip_tokenizer_init;
     g.choice.logprobs = r.sampling.logprobs.has_value();

@@ -25,6 +25,8 @@
 
 namespace hyserve {
 
+struct Generation;  // server/generation_run.h
+
 struct OpenAIServerOptions {
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -84,6 +86,9 @@ class OpenAIServer {
   // CORS, X-Request-Id and the API key, before routing (HttpMiddleware).
   void middleware(const HttpRequest& req, HttpResponseWriter& w) const;
   // The prompt the chat template renders; throws RequestError.
+  // vLLM's bad_words of the request as id sequences in g.sampling (RequestError when the
+  // tokenizer is off or an id is outside the model's vocabulary).
+  void set_bad_words(const GenerationRequest& r, Generation& g) const;
   std::string render_chat(const nlohmann::ordered_json& messages,
                           const nlohmann::ordered_json& tools, bool add_generation_prompt,
                           bool continue_final_message,

@@ -360,3 +360,39 @@ def test_unknown_fields_are_ignored_with_a_log_line(server):
     assert r.status_code == 200, r.text[:500]
     log = server.log_path.read_text(errors="replace")
     assert "present in the request but ignored: {zz_not_a_field, zz_other}" in log
+
+
+def contains(seq, sub):
+    return any(seq[i:i + len(sub)] == sub for i in range(len(seq) - len(sub) + 1))
+
+
+def test_bad_words_are_never_generated(server):
+    tokenize = lambda text: post(server, "/tokenize", {"prompt": text}).json()["tokens"]  # noqa
+    # Sampling among a word's two tokens (allowed_token_ids): the pair appears without the
+    # ban; with it (vLLM's rule: a word's last token is banned after the rest of it) never.
+    candidates = ["the end", "Paris", "hello world", "good day", "hello", "time", "the", "and",
+                  "of", "to", "is", "a"]
+    word = next(w for w in candidates if len(tokenize(w)) == 2)
+    pair = tokenize(word)
+    body = {"prompt": "Once upon a time", "max_tokens": 24, "ignore_eos": True, "seed": 11,
+            "temperature": 1.0, "allowed_token_ids": pair, "return_token_ids": True}
+    free = post(server, "/v1/completions", body).json()["choices"][0]["token_ids"]
+    assert contains(free, pair), free
+    r = post(server, "/v1/completions", {**body, "bad_words": [word]})
+    assert r.status_code == 200, r.text[:500]
+    ids = r.json()["choices"][0]["token_ids"]
+    assert not contains(ids, pair) and len(ids) == 24, ids
+    # A one-token word is banned everywhere, as it starts a text and after a space.
+    single = next(w for w in candidates
+                  if len(tokenize(w)) == 1 and len(tokenize(" " + w)) == 1 and
+                  tokenize(w) != tokenize(" " + w) and tokenize(w)[0] not in pair[1:])
+    one, spaced = tokenize(single), tokenize(" " + single)
+    body["allowed_token_ids"] = one + spaced + pair[1:]
+    ids = post(server, "/v1/completions",
+               {**body, "bad_words": [" " + single]}).json()["choices"][0]["token_ids"]
+    assert set(ids) == set(pair[1:]), ids
+    for bad in ([""], ["  "], "word", [3]):
+        error = assert_openai_error(
+            post(server, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "bad_words": bad}),
+            400)
+        assert error["param"].startswith("bad_words"), error
