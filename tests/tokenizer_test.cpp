@@ -416,6 +416,75 @@ TEST(TokenizerJson, IdsWithoutATokenReadAsNothingInModelOutput) {
   fs::remove_all(dir);
 }
 
+// vLLM's add_special_tokens: the ids Hugging Face's encode(text, add_special_tokens=True)
+// puts around the text. tokenizer.json's TemplateProcessing (alone or in a Sequence with
+// ByteLevel); LlamaTokenizerFast's add_bos_token (default true) / add_eos_token in
+// tokenizer_config.json in place of it; none for tiktoken.
+TEST(TokenizerJson, SpecialAffixesAsHuggingFaceEncodeAddsThem) {
+  const json bos = {{"SpecialToken", {{"id", "<｜begin▁of▁sentence｜>"}, {"type_id", 0}}}};
+  const json eos = {{"SpecialToken", {{"id", "<｜end▁of▁sentence｜>"}, {"type_id", 0}}}};
+  const json seq = {{"Sequence", {{"id", "A"}, {"type_id", 0}}}};
+  const json specials = {{"<｜begin▁of▁sentence｜>",
+                          {{"id", "<｜begin▁of▁sentence｜>"}, {"ids", {0}}, {"tokens", {"x"}}}},
+                         {"<｜end▁of▁sentence｜>",
+                          {{"id", "<｜end▁of▁sentence｜>"}, {"ids", {1}}, {"tokens", {"y"}}}}};
+  const json bos_template = {{"type", "TemplateProcessing"},
+                             {"single", {bos, seq}},
+                             {"pair", json::array()},
+                             {"special_tokens", specials}};
+  const auto plain = Tokenizer::load(edited_tokenizer_json([](json&) {}));
+  const std::vector<int32_t> text = plain->encode("Hello world", true);
+  EXPECT_TRUE(plain->special_prefix().empty());
+  EXPECT_EQ(plain->encode_prompt("Hello world", true), text);
+  {
+    const auto tok = Tokenizer::load(
+        edited_tokenizer_json([&](json& r) { r["post_processor"] = bos_template; }));
+    EXPECT_EQ(tok->special_prefix(), std::vector<int32_t>{0});
+    EXPECT_TRUE(tok->special_suffix().empty());
+    std::vector<int32_t> want = {0};
+    want.insert(want.end(), text.begin(), text.end());
+    EXPECT_EQ(tok->encode_prompt("Hello world", true), want);
+    EXPECT_EQ(tok->encode_prompt("Hello world", false), text);
+  }
+  {
+    const auto tok = Tokenizer::load(edited_tokenizer_json([&](json& r) {
+      json t = bos_template;
+      t["single"] = {bos, seq, eos};
+      r["post_processor"] = {{"type", "Sequence"}, {"processors", {{{"type", "ByteLevel"}}, t}}};
+    }));
+    EXPECT_EQ(tok->special_prefix(), std::vector<int32_t>{0});
+    EXPECT_EQ(tok->special_suffix(), std::vector<int32_t>{1});
+  }
+  // LlamaTokenizerFast: its flags decide, tokenizer.json's template does not.
+  const auto with_config = [&](const json& config) {
+    const fs::path dir =
+        edited_tokenizer_json([&](json& r) { r["post_processor"] = bos_template; });
+    std::ofstream(dir / "tokenizer_config.json") << config.dump();
+    return Tokenizer::load(dir);
+  };
+  const json llama = {{"tokenizer_class", "LlamaTokenizerFast"},
+                      {"bos_token", {{"content", "<｜begin▁of▁sentence｜>"}}},
+                      {"eos_token", "<｜end▁of▁sentence｜>"}};
+  EXPECT_EQ(with_config(llama)->special_prefix(), std::vector<int32_t>{0});
+  json off = llama;
+  off["add_bos_token"] = false;
+  off["add_eos_token"] = true;
+  const auto tok = with_config(off);
+  EXPECT_TRUE(tok->special_prefix().empty());
+  EXPECT_EQ(tok->special_suffix(), std::vector<int32_t>{1});
+  json other = llama;
+  other["tokenizer_class"] = "PreTrainedTokenizerFast";
+  other["add_bos_token"] = false;  // not LlamaTokenizerFast's: the template stays
+  EXPECT_EQ(with_config(other)->special_prefix(), std::vector<int32_t>{0});
+  json missing = llama;
+  missing["bos_token"] = "<no such token>";
+  EXPECT_THROW(with_config(missing), TokenizerError);
+  fs::remove_all(tokenizer_json_dir());
+  // tiktoken.model: nothing added.
+  const auto kimi = Tokenizer::load(kFixtures / "kimi");
+  EXPECT_TRUE(kimi->special_prefix().empty() && kimi->special_suffix().empty());
+}
+
 std::string load_error(const fs::path& dir) {
   try {
     Tokenizer::load(dir);
@@ -453,6 +522,10 @@ TEST(TokenizerJson, RefusesUnsupportedComponentsByName) {
       {[](json& r) { r["model"]["byte_fallback"] = true; }, {"model.byte_fallback"}},
       {[](json& r) { r["model"]["merges"][5] = "onlyone"; }, {"model.merges[5]"}},
       {[](json& r) { r["added_tokens"][1]["lstrip"] = true; }, {"added_tokens[1].lstrip"}},
+      {[](json& r) {
+         r["post_processor"] = {{"type", "BertProcessing"}};
+       },
+       {"post_processor", "BertProcessing"}},
   };
   for (const Case& c : cases_) {
     const std::string message = load_error(edited_tokenizer_json(c.edit));

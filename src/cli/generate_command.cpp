@@ -52,7 +52,10 @@ int run_generate(const GenerateArgs& a) {
   std::vector<int64_t> prompt_ids = a.prompt_ids;
   if (!a.prompt.empty()) {
     tokenizer = Tokenizer::load(dir);
-    for (int32_t id : tokenizer->encode(a.prompt, /*allow_special=*/true)) prompt_ids.push_back(id);
+    // As vLLM's generate: the tokenizer's special prefix / suffix around a text prompt.
+    for (int32_t id : tokenizer->encode_prompt(a.prompt, /*add_special_tokens=*/true)) {
+      prompt_ids.push_back(id);
+    }
   }
   ModelOptions options;
   const IndexCacheDtype index_cache = parse_index_cache_dtype(a.index_cache_dtype);

@@ -97,6 +97,9 @@ struct GenerationRequest {
   // vLLM's bad_words (words, whitespace-led ones stripped); their ids are the server's to find
   // (bad_words_token_ids needs the tokenizer).
   std::vector<std::string> bad_words;
+  // vLLM's add_special_tokens: the tokenizer's special prefix / suffix around a text prompt
+  // (Tokenizer::special_prefix); none when unset: then true for completions, false for chat.
+  std::optional<bool> add_special_tokens;
   std::vector<std::string> unknown_fields;  // top-level keys we ignore, for a log line
 };
 
@@ -137,6 +140,7 @@ struct TokenizeRequest {
   nlohmann::ordered_json tools;          // array or null
   nlohmann::ordered_json chat_template_kwargs;
   std::optional<std::string> chat_template;
+  std::optional<bool> add_special_tokens;  // unset: true for a prompt, false for messages
   bool add_generation_prompt = true;
   bool continue_final_message = false;
 };

@@ -227,6 +227,9 @@ void read_common(BodyReader& body, GenerationRequest& request) {
   if (const auto* v = body.get("stop_token_ids")) {
     s.stop_token_ids = get_token_ids(*v, "stop_token_ids");
   }
+  if (const auto* v = body.get("add_special_tokens")) {
+    request.add_special_tokens = get_bool(*v, "add_special_tokens");
+  }
   if (const auto* v = body.get("bad_words")) {
     if (!v->is_array()) fail_type("bad_words", "list of strings", *v);
     for (size_t i = 0; i < v->size(); ++i) {
@@ -624,6 +627,9 @@ CompletionRequest parse_completion_request(std::string_view body_text) {
 TokenizeRequest parse_tokenize_request(std::string_view body_text) {
   BodyReader body(body_text);
   TokenizeRequest request;
+  if (const auto* v = body.get("add_special_tokens")) {
+    request.add_special_tokens = get_bool(*v, "add_special_tokens");
+  }
   if (const auto* messages = body.get("messages")) {
     std::vector<ChatMessage> parsed;
     request.messages_json = get_messages(*messages, parsed);

@@ -350,7 +350,7 @@ void OpenAIServer::chat_completions(const HttpRequest& req, HttpResponseWriter& 
     const ChatMessage& last = r.messages.back();
     g.role = r.add_generation_prompt ? "assistant" : last.role;
     if (r.echo && last.role == g.role && last.content) g.echo.push_back(*last.content);
-    g.prompts.push_back(tokenizer_.encode(prompt, /*allow_special=*/true));
+    g.prompts.push_back(tokenizer_.encode_prompt(prompt, r.add_special_tokens.value_or(false)));
     truncate_prompt(g.prompts[0], r.truncate_prompt_tokens, limits().max_model_len);
     validate_prompt(g.prompts[0], r.sampling, limits());
     fill_generation(r, g);
@@ -419,8 +419,9 @@ void OpenAIServer::completions(const HttpRequest& req, HttpResponseWriter& w) {
     set_ids(g, "cmpl", g.lora_name.empty() ? model_name() : g.lora_name, req, r);
     for (const CompletionPrompt& p : r.prompts) {
       const auto* text = std::get_if<std::string>(&p);
-      std::vector<int32_t> ids = text != nullptr ? tokenizer_.encode(*text, /*allow_special=*/true)
-                                                 : std::get<std::vector<int32_t>>(p);
+      std::vector<int32_t> ids =
+          text != nullptr ? tokenizer_.encode_prompt(*text, r.add_special_tokens.value_or(true))
+                          : std::get<std::vector<int32_t>>(p);
       const size_t before = ids.size();
       truncate_prompt(ids, r.truncate_prompt_tokens, limits().max_model_len);
       if (r.echo) {
@@ -483,7 +484,8 @@ void OpenAIServer::tokenize(const HttpRequest& req, HttpResponseWriter& w) {
         r.prompt ? *r.prompt
                  : render_chat(r.messages_json, r.tools, r.add_generation_prompt,
                                r.continue_final_message, r.chat_template_kwargs, r.chat_template);
-    const std::vector<int32_t> ids = tokenizer_.encode(text, true);
+    const std::vector<int32_t> ids =
+        tokenizer_.encode_prompt(text, r.add_special_tokens.value_or(r.prompt.has_value()));
     ordered_json out;
     out["count"] = ids.size();
     out["max_model_len"] = engine_.config().scheduler.max_model_len;

@@ -311,8 +311,65 @@ class HfBpeTokenizer::Loader {
     }
   }
 
+ public:
+  // The special tokens the post-processor puts around one sequence (Tokenizer::special_prefix):
+  // none for null or ByteLevel; TemplateProcessing's "single" (its SpecialToken entries before
+  // and after the Sequence, by their special_tokens ids); a Sequence of those.
+  void read_post_processor(const json& root) const {
+    if (!root.contains("post_processor") || root["post_processor"].is_null()) return;
+    std::vector<int32_t> prefix, suffix;
+    read_processor(root["post_processor"], "post_processor", prefix, suffix);
+    tok_.set_special_affixes(std::move(prefix), std::move(suffix));
+  }
+
+ private:
   JsonReader reader_;
   HfBpeTokenizer& tok_;
+
+  void read_processor(const json& p, const std::string& field, std::vector<int32_t>& prefix,
+                      std::vector<int32_t>& suffix) const {
+    const std::string type = reader_.string_at(p, field, "type");
+    if (type == "ByteLevel") return;
+    if (type == "Sequence") {
+      const json& list = reader_.require(p, field, "processors");
+      if (!list.is_array()) reader_.fail(field + ".processors", "expected a list");
+      for (size_t i = 0; i < list.size(); ++i) {
+        read_processor(list[i], str_cat(field, ".processors[", i, "]"), prefix, suffix);
+      }
+      return;
+    }
+    if (type != "TemplateProcessing") {
+      reader_.fail(field, str_cat("unsupported post-processor ", type,
+                                  " (TemplateProcessing, ByteLevel or a Sequence of them)"));
+    }
+    const json& single = reader_.require(p, field, "single");
+    const json& specials = reader_.require(p, field, "special_tokens");
+    if (!single.is_array()) reader_.fail(field + ".single", "expected a list");
+    bool after = false;
+    for (size_t i = 0; i < single.size(); ++i) {
+      const std::string item = str_cat(field, ".single[", i, "]");
+      if (single[i].is_object() && single[i].contains("Sequence")) {
+        after = true;
+        continue;
+      }
+      if (!single[i].is_object() || !single[i].contains("SpecialToken")) {
+        reader_.fail(item, "expected a Sequence or a SpecialToken");
+      }
+      const std::string name = reader_.string_at(single[i]["SpecialToken"], item, "id");
+      const json& entry = reader_.require(specials, field + ".special_tokens", name);
+      const json& ids = reader_.require(entry, str_cat(field, ".special_tokens.", name), "ids");
+      if (!ids.is_array())
+        reader_.fail(str_cat(field, ".special_tokens.", name, ".ids"), "expected a list");
+      for (const json& id : ids) {
+        if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+            id.get<int64_t>() >= tok_.vocab_size() || !tok_.has_token(id.get<int32_t>())) {
+          reader_.fail(str_cat(field, ".special_tokens.", name, ".ids"),
+                       str_cat(id.dump(), " is not a token of the vocabulary"));
+        }
+        (after ? suffix : prefix).push_back(id.get<int32_t>());
+      }
+    }
+  }
 };
 
 std::unique_ptr<HfBpeTokenizer> HfBpeTokenizer::load(const std::filesystem::path& path) {
@@ -325,6 +382,7 @@ std::unique_ptr<HfBpeTokenizer> HfBpeTokenizer::load(const std::filesystem::path
   const json& added = root.contains("added_tokens") ? root["added_tokens"] : json::array();
   loader.read_model(root, added);
   loader.read_added_tokens(added);
+  loader.read_post_processor(root);
   return tok;
 }
 

@@ -63,6 +63,23 @@ class Tokenizer {
 
   // One past the largest id.
   virtual int64_t vocab_size() const = 0;
+
+  // The ids a Hugging Face tokenizer's encode(text, add_special_tokens=True) puts before and
+  // after the text: tokenizer.json's post-processor (TemplateProcessing), or, for
+  // LlamaTokenizer(Fast) in tokenizer_config.json, its add_bos_token (default true) and
+  // add_eos_token (default false). vLLM's add_special_tokens (on by default for completions'
+  // text prompts and /tokenize's prompt) adds them; none for tiktoken.model.
+  const std::vector<int32_t>& special_prefix() const { return special_prefix_; }
+  const std::vector<int32_t>& special_suffix() const { return special_suffix_; }
+  void set_special_affixes(std::vector<int32_t> prefix, std::vector<int32_t> suffix) {
+    special_prefix_ = std::move(prefix);
+    special_suffix_ = std::move(suffix);
+  }
+  // encode(text, allow_special), inside the special prefix and suffix when add_special_tokens.
+  std::vector<int32_t> encode_prompt(std::string_view text, bool add_special_tokens) const;
+
+ private:
+  std::vector<int32_t> special_prefix_, special_suffix_;
 };
 
 }  // namespace hyserve

@@ -50,8 +50,10 @@ def dsv32(tmp_path_factory):
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         os.symlink(FIXTURE / name, model / name)
     write_tokenizer(model / "tokenizer.json")
+    # As the checkpoint's: LlamaTokenizerFast, whose encode adds BOS (add_bos_token).
     (model / "tokenizer_config.json").write_text(
-        json.dumps({"bos_token": BOS, "eos_token": EOS}, ensure_ascii=False))
+        json.dumps({"bos_token": BOS, "eos_token": EOS, "tokenizer_class": "LlamaTokenizerFast",
+                    "add_bos_token": True, "add_eos_token": False}, ensure_ascii=False))
     # The tools section is longer than the fixture's 128 positions.
     srv = start_server(tmp_path_factory.mktemp("dsv32"),
                        ["--max-model-len", "1024", "--enable-auto-tool-choice",
@@ -81,9 +83,10 @@ def test_tokenize_messages_gives_the_encoding(dsv32):
                 {"role": "user", "content": "Weather?"}]
     turns = (BOS + "Be brief." + USER + "Hi" + ASSISTANT + "</think>Hello." + EOS + USER +
              "Weather?" + ASSISTANT)
-    assert tokenize(dsv32, messages=messages) == tokenize(dsv32, prompt=turns + "</think>")
+    assert tokenize(dsv32, messages=messages) == tokenize(dsv32, prompt=turns + "</think>",
+                                                    add_special_tokens=False)
     assert (tokenize(dsv32, messages=messages, chat_template_kwargs={"thinking": True})
-            == tokenize(dsv32, prompt=turns + "<think>"))
+            == tokenize(dsv32, prompt=turns + "<think>", add_special_tokens=False))
     # BOS and the turn markers are single special tokens.
     ids = tokenize(dsv32, messages=messages[1:2])
     assert ids[0] == 0 and ids[1] == 2 and ids[-2:] == [3, NUM_KEPT_IDS + 1]
@@ -178,3 +181,34 @@ def test_a_sampled_id_without_a_token_reads_as_nothing(dsv32):
     r = requests.post(dsv32.url("/detokenize"), json={"model": dsv32.model, "tokens": [hole]},
                       timeout=REQUEST_TIMEOUT_S)
     assert r.status_code == 400, r.text[:500]
+
+
+def test_completions_add_bos_as_vllm_does(dsv32):
+    """vLLM's add_special_tokens: on for completions' text prompts and /tokenize's prompt (the
+    tokenizer's BOS, as Hugging Face's encode adds it), off for chat (the encoding has its
+    own BOS) and for token-id prompts."""
+    bos = tokenize(dsv32, prompt=BOS, add_special_tokens=False)
+    assert len(bos) == 1
+    text = tokenize(dsv32, prompt="Hello world", add_special_tokens=False)
+    assert tokenize(dsv32, prompt="Hello world") == bos + text
+    body = {"model": dsv32.model, "max_tokens": 1, "return_token_ids": True}
+    r = requests.post(dsv32.url("/v1/completions"), json={**body, "prompt": "Hello world"},
+                      timeout=REQUEST_TIMEOUT_S).json()
+    assert r["choices"][0]["prompt_token_ids"] == bos + text
+    r = requests.post(dsv32.url("/v1/completions"),
+                      json={**body, "prompt": "Hello world", "add_special_tokens": False},
+                      timeout=REQUEST_TIMEOUT_S).json()
+    assert r["choices"][0]["prompt_token_ids"] == text
+    r = requests.post(dsv32.url("/v1/completions"), json={**body, "prompt": text},
+                      timeout=REQUEST_TIMEOUT_S).json()
+    assert r["choices"][0]["prompt_token_ids"] == text
+    messages = [{"role": "user", "content": "Hello"}]
+    chat = tokenize(dsv32, messages=messages)
+    assert chat[:1] == bos and chat[1:2] != bos
+    r = requests.post(dsv32.url("/v1/chat/completions"),
+                      json={**body, "messages": messages}, timeout=REQUEST_TIMEOUT_S).json()
+    assert r["usage"]["prompt_tokens"] == len(chat)
+    r = requests.post(dsv32.url("/v1/chat/completions"),
+                      json={**body, "messages": messages, "add_special_tokens": True},
+                      timeout=REQUEST_TIMEOUT_S).json()
+    assert r["usage"]["prompt_tokens"] == len(chat) + 1
