@@ -206,7 +206,7 @@ struct Args {
 
 #ifdef HYSERVE_STEP_BENCH_LORA
 // A PEFT folder with random A [r, in] (~1/sqrt(in)) and B [out, r] (~0.01) on every target of
-// the model the GPU adapts (LoraTable::device_adaptable); returns the folder.
+// the model (routed experts included); returns the folder.
 std::filesystem::path write_bench_adapter(const Model& model, int64_t rank) {
   namespace fs = std::filesystem;
   const fs::path dir =
@@ -223,7 +223,6 @@ std::filesystem::path write_bench_adapter(const Model& model, int64_t rank) {
     return t;
   };
   for (const LoraTargets::Target& t : model.lora_targets()->targets()) {
-    if (!LoraTable::device_adaptable(t.name)) continue;
     const Weight& w = *t.weight;
     std::vector<float> av(static_cast<size_t>(rank * w.cols)),
         bv(static_cast<size_t>(w.rows * rank));

@@ -17,9 +17,9 @@
 // it is set: serving never allocates for an adapter. The [target][slot] table of
 // LoraMatrices the ops read lives in device memory too (uploaded whole at each set).
 // Merged kv_b copies are host-only: on a device kv_b's A and B sit in the slot's room like
-// the others and the MLA op applies them in low-rank form; routed experts are not adapted
-// there (device_adaptable). Changing a slot is done by the engine thread between steps,
-// with nothing of the step before still running.
+// the others and the MLA op applies them in low-rank form; the MoE kernels read the routed
+// experts' from the table's [expert][gate, up, down][slot] block (matrices()). Changing a slot is
+// done by the engine thread between steps, with nothing of the step before still running.
 #pragma once
 
 #include <cstdint>
