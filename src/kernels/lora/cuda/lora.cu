@@ -1,6 +1,7 @@
 // CUDA LoRA add (cuda.h): one 256-thread block per token; shrink into shared memory, then
 // expand into y.
 #include "kernels/lora/cuda.h"
+#include "kernels/lora/cuda/shrink.cuh"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
@@ -20,18 +21,8 @@ __global__ void __launch_bounds__(kThreads)
   if (s < 0 || s >= num_slots) return;
   const LoraMatrices m = table[s];
   if (m.a == nullptr || m.rank <= 0 || m.rank > kMaxLoraRank) return;
-  const float* xt = x + t * in;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  // Shrink: u[r] = x . A[r], one warp per rank entry, lane-strided, a butterfly sum.
-  for (int64_t r = warp; r < m.rank; r += kWarps) {
-    const float* a = m.a + r * in;
-    float acc = 0.0f;
-    for (int64_t i = lane; i < in; i += 32) acc = fmaf(xt[i], a[i], acc);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) u[r] = acc;
-  }
+  // Shrink: u = x A^T into shared memory.
+  lora_shrink<kWarps>(m, x + t * in, in, u);
   __syncthreads();
   // Expand: y[o] += scale * (B[o] . u), rank in order.
   float* yt = y + t * out;

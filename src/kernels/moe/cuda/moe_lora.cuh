@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "kernels/lora/cuda/shrink.cuh"
 #include "kernels/lora/params.h"
 #include "kernels/moe/cuda/moe_common.cuh"
 
@@ -41,21 +42,6 @@ __device__ __forceinline__ const LoraMatrices* expert_lora_of(const ExpertLora& 
   return m->a != nullptr && m->rank > 0 && m->rank <= kMaxLoraRank ? m : nullptr;
 }
 
-// u[r] = A[r] . x for r < rank: one warp per rank entry, lane-strided, a butterfly sum.
-__device__ __forceinline__ void lora_shrink(const LoraMatrices& m, const float* __restrict__ x,
-                                            int64_t in, float* __restrict__ u) {
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const int warp = static_cast<int>(threadIdx.x / 32);
-  for (int64_t r = warp; r < m.rank; r += kLoraWarps) {
-    const float* a = m.a + r * in;
-    float acc = 0.0f;
-    for (int64_t i = lane; i < in; i += 32) acc = fmaf(x[i], a[i], acc);
-#pragma unroll
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) u[r] = acc;
-  }
-}
-
 // Step 1: block (a, y) takes positions y, y + kLoraBlocksPerExpert, ... of the a-th active
 // expert; x rows by token ([num_tokens, hidden]).
 __global__ void __launch_bounds__(kLoraThreads)
@@ -70,7 +56,8 @@ __global__ void __launch_bounds__(kLoraThreads)
     for (int proj = 0; proj < 2; ++proj) {
       const LoraMatrices* mat = expert_lora_of(l, rec.x, proj, slot);
       if (mat != nullptr) {
-        lora_shrink(*mat, xt, hidden, l.u + (static_cast<int64_t>(pos) * 2 + proj) * kMaxLoraRank);
+        cuda::lora_shrink<kLoraWarps>(*mat, xt, hidden,
+                                      l.u + (static_cast<int64_t>(pos) * 2 + proj) * kMaxLoraRank);
       }
     }
   }
@@ -107,7 +94,7 @@ __global__ void __launch_bounds__(kLoraThreads)
     const int32_t slot = b.sorted_slots[pos];
     const LoraMatrices* mat = expert_lora_of(l, rec.x, 2, slot);
     if (mat == nullptr) continue;  // the same for the whole block
-    lora_shrink(*mat, h + static_cast<int64_t>(pos) * inter, inter, u);
+    cuda::lora_shrink<kLoraWarps>(*mat, h + static_cast<int64_t>(pos) * inter, inter, u);
     __syncthreads();
     float* y = slot_out + static_cast<int64_t>(slot) * hidden;
     for (int64_t o = threadIdx.x; o < hidden; o += kLoraThreads) {
