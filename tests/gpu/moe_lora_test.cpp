@@ -108,33 +108,14 @@ std::vector<float> run_gpu_lora(const Experts& e, const ExpertAdapters* a,
                                 const std::vector<int32_t>& token_slots,
                                 const std::vector<float>& x, const Routing& r, int64_t tokens,
                                 int64_t top_k, bool batch_invariant) {
-  Stream stream;
-  cuda::Blas blas(stream.s);
-  const int64_t hidden = e.table.hidden();
-  const cuda::DeviceBuffer dx = cuda::to_device(x);
-  cuda::DeviceBuffer dy(x.size() * 4 + 4);
-  const cuda::DeviceBuffer ids = cuda::to_device(r.ids);
-  const cuda::DeviceBuffer weights = cuda::to_device(r.weights);
-  const cuda::DeviceBuffer slots = cuda::to_device(token_slots);
-  cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e.table, &e.shared_dev.w, tokens, top_k));
-  MoeParams p{.x = dx.as<float>(),
-              .num_tokens = tokens,
-              .hidden = hidden,
-              .num_experts = e.table.num_experts(),
-              .expert_ids = ids.as<int32_t>(),
-              .expert_weights = weights.as<float>(),
-              .top_k = top_k,
-              .shared = &e.shared_dev.w,
-              .y = dy.as<float>(),
-              .act = {}};
+  test::RoutedLora lora;
   if (a != nullptr) {
-    p.expert_lora_table = a->device_table_buf.as<LoraMatrices>();
-    p.lora_num_slots = ExpertAdapters::kSlots;
-    p.lora_token_slots = slots.as<int32_t>();
+    lora = {.table = a->device_table_buf.as<LoraMatrices>(),
+            .num_slots = ExpertAdapters::kSlots,
+            .token_slots = &token_slots};
   }
-  cuda::moe(p, e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant);
-  CUDA_CHECK(cudaStreamSynchronize(stream.s));
-  return cuda::to_host<float>(dy, static_cast<size_t>(tokens * hidden));
+  return test::run_gpu(e, x, r, tokens, top_k, true, false, batch_invariant, {},
+                       cuda::MoeDecodeInput::kFp32, lora);
 }
 
 // Against the CPU op with the same adapters: few tokens per expert (the GEMV kernel: abs

@@ -38,6 +38,7 @@ using test::make_experts;
 using test::mixed_routing;
 using test::random_routing;
 using test::Routing;
+using test::run_gpu;
 using test::Shape;
 using test::Stream;
 
@@ -210,35 +211,6 @@ std::vector<float> run_cpu(const Experts& e, const std::vector<float>& x, const 
             .act = act});
   y.resize(tokens * hidden);
   return y;
-}
-
-std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
-                           int64_t tokens, int64_t top_k, bool shared, bool in_place,
-                           bool batch_invariant = false, const GatedActivation& act = {},
-                           cuda::MoeDecodeInput input = cuda::MoeDecodeInput::kFp32) {
-  Stream stream;
-  cuda::Blas blas(stream.s);
-  const int64_t hidden = e.table.hidden();
-  cuda::DeviceBuffer dx = cuda::to_device(x);
-  cuda::DeviceBuffer dy(x.size() * 4 + 4);
-  const cuda::DeviceBuffer ids = cuda::to_device(r.ids);
-  const cuda::DeviceBuffer weights = cuda::to_device(r.weights);
-  const MlpWeights* sh = shared ? &e.shared_dev.w : nullptr;
-  cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e.table, sh, tokens, top_k));
-  float* y = in_place ? dx.as<float>() : dy.as<float>();
-  cuda::moe({.x = dx.as<float>(),
-             .num_tokens = tokens,
-             .hidden = hidden,
-             .num_experts = e.table.num_experts(),
-             .expert_ids = ids.as<int32_t>(),
-             .expert_weights = weights.as<float>(),
-             .top_k = top_k,
-             .shared = sh,
-             .y = y,
-             .act = act},
-            e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant, input);
-  CUDA_CHECK(cudaStreamSynchronize(stream.s));
-  return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
 }
 
 std::vector<Shape> shapes_for(Format f) {

@@ -81,4 +81,50 @@ struct Shape {
   int64_t hidden, inter;
 };
 
+// Routed-expert adapters for one GPU call: the [expert][gate, up, down][slot] table on the
+// device and each token's slot (-1: none).
+struct RoutedLora {
+  const LoraMatrices* table = nullptr;
+  int64_t num_slots = 0;
+  const std::vector<int32_t>* token_slots = nullptr;
+};
+
+// One cuda::moe call on fresh buffers; y in place over x when in_place.
+inline std::vector<float> run_gpu(const Experts& e, const std::vector<float>& x, const Routing& r,
+                                  int64_t tokens, int64_t top_k, bool shared, bool in_place,
+                                  bool batch_invariant = false, const GatedActivation& act = {},
+                                  cuda::MoeDecodeInput input = cuda::MoeDecodeInput::kFp32,
+                                  const RoutedLora& lora = {}) {
+  Stream stream;
+  cuda::Blas blas(stream.s);
+  const int64_t hidden = e.table.hidden();
+  cuda::DeviceBuffer dx = cuda::to_device(x);
+  cuda::DeviceBuffer dy(x.size() * 4 + 4);
+  const cuda::DeviceBuffer ids = cuda::to_device(r.ids);
+  const cuda::DeviceBuffer weights = cuda::to_device(r.weights);
+  const cuda::DeviceBuffer slots =
+      lora.token_slots != nullptr ? cuda::to_device(*lora.token_slots) : cuda::DeviceBuffer();
+  const MlpWeights* sh = shared ? &e.shared_dev.w : nullptr;
+  cuda::DeviceBuffer ws(cuda::moe_workspace_bytes(e.table, sh, tokens, top_k));
+  float* y = in_place ? dx.as<float>() : dy.as<float>();
+  MoeParams p{.x = dx.as<float>(),
+              .num_tokens = tokens,
+              .hidden = hidden,
+              .num_experts = e.table.num_experts(),
+              .expert_ids = ids.as<int32_t>(),
+              .expert_weights = weights.as<float>(),
+              .top_k = top_k,
+              .shared = sh,
+              .y = y,
+              .act = act};
+  if (lora.table != nullptr) {
+    p.expert_lora_table = lora.table;
+    p.lora_num_slots = lora.num_slots;
+    p.lora_token_slots = slots.as<int32_t>();
+  }
+  cuda::moe(p, e.table, blas, ws.data(), ws.size(), stream.s, batch_invariant, input);
+  CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  return cuda::to_host<float>(in_place ? dx : dy, static_cast<size_t>(tokens * hidden));
+}
+
 }  // namespace hyserve::test
