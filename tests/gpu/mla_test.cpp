@@ -558,5 +558,140 @@ TEST(GpuMla, WorkspaceDoesNotGrowWithContext) {
   }
 }
 
+// ---- The expanded flash prefill (cuda.h mla_flash_prefill), called directly ----
+
+struct FlashCase {
+  bool bf16_latent = false;
+  int64_t block_size = 0;      // > 0: the latent in pages of this many rows, in reverse order
+  bool hint = false;           // pass q_pos_first
+  int64_t max_chunk_keys = 0;  // > 0: several chunks of keys
+};
+
+// Against the CPU absorbed op over the same (rounded, for a bf16 latent) values. bf16 MMA
+// inputs (q, the latent, kv_b, K, V, P: 2^-9 relative each, summed over dn + dr and the keys
+// with random signs): out within 1e-2 of its largest value + 2e-2 relative, lse (O(1..10))
+// within 5e-2 + 1e-2 relative; a query that sees no key: out exactly 0, lse exactly -inf.
+void check_flash(const Problem& pr, Format format, const FlashCase& fc, const std::string& what) {
+  const Sizes& z = pr.z;
+  const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, format);
+  const int64_t width = z.kv_lora + z.dr;
+  std::vector<uint16_t> bits(pr.latent.size());
+  for (size_t i = 0; i < bits.size(); ++i) bits[i] = f32_to_bf16(pr.latent[i]);
+  const int64_t num_rows = z.num_tokens * z.num_heads;
+  std::vector<float> want_out(num_rows * z.dv), want_lse(num_rows);
+  MlaAttentionParams p = pr.params(&w.host, false);
+  if (fc.bf16_latent) {
+    p.latent = nullptr;
+    p.latent_bf16 = bits.data();
+  }
+  p.out = want_out.data();
+  p.lse = want_lse.data();
+  cpu::mla_attention_absorbed(p);
+
+  // The latent on the device: contiguous, or pages (block b of the sequence at physical
+  // page num_blocks - 1 - b).
+  const size_t elem = fc.bf16_latent ? 2 : 4;
+  const int64_t rows_alloc = fc.block_size > 0
+                                 ? (z.num_keys + fc.block_size - 1) / fc.block_size * fc.block_size
+                                 : z.num_keys;
+  std::vector<uint8_t> pool(static_cast<size_t>(std::max<int64_t>(rows_alloc, 1) * width) * elem);
+  std::vector<int32_t> table;
+  const int64_t num_blocks = fc.block_size > 0 ? rows_alloc / fc.block_size : 0;
+  for (int64_t b = 0; b < num_blocks; ++b)
+    table.push_back(static_cast<int32_t>(num_blocks - 1 - b));
+  for (int64_t s = 0; s < z.num_keys; ++s) {
+    const int64_t phys =
+        fc.block_size > 0 ? table[s / fc.block_size] * fc.block_size + s % fc.block_size : s;
+    const void* src = fc.bf16_latent ? static_cast<const void*>(&bits[s * width])
+                                     : static_cast<const void*>(&pr.latent[s * width]);
+    std::memcpy(&pool[phys * width * elem], src, width * elem);
+  }
+  const DeviceBuffer d_pool = to_device(pool), d_table = to_device(table);
+  const DeviceBuffer d_q = to_device(pr.q), d_pos = to_device(pr.q_pos);
+  DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
+  p = pr.params(&w.device, false);
+  p.q = d_q.as<float>();
+  p.q_pos = d_pos.as<int64_t>();
+  p.latent = fc.bf16_latent ? nullptr : d_pool.as<float>();
+  p.latent_bf16 = fc.bf16_latent ? d_pool.as<uint16_t>() : nullptr;
+  if (fc.block_size > 0) {
+    p.latent_pages = {d_table.as<int32_t>(), fc.block_size,
+                      static_cast<int64_t>(fc.block_size * width * elem)};
+  }
+  if (fc.hint) p.q_pos_first = pr.q_pos.at(0);
+  p.out = d_out.as<float>();
+  p.lse = d_lse.as<float>();
+  ASSERT_TRUE(cuda::mla_flash_prefill_supports(p)) << what;
+  test::Stream stream;
+  cuda::Blas blas(stream.s);
+  const size_t ws_bytes = cuda::mla_flash_prefill_workspace_bytes(p, fc.max_chunk_keys);
+  DeviceBuffer ws(ws_bytes);
+  cuda::mla_flash_prefill(p, ws.data(), ws_bytes, blas, stream.s, fc.max_chunk_keys);
+  CUDA_CHECK(cudaStreamSynchronize(stream.s));
+  const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
+  const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
+      ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
+      for (int64_t d = 0; d < z.dv; ++d) {
+        ASSERT_EQ(got_out[r * z.dv + d], 0.0f) << what << " empty row " << r;
+      }
+    }
+  }
+  EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
+      << what << " out";
+  EXPECT_TRUE(test::all_close(got_lse, want_lse, 5e-2f, 1e-2f)) << what << " lse";
+}
+
+// Awkward query counts (1, 63, 65, 200: partial 64-row blocks) over contexts shorter and
+// longer than the queries (the first queries of T > S see nothing), one and three heads,
+// K3's head sizes (the 192/128 variant) and small ones (the 64/64 variant, K3's tiny
+// test checkpoints' 24/16 too), kv_b stored as bf16 (read in place) and f32 (decoded).
+TEST(GpuMlaFlash, AwkwardShapesMatchCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 5000;
+  for (const int64_t T : {1, 63, 65, 200}) {
+    for (const int64_t S : {1, 64, 321}) {
+      for (const int64_t H : {1, 3}) {
+        const Sizes z{T, S, H, 128, 64, 128, 512};
+        Problem pr(z, S - T, ++seed);
+        check_flash(pr, Format::kBF16, {}, name_of(z, S - T, "flash bf16 kv_b"));
+        if (T == 65) check_flash(pr, Format::kF32, {}, name_of(z, S - T, "flash f32 kv_b"));
+      }
+    }
+  }
+  for (const Sizes z : {Sizes{65, 321, 3, 32, 16, 32, 64}, Sizes{100, 150, 4, 16, 8, 16, 32}}) {
+    Problem pr(z, z.num_keys - z.num_tokens, ++seed);
+    check_flash(pr, Format::kBF16, {}, name_of(z, pr.q_pos[0], "flash small heads"));
+  }
+}
+
+// kv_b in FP8 blocks and MXFP4 (decoded to bf16 once per call); the bf16 latent in pages of
+// 16 rows in reverse physical order with the positions hint; several chunks of keys (the
+// running max, sum and O carried between chunks in `out` and the workspace) with a prefix
+// before the queries, over contiguous and paged latents.
+TEST(GpuMlaFlash, FormatsPagesAndChunksMatchCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 6000;
+  const Sizes z{65, 200, 3, 128, 64, 128, 512};
+  Problem pr(z, 135, ++seed);
+  check_flash(pr, Format::kFp8, {}, "flash fp8 kv_b");
+  check_flash(pr, Format::kMxfp4, {}, "flash mxfp4 kv_b");
+  const Sizes long_z{100, 700, 2, 128, 64, 128, 512};
+  Problem prefix(long_z, 600, ++seed);
+  check_flash(prefix, Format::kBF16, {.bf16_latent = true, .block_size = 16, .hint = true},
+              "flash bf16 latent paged hint");
+  for (const int64_t chunk : {64, 128, 320}) {
+    const std::string c = " chunk " + std::to_string(chunk);
+    check_flash(prefix, Format::kBF16, {.max_chunk_keys = chunk}, "flash chunks" + c);
+    check_flash(prefix, Format::kBF16,
+                {.bf16_latent = true, .block_size = 64, .hint = true, .max_chunk_keys = chunk},
+                "flash chunks paged hint" + c);
+  }
+  // Queries in the middle of the keys (keys past the last query unseen), several chunks.
+  Problem middle(long_z, 250, ++seed);
+  check_flash(middle, Format::kBF16, {.max_chunk_keys = 128}, "flash middle chunks");
+}
+
 }  // namespace
 }  // namespace hyserve

@@ -35,6 +35,23 @@ inline constexpr int64_t kMlaGemmMinTokens = 64;
 inline constexpr int64_t kMlaGemmKeyChunk = 4096;
 inline constexpr int64_t kMlaGemmRowChunk = 4096;
 
+// Dense prefill in the expanded form, flash-style on tensor cores (cuda/mla_flash_prefill.cu;
+// issue 47 item 1): K = c W_UK^T and V = c W_UV^T per head on cuBLAS (bf16), then S = Q K^T,
+// the causal online softmax and O += P V on mma.sync, fp32 accumulate, per chunk of keys.
+// 3.4x fewer FLOPs per (query, key, head) than the absorbed form at K3's sizes. q, the latent,
+// kv_b and the probabilities are rounded to bf16 (~2^-9 relative per term).
+// mla_attention_absorbed takes it, when given a cuBLAS handle, for the dense-prefill calls
+// it supports: no top-k, one block table (table_stride 0), no kv_b adapter, dn + dr <= 192,
+// dv <= 128; the GEMM path below serves the rest.
+bool mla_flash_prefill_supports(const MlaAttentionParams& p);
+// A function of T, H and the head sizes only (a fixed chunk of keys), 0 when unsupported.
+// max_chunk_keys > 0 caps the chunk (rounded down to 64 keys; tests take several chunks).
+size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p, int64_t max_chunk_keys = 0);
+// Any T >= 0 (the caller picks when it pays); out [T, H, dv] and lse as the other forms give
+// them (a query that sees no key: out 0, lse -inf). Honours q_pos_first's hint.
+void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
+                       const Blas& blas, cudaStream_t stream, int64_t max_chunk_keys = 0);
+
 // Bytes of workspace mla_attention_absorbed needs for these sizes: a function of T, H,
 // kv_lora and dr only (not of the context), so one sized at warm-up serves every step of
 // at most T tokens. gemm_prefill: with the dense-prefill GEMMs' buffers (a fixed chunk).

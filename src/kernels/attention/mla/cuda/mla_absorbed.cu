@@ -534,7 +534,8 @@ size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_pref
   const size_t base = make_plan(p, /*batch_invariant=*/false).total_bytes();
   MlaAttentionParams any = p;
   any.num_keys = 1;
-  return base + (uses_gemm(any, false, gemm_prefill) ? make_gemm_plan(p).total_bytes() : 0);
+  if (!uses_gemm(any, false, gemm_prefill)) return base;
+  return base + std::max(make_gemm_plan(p).total_bytes(), mla_flash_prefill_workspace_bytes(p));
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
@@ -542,6 +543,11 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
   check_params(p);
   if (p.num_tokens == 0) return;
   const bool gemm = uses_gemm(p, batch_invariant, blas != nullptr);
+  if (gemm && mla_flash_prefill_supports(p)) {
+    // The expanded form on tensor cores, its buffers from the workspace's start.
+    mla_flash_prefill(p, workspace, workspace_bytes, *blas, stream);
+    return;
+  }
   Plan plan = make_plan(p, batch_invariant);
   if (gemm) {
     plan.num_splits = 1;
