@@ -17,6 +17,9 @@
 #                            GEMM prefill off and on
 #                  lora      hyserve_step_bench on the tiny K3 and the K3.1 Pro slice, LoRA
 #                            rank 0 and 32 (issue 48 item 2's cost; issue 51's byte bounds)
+#                  mlaprefill  hyserve_mla_prefill_bench (flash and absorbed, Kimi Linear and
+#                            DeepSeek head counts, 4K / 16K queries, a 2K append on a 150K
+#                            prefix) + tools/bench_mla_torch.py
 #                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
 #                            speculation, multi-turn prefix hits, generate on the bundled model)
 #                (default: "sampler mla lora")
@@ -83,6 +86,18 @@ body() {
             --config "$C" --batches 1,8,64 >"$L/step_k31_lora$r.jsonl" 2>&1
           echo "step bench k3.1 slice lora rank $r rc $? at $(elapsed) s"
         done
+        ;;
+      mlaprefill)
+        timeout 120 ./build-gpu/hyserve_mla_prefill_bench --heads 32,128 --tokens 4096,16384 \
+          >"$L/mla_prefill.jsonl" 2>&1
+        echo "mla prefill bench rc $? at $(elapsed) s"
+        timeout 60 ./build-gpu/hyserve_mla_prefill_bench --heads 16,128 --tokens 2048 \
+          --prefix 150000 --absorbed-max-tflop 0 >"$L/mla_prefill_append.jsonl" 2>&1
+        echo "mla prefill append bench rc $? at $(elapsed) s"
+        timeout 90 python3 tools/bench_mla_torch.py --heads 32,128 --tokens 4096,16384 \
+          >"$L/mla_prefill_torch.jsonl" 2>&1
+        echo "torch mla prefill rc $? at $(elapsed) s"
+        cat "$L"/mla_prefill*.jsonl | cut -c1-260
         ;;
       speaks)
         timeout 240 python3 tools/measure_speaks_cpu.py --binary build-gpu/hyserve --device cuda \

@@ -1,0 +1,166 @@
+// hyserve_mla_prefill_bench: dense MLA prefill attention on one GPU (issue 47 items 1 and 6),
+// the expanded flash path (cuda.h mla_flash_prefill) beside the absorbed split-KV kernels
+// (the default before it), on random inputs at the models' head sizes (dn 128, dr 64, dv 128,
+// kv_lora 512): --heads (Kimi Linear 32, K2 64, DeepSeek-V3 128 at TP1; 16 at TP8),
+// --tokens queries after --prefix cached keys, a bf16 latent (the serving default).
+//
+// FLOPs are the expanded form's, whichever form runs: 2 (dn + dr + dv) per visible
+// (query, key, head) plus expanding the keys, 2 S H (dn + dv) kv_lora (the absorbed form
+// computes 3.4x more for the same result). One JSON line per point: median microseconds
+// (CUDA events, L2 flushed, --iters runs after warm-up), TFLOP/s and the ratio to the dense
+// bf16 GEMM rate measured at the start of the run. The absorbed kernels run only where
+// they take under --absorbed-max-tflop of work (they run at a few TFLOP/s).
+// tools/bench_mla_torch.py times PyTorch's scaled_dot_product_attention on the same math.
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "core/cuda/device_buffer.h"
+#include "core/dtype.h"
+#include "core/weight.h"
+#include "kernels/attention/mla/cuda.h"
+#include "kernels/linear/cuda.h"
+#include "peaks.h"
+#include "util/cuda_check.h"
+
+namespace hyserve::bench {
+namespace {
+
+constexpr int64_t kDn = 128, kDr = 64, kDv = 128, kKvLora = 512;
+
+std::vector<uint16_t> random_bf16(int64_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (uint16_t& x : v) x = f32_to_bf16(d(rng));
+  return v;
+}
+
+std::vector<float> random_f32(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+struct Point {
+  int64_t heads, tokens, prefix;
+};
+
+void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max_tflop) {
+  const int64_t t = pt.tokens, s = pt.prefix + pt.tokens, h = pt.heads;
+  cuda::DeviceBuffer q = cuda::to_device(random_f32(t * h * (kDn + kDr), 1));
+  cuda::DeviceBuffer latent = cuda::to_device(random_bf16(s * (kKvLora + kDr), 1.0f, 2));
+  cuda::DeviceBuffer kv_b_data =
+      cuda::to_device(random_bf16(h * (kDn + kDv) * kKvLora, 0.044f, 3));  // ~1/sqrt(512)
+  std::vector<int64_t> pos(static_cast<size_t>(t));
+  for (int64_t i = 0; i < t; ++i) pos[i] = pt.prefix + i;
+  cuda::DeviceBuffer d_pos = cuda::to_device(pos);
+  cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
+  Weight kv_b;
+  kv_b.rows = h * (kDn + kDv);
+  kv_b.cols = kKvLora;
+  kv_b.dtype = DType::kBF16;
+  kv_b.data = kv_b_data.data();
+  MlaAttentionParams p{.q = q.as<float>(),
+                       .latent_bf16 = latent.as<uint16_t>(),
+                       .kv_b = &kv_b,
+                       .q_pos = d_pos.as<int64_t>(),
+                       .q_pos_first = pt.prefix,
+                       .out = out.as<float>(),
+                       .lse = lse.as<float>(),
+                       .num_tokens = t,
+                       .num_keys = s,
+                       .num_heads = h,
+                       .dn = kDn,
+                       .dr = kDr,
+                       .dv = kDv,
+                       .kv_lora = kKvLora,
+                       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDn + kDr))};
+  const double pairs = static_cast<double>(t) * pt.prefix + t * (t + 1) / 2.0;
+  const double flop = 2.0 * h * (kDn + kDr + kDv) * pairs + 2.0 * s * h * (kDn + kDv) * kKvLora;
+  cuda::Blas blas(nullptr);
+  FlushedTimer timer(iters);
+  const auto report = [&](const char* impl, float us) {
+    const double tflops = flop / (us * 1e-6) / 1e12;
+    const nlohmann::json j = {{"bench", "mla_prefill"},
+                              {"impl", impl},
+                              {"heads", h},
+                              {"tokens", t},
+                              {"prefix", pt.prefix},
+                              {"latent", "bf16"},
+                              {"us", us},
+                              {"tflops", tflops},
+                              {"ratio_bf16_peak", tflops * 1e12 / bf16_rate}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  };
+  {
+    const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p);
+    cuda::DeviceBuffer ws(bytes);
+    report("hyserve_flash",
+           timer.time_us([&] { cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr); }));
+  }
+  // The absorbed form computes (2 (kv_lora + dr) + 2 kv_lora) / (2 (dn + dr + dv)) = 3.4x
+  // the pairs' FLOPs.
+  const double absorbed_flop = 2.0 * h * (2 * kKvLora + kDr) * pairs;
+  if (absorbed_flop / 1e12 <= absorbed_max_tflop) {
+    const size_t bytes = cuda::mla_attention_workspace_bytes(p);
+    cuda::DeviceBuffer ws(bytes);
+    report("hyserve_absorbed",
+           timer.time_us([&] { cuda::mla_attention_absorbed(p, ws.data(), bytes, nullptr); }));
+  }
+}
+
+std::vector<int64_t> parse_list(const std::string& s) {
+  std::vector<int64_t> v;
+  size_t i = 0;
+  while (i < s.size()) {
+    const size_t j = s.find(',', i);
+    v.push_back(std::stoll(s.substr(i, j == std::string::npos ? std::string::npos : j - i)));
+    if (j == std::string::npos) break;
+    i = j + 1;
+  }
+  return v;
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"hyserve_mla_prefill_bench: dense MLA prefill, flash and absorbed"};
+  std::string heads = "32,128", tokens = "4096,16384", prefixes = "0";
+  int iters = 5;
+  double absorbed_max_tflop = 1.0;
+  app.add_option("--heads", heads, "comma-separated head counts");
+  app.add_option("--tokens", tokens, "comma-separated query counts");
+  app.add_option("--prefix", prefixes, "comma-separated cached keys before the queries");
+  app.add_option("--iters", iters, "timed runs per point");
+  app.add_option("--absorbed-max-tflop", absorbed_max_tflop,
+                 "run the absorbed kernels only below this much work (TFLOP)");
+  CLI11_PARSE(app, argc, argv);
+  const double bf16_rate = measure_bf16_gemm_rate();
+  std::printf(
+      "%s\n",
+      nlohmann::json({{"bench", "peaks"}, {"bf16_gemm_tflops", bf16_rate / 1e12}}).dump().c_str());
+  for (const int64_t prefix : parse_list(prefixes)) {
+    for (const int64_t h : parse_list(heads)) {
+      for (const int64_t t : parse_list(tokens)) {
+        run_point({h, t, prefix}, iters, bf16_rate, absorbed_max_tflop);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace hyserve::bench
+
+int main(int argc, char** argv) {
+  return hyserve::bench::guarded_main("hyserve_mla_prefill_bench", hyserve::bench::run, argc, argv);
+}
