@@ -103,11 +103,13 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   };
-  {
-    const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p);
+  for (const int rows : {64, 128}) {
+    const cuda::MlaFlashOptions options{.block_rows = rows};
+    const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p, options);
     cuda::DeviceBuffer ws(bytes);
-    report("hyserve_flash",
-           timer.time_us([&] { cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr); }));
+    report(rows == 64 ? "hyserve_flash" : "hyserve_flash_128rows", timer.time_us([&] {
+      cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr, options);
+    }));
   }
   // The absorbed form computes (2 (kv_lora + dr) + 2 kv_lora) / (2 (dn + dr + dv)) = 3.4x
   // the pairs' FLOPs.

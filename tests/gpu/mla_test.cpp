@@ -565,6 +565,7 @@ struct FlashCase {
   int64_t block_size = 0;      // > 0: the latent in pages of this many rows, in reverse order
   bool hint = false;           // pass q_pos_first
   int64_t max_chunk_keys = 0;  // > 0: several chunks of keys
+  int block_rows = 0;          // 128: the 8-warp blocks
 };
 
 // Against the CPU absorbed op over the same (rounded, for a bf16 latent) values. bf16 MMA
@@ -624,9 +625,11 @@ void check_flash(const Problem& pr, Format format, const FlashCase& fc, const st
   ASSERT_TRUE(cuda::mla_flash_prefill_supports(p)) << what;
   test::Stream stream;
   cuda::Blas blas(stream.s);
-  const size_t ws_bytes = cuda::mla_flash_prefill_workspace_bytes(p, fc.max_chunk_keys);
+  const cuda::MlaFlashOptions options{.max_chunk_keys = fc.max_chunk_keys,
+                                      .block_rows = fc.block_rows};
+  const size_t ws_bytes = cuda::mla_flash_prefill_workspace_bytes(p, options);
   DeviceBuffer ws(ws_bytes);
-  cuda::mla_flash_prefill(p, ws.data(), ws_bytes, blas, stream.s, fc.max_chunk_keys);
+  cuda::mla_flash_prefill(p, ws.data(), ws_bytes, blas, stream.s, options);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
   const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
   const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
@@ -656,6 +659,7 @@ TEST(GpuMlaFlash, AwkwardShapesMatchCpu) {
         const Sizes z{T, S, H, 128, 64, 128, 512};
         Problem pr(z, S - T, ++seed);
         check_flash(pr, Format::kBF16, {}, name_of(z, S - T, "flash bf16 kv_b"));
+        check_flash(pr, Format::kBF16, {.block_rows = 128}, name_of(z, S - T, "flash 128 rows"));
         if (T == 65) check_flash(pr, Format::kF32, {}, name_of(z, S - T, "flash f32 kv_b"));
       }
     }
@@ -684,6 +688,8 @@ TEST(GpuMlaFlash, FormatsPagesAndChunksMatchCpu) {
   for (const int64_t chunk : {64, 128, 320}) {
     const std::string c = " chunk " + std::to_string(chunk);
     check_flash(prefix, Format::kBF16, {.max_chunk_keys = chunk}, "flash chunks" + c);
+    check_flash(prefix, Format::kBF16, {.max_chunk_keys = chunk, .block_rows = 128},
+                "flash chunks 128 rows" + c);
     check_flash(prefix, Format::kBF16,
                 {.bf16_latent = true, .block_size = 64, .hint = true, .max_chunk_keys = chunk},
                 "flash chunks paged hint" + c);

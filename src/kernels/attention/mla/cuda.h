@@ -44,13 +44,18 @@ inline constexpr int64_t kMlaGemmRowChunk = 4096;
 // it supports: no top-k, one block table (table_stride 0), no kv_b adapter, dn + dr <= 192,
 // dv <= 128; the GEMM path below serves the rest.
 bool mla_flash_prefill_supports(const MlaAttentionParams& p);
+// Knobs for tests and benchmarks; the defaults are what the model runs.
+struct MlaFlashOptions {
+  int64_t max_chunk_keys = 0;  // > 0: caps the chunk of keys (rounded down to 64)
+  int block_rows = 0;          // queries per block: 64 or 128 (192/128 heads only); 0: 64
+};
 // A function of T, H and the head sizes only (a fixed chunk of keys), 0 when unsupported.
-// max_chunk_keys > 0 caps the chunk (rounded down to 64 keys; tests take several chunks).
-size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p, int64_t max_chunk_keys = 0);
+size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p,
+                                         const MlaFlashOptions& options = {});
 // Any T >= 0 (the caller picks when it pays); out [T, H, dv] and lse as the other forms give
 // them (a query that sees no key: out 0, lse -inf). Honours q_pos_first's hint.
 void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                       const Blas& blas, cudaStream_t stream, int64_t max_chunk_keys = 0);
+                       const Blas& blas, cudaStream_t stream, const MlaFlashOptions& options = {});
 
 // Bytes of workspace mla_attention_absorbed needs for these sizes: a function of T, H,
 // kv_lora and dr only (not of the context), so one sized at warm-up serves every step of

@@ -11,7 +11,8 @@
 //                        zeros in the padding of K and V
 //     K[h] = c W_UK(h)^T   cuBLAS strided batched, bf16 out  [H][chunk][kDqk] = [k_nope|k_pe|0]
 //     V[h] = c W_UV(h)^T   cuBLAS strided batched, bf16 out  [H][chunk][kDv]  = [v|0]
-//     flash_kernel       block per (64 queries, head): Q [64, kDqk] bf16 in registers, K and
+//     flash_kernel       block per (64 or 128 queries, head), a warp per 16 queries: Q
+//                        [16, kDqk] bf16 in each warp's registers, K and
 //                        V tiles of 64 keys through shared memory (cp.async, two stages),
 //                        S = Q K^T and O += P V on mma.sync (fp32 accumulate), the online
 //                        softmax in registers (exp2, causal mask per row)
@@ -43,10 +44,10 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-constexpr int kThreads = 128;   // 4 warps, 16 query rows each
-constexpr int kBlockRows = 64;  // queries (of one head) per block
-constexpr int kTileKeys = 64;   // keys per shared-memory tile
-constexpr int kPad = 8;         // bf16 of padding per shared row: conflict-free ldmatrix
+// A block: kWarps warps of 16 query rows each, one head (64 or 128 queries).
+constexpr int kMaxBlockRows = 128;
+constexpr int kTileKeys = 64;  // keys per shared-memory tile
+constexpr int kPad = 8;        // bf16 of padding per shared row: conflict-free ldmatrix
 constexpr size_t kKvChunkBytes = size_t{128} << 20;
 constexpr int64_t kMaxChunkKeys = 16384;
 constexpr size_t kAlign = 256;
@@ -148,8 +149,10 @@ struct FlashArgs {
   bool first, last;
 };
 
-template <int kDqk, int kDv>
+template <int kDqk, int kDv, int kWarps>
 struct FlashShape {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockRows = 16 * kWarps;
   static constexpr int kLdQk = kDqk + kPad;
   static constexpr int kLdV = kDv + kPad;
   static constexpr size_t kSmemBytes =
@@ -157,21 +160,20 @@ struct FlashShape {
 };
 
 // Keys [it * 64, it * 64 + 64) of the chunk into stage `buf`; rows past kc are zeros.
-template <int kDqk, int kDv>
+template <class S, int kDqk, int kDv>
 __device__ __forceinline__ void load_kv_tile(const FlashArgs& a, int64_t h, int it, bf16* k_s,
                                              bf16* v_s) {
-  using S = FlashShape<kDqk, kDv>;
   const int64_t key0 = static_cast<int64_t>(it) * kTileKeys;
   const bf16* kg = a.k + (h * a.chunk_keys + key0) * kDqk;
   const bf16* vg = a.v + (h * a.chunk_keys + key0) * kDv;
   constexpr int kKChunks = kDqk / 8, kVChunks = kDv / 8;  // 16-byte pieces per row
-  for (int i = threadIdx.x; i < kTileKeys * kKChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kTileKeys * kKChunks; i += S::kThreads) {
     const int r = i / kKChunks, piece = i % kKChunks;
     const bool live = key0 + r < a.kc;
     cp_async_16(k_s + r * S::kLdQk + piece * 8, live ? kg + r * kDqk + piece * 8 : a.k,
                 live ? 16 : 0);
   }
-  for (int i = threadIdx.x; i < kTileKeys * kVChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kTileKeys * kVChunks; i += S::kThreads) {
     const int r = i / kVChunks, piece = i % kVChunks;
     const bool live = key0 + r < a.kc;
     cp_async_16(v_s + r * S::kLdV + piece * 8, live ? vg + r * kDv + piece * 8 : a.v,
@@ -180,15 +182,16 @@ __device__ __forceinline__ void load_kv_tile(const FlashArgs& a, int64_t h, int 
   cp_async_commit();
 }
 
-template <int kDqk, int kDv>
-__global__ void __launch_bounds__(kThreads) flash_kernel(FlashArgs a) {
-  using S = FlashShape<kDqk, kDv>;
+template <int kDqk, int kDv, int kWarps>
+__global__ void __launch_bounds__(32 * kWarps) flash_kernel(FlashArgs a) {
+  using S = FlashShape<kDqk, kDv, kWarps>;
+  constexpr int kBlockRows = S::kBlockRows;
   constexpr int kKSteps = kDqk / 16;
   constexpr int kVTiles = kDv / 8;
   extern __shared__ __align__(16) unsigned char smem_raw[];
   __shared__ int64_t pos_s[kBlockRows];
-  auto* q_s = reinterpret_cast<bf16*>(smem_raw);  // [64][kLdQk]
-  bf16* k_s = q_s + kBlockRows * S::kLdQk;        // [2][64][kLdQk]
+  auto* q_s = reinterpret_cast<bf16*>(smem_raw);  // [kBlockRows][kLdQk]
+  bf16* k_s = q_s + kBlockRows * S::kLdQk;        // [2][64 keys][kLdQk]
   bf16* v_s = k_s + 2 * kTileKeys * S::kLdQk;     // [2][64][kLdV]
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -201,7 +204,7 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashArgs a) {
     const int64_t t = t0 + threadIdx.x;
     pos_s[threadIdx.x] = t < a.num_tokens ? a.q_pos[t] : -1;
   }
-  for (int i = threadIdx.x; i < kBlockRows * kDqk; i += kThreads) {
+  for (int i = threadIdx.x; i < kBlockRows * kDqk; i += S::kThreads) {
     const int r = i / kDqk, col = i % kDqk;
     const int64_t t = t0 + r;
     float x = 0.0f;
@@ -250,15 +253,15 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashArgs a) {
     ldmatrix_x4(qf[kk], q_s + (warp * 16 + lane % 16) * S::kLdQk + kk * 16 + (lane / 16) * 8);
   }
 
-  if (num_tiles > 0) load_kv_tile<kDqk, kDv>(a, h, 0, k_s, v_s);
+  if (num_tiles > 0) load_kv_tile<S, kDqk, kDv>(a, h, 0, k_s, v_s);
   const int64_t k_end = a.k0 + a.kc;
   for (int it = 0; it < num_tiles; ++it) {
     const int buf = it & 1;
     cp_async_wait<0>();
     __syncthreads();
     if (it + 1 < num_tiles) {
-      load_kv_tile<kDqk, kDv>(a, h, it + 1, k_s + (buf ^ 1) * kTileKeys * S::kLdQk,
-                              v_s + (buf ^ 1) * kTileKeys * S::kLdV);
+      load_kv_tile<S, kDqk, kDv>(a, h, it + 1, k_s + (buf ^ 1) * kTileKeys * S::kLdQk,
+                                 v_s + (buf ^ 1) * kTileKeys * S::kLdV);
     }
     const bf16* kt = k_s + buf * kTileKeys * S::kLdQk;
     const bf16* vt = v_s + buf * kTileKeys * S::kLdV;
@@ -371,16 +374,16 @@ __global__ void __launch_bounds__(kThreads) flash_kernel(FlashArgs a) {
   }
 }
 
-template <int kDqk, int kDv>
+template <int kDqk, int kDv, int kWarps>
 void launch_flash(const FlashArgs& a, cudaStream_t stream) {
-  using S = FlashShape<kDqk, kDv>;
+  using S = FlashShape<kDqk, kDv, kWarps>;
   // Set on every launch (cheap): the attribute is per device.
-  CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<kDqk, kDv>,
+  CUDA_CHECK(cudaFuncSetAttribute(flash_kernel<kDqk, kDv, kWarps>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(S::kSmemBytes)));
-  const dim3 grid(static_cast<unsigned>((a.num_tokens + kBlockRows - 1) / kBlockRows),
+  const dim3 grid(static_cast<unsigned>((a.num_tokens + S::kBlockRows - 1) / S::kBlockRows),
                   static_cast<unsigned>(a.num_heads));
-  flash_kernel<kDqk, kDv><<<grid, kThreads, S::kSmemBytes, stream>>>(a);
+  flash_kernel<kDqk, kDv, kWarps><<<grid, S::kThreads, S::kSmemBytes, stream>>>(a);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -393,15 +396,16 @@ unsigned grid_for(int64_t n) {
 bool mla_flash_prefill_supports(const MlaAttentionParams& p) {
   return p.topk == nullptr && p.table_stride == 0 && p.lora_slots == nullptr &&
          pick_variant(p).dqk != 0 && p.num_heads < 65536 &&
-         (p.num_tokens + kBlockRows - 1) / kBlockRows < (int64_t{1} << 31);
+         (p.num_tokens + kMaxBlockRows - 1) / 16 < (int64_t{1} << 31);
 }
 
-size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p, int64_t max_chunk_keys) {
-  return pick_variant(p).dqk != 0 ? make_flash_plan(p, max_chunk_keys).total_bytes() : 0;
+size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p,
+                                         const MlaFlashOptions& options) {
+  return pick_variant(p).dqk != 0 ? make_flash_plan(p, options.max_chunk_keys).total_bytes() : 0;
 }
 
 void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                       const Blas& blas, cudaStream_t stream, int64_t max_chunk_keys) {
+                       const Blas& blas, cudaStream_t stream, const MlaFlashOptions& options) {
   validate(p);
   CHECK(mla_flash_prefill_supports(p),
         "mla_flash_prefill: dense calls with one block table and no kv_b adapter, dn + dr <= 192 "
@@ -409,7 +413,11 @@ void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t work
         p.dn, ", dr ", p.dr, ", dv ", p.dv, ")");
   CHECK(blas.stream() == stream, "mla_flash_prefill: the cuBLAS handle runs on another stream");
   if (p.num_tokens == 0) return;
-  const FlashPlan f = make_flash_plan(p, max_chunk_keys);
+  CHECK(options.block_rows == 0 || options.block_rows == 64 || options.block_rows == 128,
+        "mla_flash_prefill: block_rows ", options.block_rows, " (64 or 128)");
+  const FlashPlan f = make_flash_plan(p, options.max_chunk_keys);
+  CHECK(options.block_rows != 128 || f.v.dqk == 192,
+        "mla_flash_prefill: 128-query blocks for the 192/128 heads only");
   CHECK(workspace != nullptr && workspace_bytes >= f.total_bytes(), "MLA flash workspace of ",
         workspace_bytes, " bytes, need ", f.total_bytes());
   CHECK(reinterpret_cast<uintptr_t>(workspace) % kAlign == 0,
@@ -488,9 +496,11 @@ void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t work
                       .first = ci == 0,
                       .last = ci == num_chunks - 1};
     if (f.v.dqk == 64) {
-      launch_flash<64, 64>(a, stream);
+      launch_flash<64, 64, 4>(a, stream);
+    } else if (options.block_rows == 128) {
+      launch_flash<192, 128, 8>(a, stream);
     } else {
-      launch_flash<192, 128>(a, stream);
+      launch_flash<192, 128, 4>(a, stream);
     }
   }
 }
