@@ -107,7 +107,7 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
     const cuda::MlaFlashOptions options{.block_rows = rows};
     const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p, options);
     cuda::DeviceBuffer ws(bytes);
-    report(rows == 64 ? "hyserve_flash" : "hyserve_flash_128rows", timer.time_us([&] {
+    report(rows == 64 ? "hyserve_flash_64rows" : "hyserve_flash", timer.time_us([&] {
       cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr, options);
     }));
   }

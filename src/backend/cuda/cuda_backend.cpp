@@ -265,13 +265,14 @@ void CudaBackend::rope(const RopeOpParams& p) {
   }
 }
 
-// Dense MLA prefill on cuBLAS's tensor cores (kernels/attention/mla/cuda.h): off until its GPU
-// test and benchmark have run; HYSERVE_MLA_GEMM_PREFILL=1 turns it on to measure it beside the
-// default in one run (docs/DECISIONS.md, "Dense MLA prefill on cuBLAS's tensor cores").
+// Dense MLA prefill on tensor cores (kernels/attention/mla/cuda.h: the expanded flash path,
+// the absorbed GEMMs for kv_b adapters): on, since its GPU tests passed and it measured 160x
+// the fp32 kernel (BENCHMARKS.md); HYSERVE_MLA_GEMM_PREFILL=0 turns it off for a process, to
+// measure the two beside each other (docs/DECISIONS.md, "Dense MLA prefill in the expanded form").
 bool mla_gemm_prefill() {
   static const bool on = [] {
     const char* env = std::getenv("HYSERVE_MLA_GEMM_PREFILL");
-    return env != nullptr && std::string_view(env) == "1";
+    return env == nullptr || std::string_view(env) != "0";
   }();
   return on;
 }

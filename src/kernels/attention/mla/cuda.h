@@ -47,7 +47,7 @@ bool mla_flash_prefill_supports(const MlaAttentionParams& p);
 // Knobs for tests and benchmarks; the defaults are what the model runs.
 struct MlaFlashOptions {
   int64_t max_chunk_keys = 0;  // > 0: caps the chunk of keys (rounded down to 64)
-  int block_rows = 0;          // queries per block: 64 or 128 (192/128 heads only); 0: 64
+  int block_rows = 0;  // queries per block: 64 or 128 (192/128 heads only); 0: 128 (64 for 64/64)
 };
 // A function of T, H and the head sizes only (a fixed chunk of keys), 0 when unsupported.
 size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p,
