@@ -24,13 +24,13 @@
 
 namespace hyserve::cuda {
 
-// Dense prefill on tensor cores (issue 47, first step; opt-in until measured on a GPU):
-// when the caller passes a cuBLAS handle, a dense call (no top-k, one block table) of at
-// least kMlaGemmMinTokens queries outside batch-invariant mode runs step 2 as bf16 GEMMs
-// with fp32 accumulation, per chunk of kMlaGemmKeyChunk keys and kMlaGemmRowChunk (t, h)
-// rows, the online softmax between the two GEMMs: scores = q_abs lat^T, o_lat += P lat.
-// q_abs, the latent rows and the probabilities are rounded to bf16 (the GEMMs' inputs):
-// ~2^-8 relative per term, against the fp32 kernels' exact sums.
+// Dense prefill on tensor cores, absorbed (issue 47, first step; the calls with kv_b adapters,
+// which the flash path below does not take): when the caller passes a cuBLAS handle, a dense call
+// (no top-k, one block table) of at least kMlaGemmMinTokens queries outside batch-invariant mode
+// runs step 2 as bf16 GEMMs with fp32 accumulation, per chunk of kMlaGemmKeyChunk keys and
+// kMlaGemmRowChunk (t, h) rows, the online softmax between the two GEMMs: scores = q_abs lat^T,
+// o_lat += P lat. q_abs, the latent rows and the probabilities are rounded to bf16 (the GEMMs'
+// inputs): ~2^-8 relative per term, against the fp32 kernels' exact sums.
 inline constexpr int64_t kMlaGemmMinTokens = 64;
 inline constexpr int64_t kMlaGemmKeyChunk = 4096;
 inline constexpr int64_t kMlaGemmRowChunk = 4096;
