@@ -109,6 +109,8 @@ void check_parallel_flags(const ServeArgs& a) {
 // Speculative decoding, prefix caching, scheduling, the caches' formats and memory, the
 // parsers, the device.
 void check_engine_flags(const ServeArgs& a) {
+  require(a.load_format == "auto" || a.load_format == "safetensors" || a.load_format == "dummy",
+          "--load-format must be auto, safetensors or dummy, got '", a.load_format, "'");
   if (a.enable_lora) {
     require(a.max_lora_rank >= 1 && a.max_lora_rank <= 64, "--max-lora-rank must be from 1 to 64",
             ", got ", a.max_lora_rank);
@@ -291,6 +293,10 @@ void add_http_and_runtime_flags(CLI::App& cmd, ServeArgs& a) {
       ->capture_default_str()
       ->envname("HYSERVE_CPU_GEMM");
   cmd.add_flag("--enforce-eager", a.enforce_eager, "decode without CUDA graphs");
+  cmd.add_option("--load-format", a.load_format,
+                 "auto or safetensors: the checkpoint's weights; dummy: random weights of the "
+                 "config's shapes (benchmarks; the folder needs only config.json and a tokenizer)")
+      ->capture_default_str();
   cmd.add_flag("--async-scheduling", a.async_scheduling,
                "schedule and launch the next step while this one runs (the default)");
   cmd.add_flag("--no-async-scheduling", a.no_async_scheduling,

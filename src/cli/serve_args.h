@@ -61,6 +61,10 @@ struct ServeArgs {
   bool batch_invariant = false;
   std::string cpu_gemm = "blas";
   bool enforce_eager = false;
+  // vLLM's --load-format: auto / safetensors (the checkpoint's files), or dummy (random
+  // weights of the config's shapes and formats: benchmarks of models whose checkpoint is not
+  // at hand; the folder needs only config.json and the tokenizer).
+  std::string load_format = "auto";
   bool async_scheduling = false;  // the default; --no-async-scheduling turns it off
   bool no_async_scheduling = false;
   // Several nodes (vLLM's flags): node_rank's processes are ranks [node_rank x L,

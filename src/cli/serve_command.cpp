@@ -153,6 +153,7 @@ WorkerConfig worker_config(const ServeArgs& a, const ServeSetup& s) {
   wc.gpu_memory_utilization = a.gpu_memory_utilization;
   wc.kv_cache_memory_bytes = a.kv_cache_memory_bytes;
   wc.enforce_eager = a.enforce_eager;  // decode steps replay CUDA graphs unless given
+  wc.dummy_weights = a.load_format == "dummy";
   return wc;
 }
 

@@ -9,6 +9,7 @@
 #include "engine/model_runner.h"
 #include "engine/tensor_parallel_group.h"
 #include "model/config.h"
+#include "model/random_weights.h"
 #include "parallel/make_communicator.h"
 #include "parallel/step_channel.h"
 #include "util/error.h"
@@ -16,6 +17,9 @@
 
 namespace hyserve {
 namespace {
+
+// --load-format dummy: every rank makes the same tensors (their shards of them).
+constexpr uint64_t kDummyWeightsSeed = 0;
 
 // Sets key/rank to `value` and returns every rank's value once all have set theirs,
 // calling `poll` (when given; it may throw) about every second while it waits.
@@ -103,7 +107,13 @@ void Worker::load_model() {
                                                     g.timeout, str_cat("dcp", g.rank / dcp));
     mo.parallel.dcp = {g.rank % dcp, dcp, dcp_comm_.get()};
   }
-  model_ = Model::load(config_.model_dir, mo, std::move(backend));
+  if (config_.dummy_weights) {
+    log::info("{}: random weights (--load-format dummy)", config_.model_dir.string());
+    model_ = Model::create(config, std::make_unique<RandomWeights>(config, kDummyWeightsSeed), mo,
+                           std::move(backend));
+  } else {
+    model_ = Model::load(config_.model_dir, mo, std::move(backend));
+  }
 }
 
 // Ranks load at their own pace; the first collective waits for the slowest.

@@ -62,6 +62,9 @@ struct WorkerConfig {
   double gpu_memory_utilization = 0.9;
   int64_t kv_cache_memory_bytes = 0;
   bool enforce_eager = false;  // decode without CUDA graphs
+  // Random weights of the config's shapes and storage formats (model/random_weights.h, a
+  // fixed seed) instead of the folder's safetensors: --load-format dummy.
+  bool dummy_weights = false;
 };
 
 // Where the rank sits in its tensor-parallel group and how it reaches the others. One rank:

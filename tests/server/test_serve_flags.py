@@ -126,3 +126,54 @@ def test_long_max_model_len_needs_the_override(tmp_path, server):
         assert srv.max_model_len == longer
     finally:
         srv.stop()
+
+
+@pytest.fixture(scope="module")
+def config_only_dir(tmp_path_factory):
+    """The bundled model's config and tokenizer, no weights."""
+    folder = tmp_path_factory.mktemp("config-only") / "tiny-config-only"
+    folder.mkdir()
+    for f in MODEL_DIR.iterdir():
+        if f.suffix != ".safetensors" and f.name != "model.safetensors.index.json":
+            (folder / f.name).symlink_to(f)
+    return folder
+
+
+def greedy_text(srv, prompt):
+    r = srv.client().completions.create(model=srv.model, prompt=prompt, max_tokens=8,
+                                        temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 8
+    return r.choices[0].text
+
+
+def test_load_format_dummy_serves_random_weights_of_the_config(config_only_dir, tmp_path):
+    # vLLM's --load-format dummy: a folder with no weights serves (benchmarks of a model whose
+    # checkpoint is not at hand); the same seed on every start, so the same greedy text.
+    texts = []
+    for _ in range(2):
+        srv = start_server(tmp_path, ["--load-format", "dummy"], model_dir=config_only_dir)
+        try:
+            texts.append(greedy_text(srv, "The interpreter reads"))
+            chat = srv.client().chat.completions.create(
+                model=srv.model, messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+            assert chat.choices[0].finish_reason in ("length", "stop")
+        finally:
+            srv.stop()
+    assert texts[0] == texts[1]
+    # The real weights answer otherwise.
+    srv = start_server(tmp_path)
+    try:
+        assert greedy_text(srv, "The interpreter reads") != texts[0]
+    finally:
+        srv.stop()
+
+
+def test_load_format_refuses_unknown_values_and_a_folder_without_weights(config_only_dir):
+    base = [str(binary_path()), "serve", str(config_only_dir), "--port", str(free_port())]
+    r = subprocess.run(base + ["--load-format", "pickle"], capture_output=True, text=True,
+                       timeout=60, env=server_environment())
+    assert r.returncode != 0
+    assert "--load-format must be auto, safetensors or dummy" in r.stderr + r.stdout
+    r = subprocess.run(base, capture_output=True, text=True, timeout=60, env=server_environment())
+    assert r.returncode != 0
+    assert "no .safetensors files" in r.stderr + r.stdout
