@@ -33,7 +33,9 @@
 // item 2's cost, against a run without it).
 //
 // --config builds the two-layer slice hyserve_layer_bench uses (one KDA layer with a dense
-// MLP, one DSA MLA layer with the MoE; random weights, FP8 latent and index keys).
+// MLP, one DSA MLA layer with the MoE; random weights, FP8 latent and index keys);
+// --full-config the whole model of a config on random weights, serve's defaults (the decode
+// step and its byte bound of a model whose checkpoint is not at hand: issue 26 item 4).
 #include <cuda_runtime_api.h>
 #include <cupti.h>
 #include <cxxabi.h>
@@ -193,6 +195,7 @@ StepTimes busy_in(std::vector<Activity::Interval> iv, uint64_t t0, uint64_t t1) 
 struct Args {
   std::string model_dir;
   std::string config;
+  std::string full_config;
   std::string label = "this";
   std::vector<int64_t> batches = {1, 8, 64, 256};
   int64_t prompt = 128;
@@ -242,6 +245,11 @@ std::filesystem::path write_bench_adapter(const Model& model, int64_t rank) {
 #endif
 
 std::unique_ptr<Model> make_model(const Args& a) {
+  if (!a.full_config.empty()) {
+    // Every layer of the config, random weights as serve --load-format dummy makes them.
+    const ModelConfig c = ModelConfig::load(a.full_config);
+    return Model::create(c, std::make_unique<RandomWeights>(c, 0), {}, make_cuda_backend(0));
+  }
   if (!a.config.empty()) {
     const ModelConfig c = bench::layer_slice(ModelConfig::load(a.config));
     ModelOptions options;
@@ -259,6 +267,8 @@ int run(int argc, char** argv) {
   CLI::App app("hyserve_step_bench: the engine's decode step, GPU time vs host time");
   app.add_option("--model", a.model_dir, "checkpoint folder (default: the bundled tiny model)");
   app.add_option("--config", a.config, "config.json: the two-layer random-weight slice");
+  app.add_option("--full-config", a.full_config,
+                 "config.json: every layer of it, random weights (serve --load-format dummy)");
   app.add_option("--label", a.label, "names the tree in the JSON lines")->capture_default_str();
   app.add_option("--batches", a.batches, "batch sizes")->delimiter(',');
   app.add_option("--prompt", a.prompt, "prompt tokens per request")->capture_default_str();

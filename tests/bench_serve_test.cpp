@@ -186,5 +186,28 @@ TEST(BenchServe, SweepWritesPointsSummaryAndPlots) {
   }
 }
 
+// --prompts-per-concurrency: a point sends max(--num-prompts, K x its concurrency).
+TEST(BenchServe, SweepScalesPromptsWithConcurrency) {
+  test::TinyOpenAIServer server;
+  const std::filesystem::path dir = std::filesystem::path(testing::TempDir()) / "bench_sweep_k";
+  std::filesystem::remove_all(dir);
+  const RunResult r =
+      run(str_cat("bench sweep --base-url http://127.0.0.1:", server.port(), " --tokenizer ",
+                  test::tiny_model_dir().string(),
+                  " --num-prompts 3 --random-input-len 8 --random-output-len 2",
+                  " --concurrencies 1,4 --prompts-per-concurrency 2 --disable-tqdm --result-dir ",
+                  dir.string()));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const nlohmann::json summary = read_json((dir / "sweep_summary.json").string());
+  ASSERT_EQ(summary["points"].size(), 2u);
+  EXPECT_EQ(summary["points"][0]["completed"], 3);  // max(3, 2 x 1)
+  EXPECT_EQ(summary["points"][1]["completed"], 8);  // max(3, 2 x 4)
+  EXPECT_NE(run(str_cat("bench sweep --base-url http://127.0.0.1:", server.port(), " --tokenizer ",
+                        test::tiny_model_dir().string(),
+                        " --concurrencies 1 --prompts-per-concurrency -1"))
+                .exit_code,
+            0);
+}
+
 }  // namespace
 }  // namespace hyserve

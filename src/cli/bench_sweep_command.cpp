@@ -2,6 +2,7 @@
 // `bench serve` once per concurrency (--max-concurrency set to each), saves each point's
 // result JSON and a summary, and draws the frontier (output tokens/s per user against per
 // GPU) and TTFT / TPOT against the concurrency as SVG and PNG files in --result-dir.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -21,6 +22,9 @@ struct BenchSweepArgs {
   BenchServeArgs serve;
   std::string concurrencies = "1,2,4,8,16,32,64";
   int64_t num_gpus = 1;
+  // > 0: each point sends at least this many requests (agentic: sessions) per unit of
+  // concurrency, so low concurrencies stay short and high ones reach a steady state.
+  int64_t prompts_per_concurrency = 0;
 };
 
 void write_text(const std::filesystem::path& path, const std::string& text) {
@@ -46,6 +50,7 @@ void write_plots(const std::filesystem::path& dir, const std::vector<client::Swe
 int run_bench_sweep(const BenchSweepArgs& a) {
   const std::vector<int64_t> concurrencies = client::parse_concurrencies(a.concurrencies);
   CHECK(a.num_gpus >= 1, "--num-gpus must be >= 1");
+  CHECK(a.prompts_per_concurrency >= 0, "--prompts-per-concurrency must be >= 0");
   const std::filesystem::path dir(a.serve.result_dir.empty() ? "." : a.serve.result_dir);
   std::filesystem::create_directories(dir);
   std::vector<client::SweepPoint> points;
@@ -54,6 +59,9 @@ int run_bench_sweep(const BenchSweepArgs& a) {
   for (const int64_t c : concurrencies) {
     BenchServeArgs point_args = a.serve;
     point_args.max_concurrency = c;
+    if (a.prompts_per_concurrency > 0) {
+      point_args.num_prompts = std::max(a.serve.num_prompts, a.prompts_per_concurrency * c);
+    }
     point_args.save_result = false;  // saved below under a name of the sweep's
     point_args.percentile_metrics = "ttft,tpot,itl,e2el";
     point_args.metric_percentiles = "50,90,99";
@@ -85,6 +93,10 @@ std::function<int()> add_bench_sweep_command(CLI::App& bench) {
   sweep->add_option("--concurrencies", args->concurrencies, "max concurrencies, e.g. 1,2,4,8")
       ->capture_default_str();
   sweep->add_option("--num-gpus", args->num_gpus, "GPUs serving (throughput per GPU)")
+      ->capture_default_str();
+  sweep
+      ->add_option("--prompts-per-concurrency", args->prompts_per_concurrency,
+                   "each point sends max(--num-prompts, this x its concurrency) (0: off)")
       ->capture_default_str();
   return [args, sweep] {
     if (sweep->parsed()) return run_bench_sweep(*args);
