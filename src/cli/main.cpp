@@ -9,10 +9,12 @@
 #include "cli/commands.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/version.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"hyserve: inference server for hybrid sparse-attention MoE models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string(hyserve::kVersion));
   auto info = hyserve::cli::add_info_command(app);
   auto generate = hyserve::cli::add_generate_command(app);
   auto serve = hyserve::cli::add_serve_command(app);

@@ -20,6 +20,7 @@
 #include "tokenizer/utf8.h"
 #include "util/error.h"
 #include "util/log.h"
+#include "util/version.h"
 
 namespace hyserve {
 namespace {
@@ -99,12 +100,19 @@ OpenAIServer::OpenAIServer(OpenAIServerOptions options, Engine& engine, const To
               [this](const HttpRequest& r, HttpResponseWriter& w) { tokenize(r, w); });
   http_.route("POST", "/detokenize",
               [this](const HttpRequest& r, HttpResponseWriter& w) { detokenize(r, w); });
-  http_.route("GET", "/health", [this](const HttpRequest&, HttpResponseWriter& w) {
+  const auto health = [this](const HttpRequest&, HttpResponseWriter& w) {
     if (engine_.alive()) {
       w.send(200, "text/plain", "");
     } else {
       send_json(w, 503, error_body(503, "the engine is dead"));
     }
+  };
+  http_.route("GET", "/health", health);
+  // vLLM's /ping (SageMaker's liveness probe, GET and POST): /health's answer.
+  http_.route("GET", "/ping", health);
+  http_.route("POST", "/ping", health);
+  http_.route("GET", "/version", [](const HttpRequest&, HttpResponseWriter& w) {
+    send_json(w, 200, nlohmann::json{{"version", kVersion}}.dump());
   });
   http_.route("GET", "/metrics", [this](const HttpRequest&, HttpResponseWriter& w) {
     w.send(200, "text/plain; version=0.0.4; charset=utf-8", metrics_.render(engine_.stats()));

@@ -1,15 +1,32 @@
-"""GET /health, GET /v1/models, chat and text completions without streaming."""
+"""GET /health, /ping, /version, GET /v1/models, chat and text completions without streaming."""
+
+import subprocess
 
 import pytest
 import requests
 
-from conftest import CHAT, NO_THINK
+from conftest import CHAT, NO_THINK, binary_path
 
 pytestmark = pytest.mark.server
 
 
 def test_health(server):
     assert requests.get(server.url("/health"), timeout=10).status_code == 200
+
+
+def test_ping_and_version_as_vllm_answers_them(server):
+    # /ping: /health's answer, GET and POST (SageMaker's probe); /version: {"version": ...},
+    # the same string as `hyserve --version` prints.
+    assert requests.get(server.url("/ping"), timeout=10).status_code == 200
+    assert requests.post(server.url("/ping"), timeout=10).status_code == 200
+    r = requests.get(server.url("/version"), timeout=10)
+    assert r.status_code == 200
+    version = r.json()["version"]
+    out = subprocess.run([str(binary_path()), "--version"], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0
+    assert out.stdout.strip() == version
+    assert requests.put(server.url("/version"), timeout=10).status_code in (404, 405)
 
 
 def test_models_shape(server):
