@@ -122,26 +122,14 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
   }
 }
 
-std::vector<int64_t> parse_list(const std::string& s) {
-  std::vector<int64_t> v;
-  size_t i = 0;
-  while (i < s.size()) {
-    const size_t j = s.find(',', i);
-    v.push_back(std::stoll(s.substr(i, j == std::string::npos ? std::string::npos : j - i)));
-    if (j == std::string::npos) break;
-    i = j + 1;
-  }
-  return v;
-}
-
 int run(int argc, char** argv) {
   CLI::App app{"hyserve_mla_prefill_bench: dense MLA prefill, flash and absorbed"};
-  std::string heads = "32,128", tokens = "4096,16384", prefixes = "0";
+  std::vector<int64_t> heads = {32, 128}, tokens = {4096, 16384}, prefixes = {0};
   int iters = 5;
   double absorbed_max_tflop = 1.0;
-  app.add_option("--heads", heads, "comma-separated head counts");
-  app.add_option("--tokens", tokens, "comma-separated query counts");
-  app.add_option("--prefix", prefixes, "comma-separated cached keys before the queries");
+  app.add_option("--heads", heads, "head counts")->delimiter(',');
+  app.add_option("--tokens", tokens, "query counts")->delimiter(',');
+  app.add_option("--prefix", prefixes, "cached keys before the queries")->delimiter(',');
   app.add_option("--iters", iters, "timed runs per point");
   app.add_option("--absorbed-max-tflop", absorbed_max_tflop,
                  "run the absorbed kernels only below this much work (TFLOP)");
@@ -150,9 +138,9 @@ int run(int argc, char** argv) {
   std::printf(
       "%s\n",
       nlohmann::json({{"bench", "peaks"}, {"bf16_gemm_tflops", bf16_rate / 1e12}}).dump().c_str());
-  for (const int64_t prefix : parse_list(prefixes)) {
-    for (const int64_t h : parse_list(heads)) {
-      for (const int64_t t : parse_list(tokens)) {
+  for (const int64_t prefix : prefixes) {
+    for (const int64_t h : heads) {
+      for (const int64_t t : tokens) {
         run_point({h, t, prefix}, iters, bf16_rate, absorbed_max_tflop);
       }
     }
