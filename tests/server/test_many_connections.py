@@ -225,14 +225,32 @@ def test_half_sent_requests_neither_lock_out_nor_linger(big_server):
           f"408 by {max(s for _, s in outcomes):.1f} s")
 
 
+async def open_served(port, request, within_s=5.0):
+    """One connection that the server served (not 503) with `request`'s response, retried for
+    up to `within_s`: a slot freed by a close the server has not read yet (start_server's
+    /health probe, a refused connection) is free only once the server has seen that close."""
+    deadline = time.monotonic() + within_s
+    while True:
+        [(reader, writer)] = await open_many(port, 1, request)
+        status, body = await read_response(reader)
+        if status != 503 or time.monotonic() > deadline:
+            return (reader, writer), (status, body)
+        await close_all([(reader, writer)])
+        await asyncio.sleep(0.05)
+
+
 def test_max_connections_caps_with_503_and_keep_alive_env(tmp_path):
     srv = start_server(tmp_path, ["--max-connections", "4"],
                        env={"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "1"})
     port = port_of(srv)
 
     async def scenario():
-        held = await open_many(port, 4, get("/health"))
-        first = await asyncio.gather(*(read_response(r) for r, _ in held))
+        held, first = [], []
+        for _ in range(4):
+            connection, response = await open_served(port, get("/health"))
+            held.append(connection)
+            first.append(response)
+        # Four are open and were served: a fifth is over the cap, at once.
         extra = await open_many(port, 1, get("/health"))
         refused = await read_response(extra[0][0])
         await close_all(extra)
@@ -241,9 +259,8 @@ def test_max_connections_caps_with_503_and_keep_alive_env(tmp_path):
         eofs = await asyncio.wait_for(asyncio.gather(*(r.read() for r, _ in held)), timeout=10)
         idle_closed_s = time.monotonic() - start
         await close_all(held)
-        again = await open_many(port, 1, get("/health"))
-        served = await read_response(again[0][0])
-        await close_all(again)
+        again, served = await open_served(port, get("/health"))
+        await close_all([again])
         return first, refused, eofs, idle_closed_s, served
 
     try:
