@@ -103,12 +103,20 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
     std::printf("%s\n", j.dump().c_str());
     std::fflush(stdout);
   };
-  for (const int rows : {64, 128}) {
-    const cuda::MlaFlashOptions options{.block_rows = rows};
-    const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p, options);
+  // The mma.sync kernel in both block sizes, then the warpgroup one.
+  const struct {
+    const char* impl;
+    cuda::MlaFlashOptions options;
+  } flashes[] = {
+      {"hyserve_flash_64rows", {.block_rows = 64, .kernel = cuda::MlaFlashKernel::kMmaSync}},
+      {"hyserve_flash", {.block_rows = 128, .kernel = cuda::MlaFlashKernel::kMmaSync}},
+      {"hyserve_flash_wgmma", {.kernel = cuda::MlaFlashKernel::kWgmma}},
+  };
+  for (const auto& flash : flashes) {
+    const size_t bytes = cuda::mla_flash_prefill_workspace_bytes(p, flash.options);
     cuda::DeviceBuffer ws(bytes);
-    report(rows == 64 ? "hyserve_flash_64rows" : "hyserve_flash", timer.time_us([&] {
-      cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr, options);
+    report(flash.impl, timer.time_us([&] {
+      cuda::mla_flash_prefill(p, ws.data(), bytes, blas, nullptr, flash.options);
     }));
   }
   // The absorbed form computes (2 (kv_lora + dr) + 2 kv_lora) / (2 (dn + dr + dv)) = 3.4x

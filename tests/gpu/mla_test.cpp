@@ -560,12 +560,15 @@ TEST(GpuMla, WorkspaceDoesNotGrowWithContext) {
 
 // ---- The expanded flash prefill (cuda.h mla_flash_prefill), called directly ----
 
+constexpr cuda::MlaFlashKernel kWgmma = cuda::MlaFlashKernel::kWgmma;
+
 struct FlashCase {
   bool bf16_latent = false;
   int64_t block_size = 0;      // > 0: the latent in pages of this many rows, in reverse order
   bool hint = false;           // pass q_pos_first
   int64_t max_chunk_keys = 0;  // > 0: several chunks of keys
   int block_rows = 0;          // 0: the default (128 at 192/128 heads); 64: the 4-warp blocks
+  cuda::MlaFlashKernel kernel = cuda::MlaFlashKernel::kMmaSync;
 };
 
 // Against the CPU absorbed op over the same (rounded, for a bf16 latent) values. bf16 MMA
@@ -625,8 +628,8 @@ void check_flash(const Problem& pr, Format format, const FlashCase& fc, const st
   ASSERT_TRUE(cuda::mla_flash_prefill_supports(p)) << what;
   test::Stream stream;
   cuda::Blas blas(stream.s);
-  const cuda::MlaFlashOptions options{.max_chunk_keys = fc.max_chunk_keys,
-                                      .block_rows = fc.block_rows};
+  const cuda::MlaFlashOptions options{
+      .max_chunk_keys = fc.max_chunk_keys, .block_rows = fc.block_rows, .kernel = fc.kernel};
   const size_t ws_bytes = cuda::mla_flash_prefill_workspace_bytes(p, options);
   DeviceBuffer ws(ws_bytes);
   cuda::mla_flash_prefill(p, ws.data(), ws_bytes, blas, stream.s, options);
@@ -649,7 +652,9 @@ void check_flash(const Problem& pr, Format format, const FlashCase& fc, const st
 // Awkward query counts (1, 63, 65, 200: partial 64-row blocks) over contexts shorter and
 // longer than the queries (the first queries of T > S see nothing), one and three heads,
 // K3's head sizes (the 192/128 variant) and small ones (the 64/64 variant, K3's tiny
-// test checkpoints' 24/16 too), kv_b stored as bf16 (read in place) and f32 (decoded).
+// test checkpoints' 24/16 too), kv_b stored as bf16 (read in place) and f32 (decoded); the
+// mma.sync kernel in both block sizes and the warpgroup kernel (128-query blocks, so a
+// warpgroup of padding rows at T = 1, 63 and the second block's skipped tiles at 200).
 TEST(GpuMlaFlash, AwkwardShapesMatchCpu) {
   REQUIRE_GPU();
   uint32_t seed = 5000;
@@ -660,6 +665,7 @@ TEST(GpuMlaFlash, AwkwardShapesMatchCpu) {
         Problem pr(z, S - T, ++seed);
         check_flash(pr, Format::kBF16, {}, name_of(z, S - T, "flash bf16 kv_b"));
         check_flash(pr, Format::kBF16, {.block_rows = 64}, name_of(z, S - T, "flash 64 rows"));
+        check_flash(pr, Format::kBF16, {.kernel = kWgmma}, name_of(z, S - T, "flash wgmma"));
         if (T == 65) check_flash(pr, Format::kF32, {}, name_of(z, S - T, "flash f32 kv_b"));
       }
     }
@@ -668,6 +674,12 @@ TEST(GpuMlaFlash, AwkwardShapesMatchCpu) {
     Problem pr(z, z.num_keys - z.num_tokens, ++seed);
     check_flash(pr, Format::kBF16, {}, name_of(z, pr.q_pos[0], "flash small heads"));
   }
+  // Heads padded to the 192/128 kernels (q width 128 of 192, dv 80 of 128), both kernels.
+  const Sizes padded{130, 300, 2, 96, 32, 80, 128};
+  Problem pr(padded, padded.num_keys - padded.num_tokens, ++seed);
+  check_flash(pr, Format::kBF16, {}, name_of(padded, pr.q_pos[0], "flash padded heads"));
+  check_flash(pr, Format::kBF16, {.kernel = kWgmma},
+              name_of(padded, pr.q_pos[0], "flash wgmma padded heads"));
 }
 
 // kv_b in FP8 blocks and MXFP4 (decoded to bf16 once per call); the bf16 latent in pages of
@@ -685,6 +697,10 @@ TEST(GpuMlaFlash, FormatsPagesAndChunksMatchCpu) {
   Problem prefix(long_z, 600, ++seed);
   check_flash(prefix, Format::kBF16, {.bf16_latent = true, .block_size = 16, .hint = true},
               "flash bf16 latent paged hint");
+  check_flash(prefix, Format::kBF16,
+              {.bf16_latent = true, .block_size = 16, .hint = true, .kernel = kWgmma},
+              "flash wgmma bf16 latent paged hint");
+  check_flash(pr, Format::kFp8, {.kernel = kWgmma}, "flash wgmma fp8 kv_b");
   for (const int64_t chunk : {64, 128, 320}) {
     const std::string c = " chunk " + std::to_string(chunk);
     check_flash(prefix, Format::kBF16, {.max_chunk_keys = chunk}, "flash chunks" + c);
@@ -693,10 +709,14 @@ TEST(GpuMlaFlash, FormatsPagesAndChunksMatchCpu) {
     check_flash(prefix, Format::kBF16,
                 {.bf16_latent = true, .block_size = 64, .hint = true, .max_chunk_keys = chunk},
                 "flash chunks paged hint" + c);
+    check_flash(prefix, Format::kBF16, {.max_chunk_keys = chunk, .kernel = kWgmma},
+                "flash wgmma chunks" + c);
   }
   // Queries in the middle of the keys (keys past the last query unseen), several chunks.
   Problem middle(long_z, 250, ++seed);
   check_flash(middle, Format::kBF16, {.max_chunk_keys = 128}, "flash middle chunks");
+  check_flash(middle, Format::kBF16, {.max_chunk_keys = 128, .kernel = kWgmma},
+              "flash wgmma middle chunks");
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
-// Hopper warpgroup MMA (wgmma, sm_90a) with operands in shared memory: the shared-memory
-// matrix descriptors of the 128-byte-swizzled layouts, the e4m3 x e4m3 -> f32 MMAs of the
-// DSA indexer, the f16 x f16 -> f32 MMAs of sparse MLA, the bf16 x bf16 -> f32 MMAs of the
-// MoE prefill experts, and the fences around them.
+// Hopper warpgroup MMA (wgmma, sm_90a) with operands in shared memory (and A in registers):
+// the shared-memory matrix descriptors of the 128-byte-swizzled layouts, the e4m3 x e4m3 -> f32
+// MMAs of the DSA indexer, the f16 x f16 -> f32 MMAs of sparse MLA, the bf16 x bf16 -> f32 MMAs
+// of the MoE prefill experts and the MLA flash prefill, and the fences around them.
 //
 // The 128-byte swizzle, K-major (both operands, as FP8 wgmma requires): a matrix of rows
 // of 128 bytes (= 128 e4m3 along K) in atoms of 8 rows (1,024 bytes, 1,024-aligned); the
@@ -157,6 +157,8 @@ __device__ __forceinline__ void wgmma_f16_n32_kmajor(float (&d)[16], uint64_t a,
 #define HYSERVE_WGMMA_D8(i)                                                                   \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
+#define HYSERVE_WGMMA_D32 \
+  HYSERVE_WGMMA_D8(0), HYSERVE_WGMMA_D8(8), HYSERVE_WGMMA_D8(16), HYSERVE_WGMMA_D8(24)
 #define HYSERVE_WGMMA_D64                                                               \
   HYSERVE_WGMMA_D8(0), HYSERVE_WGMMA_D8(8), HYSERVE_WGMMA_D8(16), HYSERVE_WGMMA_D8(24), \
       HYSERVE_WGMMA_D8(32), HYSERVE_WGMMA_D8(40), HYSERVE_WGMMA_D8(48), HYSERVE_WGMMA_D8(56)
@@ -164,6 +166,9 @@ __device__ __forceinline__ void wgmma_f16_n32_kmajor(float (&d)[16], uint64_t a,
   HYSERVE_WGMMA_D64, HYSERVE_WGMMA_D8(64), HYSERVE_WGMMA_D8(72), HYSERVE_WGMMA_D8(80),          \
       HYSERVE_WGMMA_D8(88), HYSERVE_WGMMA_D8(96), HYSERVE_WGMMA_D8(104), HYSERVE_WGMMA_D8(112), \
       HYSERVE_WGMMA_D8(120)
+#define HYSERVE_WGMMA_R32                                                                  \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+  "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define HYSERVE_WGMMA_R64                                                                  \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
   "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "  \
@@ -199,6 +204,17 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t a, uint6
                                            int accumulate);
 
 template <>
+__device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HYSERVE_WGMMA_R32
+      ", %32, %33, p, 1, 1, 0, 0;\n}\n"
+      : HYSERVE_WGMMA_D32
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
 __device__ __forceinline__ void wgmma_bf16<128>(float (&d)[64], uint64_t a, uint64_t b,
                                                 int accumulate) {
   asm volatile(
@@ -220,7 +236,25 @@ __device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uin
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d (+)= A * B over one k-step of 16, bf16: A 64 x 16 from registers (warp w of the group,
+// lane (g, t) holds the mma.sync m16n8k16 A fragment of rows 16w ..+16: a[0] = (16w + g,
+// 2t ..+1), a[1] = (16w + g + 8, 2t ..+1), a[2], a[3] the same rows at 2t + 8 ..+9; two
+// neighbouring n-tiles of an accumulator, rounded, are one such fragment), B N-major from
+// shared memory (16 K-rows of 128 columns: wgmma_desc_sw128_mn, trans-b), f32 accumulators in
+// the layout of wgmma_e4m3.
+__device__ __forceinline__ void wgmma_bf16_rs_n128_nmajor(float (&d)[64], const uint32_t (&a)[4],
+                                                          uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 " HYSERVE_WGMMA_R64
+      ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : HYSERVE_WGMMA_D64
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
 #undef HYSERVE_WGMMA_D8
+#undef HYSERVE_WGMMA_D32
+#undef HYSERVE_WGMMA_R32
 #undef HYSERVE_WGMMA_D64
 #undef HYSERVE_WGMMA_D128
 #undef HYSERVE_WGMMA_R64

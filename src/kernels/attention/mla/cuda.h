@@ -44,10 +44,16 @@ inline constexpr int64_t kMlaGemmRowChunk = 4096;
 // it supports: no top-k, one block table (table_stride 0), no kv_b adapter, dn + dr <= 192,
 // dv <= 128; the GEMM path below serves the rest.
 bool mla_flash_prefill_supports(const MlaAttentionParams& p);
+// The flash kernel: mma.sync (sm_80's warp MMAs; every head size) or Hopper's warpgroup MMAs
+// (mla_flash_wgmma.cu: the 192/128 heads, blocks of 128 queries). kAuto takes the mma.sync one
+// unless HYSERVE_MLA_FLASH_WGMMA=1 (read once per process): the warpgroup kernel is the default
+// once its GPU tests and benchmark have run (docs/DECISIONS.md, "Dense MLA prefill").
+enum class MlaFlashKernel { kAuto, kMmaSync, kWgmma };
 // Knobs for tests and benchmarks; the defaults are what the model runs.
 struct MlaFlashOptions {
   int64_t max_chunk_keys = 0;  // > 0: caps the chunk of keys (rounded down to 64)
   int block_rows = 0;  // queries per block: 64 or 128 (192/128 heads only); 0: 128 (64 for 64/64)
+  MlaFlashKernel kernel = MlaFlashKernel::kAuto;  // kWgmma: block_rows 0 or 128, 192/128 heads
 };
 // A function of T, H and the head sizes only (a fixed chunk of keys), 0 when unsupported.
 size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p,

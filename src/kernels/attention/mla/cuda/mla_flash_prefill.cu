@@ -30,11 +30,14 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/cuda/cp_async.cuh"
 #include "core/cuda/mma_sync.cuh"
 #include "kernels/attention/mla/check.h"
 #include "kernels/attention/mla/cuda.h"
+#include "kernels/attention/mla/cuda/mla_flash_args.cuh"
 #include "kernels/linear/cuda/dequant.cuh"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -134,20 +137,6 @@ __global__ void prep_keys_kernel(PagedRows pages, const L* latent, int64_t k0, i
     v[(h * chunk_keys + j) * dv_pad + dv + e] = __float2bfloat16(0.0f);
   }
 }
-
-struct FlashArgs {
-  const float* q;        // [T, H, q_width]
-  const int64_t* q_pos;  // [T]
-  const bf16* k;         // [H, chunk_keys, kDqk]
-  const bf16* v;         // [H, chunk_keys, kDv]
-  float* out;            // [T, H, dv]: the unnormalized O between chunks
-  float* lse;            // [T, H] or null
-  float* ml;             // [T, H, 2]: running max (log2 units) and sum between chunks
-  int64_t num_tokens, num_heads, q_width, dv, chunk_keys;
-  int64_t k0, kc;  // this chunk: keys [k0, k0 + kc)
-  float scale_log2;
-  bool first, last;
-};
 
 template <int kDqk, int kDv, int kWarps>
 struct FlashShape {
@@ -387,6 +376,24 @@ void launch_flash(const FlashArgs& a, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
+// Whether a call runs the warpgroup kernel (cuda.h MlaFlashKernel).
+bool uses_wgmma(const MlaFlashOptions& options, Variant v) {
+  static const bool env_on = [] {
+    const char* env = std::getenv("HYSERVE_MLA_FLASH_WGMMA");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  switch (options.kernel) {
+    case MlaFlashKernel::kMmaSync:
+      return false;
+    case MlaFlashKernel::kWgmma:
+      CHECK(v.dqk == 192, "mla_flash_prefill: the warpgroup kernel takes the 192/128 heads only");
+      return true;
+    case MlaFlashKernel::kAuto:
+      break;
+  }
+  return env_on && v.dqk == 192;
+}
+
 unsigned grid_for(int64_t n) {
   return static_cast<unsigned>(std::clamp<int64_t>((n + 255) / 256, 1, 4096));
 }
@@ -418,6 +425,9 @@ void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t work
   const FlashPlan f = make_flash_plan(p, options.max_chunk_keys);
   CHECK(options.block_rows != 128 || f.v.dqk == 192,
         "mla_flash_prefill: 128-query blocks for the 192/128 heads only");
+  const bool wgmma = uses_wgmma(options, f.v);
+  CHECK(!wgmma || options.block_rows == 0 || options.block_rows == kFlashWgmmaRows,
+        "mla_flash_prefill: the warpgroup kernel runs blocks of ", kFlashWgmmaRows, " queries");
   CHECK(workspace != nullptr && workspace_bytes >= f.total_bytes(), "MLA flash workspace of ",
         workspace_bytes, " bytes, need ", f.total_bytes());
   CHECK(reinterpret_cast<uintptr_t>(workspace) % kAlign == 0,
@@ -495,7 +505,9 @@ void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t work
                       .scale_log2 = p.softmax_scale * kLog2e,
                       .first = ci == 0,
                       .last = ci == num_chunks - 1};
-    if (f.v.dqk == 64) {
+    if (wgmma) {
+      launch_flash_wgmma(a, stream);
+    } else if (f.v.dqk == 64) {
       launch_flash<64, 64, 4>(a, stream);
     } else if (options.block_rows == 64) {
       launch_flash<192, 128, 4>(a, stream);
