@@ -22,6 +22,8 @@
 #                  mlaprefill  hyserve_mla_prefill_bench (flash and absorbed, Kimi Linear and
 #                            DeepSeek head counts, 4K / 16K queries, a 2K append on a 150K
 #                            prefix) + tools/bench_mla_torch.py
+#                  indexer   hyserve_indexer_bench (mma.sync and FP8 wgmma scorers, 256 queries
+#                            over 128K and 1M keys, 32 and 64 heads) + tools/bench_indexer_torch.py
 #                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
 #                            speculation, multi-turn prefix hits, generate on the bundled model)
 #                (default: "sampler mla lora")
@@ -108,6 +110,15 @@ body() {
           >"$L/mla_prefill_torch.jsonl" 2>&1
         echo "torch mla prefill rc $? at $(elapsed) s"
         cat "$L"/mla_prefill*.jsonl | cut -c1-260
+        ;;
+      indexer)
+        timeout 120 ./build-gpu/hyserve_indexer_bench --heads 32,64 --queries 256,2048 \
+          --context 131072,1048576 >"$L/indexer.jsonl" 2>&1
+        echo "indexer bench rc $? at $(elapsed) s"
+        timeout 120 python3 tools/bench_indexer_torch.py --heads 32,64 --queries 256,2048 \
+          --context 131072,1048576 >"$L/indexer_torch.jsonl" 2>&1
+        echo "torch indexer rc $? at $(elapsed) s"
+        cat "$L"/indexer*.jsonl | cut -c1-260
         ;;
       speaks)
         timeout 240 python3 tools/measure_speaks_cpu.py --binary build-gpu/hyserve --device cuda \

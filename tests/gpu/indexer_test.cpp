@@ -253,16 +253,23 @@ TEST(GpuIndexer, ScoresMatchCpuFp32Fp8AndFp8Cache) {
     p.head_weights = d_w.as<float>();
     p.q_pos = d_pos.as<int64_t>();
     p.scores = d_scores.as<float>();
-    cuda::indexer_scores_fp8_cache(p, nullptr);
-    sync();
-    const std::vector<float> got = to_host<float>(d_scores, want.size());
-    if (c.head_dim == kIndexerFp8BlockSize &&
-        (c.num_heads == 16 || c.num_heads == 32 || c.num_heads == 64)) {
-      // Scored on the tensor cores: their accumulation tolerance.
-      expect_fp8_scores_within_bound({0, c.num_heads, c.num_tokens, c.num_keys, q_pos}, q, w, k8,
-                                     k_scales, got, want);
-    } else {
-      expect_scores_match(got, want, "fp8 cache", c);
+    for (const cuda::IndexerScorer scorer :
+         {cuda::IndexerScorer::kMmaSync, cuda::IndexerScorer::kWgmma}) {
+      SCOPED_TRACE(scorer == cuda::IndexerScorer::kWgmma ? "wgmma scorer" : "mma.sync scorer");
+      if (!want.empty()) {  // garbage (not -inf), so that a score left unwritten shows
+        CUDA_CHECK(cudaMemset(d_scores.data(), 0x7f, sizeof(float) * want.size()));
+      }
+      cuda::indexer_scores_fp8_cache(p, nullptr, scorer);
+      sync();
+      const std::vector<float> got = to_host<float>(d_scores, want.size());
+      if (c.head_dim == kIndexerFp8BlockSize &&
+          (c.num_heads == 16 || c.num_heads == 32 || c.num_heads == 64)) {
+        // Scored on the tensor cores: their accumulation tolerance.
+        expect_fp8_scores_within_bound({0, c.num_heads, c.num_tokens, c.num_keys, q_pos}, q, w, k8,
+                                       k_scales, got, want);
+      } else {
+        expect_scores_match(got, want, "fp8 cache", c);
+      }
     }
   }
 }
@@ -316,7 +323,6 @@ void run_paged_score_case(const PagedScoreCase& c, uint32_t seed) {
   DeviceBuffer d_q = to_device(q), d_w = to_device(w), d_pos = to_device(c.q_pos),
                d_pool = to_device(pool), d_table = to_device(table);
   DeviceBuffer d_scores(sizeof(float) * want.size());
-  CUDA_CHECK(cudaMemset(d_scores.data(), 0x7f, sizeof(float) * want.size()));  // not -inf
   p.q = d_q.as<float>();
   p.k_fp8 = d_pool.as<uint8_t>();
   p.k_scales = reinterpret_cast<const float*>(d_pool.as<uint8_t>() + bs * d);
@@ -324,10 +330,16 @@ void run_paged_score_case(const PagedScoreCase& c, uint32_t seed) {
   p.head_weights = d_w.as<float>();
   p.q_pos = d_pos.as<int64_t>();
   p.scores = d_scores.as<float>();
-  cuda::indexer_scores_fp8_cache(p, nullptr);
-  sync();
-  expect_fp8_scores_within_bound(c, q, w, k8, k_scales, to_host<float>(d_scores, want.size()),
-                                 want);
+  // Both tensor-core scorers, each on scores that start as garbage (not -inf).
+  for (const cuda::IndexerScorer scorer :
+       {cuda::IndexerScorer::kMmaSync, cuda::IndexerScorer::kWgmma}) {
+    SCOPED_TRACE(scorer == cuda::IndexerScorer::kWgmma ? "wgmma scorer" : "mma.sync scorer");
+    CUDA_CHECK(cudaMemset(d_scores.data(), 0x7f, sizeof(float) * want.size()));
+    cuda::indexer_scores_fp8_cache(p, nullptr, scorer);
+    sync();
+    expect_fp8_scores_within_bound(c, q, w, k8, k_scales, to_host<float>(d_scores, want.size()),
+                                   want);
+  }
 }
 
 std::vector<int64_t> causal_positions(int64_t num_tokens, int64_t first_pos) {

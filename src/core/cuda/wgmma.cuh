@@ -184,6 +184,17 @@ __device__ __forceinline__ void wgmma_f16_n32_kmajor(float (&d)[16], uint64_t a,
   "%104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, " \
   "%119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
+template <>
+__device__ __forceinline__ void wgmma_e4m3<256>(float (&d)[128], uint64_t a, uint64_t b,
+                                                int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3 " HYSERVE_WGMMA_R128
+      ", %128, %129, p, 1, 1;\n}\n"
+      : HYSERVE_WGMMA_D128
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
 // pv: A K-major (64 x 16), B N-major (16 rows of K x 256 columns, the N dimension
 // contiguous: trans-b).
 __device__ __forceinline__ void wgmma_f16_n256_nmajor(float (&d)[128], uint64_t a, uint64_t b,

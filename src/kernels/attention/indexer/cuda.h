@@ -28,11 +28,17 @@ void quantize_fp8_ue8m0(const float* x /* [rows, dim] */, int64_t rows, int64_t 
 
 // scores [T, S]: visible keys scored, the rest -inf. With p.fp8, q is quantized per head
 // and k per key inside the kernel (no workspace), as the CPU op does. The FP8-cache
-// scorer runs on FP8 tensor cores when every query shares one block table (prefill),
+// scorer runs on tensor cores when every query shares one block table (prefill),
 // head_dim is 128, Hi is 16, 32 or 64 and q and the key rows are 16-byte aligned
-// (cuda/indexer_scores_mma.cu); on CUDA cores otherwise.
+// (cuda/indexer_scores_mma.h); on CUDA cores otherwise.
 void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream);
-void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t stream);
+// The tensor-core scorer a call takes: kAuto is the mma.sync one unless
+// HYSERVE_INDEXER_WGMMA=1 (read once per process) picks the FP8 warpgroup one, the default
+// once its GPU tests and benchmark have run (docs/DECISIONS.md, "Indexer logits on FP8
+// warpgroup MMAs"); tests and benchmarks name one.
+enum class IndexerScorer { kAuto, kMmaSync, kWgmma };
+void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t stream,
+                              IndexerScorer scorer = IndexerScorer::kAuto);
 
 // Per query t: the min(topk, q_pos[t] + 1) highest-scoring keys among s <= q_pos[t]
 // (s < S), ties to the lower position; sorted ascending, padded with -1. One block per

@@ -41,4 +41,12 @@ __device__ __forceinline__ float ue8m0_scale(float amax) {
   return pow2_ceil(max_like_std(amax, kMinAmax) / kE4m3Max);
 }
 
+// Four values' e4m3 codes at `scale` (a ue8m0 scale of their row), the first in the low byte.
+__device__ __forceinline__ uint32_t quantize4(float4 x, float scale) {
+  return uint32_t{f32_to_e4m3(clamp_e4m3(x.x / scale))} |
+         uint32_t{f32_to_e4m3(clamp_e4m3(x.y / scale))} << 8 |
+         uint32_t{f32_to_e4m3(clamp_e4m3(x.z / scale))} << 16 |
+         uint32_t{f32_to_e4m3(clamp_e4m3(x.w / scale))} << 24;
+}
+
 }  // namespace hyserve::cuda::indexer

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string_view>
 
 #include "core/cuda/dtype.cuh"
 #include "kernels/attention/indexer/check.h"
@@ -265,12 +267,21 @@ void indexer_scores(const IndexerScoreParams& p, cudaStream_t stream) {
   }
 }
 
-void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t stream) {
+void indexer_scores_fp8_cache(const IndexerFp8CacheScoreParams& p, cudaStream_t stream,
+                              IndexerScorer scorer) {
   validate(p);
   check_grid_limits("indexer_scores_fp8_cache", p.num_tokens, p.num_keys);
   if (p.num_tokens == 0 || p.num_keys == 0) return;
   if (indexer::mma_scorer_supports(p)) {
-    indexer::indexer_scores_fp8_cache_mma(p, stream);
+    static const bool env_wgmma = [] {
+      const char* env = std::getenv("HYSERVE_INDEXER_WGMMA");
+      return env != nullptr && std::string_view(env) == "1";
+    }();
+    if (scorer == IndexerScorer::kWgmma || (scorer == IndexerScorer::kAuto && env_wgmma)) {
+      indexer::indexer_scores_fp8_cache_wgmma(p, stream);
+    } else {
+      indexer::indexer_scores_fp8_cache_mma(p, stream);
+    }
     return;
   }
   const ScoreArgs a{.q = p.q,

@@ -154,13 +154,6 @@ __device__ __forceinline__ float reduce_scatter8(const float (&v)[8], int g) {
   return keep + __shfl_xor_sync(0xffffffffu, send, 4);
 }
 
-__device__ __forceinline__ uint32_t quantize4(float4 x, float scale) {
-  return uint32_t{f32_to_e4m3(clamp_e4m3(x.x / scale))} |
-         uint32_t{f32_to_e4m3(clamp_e4m3(x.y / scale))} << 8 |
-         uint32_t{f32_to_e4m3(clamp_e4m3(x.z / scale))} << 16 |
-         uint32_t{f32_to_e4m3(clamp_e4m3(x.w / scale))} << 24;
-}
-
 template <int kHeads>
 __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
   using L = Tiling<kHeads>;
