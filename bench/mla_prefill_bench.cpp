@@ -11,8 +11,11 @@
 // bf16 GEMM rate measured at the start of the run. The absorbed kernels run only where
 // they take under --absorbed-max-tflop of work (they run at a few TFLOP/s).
 // tools/bench_mla_torch.py times PyTorch's scaled_dot_product_attention on the same math.
+// With --sparse-context: sparse (top-k) prefill over the bf16 latent instead (issue 47 item 4),
+// the fp32 kernel beside the warpgroup one (run_sparse_point).
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -130,6 +133,84 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
   }
 }
 
+// Sparse MLA prefill (the DSA top-k, absorbed form) over a bf16 latent: `tokens` queries at the
+// end of a `context`-key context, each attending to `topk` distinct visible keys (all of them
+// when it sees fewer), the fp32 split-KV kernel beside the warpgroup one (cuda.h
+// MlaSparseKernel), absorb and combine included in both. FLOPs: 2 (kv_lora + dr + kv_lora) per
+// (query, listed key, head), the absorbed form's.
+void run_sparse_point(int64_t h, int64_t t, int64_t context, int64_t topk, int iters,
+                      double bf16_rate) {
+  const int64_t width = kKvLora + kDr;
+  cuda::DeviceBuffer q = cuda::to_device(random_f32(t * h * (kDn + kDr), 1));
+  cuda::DeviceBuffer latent = cuda::to_device(random_bf16(context * width, 1.0f, 2));
+  cuda::DeviceBuffer kv_b_data = cuda::to_device(random_bf16(h * (kDn + kDv) * kKvLora, 0.044f, 3));
+  std::vector<int64_t> pos(static_cast<size_t>(t));
+  std::vector<int32_t> lists(static_cast<size_t>(t * topk), -1);
+  std::mt19937 rng(4);
+  double listed = 0.0;
+  for (int64_t i = 0; i < t; ++i) {
+    pos[i] = context - t + i;
+    const int64_t visible = pos[i] + 1;
+    const int64_t n = std::min(visible, topk);
+    // n distinct positions of [0, visible): a random stride walk (sorted, as the top-k emits).
+    const int64_t step = visible / n;
+    std::uniform_int_distribution<int64_t> jitter(0, step - 1);
+    for (int64_t j = 0; j < n; ++j)
+      lists[i * topk + j] = static_cast<int32_t>(j * step + jitter(rng));
+    listed += static_cast<double>(n);
+  }
+  cuda::DeviceBuffer d_pos = cuda::to_device(pos), d_lists = cuda::to_device(lists);
+  cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
+  Weight kv_b;
+  kv_b.rows = h * (kDn + kDv);
+  kv_b.cols = kKvLora;
+  kv_b.dtype = DType::kBF16;
+  kv_b.data = kv_b_data.data();
+  const MlaAttentionParams p{.q = q.as<float>(),
+                             .latent_bf16 = latent.as<uint16_t>(),
+                             .kv_b = &kv_b,
+                             .q_pos = d_pos.as<int64_t>(),
+                             .topk = d_lists.as<int32_t>(),
+                             .topk_width = topk,
+                             .out = out.as<float>(),
+                             .lse = lse.as<float>(),
+                             .num_tokens = t,
+                             .num_keys = context,
+                             .num_heads = h,
+                             .dn = kDn,
+                             .dr = kDr,
+                             .dv = kDv,
+                             .kv_lora = kKvLora,
+                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDn + kDr))};
+  const double flop = 2.0 * h * (2 * kKvLora + kDr) * listed;
+  const size_t bytes = cuda::mla_attention_workspace_bytes(p);
+  cuda::DeviceBuffer ws(bytes);
+  FlushedTimer timer(iters);
+  const struct {
+    const char* impl;
+    cuda::MlaSparseKernel kernel;
+  } kernels[] = {{"hyserve_sparse_fp32", cuda::MlaSparseKernel::kFp32},
+                 {"hyserve_sparse_wgmma", cuda::MlaSparseKernel::kWgmma}};
+  for (const auto& k : kernels) {
+    const float us = timer.time_us([&] {
+      cuda::mla_attention_absorbed(p, ws.data(), bytes, nullptr, false, nullptr, k.kernel);
+    });
+    const double tflops = flop / (us * 1e-6) / 1e12;
+    const nlohmann::json j = {{"bench", "mla_sparse_prefill"},
+                              {"impl", k.impl},
+                              {"heads", h},
+                              {"tokens", t},
+                              {"context", context},
+                              {"topk", topk},
+                              {"latent", "bf16"},
+                              {"us", us},
+                              {"tflops", tflops},
+                              {"ratio_bf16_peak", tflops * 1e12 / bf16_rate}};
+    std::printf("%s\n", j.dump().c_str());
+    std::fflush(stdout);
+  }
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"hyserve_mla_prefill_bench: dense MLA prefill, flash and absorbed"};
   std::vector<int64_t> heads = {32, 128}, tokens = {4096, 16384}, prefixes = {0};
@@ -141,11 +222,28 @@ int run(int argc, char** argv) {
   app.add_option("--iters", iters, "timed runs per point");
   app.add_option("--absorbed-max-tflop", absorbed_max_tflop,
                  "run the absorbed kernels only below this much work (TFLOP)");
+  std::vector<int64_t> sparse_contexts;
+  int64_t topk = 2048;
+  app.add_option("--sparse-context", sparse_contexts,
+                 "instead: sparse (top-k) prefill of --tokens queries at the end of contexts of "
+                 "these many keys")
+      ->delimiter(',');
+  app.add_option("--topk", topk, "listed keys per query of the sparse points");
   CLI11_PARSE(app, argc, argv);
   const double bf16_rate = measure_bf16_gemm_rate();
   std::printf(
       "%s\n",
       nlohmann::json({{"bench", "peaks"}, {"bf16_gemm_tflops", bf16_rate / 1e12}}).dump().c_str());
+  if (!sparse_contexts.empty()) {
+    for (const int64_t context : sparse_contexts) {
+      for (const int64_t h : heads) {
+        for (const int64_t t : tokens) {
+          if (t <= context) run_sparse_point(h, t, context, topk, iters, bf16_rate);
+        }
+      }
+    }
+    return 0;
+  }
   for (const int64_t prefix : prefixes) {
     for (const int64_t h : heads) {
       for (const int64_t t : tokens) {

@@ -21,7 +21,8 @@
 #                            rank 0 and 32 (issue 48 item 2's cost; issue 51's byte bounds)
 #                  mlaprefill  hyserve_mla_prefill_bench (flash and absorbed, Kimi Linear and
 #                            DeepSeek head counts, 4K / 16K queries, a 2K append on a 150K
-#                            prefix) + tools/bench_mla_torch.py
+#                            prefix; sparse top-k prefill over the bf16 latent, K3's 96 and
+#                            V3.2's 64 heads) + tools/bench_mla_torch.py
 #                  indexer   hyserve_indexer_bench (mma.sync and FP8 wgmma scorers, 256 queries
 #                            over 128K and 1M keys, 32 and 64 heads) + tools/bench_indexer_torch.py
 #                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
@@ -106,6 +107,9 @@ body() {
         timeout 60 ./build-gpu/hyserve_mla_prefill_bench --heads 16,128 --tokens 2048 \
           --prefix 150000 --absorbed-max-tflop 0 >"$L/mla_prefill_append.jsonl" 2>&1
         echo "mla prefill append bench rc $? at $(elapsed) s"
+        timeout 90 ./build-gpu/hyserve_mla_prefill_bench --heads 96,64 --tokens 4096 \
+          --sparse-context 4096,131072 >"$L/mla_prefill_sparse.jsonl" 2>&1
+        echo "mla sparse prefill bench rc $? at $(elapsed) s"
         timeout 90 python3 tools/bench_mla_torch.py --heads 32,128 --tokens 4096,16384 \
           >"$L/mla_prefill_torch.jsonl" 2>&1
         echo "torch mla prefill rc $? at $(elapsed) s"

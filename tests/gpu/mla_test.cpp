@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -469,6 +470,110 @@ TEST(GpuMla, Bf16LatentEqualsFp32OfTheRoundedValues) {
       EXPECT_EQ(to_host<float>(d_out, fp32_out.size()), fp32_out) << "T=" << T << " " << use_topk;
     }
   }
+}
+
+// ---- Sparse MLA over the bf16 latent on warpgroup MMAs (cuda.h MlaSparseKernel) ----
+
+struct SparseCase {
+  int64_t num_tokens, num_keys, num_heads, topk_width, first_pos;
+  int64_t block_size = 0;         // > 0: the latent in pages of this many rows
+  bool per_query_tables = false;  // each query its own block table (batched decode's form)
+  bool lora = false;              // kv_b's LoRA adapters (absorb and combine apply them)
+};
+
+// Against the CPU absorbed op over the same pool (the latent rounded to bf16, read through the
+// same tables). bf16 q_abs, latent and probabilities on the GPU: out within 1e-2 of its largest
+// value + 2e-2 relative, lse within 5e-2 + 1e-2 relative (the GEMM prefill's bounds); a query
+// that sees no key: out exactly 0, lse exactly -inf.
+void check_sparse_wgmma(const SparseCase& c, uint32_t seed) {
+  const Sizes z{c.num_tokens, c.num_keys, c.num_heads, 128, 64, 128, 512};
+  const std::string what = name_of(z, c.first_pos, "sparse wgmma") + " width " +
+                           std::to_string(c.topk_width) + " block " + std::to_string(c.block_size) +
+                           (c.per_query_tables ? " own tables" : "") + (c.lora ? " lora" : "");
+  Problem pr(z, c.first_pos, seed);
+  for (float& x : pr.latent) x = bf16_to_f32(f32_to_bf16(x));
+  pr.make_topk(c.topk_width, seed + 1);
+  const int64_t width = z.kv_lora + z.dr;
+  const int64_t bs = c.block_size;
+  const int64_t num_blocks = bs > 0 ? (z.num_keys + bs - 1) / bs : 0;
+  // Tables: the blocks in reverse order; with per-query tables, query t's rotated by t (so
+  // each query reads other physical rows: its own sequence).
+  const int64_t num_tables = c.per_query_tables ? z.num_tokens : 1;
+  std::vector<int32_t> tables;
+  for (int64_t q = 0; q < num_tables; ++q) {
+    for (int64_t b = 0; b < num_blocks; ++b) {
+      tables.push_back(static_cast<int32_t>((num_blocks - 1 - b + q) % num_blocks));
+    }
+  }
+  const int64_t pool_rows = bs > 0 ? num_blocks * bs : z.num_keys;
+  std::vector<float> pool(static_cast<size_t>(std::max<int64_t>(pool_rows, 1) * width));
+  std::vector<uint16_t> bits(pool.size());
+  for (int64_t r = 0; r < pool_rows; ++r) {
+    for (int64_t i = 0; i < width; ++i) {
+      pool[r * width + i] = pr.latent[(r % z.num_keys) * width + i];
+      bits[r * width + i] = f32_to_bf16(pool[r * width + i]);
+    }
+  }
+  const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, Format::kBF16);
+  const std::optional<KvBLora> lora =
+      c.lora ? std::optional<KvBLora>(std::in_place, z, seed + 2) : std::nullopt;
+  const int64_t num_rows = z.num_tokens * z.num_heads;
+  std::vector<float> want_out(num_rows * z.dv), want_lse(num_rows);
+  MlaAttentionParams p = pr.params(&w.host, true);
+  p.latent = pool.data();
+  if (bs > 0) {
+    p.latent_pages = {tables.data(), bs, bs * width * 4};
+    p.table_stride = c.per_query_tables ? num_blocks : 0;
+  }
+  p.out = want_out.data();
+  p.lse = want_lse.data();
+  if (lora) lora->bind_host(p);
+  cpu::mla_attention_absorbed(p);
+
+  const DeviceInputs in(pr);
+  in.bind(p, &w.device, true);
+  const DeviceBuffer d_bits = to_device(bits), d_tables = to_device(tables);
+  p.latent = nullptr;
+  p.latent_bf16 = d_bits.as<uint16_t>();
+  if (bs > 0) p.latent_pages = {d_tables.as<int32_t>(), bs, bs * width * 2};
+  if (lora) lora->bind_device(p);
+  DeviceBuffer d_out(sizeof(float) * want_out.size()), d_lse(sizeof(float) * want_lse.size());
+  p.out = d_out.as<float>();
+  p.lse = d_lse.as<float>();
+  ASSERT_TRUE(cuda::mla_sparse_wgmma_supports(p)) << what;
+  const size_t ws_bytes = cuda::mla_attention_workspace_bytes(p);
+  DeviceBuffer ws(ws_bytes);
+  cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr, false, nullptr,
+                               cuda::MlaSparseKernel::kWgmma);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
+  const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
+      ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
+      for (int64_t d = 0; d < z.dv; ++d) {
+        ASSERT_EQ(got_out[r * z.dv + d], 0.0f) << what << " empty row " << r;
+      }
+    }
+  }
+  EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
+      << what << " out";
+  EXPECT_TRUE(test::all_close(got_lse, want_lse, 5e-2f, 1e-2f)) << what << " lse";
+}
+
+// One query and a partial head group; lists wider than the context (most slots -1, whole
+// tiles of them skipped); 96 heads (a full group and a partial one) with a width that is not a
+// multiple of the 64-key tile over a paged latent; the first queries seeing no key; batched
+// decode's per-query tables; kv_b's LoRA adapters.
+TEST(GpuMla, SparseWgmmaBf16MatchesCpu) {
+  REQUIRE_GPU();
+  uint32_t seed = 7000;
+  check_sparse_wgmma({1, 300, 3, 64, 299}, seed += 10);
+  check_sparse_wgmma({65, 321, 64, 2048, 256}, seed += 10);
+  check_sparse_wgmma({130, 3000, 96, 100, 2870, 64}, seed += 10);
+  check_sparse_wgmma({40, 30, 16, 64, -10}, seed += 10);
+  check_sparse_wgmma({6, 500, 8, 128, 494, 32, /*per_query_tables=*/true}, seed += 10);
+  check_sparse_wgmma({7, 200, 16, 64, 193, 0, false, /*lora=*/true}, seed += 10);
 }
 
 TEST(GpuMla, RefusesSmallWorkspace) {

@@ -215,6 +215,19 @@ __device__ __forceinline__ void wgmma_bf16(float (&d)[kN / 2], uint64_t a, uint6
                                            int accumulate);
 
 template <>
+__device__ __forceinline__ void wgmma_bf16<32>(float (&d)[16], uint64_t a, uint64_t b,
+                                               int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+template <>
 __device__ __forceinline__ void wgmma_bf16<64>(float (&d)[32], uint64_t a, uint64_t b,
                                                int accumulate) {
   asm volatile(
@@ -243,6 +256,18 @@ __device__ __forceinline__ void wgmma_bf16<256>(float (&d)[128], uint64_t a, uin
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
       "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HYSERVE_WGMMA_R128
       ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : HYSERVE_WGMMA_D128
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// The bf16 form of wgmma_f16_n256_nmajor: A K-major (64 x 16) from shared memory, B N-major
+// (16 K-rows of 256 columns, trans-b).
+__device__ __forceinline__ void wgmma_bf16_n256_nmajor(float (&d)[128], uint64_t a, uint64_t b,
+                                                       int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " HYSERVE_WGMMA_R128
+      ", %128, %129, p, 1, 1, 0, 1;\n}\n"
       : HYSERVE_WGMMA_D128
       : "l"(a), "l"(b), "r"(accumulate));
 }

@@ -63,6 +63,18 @@ size_t mla_flash_prefill_workspace_bytes(const MlaAttentionParams& p,
 void mla_flash_prefill(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
                        const Blas& blas, cudaStream_t stream, const MlaFlashOptions& options = {});
 
+// Sparse (top-k) calls over the bf16 latent at kv_lora 512, dr 64 (K3, DeepSeek-V3.2) may run
+// step 2 on Hopper's warpgroup MMAs (cuda/mla_sparse_wgmma.cu; issue 47 item 4): a block per
+// (query, group of 64 heads), every listed key of the query in one split, bf16 q_abs, latent and
+// probabilities (~2^-9 relative per term, fp32 sums). kAuto takes it when
+// HYSERVE_MLA_SPARSE_WGMMA=1 (read once per process; the default once its GPU tests and benchmark
+// have run) for calls of at least kMlaSparseWgmmaMinBlocks blocks outside batch-invariant mode;
+// kWgmma for every call it supports (its result per query does not depend on the batch either);
+// kFp32 never.
+enum class MlaSparseKernel { kAuto, kFp32, kWgmma };
+inline constexpr int64_t kMlaSparseWgmmaMinBlocks = 128;
+bool mla_sparse_wgmma_supports(const MlaAttentionParams& p);
+
 // Bytes of workspace mla_attention_absorbed needs for these sizes: a function of T, H,
 // kv_lora and dr only (not of the context), so one sized at warm-up serves every step of
 // at most T tokens. gemm_prefill: with the dense-prefill GEMMs' buffers (a fixed chunk).
@@ -74,8 +86,10 @@ size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_pref
 // batch_invariant: one split per query, so that a query's output bits do not depend on
 // T or on the number of keys of the call (slower when T * H is small: fewer blocks).
 // blas: the dense-prefill GEMMs' handle (on `stream`); null: the fp32 kernels always.
+// sparse: the top-k kernel (MlaSparseKernel above).
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream, bool batch_invariant = false,
-                            const Blas* blas = nullptr);
+                            const Blas* blas = nullptr,
+                            MlaSparseKernel sparse = MlaSparseKernel::kAuto);
 
 }  // namespace hyserve::cuda

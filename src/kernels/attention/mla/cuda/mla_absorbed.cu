@@ -29,10 +29,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string_view>
 
 #include "core/cuda/dtype.cuh"
 #include "kernels/attention/mla/check.h"
 #include "kernels/attention/mla/cuda.h"
+#include "kernels/attention/mla/cuda/mla_sparse_wgmma.cuh"
 #include "kernels/linear/cuda.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
@@ -515,6 +518,29 @@ void attend_gemm(const MlaArgs& a, const GemmPlan& g, char* gemm_base, const Bla
   }
 }
 
+// Whether a call attends on the sparse warpgroup kernel (cuda.h MlaSparseKernel).
+bool uses_sparse_wgmma(const MlaAttentionParams& p, bool batch_invariant, MlaSparseKernel kernel) {
+  static const bool env_on = [] {
+    const char* env = std::getenv("HYSERVE_MLA_SPARSE_WGMMA");
+    return env != nullptr && std::string_view(env) == "1";
+  }();
+  switch (kernel) {
+    case MlaSparseKernel::kFp32:
+      return false;
+    case MlaSparseKernel::kWgmma:
+      CHECK(mla_sparse_wgmma_supports(p),
+            "mla_attention: the sparse warpgroup kernel takes top-k calls over the bf16 latent "
+            "with kv_lora ",
+            kMlaSparseLora, " and dr ", kMlaSparseWidth - kMlaSparseLora, " only");
+      return true;
+    case MlaSparseKernel::kAuto:
+      break;
+  }
+  const int64_t groups = (p.num_heads + kMlaSparseHeads - 1) / kMlaSparseHeads;
+  return env_on && !batch_invariant && mla_sparse_wgmma_supports(p) &&
+         p.num_tokens * groups >= kMlaSparseWgmmaMinBlocks;
+}
+
 bool uses_gemm(const MlaAttentionParams& p, bool batch_invariant, bool gemm_prefill) {
   return gemm_prefill && !batch_invariant && p.topk == nullptr && p.table_stride == 0 &&
          p.num_tokens >= kMlaGemmMinTokens && p.num_keys > 0;
@@ -529,6 +555,13 @@ void check_params(const MlaAttentionParams& p) {
 
 }  // namespace
 
+bool mla_sparse_wgmma_supports(const MlaAttentionParams& p) {
+  return p.topk != nullptr && p.latent_bf16 != nullptr && p.kv_lora == kMlaSparseLora &&
+         p.kv_lora + p.dr == kMlaSparseWidth && p.topk_width > 0 &&
+         p.num_tokens * ((p.num_heads + kMlaSparseHeads - 1) / kMlaSparseHeads) <
+             (int64_t{1} << 31);
+}
+
 size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_prefill) {
   // One split needs less; the GEMM path's buffers when its calls may take it (any context).
   const size_t base = make_plan(p, /*batch_invariant=*/false).total_bytes();
@@ -539,9 +572,11 @@ size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_pref
 }
 
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
-                            cudaStream_t stream, bool batch_invariant, const Blas* blas) {
+                            cudaStream_t stream, bool batch_invariant, const Blas* blas,
+                            MlaSparseKernel sparse) {
   check_params(p);
   if (p.num_tokens == 0) return;
+  const bool sparse_wgmma = uses_sparse_wgmma(p, batch_invariant, sparse);
   const bool gemm = uses_gemm(p, batch_invariant, blas != nullptr);
   if (gemm && mla_flash_prefill_supports(p)) {
     // The expanded form on tensor cores, its buffers from the workspace's start.
@@ -549,9 +584,9 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
     return;
   }
   Plan plan = make_plan(p, batch_invariant);
-  if (gemm) {
+  if (gemm || sparse_wgmma) {
     plan.num_splits = 1;
-    plan.keys_per_split = std::max<int64_t>(1, p.num_keys);
+    plan.keys_per_split = std::max<int64_t>(1, sparse_wgmma ? p.topk_width : p.num_keys);
   }
   const size_t need = plan.total_bytes() + (gemm ? make_gemm_plan(p).total_bytes() : 0);
   CHECK(workspace != nullptr && workspace_bytes >= need, "MLA workspace of ", workspace_bytes,
@@ -571,6 +606,26 @@ void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t
 
   absorb_q_kernel<<<rows, kAbsorbThreads, sizeof(float) * (p.dn + kMaxLoraRank), stream>>>(a);
   CUDA_CHECK_LAUNCH();
+  if (sparse_wgmma) {
+    const MlaSparseWgmmaArgs sa{.q_abs = a.q_abs,
+                                .latent = reinterpret_cast<const __nv_bfloat16*>(p.latent_bf16),
+                                .pages = p.latent_pages,
+                                .table_stride = p.table_stride,
+                                .topk = p.topk,
+                                .topk_width = p.topk_width,
+                                .q_pos = p.q_pos,
+                                .num_tokens = p.num_tokens,
+                                .num_keys = p.num_keys,
+                                .num_heads = p.num_heads,
+                                .scale_log2 = p.softmax_scale * 1.4426950408889634f,
+                                .part_o = a.part_o,
+                                .part_ml = a.part_ml};
+    launch_mla_sparse_wgmma(sa, stream);
+    combine_project_kernel<<<rows, kCombineThreads, sizeof(float) * (p.kv_lora + 1 + kMaxLoraRank),
+                             stream>>>(a);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (gemm) {
     CHECK(blas->stream() == stream, "MLA: the cuBLAS handle runs on another stream");
     attend_gemm(a, make_gemm_plan(p), base + plan.total_bytes(), *blas, stream);
