@@ -272,6 +272,20 @@ __device__ __forceinline__ void wgmma_bf16_n256_nmajor(float (&d)[128], uint64_t
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
+// d (+)= A * B^T over one k-step of 16, bf16: A 64 x 16 from registers (the fragment of
+// wgmma_bf16_rs_n128_nmajor below), B K-major from shared memory (64 rows of 16: a
+// wgmma_desc_sw128 descriptor plus 32 bytes per k-step), f32 accumulators in the layout of
+// wgmma_e4m3.
+__device__ __forceinline__ void wgmma_bf16_rs_n64_kmajor(float (&d)[32], const uint32_t (&a)[4],
+                                                         uint64_t b, int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " HYSERVE_WGMMA_R32
+      ", {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+      : HYSERVE_WGMMA_D32
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(accumulate));
+}
+
 // d (+)= A * B over one k-step of 16, bf16: A 64 x 16 from registers (warp w of the group,
 // lane (g, t) holds the mma.sync m16n8k16 A fragment of rows 16w ..+16: a[0] = (16w + g,
 // 2t ..+1), a[1] = (16w + g + 8, 2t ..+1), a[2], a[3] the same rows at 2t + 8 ..+9; two

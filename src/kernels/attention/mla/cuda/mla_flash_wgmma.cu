@@ -3,14 +3,15 @@
 // blocks of 128 queries of one head.
 //
 // Block (128 queries, head): two warpgroups, warpgroup w the queries [64w, 64w + 64) of the
-// block; one block per SM. Shared memory, from a 1,024-aligned base, every matrix 128-byte
-// swizzled in column blocks of 64 dims (128 bytes of bf16: wgmma.cuh):
-//   q      [3 blocks][128 rows][128 B]                 the queries, bf16
-//   k      [2 stages][3 blocks][64 keys][128 B]       a tile of K
-//   v      [2 stages][2 blocks][64 keys][128 B]       the same keys' V
+// block; one block per SM. Q lives in registers as the MMAs' A fragments (48 a thread: 12
+// k-steps of 16 dims), loaded once; only K and V go through shared memory, from a 1,024-aligned
+// base, 128-byte swizzled in column blocks of 64 dims (128 bytes of bf16: wgmma.cuh):
+//   k      [3 stages][3 blocks][64 keys][128 B]       a tile of K
+//   v      [3 stages][2 blocks][64 keys][128 B]       the same keys' V
 //   pos    [128] int64                                 each query's position
-// Per tile of 64 keys (the next tile's K and V already on their way by cp.async):
-//   QK       warpgroup w: S = q[64w ..+64] . k^T, 12 MMAs m64n64k16 (A and B K-major)
+// Per tile of 64 keys (the next two tiles' K and V on their way by cp.async):
+//   QK       warpgroup w: S = Q K^T, 12 MMAs m64n64k16, A = Q from registers, B = the k tile
+//            (K-major)
 //   softmax  online in base 2 in the accumulators' registers (a thread holds 2 rows x 16
 //            keys), causal mask per row; a warpgroup none of whose rows sees the tile
 //            skips it
@@ -18,9 +19,11 @@
 //            neighbouring n-tiles of S, rounded to bf16, are an A fragment), B = the v tile
 //            read N-major (its rows are keys with the dims contiguous). O lives in 64
 //            registers per thread.
-// One block barrier per tile: the tile landed (every thread's cp.async waited and fenced
-// for the async proxy) and both warpgroups are done with the tile before it, whose stage
-// the next loads reuse.
+// With both A operands in registers an MMA reads only B from shared memory: 64 bytes a
+// clock at the MMA's rate, half of what shared memory gives (both operands from shared memory
+// at N = 64 would need all of it). One block barrier per tile: the tile landed (every thread's
+// cp.async waited and fenced for the async proxy) and both warpgroups are done with the tile
+// two before it, whose stage the next loads reuse.
 //
 // The numerics are the mma.sync kernel's (q, K, V and P rounded to bf16, fp32 accumulation,
 // the row sums of the fp32 probabilities), and so is the state carried between chunks in
@@ -49,17 +52,16 @@ constexpr int kDqk = 192;
 constexpr int kDv = 128;
 constexpr int kQkBlocks = kDqk / 64;  // 3 column blocks of 64 dims
 constexpr int kVBlocks = kDv / 64;    // 2
-constexpr int kQPanel = kRows * 128;  // one column block of q: 16 KB
+constexpr int kKSteps = kDqk / 16;    // 12 k-steps of QK
 constexpr int kKPanel = kKeys * 128;  // one column block of a k or v tile: 8 KB
 constexpr int kKStage = kQkBlocks * kKPanel;
 constexpr int kVStage = kVBlocks * kKPanel;
-constexpr int kStages = 2;
+constexpr int kStages = 3;
 constexpr float kLn2 = 0.6931471805599453f;
 static_assert(kRows == 2 * 64, "a warpgroup of 64 rows each");
 
 struct Smem {
-  static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQkBlocks * kQPanel;
+  static constexpr int kK = 0;
   static constexpr int kV = kK + kStages * kKStage;
   static constexpr int kPos = kV + kStages * kVStage;
   static constexpr int kBytes = kPos + kRows * 8;
@@ -67,7 +69,8 @@ struct Smem {
 };
 static_assert(Smem::kAllocated <= 227 * 1024, "above the H100/H200 block limit");
 
-// Keys [it * 64, it * 64 + 64) of the chunk into stage `stage`; rows past kc are zeros.
+// Keys [it * 64, it * 64 + 64) of the chunk into a stage (the caller commits the group); rows
+// past kc are zeros.
 // Consecutive threads take consecutive 16-byte pieces of a key's row (384 bytes of K, 256
 // of V): whole sectors.
 __device__ __forceinline__ void load_tile(const FlashArgs& a, int64_t h, int it, uint8_t* k_s,
@@ -88,14 +91,12 @@ __device__ __forceinline__ void load_tile(const FlashArgs& a, int64_t h, int it,
     cp_async_16(sw128_chunk(v_s + (piece / 8) * kKPanel, r, piece % 8),
                 live ? vg + r * kDv + piece * 8 : a.v, live ? 16 : 0);
   }
-  cp_async_commit();
 }
 
 __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(FlashArgs a) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
-  uint8_t* q_s = smem + Smem::kQ;
   uint8_t* k_s = smem + Smem::kK;
   uint8_t* v_s = smem + Smem::kV;
   auto* pos_s = reinterpret_cast<int64_t*>(smem + Smem::kPos);
@@ -112,23 +113,6 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(FlashArgs a) {
     const int64_t t = t0 + threadIdx.x;
     pos_s[threadIdx.x] = t < a.num_tokens ? a.q_pos[t] : -1;
   }
-  // q -> bf16, 8 dims (one 16-byte chunk) at a time; dims past q_width and rows past T zero.
-  constexpr int kQPieces = kDqk / 8;
-  for (int i = threadIdx.x; i < kRows * kQPieces; i += kThreads) {
-    const int r = i / kQPieces, piece = i % kQPieces;
-    const int64_t t = t0 + r;
-    float x[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const int col = piece * 8 + e;
-      x[e] =
-          t < a.num_tokens && col < a.q_width ? a.q[(t * a.num_heads + h) * a.q_width + col] : 0.0f;
-    }
-    *reinterpret_cast<uint4*>(sw128_chunk(q_s + (piece / 8) * kQPanel, r, piece % 8)) =
-        make_uint4(pack_bf16x2(x[0], x[1]), pack_bf16x2(x[2], x[3]), pack_bf16x2(x[4], x[5]),
-                   pack_bf16x2(x[6], x[7]));
-  }
-  fence_proxy_async();
   __syncthreads();
 
   // Keys of the chunk some row of the block sees: [k0, k0 + n); the last position of this
@@ -147,6 +131,28 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(FlashArgs a) {
   const int r_lo = 64 * group + 16 * warp + g;
   const int64_t pos[2] = {pos_s[r_lo], pos_s[r_lo + 8]};
   const int64_t row[2] = {t0 + r_lo, t0 + r_lo + 8};
+
+  // This thread's A fragments of Q (rounded to bf16) for the 12 k-steps: rows r_lo and
+  // r_lo + 8, dims 16 ks + 2 quad (+1) and +8 (+9); zero past q_width and past T.
+  uint32_t qa[kKSteps][4];
+  {
+    const float* q_row[2] = {nullptr, nullptr};
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      if (row[half] < a.num_tokens) q_row[half] = a.q + (row[half] * a.num_heads + h) * a.q_width;
+    }
+    auto at = [&](int half, int col) {
+      return q_row[half] != nullptr && col < a.q_width ? q_row[half][col] : 0.0f;
+    };
+#pragma unroll
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      const int c0 = 16 * ks + 2 * quad;
+      qa[ks][0] = pack_bf16x2(at(0, c0), at(0, c0 + 1));
+      qa[ks][1] = pack_bf16x2(at(1, c0), at(1, c0 + 1));
+      qa[ks][2] = pack_bf16x2(at(0, c0 + 8), at(0, c0 + 9));
+      qa[ks][3] = pack_bf16x2(at(1, c0 + 8), at(1, c0 + 9));
+    }
+  }
 
   float o[kDv / 2];
 #pragma unroll
@@ -171,17 +177,22 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(FlashArgs a) {
     }
   }
 
-  if (num_tiles > 0) load_tile(a, h, 0, k_s, v_s);
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < num_tiles) load_tile(a, h, st, k_s + st * kKStage, v_s + st * kVStage);
+    cp_async_commit();
+  }
   const int64_t k_end = a.k0 + a.kc;
-  const uint8_t* q_group = q_s + group * 64 * 128;  // this warpgroup's 64 rows of each block
   for (int it = 0; it < num_tiles; ++it) {
     const int stage = it % kStages;
-    cp_async_wait<0>();
+    cp_async_wait<kStages - 2>();
     fence_proxy_async();
-    __syncthreads();  // the tile landed; the tile before it is done with by both warpgroups
-    if (it + 1 < num_tiles) {
-      load_tile(a, h, it + 1, k_s + (stage ^ 1) * kKStage, v_s + (stage ^ 1) * kVStage);
+    __syncthreads();  // tile it landed; tile it - 1 (whose stage the loads below reuse) is done
+    const int next = it + kStages - 1;
+    if (next < num_tiles) {
+      load_tile(a, h, next, k_s + (next % kStages) * kKStage, v_s + (next % kStages) * kVStage);
     }
+    cp_async_commit();
     const int64_t key_base = a.k0 + static_cast<int64_t>(it) * kKeys;
     if (key_base > group_max_pos) continue;  // uniform over the warpgroup
     const uint8_t* kt = k_s + stage * kKStage;
@@ -191,10 +202,9 @@ __global__ void __launch_bounds__(kThreads, 1) flash_wgmma_kernel(FlashArgs a) {
     float s[kKeys / 2];
     wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < kDqk / 16; ++ks) {
-      const int off = (ks % 4) * 32;
-      wgmma_bf16<kKeys>(s, wgmma_desc_sw128(q_group + (ks / 4) * kQPanel + off),
-                        wgmma_desc_sw128(kt + (ks / 4) * kKPanel + off), ks > 0 ? 1 : 0);
+    for (int ks = 0; ks < kKSteps; ++ks) {
+      wgmma_bf16_rs_n64_kmajor(s, qa[ks], wgmma_desc_sw128(kt + (ks / 4) * kKPanel + (ks % 4) * 32),
+                               ks > 0 ? 1 : 0);
     }
     wgmma_commit();
     wgmma_wait<0>(s);
