@@ -10,13 +10,15 @@
 // the bf16 GEMM rate measured at the start of the same run.
 //
 // The synthetic model has two decoder layers: layer 0 = KDA + dense MLP (as K3.1 Pro's
-// first layer), layer 1 = MLA with the DSA indexer + MoE. Caches: fp32 latent, FP8 index
-// keys (the current engine's formats).
+// first layer), layer 1 = MLA with the DSA indexer + MoE. Caches: the latent in
+// --kv-cache-dtype's format (default auto: the model's serving default, as `serve` picks it;
+// fp32 is the reference path), FP8 index keys.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -26,7 +28,9 @@
 #include <nlohmann/json.hpp>
 
 #include "core/cuda/device_buffer.h"
+#include "core/dtype.h"
 #include "engine/decode_step.h"
+#include "kv/cache_format.h"
 #include "model/model.h"
 #include "model/random_weights.h"
 #include "model/workspace.h"
@@ -64,11 +68,29 @@ void fill_cache(const Model& model, const KvCache& cache, std::span<const int32_
       b.upload(cache.kda_recurrent_state(state_block, l), st.data(), st.size() * 4);
       continue;
     }
+    const LatentCacheDtype latent = model.options().latent_cache;
+    const auto latent_row_bytes =
+        static_cast<size_t>(latent_bytes_per_token(c.cache_spec(), latent));
     for (int64_t i = 0; i < used_blocks; ++i) {
       const int32_t block = blocks[static_cast<size_t>(i)];
-      const auto lat =
-          random_floats(bs * static_cast<size_t>(c.kv_lora_rank + c.qk_rope_head_dim), 1.0f);
-      b.upload(in_block(cache.latent_page(l), block), lat.data(), lat.size() * 4);
+      // Random latents in the cache's format: fp32 values, their bf16 bits, or finite e4m3
+      // (and, for the other compressed formats, finite) codes.
+      std::vector<uint8_t> lat(bs * latent_row_bytes);
+      if (latent == LatentCacheDtype::kFp32 || latent == LatentCacheDtype::kBf16) {
+        const auto v = random_floats(
+            bs * latent_row_bytes / 4 * (latent == LatentCacheDtype::kBf16 ? 2 : 1), 1.0f);
+        for (size_t j = 0; j < v.size(); ++j) {
+          if (latent == LatentCacheDtype::kFp32) {
+            std::memcpy(&lat[4 * j], &v[j], 4);
+          } else {
+            const uint16_t bits = f32_to_bf16(v[j]);
+            std::memcpy(&lat[2 * j], &bits, 2);
+          }
+        }
+      } else {
+        for (auto& x : lat) x = static_cast<uint8_t>(rng() & 0x37);  // small finite codes
+      }
+      b.upload(in_block(cache.latent_page(l), block), lat.data(), lat.size());
       if (!c.has_indexer()) continue;
       if (plan.options.index == IndexCacheDtype::kFp8) {
         std::vector<uint8_t> codes(bs * static_cast<size_t>(c.index_head_dim));
@@ -180,6 +202,10 @@ int run(int argc, char** argv) {
   app.add_option("--batches", batches, "decode batch sizes")->delimiter(',');
   app.add_option("--iters", iters, "timed runs per case")->capture_default_str();
   app.add_flag("--batch-invariant", batch_invariant, "the batch-invariant kernels (serve's flag)");
+  std::string kv_cache_dtype = "auto";
+  app.add_option("--kv-cache-dtype", kv_cache_dtype,
+                 "the latent cache's format (serve's flag; auto: the model's serving default)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   const Peaks peaks{measure_copy_bandwidth(), measure_bf16_gemm_rate()};
@@ -196,11 +222,21 @@ int run(int argc, char** argv) {
   }
 
   const ModelConfig c = bench::layer_slice(ModelConfig::load(config_path));
+  std::printf(
+      "%s\n",
+      nlohmann::json({{"bench", "latent_cache"},
+                      {"kv_cache_dtype", kv_cache_dtype},
+                      {"latent", latent_cache_dtype_name(resolve_latent_cache_dtype(
+                                     parse_latent_cache_dtype(kv_cache_dtype), c.cache_spec()))}})
+          .dump()
+          .c_str());
   auto timing_owner = std::make_unique<TimingBackend>(make_cuda_backend(0));
   TimingBackend& timing = *timing_owner;
   ModelOptions options;
   options.indexer_fp8 = true;
   options.batch_invariant = batch_invariant;
+  options.latent_cache =
+      resolve_latent_cache_dtype(parse_latent_cache_dtype(kv_cache_dtype), c.cache_spec());
   auto model =
       Model::create(c, std::make_unique<RandomWeights>(c, 1), options, std::move(timing_owner));
   Workspace ws(&model->backend());

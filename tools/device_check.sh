@@ -15,8 +15,8 @@
 #                with these variables set
 #   BENCH        space-separated benchmarks after the tests, any of:
 #                  sampler   hyserve_sampler_bench + tools/bench_sampler_torch.py
-#                  mla       hyserve_layer_bench (K3.1 Pro slice, Kimi Linear shape), the MLA
-#                            GEMM prefill off and on
+#                  mla       hyserve_layer_bench (K3.1 Pro slice at its auto and bf16 latents,
+#                            Kimi Linear shape), without and with the opt-in warpgroup kernels
 #                  lora      hyserve_step_bench on the tiny K3 and the K3.1 Pro slice, LoRA
 #                            rank 0 and 32 (issue 48 item 2's cost; issue 51's byte bounds)
 #                  mlaprefill  hyserve_mla_prefill_bench (flash and absorbed, Kimi Linear and
@@ -78,14 +78,23 @@ body() {
         echo "torch sampler rc $?"
         ;;
       mla)
-        for g in 0 1; do
-          HYSERVE_MLA_GEMM_PREFILL=$g timeout 60 ./build-gpu/hyserve_layer_bench --config "$C" \
-            --iters 3 >"$L/layer_k31_gemm$g.jsonl" 2>&1
-          echo "layer k3.1 gemm=$g rc $? at $(elapsed) s"
-          HYSERVE_MLA_GEMM_PREFILL=$g timeout 60 ./build-gpu/hyserve_layer_bench \
+        # The slices' layer benchmark at the serving-default latent (K3.1 Pro: FP8; Kimi
+        # Linear: its auto), K3.1 Pro's bf16 latent too, each without and with the opt-in
+        # warpgroup kernels (indexer logits, dense flash prefill, sparse bf16 prefill).
+        local wg="HYSERVE_INDEXER_WGMMA=1 HYSERVE_MLA_FLASH_WGMMA=1 HYSERVE_MLA_SPARSE_WGMMA=1"
+        for v in base wgmma; do
+          local e=""
+          [[ $v == wgmma ]] && e=$wg
+          env $e timeout 90 ./build-gpu/hyserve_layer_bench --config "$C" --iters 3 \
+            >"$L/layer_k31_$v.jsonl" 2>&1
+          echo "layer k3.1 (auto latent) $v rc $? at $(elapsed) s"
+          env $e timeout 90 ./build-gpu/hyserve_layer_bench --config "$C" --iters 3 \
+            --kv-cache-dtype bf16 --batches 1 >"$L/layer_k31_bf16_$v.jsonl" 2>&1
+          echo "layer k3.1 (bf16 latent) $v rc $? at $(elapsed) s"
+          env $e timeout 60 ./build-gpu/hyserve_layer_bench \
             --config bench/configs/kimi-linear-48b-shaped.json --iters 3 \
-            >"$L/layer_kl_gemm$g.jsonl" 2>&1
-          echo "layer kimi-linear gemm=$g rc $? at $(elapsed) s"
+            >"$L/layer_kl_$v.jsonl" 2>&1
+          echo "layer kimi-linear $v rc $? at $(elapsed) s"
         done
         ;;
       lora)
