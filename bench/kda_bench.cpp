@@ -105,7 +105,7 @@ void bench_decode(int64_t heads, int64_t batch, int64_t per_row, int iters, doub
   std::fflush(stdout);
 }
 
-void bench_prefill(int64_t heads, int64_t total, int64_t num_seqs, int iters) {
+void bench_prefill(int64_t heads, int64_t total, int64_t num_seqs, int iters, int v_slice) {
   // Unequal lengths summing to total: weights 1..num_seqs, rounded to chunks of 64.
   std::vector<int64_t> lengths;
   const int64_t weight_sum = num_seqs * (num_seqs + 1) / 2;
@@ -143,7 +143,9 @@ void bench_prefill(int64_t heads, int64_t total, int64_t num_seqs, int iters) {
   }
   cuda::DeviceBuffer ws(ws_bytes);
   const float us = FlushedTimer(iters).time_us([&] {
-    for (const KdaParams& p : ps) cuda::kda_chunked(p, ws.data(), ws_bytes, nullptr);
+    for (const KdaParams& p : ps) {
+      cuda::kda_chunked(p, ws.data(), ws_bytes, nullptr, kKdaChunkSize, v_slice);
+    }
   });
   // The chunked form's products per token and head: the in-chunk K K^T and Q K^T (2 x 64
   // x K), W and U (64 x K each), W S and Q S (K x V each), Aqk V' (64 x V), the state
@@ -156,6 +158,7 @@ void bench_prefill(int64_t heads, int64_t total, int64_t num_seqs, int iters) {
                       {"head_dim", kDim},
                       {"tokens", total},
                       {"seqs", num_seqs},
+                      {"v_slice", v_slice == 0 ? std::string("auto") : std::to_string(v_slice)},
                       {"lengths", lens},
                       {"us", us},
                       {"flops", flops},
@@ -178,6 +181,11 @@ int run(int argc, char** argv) {
   app.add_option("--lengths", lengths, "prefill: tokens per call");
   app.add_option("--seqs", seqs, "prefill: sequences the tokens are split into");
   app.add_option("--iters", iters, "timed runs per point");
+  std::vector<int> v_slices = {0};
+  app.add_option("--v-slices", v_slices,
+                 "prefill: the inter-chunk blocks' V slice widths to time (0: the automatic pick; "
+                 "64: the one before it)")
+      ->delimiter(',');
   CLI11_PARSE(app, argc, argv);
   CHECK(cuda::device_count() > 0, "no GPU");
   const double copy_bw = measure_copy_bandwidth();
@@ -192,7 +200,9 @@ int run(int argc, char** argv) {
   if (which != "decode") {
     for (int64_t h : heads) {
       for (int64_t t : lengths) {
-        for (int64_t s : seqs) bench_prefill(h, t, s, std::max(3, iters / 4));
+        for (int64_t s : seqs) {
+          for (const int v : v_slices) bench_prefill(h, t, s, std::max(3, iters / 4), v);
+        }
       }
     }
   }

@@ -25,6 +25,8 @@
 #                            V3.2's 64 heads) + tools/bench_mla_torch.py
 #                  indexer   hyserve_indexer_bench (mma.sync and FP8 wgmma scorers, 256 queries
 #                            over 128K and 1M keys, 32 and 64 heads) + tools/bench_indexer_torch.py
+#                  kda       hyserve_kda_bench --case prefill, the inter-chunk V slice fixed at 64
+#                            (before) and picked by the SM count (now), 12 / 32 / 96 heads
 #                  speaks    tools/measure_speaks_cpu.py --device cuda (issue 50 item 5: n-gram
 #                            speculation, multi-turn prefix hits, generate on the bundled model)
 #                (default: "sampler mla lora")
@@ -132,6 +134,12 @@ body() {
           --context 131072,1048576 >"$L/indexer_torch.jsonl" 2>&1
         echo "torch indexer rc $? at $(elapsed) s"
         cat "$L"/indexer*.jsonl | cut -c1-260
+        ;;
+      kda)
+        timeout 150 ./build-gpu/hyserve_kda_bench --case prefill --heads 12,32,96 \
+          --lengths 4096,16384 --seqs 1 --v-slices 64,0 --iters 8 >"$L/kda_prefill.jsonl" 2>&1
+        echo "kda prefill bench rc $? at $(elapsed) s"
+        cut -c1-200 "$L/kda_prefill.jsonl"
         ;;
       speaks)
         timeout 240 python3 tools/measure_speaks_cpu.py --binary build-gpu/hyserve --device cuda \

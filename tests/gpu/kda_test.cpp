@@ -211,7 +211,7 @@ KdaResult run_cpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
   return r;
 }
 
-KdaResult run_gpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
+KdaResult run_gpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64, int v_slice = 0) {
   DeviceBuffer q = to_device(in.q), k = to_device(in.k), v = to_device(in.v), g = to_device(in.g),
                beta = to_device(in.beta), state = to_device(in.state),
                o(sizeof(float) * in.v.size());
@@ -220,7 +220,7 @@ KdaResult run_gpu(const KdaInputs& in, bool chunked, int64_t chunk_size = 64) {
   if (chunked) {
     const size_t bytes = cuda::kda_chunked_workspace_bytes(p, chunk_size);
     DeviceBuffer workspace(bytes);
-    cuda::kda_chunked(p, workspace.data(), bytes, nullptr, chunk_size);
+    cuda::kda_chunked(p, workspace.data(), bytes, nullptr, chunk_size, v_slice);
   } else {
     cuda::kda_recurrent(p, nullptr);
   }
@@ -247,6 +247,30 @@ constexpr double kCrossFormTol = 2e-5;
 // (2^-11) or a wrong index is 1e-3 or worse.
 constexpr double kTensorSameFormTol = 3 * kSameFormTol;
 constexpr double kTensorCrossFormTol = 2 * kCrossFormTol;
+
+// The inter-chunk blocks' V slice (64, 32, 16 columns; the automatic pick takes 16 at these
+// few heads) changes no bit of o or the state; each also matches the CPU chunked op.
+TEST(GpuKda, ChunkedSliceWidthChangesNoBit) {
+  REQUIRE_GPU();
+  uint32_t seed = 900;
+  for (const int64_t head_dim : {48, 128}) {
+    for (const int64_t num_heads : {1, 3}) {
+      for (const int64_t num_tokens : {1, 65, 321}) {
+        const KdaInputs in = random_inputs(num_tokens, num_heads, head_dim, ++seed);
+        const KdaResult want = run_cpu(in, true);
+        const KdaResult wide = run_gpu(in, true, 64, 64);
+        EXPECT_TRUE(close_to_scale(wide.o, want.o, kTensorSameFormTol)) << "o " << shape_name(in);
+        EXPECT_TRUE(close_to_scale(wide.state, want.state, kTensorSameFormTol))
+            << "state " << shape_name(in);
+        for (const int slice : {32, 16}) {
+          const KdaResult got = run_gpu(in, true, 64, slice);
+          EXPECT_EQ(got.o, wide.o) << "o, slice " << slice << " " << shape_name(in);
+          EXPECT_EQ(got.state, wide.state) << "state, slice " << slice << " " << shape_name(in);
+        }
+      }
+    }
+  }
+}
 
 TEST(GpuKda, RecurrentMatchesCpu) {
   REQUIRE_GPU();

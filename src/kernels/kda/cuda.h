@@ -37,10 +37,12 @@ size_t kda_chunked_workspace_bytes(const KdaParams& p, int64_t chunk_size = kKda
 
 // Chunked (WY) form for prefill, chunks of chunk_size <= 64 tokens from the start of the
 // call. Per slab of 64 chunks: all (chunk, head) pairs build their chunk's A, W, U, Aqk
-// at once, then one block per (head, 64 V columns) carries S through the chunks.
+// at once, then one block per (head, slice of V columns) carries S through the chunks.
+// v_slice: the slice width, 64, 32 or 16 (0: the widest whose blocks fill every SM); it
+// changes no bit of the result (tests, benchmarks).
 // workspace: 256-byte aligned, at least kda_chunked_workspace_bytes(p, chunk_size).
 void kda_chunked(const KdaParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 int64_t chunk_size = kKdaChunkSize);
+                 int64_t chunk_size = kKdaChunkSize, int v_slice = 0);
 
 void gated_rms_norm(const GatedRmsNormParams& p, cudaStream_t stream);
 

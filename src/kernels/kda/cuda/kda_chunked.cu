@@ -22,11 +22,14 @@
 //      G^T [kp, 65] double (later V [64, kp]) | K^T [kp, 65] | Q^T [kp, 65] (later
 //      exp(G) K [64, kp]) | L, then A [64, 64] | inv [64, 64] | X [3, 16, 16] | beta [64]
 //      kp = 128: 165 KiB (one block per SM).
-// 2. inter_chunk_kernel, grid (H, V-slices of kVSlice = 64 columns), 256 threads; each
-//    block carries S[:, slice] in shared memory through the slab's chunks in order:
+// 2. inter_chunk_kernel, grid (H, V-slices of kVSlice = 64, 32 or 16 columns: pick_slice),
+//    256 threads; each block carries S[:, slice] in shared memory through the slab's chunks
+//    in order:
 //      V' = U - W S;  O = qg S + Aqk V';  S = decay * S + kg^T V'.
-//    Shared memory: S [kp, 64] | W, then qg, then kg [64, kp] | U, then V' [64, 64]
-//      | Aqk, then O [64, 64] | decay [kp]; kp = 128: 96.5 KiB (two blocks per SM).
+//    Shared memory: S [kp, kVSlice] | W, then qg, then kg [64, kp] | U, then V' [64, kVSlice]
+//      | Aqk, then O [64, 64] | decay [kp]; kp = 128: 96.5 KiB at 64 columns (two blocks per
+//      SM). Each output element sums the same products in the same order at every slice
+//      width: the width changes no bit.
 //
 // Precision: every matrix product runs on tensor cores as 3xTF32 (a = a_hi + a_lo, both
 // tf32; a b ~ a_hi b_hi + a_hi b_lo + a_lo b_hi, accumulated in fp32): the dropped
@@ -53,7 +56,9 @@ constexpr int kChunkRows = 64;  // rows of every per-chunk tile; the largest chu
 constexpr int64_t kSlabChunks = 64;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kVSlice = 64;   // V columns per inter-chunk block
+// V columns per inter-chunk block: 64, or 32 / 16 where H x slices would leave SMs idle
+// (pick_slice; the blocks walk the slab's chunks in order, so the grid is all the parallelism).
+constexpr int kMaxVSlice = 64;
 constexpr int kTStride = 65;  // row stride of the transposed [kp, chunk] tiles
 constexpr int kBlock = 16;    // side of the blocks of the (I+L)^-1 solve
 constexpr int kNumBlocks = kChunkRows / kBlock;
@@ -307,11 +312,12 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-size_t inter_shared_bytes(int kp) {
+size_t inter_shared_bytes(int kp, int slice) {
   return sizeof(float) *
-         (kp * kVSlice + kChunkRows * kp + kChunkRows * kVSlice + kChunkRows * kChunkRows + kp);
+         (kp * slice + kChunkRows * kp + kChunkRows * slice + kChunkRows * kChunkRows + kp);
 }
 
+template <int kVSlice>
 __global__ void __launch_bounds__(kThreads, 2)
     inter_chunk_kernel(const KdaParams p, float* ws, int64_t slab_t0, int num_chunks, int64_t chunk,
                        int kp) {
@@ -429,6 +435,18 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
 }
 
+// The widest V slice (64, 32, 16 columns) whose H x slices blocks fill every SM once; 16 when
+// none does. K3 at TP8 has 12 KDA heads: 24 blocks of 64 columns on an H100's 132 SMs, 96 of 16.
+int pick_slice(int64_t num_heads, int kp) {
+  int device = 0, num_sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  for (const int slice : {kMaxVSlice, 32}) {
+    if (num_heads * ((kp + slice - 1) / slice) >= num_sms) return slice;
+  }
+  return 16;
+}
+
 int64_t num_chunks_of(const KdaParams& p, int64_t chunk_size) {
   return (p.num_tokens + chunk_size - 1) / chunk_size;
 }
@@ -448,7 +466,7 @@ size_t kda_chunked_workspace_bytes(const KdaParams& p, int64_t chunk_size) {
 }
 
 void kda_chunked(const KdaParams& p, void* workspace, size_t workspace_bytes, cudaStream_t stream,
-                 int64_t chunk_size) {
+                 int64_t chunk_size, int v_slice) {
   check_cuda_kda_params(p, "kda_chunked");
   check_chunk_size(chunk_size);
   if (p.num_tokens == 0) return;
@@ -458,23 +476,29 @@ void kda_chunked(const KdaParams& p, void* workspace, size_t workspace_bytes, cu
   CHECK(reinterpret_cast<uintptr_t>(workspace) % 256 == 0,
         "kda_chunked: workspace is not 256-byte aligned");
   const int kp = padded_dim(p.head_dim);
+  CHECK(v_slice == 0 || v_slice == 16 || v_slice == 32 || v_slice == 64,
+        "kda_chunked: v_slice = ", v_slice, " (0, 16, 32 or 64)");
+  const int slice = v_slice != 0 ? v_slice : pick_slice(p.num_heads, kp);
   const size_t intra_smem = intra_shared_bytes(kp);
-  const size_t inter_smem = inter_shared_bytes(kp);
+  const size_t inter_smem = inter_shared_bytes(kp, slice);
   CUDA_CHECK(cudaFuncSetAttribute(intra_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(intra_smem)));
-  CUDA_CHECK(cudaFuncSetAttribute(inter_chunk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const auto inter = slice == 64   ? inter_chunk_kernel<64>
+                     : slice == 32 ? inter_chunk_kernel<32>
+                                   : inter_chunk_kernel<16>;
+  CUDA_CHECK(cudaFuncSetAttribute(inter, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(inter_smem)));
   float* ws = static_cast<float*>(workspace);
   const int64_t num_chunks = num_chunks_of(p, chunk_size);
-  const unsigned num_slices = static_cast<unsigned>((kp + kVSlice - 1) / kVSlice);
+  const unsigned num_slices = static_cast<unsigned>((kp + slice - 1) / slice);
   for (int64_t first = 0; first < num_chunks; first += kSlabChunks) {
     const int slab = static_cast<int>(std::min(kSlabChunks, num_chunks - first));
     const int64_t slab_t0 = first * chunk_size;
     intra_chunk_kernel<<<dim3(slab, static_cast<unsigned>(p.num_heads)), kThreads, intra_smem,
                          stream>>>(p, ws, slab_t0, chunk_size, kp);
     CUDA_CHECK_LAUNCH();
-    inter_chunk_kernel<<<dim3(static_cast<unsigned>(p.num_heads), num_slices), kThreads, inter_smem,
-                         stream>>>(p, ws, slab_t0, slab, chunk_size, kp);
+    inter<<<dim3(static_cast<unsigned>(p.num_heads), num_slices), kThreads, inter_smem, stream>>>(
+        p, ws, slab_t0, slab, chunk_size, kp);
     CUDA_CHECK_LAUNCH();
   }
 }
