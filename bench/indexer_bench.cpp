@@ -12,7 +12,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
-#include <random>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -28,21 +27,13 @@ namespace {
 
 constexpr int64_t kDim = 128;
 
-std::vector<float> random_f32(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
-
 struct Rates {
   double fp8, bf16;
 };
 
 void run_point(int64_t heads, int64_t queries, int64_t context, int iters, const Rates& rates) {
   // Keys quantized as the cache holds them (per key, ue8m0), on the host once.
-  std::vector<float> k = random_f32(context * kDim, 2);
+  std::vector<float> k = random_normal_f32(context * kDim, 2);
   std::vector<uint8_t> k8(static_cast<size_t>(context * kDim));
   std::vector<float> k_scales(static_cast<size_t>(context));
   cpu::quantize_fp8_ue8m0(k.data(), context, kDim, k8.data(), k_scales.data());
@@ -50,8 +41,8 @@ void run_point(int64_t heads, int64_t queries, int64_t context, int iters, const
   k.shrink_to_fit();
   std::vector<int64_t> pos(static_cast<size_t>(queries));
   for (int64_t i = 0; i < queries; ++i) pos[i] = context - queries + i;
-  cuda::DeviceBuffer q = cuda::to_device(random_f32(queries * heads * kDim, 1));
-  cuda::DeviceBuffer w = cuda::to_device(random_f32(queries * heads, 3));
+  cuda::DeviceBuffer q = cuda::to_device(random_normal_f32(queries * heads * kDim, 1));
+  cuda::DeviceBuffer w = cuda::to_device(random_normal_f32(queries * heads, 3));
   cuda::DeviceBuffer d_k8 = cuda::to_device(k8), d_scales = cuda::to_device(k_scales);
   cuda::DeviceBuffer d_pos = cuda::to_device(pos);
   cuda::DeviceBuffer scores(sizeof(float) * queries * context);

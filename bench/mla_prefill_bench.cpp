@@ -38,21 +38,18 @@ namespace {
 
 constexpr int64_t kDn = 128, kDr = 64, kDv = 128, kKvLora = 512;
 
-std::vector<uint16_t> random_bf16(int64_t n, float scale, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<uint16_t> v(static_cast<size_t>(n));
-  for (uint16_t& x : v) x = f32_to_bf16(d(rng));
-  return v;
-}
-
-std::vector<float> random_f32(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = d(rng);
-  return v;
-}
+// kv_b_proj of h heads in bf16, ~N(0, 1/kv_lora) (its device data and the Weight over it).
+struct KvB {
+  cuda::DeviceBuffer data;
+  Weight w;
+  explicit KvB(int64_t h)
+      : data(cuda::to_device(random_normal_bf16(h * (kDn + kDv) * kKvLora, 3, 0.044f))) {
+    w.rows = h * (kDn + kDv);
+    w.cols = kKvLora;
+    w.dtype = DType::kBF16;
+    w.data = data.data();
+  }
+};
 
 struct Point {
   int64_t heads, tokens, prefix;
@@ -60,22 +57,16 @@ struct Point {
 
 void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max_tflop) {
   const int64_t t = pt.tokens, s = pt.prefix + pt.tokens, h = pt.heads;
-  cuda::DeviceBuffer q = cuda::to_device(random_f32(t * h * (kDn + kDr), 1));
-  cuda::DeviceBuffer latent = cuda::to_device(random_bf16(s * (kKvLora + kDr), 1.0f, 2));
-  cuda::DeviceBuffer kv_b_data =
-      cuda::to_device(random_bf16(h * (kDn + kDv) * kKvLora, 0.044f, 3));  // ~1/sqrt(512)
+  cuda::DeviceBuffer q = cuda::to_device(random_normal_f32(t * h * (kDn + kDr), 1));
+  cuda::DeviceBuffer latent = cuda::to_device(random_normal_bf16(s * (kKvLora + kDr), 2));
+  const KvB kv_b(h);
   std::vector<int64_t> pos(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) pos[i] = pt.prefix + i;
   cuda::DeviceBuffer d_pos = cuda::to_device(pos);
   cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
-  Weight kv_b;
-  kv_b.rows = h * (kDn + kDv);
-  kv_b.cols = kKvLora;
-  kv_b.dtype = DType::kBF16;
-  kv_b.data = kv_b_data.data();
   MlaAttentionParams p{.q = q.as<float>(),
                        .latent_bf16 = latent.as<uint16_t>(),
-                       .kv_b = &kv_b,
+                       .kv_b = &kv_b.w,
                        .q_pos = d_pos.as<int64_t>(),
                        .q_pos_first = pt.prefix,
                        .out = out.as<float>(),
@@ -141,9 +132,9 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
 void run_sparse_point(int64_t h, int64_t t, int64_t context, int64_t topk, int iters,
                       double bf16_rate) {
   const int64_t width = kKvLora + kDr;
-  cuda::DeviceBuffer q = cuda::to_device(random_f32(t * h * (kDn + kDr), 1));
-  cuda::DeviceBuffer latent = cuda::to_device(random_bf16(context * width, 1.0f, 2));
-  cuda::DeviceBuffer kv_b_data = cuda::to_device(random_bf16(h * (kDn + kDv) * kKvLora, 0.044f, 3));
+  cuda::DeviceBuffer q = cuda::to_device(random_normal_f32(t * h * (kDn + kDr), 1));
+  cuda::DeviceBuffer latent = cuda::to_device(random_normal_bf16(context * width, 2));
+  const KvB kv_b(h);
   std::vector<int64_t> pos(static_cast<size_t>(t));
   std::vector<int32_t> lists(static_cast<size_t>(t * topk), -1);
   std::mt19937 rng(4);
@@ -161,14 +152,9 @@ void run_sparse_point(int64_t h, int64_t t, int64_t context, int64_t topk, int i
   }
   cuda::DeviceBuffer d_pos = cuda::to_device(pos), d_lists = cuda::to_device(lists);
   cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
-  Weight kv_b;
-  kv_b.rows = h * (kDn + kDv);
-  kv_b.cols = kKvLora;
-  kv_b.dtype = DType::kBF16;
-  kv_b.data = kv_b_data.data();
   const MlaAttentionParams p{.q = q.as<float>(),
                              .latent_bf16 = latent.as<uint16_t>(),
-                             .kv_b = &kv_b,
+                             .kv_b = &kv_b.w,
                              .q_pos = d_pos.as<int64_t>(),
                              .topk = d_lists.as<int32_t>(),
                              .topk_width = topk,

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cuda/device_buffer.h"
+#include "core/dtype.h"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
@@ -160,6 +161,22 @@ double measure_fp8_gemm_rate() {
   cublasLtMatmulDescDestroy(op);
   cublasLtDestroy(lt);
   return 2.0 * n * n * static_cast<double>(n) / (ms * 1e-3);
+}
+
+std::vector<float> random_normal_f32(int64_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+std::vector<uint16_t> random_normal_bf16(int64_t n, uint32_t seed, float stddev) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, stddev);
+  std::vector<uint16_t> v(static_cast<size_t>(n));
+  for (uint16_t& x : v) x = f32_to_bf16(d(rng));
+  return v;
 }
 
 int guarded_main(const char* name, int (*run)(int, char**), int argc, char** argv) {

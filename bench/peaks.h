@@ -1,9 +1,11 @@
 // The rooflines the benchmarks report against, measured in the same run: the
-// device-to-device copy bandwidth and dense GEMM rates. And the medians they time with.
+// device-to-device copy bandwidth and dense GEMM rates. And the medians they time with, and
+// the random inputs several of them fill.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <functional>
 #include <vector>
 
@@ -46,6 +48,11 @@ double measure_copy_bandwidth();
 // (cuBLASLt, A transposed as FP8 requires, unit scales, no fast accumulation).
 double measure_bf16_gemm_rate();
 double measure_fp8_gemm_rate();
+
+// n normal values of mean 0 and the given standard deviation from a seeded generator: fp32,
+// or rounded to bf16 bits.
+std::vector<float> random_normal_f32(int64_t n, uint32_t seed, float stddev = 1.0f);
+std::vector<uint16_t> random_normal_bf16(int64_t n, uint32_t seed, float stddev = 1.0f);
 
 // A benchmark's main: run(argc, argv), or its exception's message after `name: ` on
 // stderr and exit status 1.

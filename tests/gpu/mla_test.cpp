@@ -472,6 +472,28 @@ TEST(GpuMla, Bf16LatentEqualsFp32OfTheRoundedValues) {
   }
 }
 
+// The bounds of the kernels with bf16 MMA inputs (q, the latent or K / V, P: 2^-9 relative
+// each, summed with random signs): out within 1e-2 of its largest value + 2e-2 relative, lse
+// (O(1..10)) within 5e-2 + 1e-2 relative; a query that sees no key: out exactly 0, lse exactly
+// -inf.
+void expect_bf16_attention_close(const std::vector<float>& got_out,
+                                 const std::vector<float>& want_out,
+                                 const std::vector<float>& got_lse,
+                                 const std::vector<float>& want_lse, int64_t dv,
+                                 const std::string& what) {
+  for (size_t r = 0; r < want_lse.size(); ++r) {
+    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
+      ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
+      for (int64_t d = 0; d < dv; ++d) {
+        ASSERT_EQ(got_out[r * dv + d], 0.0f) << what << " empty row " << r;
+      }
+    }
+  }
+  EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
+      << what << " out";
+  EXPECT_TRUE(test::all_close(got_lse, want_lse, 5e-2f, 1e-2f)) << what << " lse";
+}
+
 // ---- Sparse MLA over the bf16 latent on warpgroup MMAs (cuda.h MlaSparseKernel) ----
 
 struct SparseCase {
@@ -482,9 +504,7 @@ struct SparseCase {
 };
 
 // Against the CPU absorbed op over the same pool (the latent rounded to bf16, read through the
-// same tables). bf16 q_abs, latent and probabilities on the GPU: out within 1e-2 of its largest
-// value + 2e-2 relative, lse within 5e-2 + 1e-2 relative (the GEMM prefill's bounds); a query
-// that sees no key: out exactly 0, lse exactly -inf.
+// same tables), at expect_bf16_attention_close's bounds (bf16 q_abs, latent, probabilities).
 void check_sparse_wgmma(const SparseCase& c, uint32_t seed) {
   const Sizes z{c.num_tokens, c.num_keys, c.num_heads, 128, 64, 128, 512};
   const std::string what = name_of(z, c.first_pos, "sparse wgmma") + " width " +
@@ -546,19 +566,8 @@ void check_sparse_wgmma(const SparseCase& c, uint32_t seed) {
   cuda::mla_attention_absorbed(p, ws.data(), ws_bytes, nullptr, false, nullptr,
                                cuda::MlaSparseKernel::kWgmma);
   CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
-  const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
-  for (int64_t r = 0; r < num_rows; ++r) {
-    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
-      ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
-      for (int64_t d = 0; d < z.dv; ++d) {
-        ASSERT_EQ(got_out[r * z.dv + d], 0.0f) << what << " empty row " << r;
-      }
-    }
-  }
-  EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
-      << what << " out";
-  EXPECT_TRUE(test::all_close(got_lse, want_lse, 5e-2f, 1e-2f)) << what << " lse";
+  expect_bf16_attention_close(to_host<float>(d_out, want_out.size()), want_out,
+                              to_host<float>(d_lse, want_lse.size()), want_lse, z.dv, what);
 }
 
 // One query and a partial head group; lists wider than the context (most slots -1, whole
@@ -676,10 +685,8 @@ struct FlashCase {
   cuda::MlaFlashKernel kernel = cuda::MlaFlashKernel::kMmaSync;
 };
 
-// Against the CPU absorbed op over the same (rounded, for a bf16 latent) values. bf16 MMA
-// inputs (q, the latent, kv_b, K, V, P: 2^-9 relative each, summed over dn + dr and the keys
-// with random signs): out within 1e-2 of its largest value + 2e-2 relative, lse (O(1..10))
-// within 5e-2 + 1e-2 relative; a query that sees no key: out exactly 0, lse exactly -inf.
+// Against the CPU absorbed op over the same (rounded, for a bf16 latent) values, at
+// expect_bf16_attention_close's bounds (bf16 q, latent, kv_b, K, V, P).
 void check_flash(const Problem& pr, Format format, const FlashCase& fc, const std::string& what) {
   const Sizes& z = pr.z;
   const StoredWeight w(pr.kv_b, z.num_heads * (z.dn + z.dv), z.kv_lora, format);
@@ -739,19 +746,8 @@ void check_flash(const Problem& pr, Format format, const FlashCase& fc, const st
   DeviceBuffer ws(ws_bytes);
   cuda::mla_flash_prefill(p, ws.data(), ws_bytes, blas, stream.s, options);
   CUDA_CHECK(cudaStreamSynchronize(stream.s));
-  const std::vector<float> got_out = to_host<float>(d_out, want_out.size());
-  const std::vector<float> got_lse = to_host<float>(d_lse, want_lse.size());
-  for (int64_t r = 0; r < num_rows; ++r) {
-    if (std::isinf(want_lse[r]) || std::isinf(got_lse[r])) {
-      ASSERT_EQ(got_lse[r], want_lse[r]) << what << " lse row " << r;
-      for (int64_t d = 0; d < z.dv; ++d) {
-        ASSERT_EQ(got_out[r * z.dv + d], 0.0f) << what << " empty row " << r;
-      }
-    }
-  }
-  EXPECT_TRUE(test::all_close(got_out, want_out, 1e-2f * test::max_abs(want_out), 2e-2f))
-      << what << " out";
-  EXPECT_TRUE(test::all_close(got_lse, want_lse, 5e-2f, 1e-2f)) << what << " lse";
+  expect_bf16_attention_close(to_host<float>(d_out, want_out.size()), want_out,
+                              to_host<float>(d_lse, want_lse.size()), want_lse, z.dv, what);
 }
 
 // Awkward query counts (1, 63, 65, 200: partial 64-row blocks) over contexts shorter and

@@ -72,10 +72,6 @@ constexpr int kHeadDim = 128;
 constexpr int kKeyTile = 64;
 constexpr int kStages = 3;
 constexpr int kPitch = 144;  // bytes per key row and per query row in shared memory
-// Key range per CTA: at least this many keys (amortizes the query prologue), at most
-// that many (keeps the grid long enough to share key tiles through L2).
-constexpr int64_t kMinKeysPerCta = 256;
-constexpr int64_t kMaxKeysPerCta = 4096;
 
 template <int kHeads>
 struct Tiling {
@@ -90,18 +86,7 @@ struct Tiling {
       kKeyBytes + kScaleBytes + size_t{kWarps} * kWarpRows * kPitch;
 };
 
-struct Args {
-  const float* q;             // [T, Hi, 128]
-  const uint8_t* k_fp8;       // page of block 0 (or [S, 128])
-  const float* k_scales;      // page of block 0 (or [S])
-  PagedRows k_pages;          // one table for every query
-  const float* head_weights;  // [T, Hi]
-  const int64_t* q_pos;       // [T]
-  float* scores;              // [T, S]
-  int64_t num_tokens;
-  int64_t num_keys;
-  int64_t keys_per_cta;  // a multiple of kKeyTile
-};
+using Args = TensorScoreArgs;
 
 // Word w (0..7) of 32 bytes held as two uint4.
 __device__ __forceinline__ uint32_t word(const uint4 (&v)[2], int w) {
@@ -335,23 +320,15 @@ __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
 template <int kHeads>
 void launch(Args a, cudaStream_t stream) {
   using L = Tiling<kHeads>;
-  int device = 0, num_sms = 0, max_smem = 0;
+  int device = 0, max_smem = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   CHECK(L::kSmemBytes <= static_cast<size_t>(max_smem),
         "indexer scores (tensor cores): ", L::kSmemBytes,
         " bytes of shared memory needed, the device has ", max_smem);
   const int64_t num_query_tiles = (a.num_tokens + L::kCtaQueries - 1) / L::kCtaQueries;
-  // About 8 CTAs per SM over the whole (query tile, key range) grid.
-  int64_t keys_per_cta = (a.num_keys * num_query_tiles + 8 * num_sms - 1) / (8 * num_sms);
-  keys_per_cta = std::clamp((keys_per_cta + kMinKeysPerCta - 1) / kMinKeysPerCta * kMinKeysPerCta,
-                            kMinKeysPerCta, kMaxKeysPerCta);
-  const int64_t max_ranges = 65535;
-  const int64_t min_keys = (a.num_keys + max_ranges - 1) / max_ranges;
-  keys_per_cta = std::max(keys_per_cta, (min_keys + kKeyTile - 1) / kKeyTile * kKeyTile);
-  a.keys_per_cta = keys_per_cta;
-  const int64_t num_ranges = (a.num_keys + keys_per_cta - 1) / keys_per_cta;
+  a.keys_per_cta = plan_keys_per_cta(a.num_keys, num_query_tiles, kKeyTile);
+  const int64_t num_ranges = (a.num_keys + a.keys_per_cta - 1) / a.keys_per_cta;
   CUDA_CHECK(cudaFuncSetAttribute(mma_score_kernel<kHeads>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
                                   static_cast<int>(L::kSmemBytes)));
@@ -374,30 +351,37 @@ bool mma_scorer_supports(const IndexerFp8CacheScoreParams& p) {
   return one_table && heads && p.head_dim == kHeadDim && rows_aligned;
 }
 
+TensorScoreArgs tensor_score_args(const IndexerFp8CacheScoreParams& p) {
+  return {.q = p.q,
+          .k_fp8 = p.k_fp8,
+          .k_scales = p.k_scales,
+          .k_pages = p.k_pages,
+          .head_weights = p.head_weights,
+          .q_pos = p.q_pos,
+          .scores = p.scores,
+          .num_tokens = p.num_tokens,
+          .num_keys = p.num_keys,
+          .keys_per_cta = 0};
+}
+
+int64_t plan_keys_per_cta(int64_t num_keys, int64_t num_query_tiles, int64_t step) {
+  constexpr int64_t kMinKeysPerCta = 256, kMaxKeysPerCta = 4096;
+  int device = 0, num_sms = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
+  int64_t keys = (num_keys * num_query_tiles + 8 * num_sms - 1) / (8 * num_sms);
+  keys = std::clamp((keys + kMinKeysPerCta - 1) / kMinKeysPerCta * kMinKeysPerCta, kMinKeysPerCta,
+                    kMaxKeysPerCta);
+  const int64_t max_ranges = 65535;
+  const int64_t min_keys = (num_keys + max_ranges - 1) / max_ranges;
+  return std::max(keys, (min_keys + step - 1) / step * step);
+}
+
 void indexer_scores_fp8_cache_mma(const IndexerFp8CacheScoreParams& p, cudaStream_t stream) {
   CHECK(mma_scorer_supports(p), "indexer scores (tensor cores): unsupported call");
   if (p.num_tokens == 0 || p.num_keys == 0) return;
-  const Args a{.q = p.q,
-               .k_fp8 = p.k_fp8,
-               .k_scales = p.k_scales,
-               .k_pages = p.k_pages,
-               .head_weights = p.head_weights,
-               .q_pos = p.q_pos,
-               .scores = p.scores,
-               .num_tokens = p.num_tokens,
-               .num_keys = p.num_keys,
-               .keys_per_cta = 0};
-  switch (p.num_heads) {
-    case 16:
-      launch<16>(a, stream);
-      break;
-    case 32:
-      launch<32>(a, stream);
-      break;
-    default:
-      launch<64>(a, stream);
-      break;
-  }
+  const Args a = tensor_score_args(p);
+  dispatch_index_heads(p.num_heads, [&]<int kHeads>() { launch<kHeads>(a, stream); });
 }
 
 }  // namespace hyserve::cuda::indexer

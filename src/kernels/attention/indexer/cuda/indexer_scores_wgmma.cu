@@ -53,8 +53,6 @@ constexpr int kTileKeys = 64;    // a warpgroup's keys: the MMA's M
 constexpr int kStageKeys = 128;  // both warpgroups' tiles
 constexpr int kStages = 3;
 constexpr int kTileBytes = kTileKeys * kHeadDim;  // 8 KB of codes
-constexpr int64_t kMinKeysPerCta = 256;
-constexpr int64_t kMaxKeysPerCta = 4096;
 
 template <int kHeads>
 struct Layout {
@@ -69,18 +67,7 @@ struct Layout {
   static constexpr int kAllocated = kBytes + 1024;  // + the base's alignment
 };
 
-struct Args {
-  const float* q;             // [T, Hi, 128]
-  const uint8_t* k_fp8;       // page of block 0 (or [S, 128])
-  const float* k_scales;      // page of block 0 (or [S])
-  PagedRows k_pages;          // one table for every query
-  const float* head_weights;  // [T, Hi]
-  const int64_t* q_pos;       // [T]
-  float* scores;              // [T, S]
-  int64_t num_tokens;
-  int64_t num_keys;
-  int64_t keys_per_cta;  // a multiple of kStageKeys
-};
+using Args = TensorScoreArgs;
 
 // Keys [stage0, stage0 + 128) (codes and scales) into one stage; keys at or past num_keys
 // read nothing and land as zeros.
@@ -252,22 +239,14 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_score_kernel(Args a) {
 template <int kHeads>
 void launch(Args a, cudaStream_t stream) {
   using L = Layout<kHeads>;
-  int device = 0, num_sms = 0, max_smem = 0;
+  int device = 0, max_smem = 0;
   CUDA_CHECK(cudaGetDevice(&device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   CUDA_CHECK(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
   CHECK(L::kAllocated <= max_smem, "indexer scores (warpgroup MMAs): ", L::kAllocated,
         " bytes of shared memory needed, the device has ", max_smem);
   const int64_t num_query_tiles = (a.num_tokens + L::kQueries - 1) / L::kQueries;
-  // About 8 CTAs per SM over the whole (query tile, key range) grid, as the mma.sync scorer.
-  int64_t keys_per_cta = (a.num_keys * num_query_tiles + 8 * num_sms - 1) / (8 * num_sms);
-  keys_per_cta = std::clamp((keys_per_cta + kMinKeysPerCta - 1) / kMinKeysPerCta * kMinKeysPerCta,
-                            kMinKeysPerCta, kMaxKeysPerCta);
-  const int64_t max_ranges = 65535;
-  const int64_t min_keys = (a.num_keys + max_ranges - 1) / max_ranges;
-  keys_per_cta = std::max(keys_per_cta, (min_keys + kStageKeys - 1) / kStageKeys * kStageKeys);
-  a.keys_per_cta = keys_per_cta;
-  const int64_t num_ranges = (a.num_keys + keys_per_cta - 1) / keys_per_cta;
+  a.keys_per_cta = plan_keys_per_cta(a.num_keys, num_query_tiles, kStageKeys);
+  const int64_t num_ranges = (a.num_keys + a.keys_per_cta - 1) / a.keys_per_cta;
   CUDA_CHECK(cudaFuncSetAttribute(wgmma_score_kernel<kHeads>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, L::kAllocated));
   const dim3 grid(static_cast<unsigned>(num_query_tiles), static_cast<unsigned>(num_ranges));
@@ -280,27 +259,8 @@ void launch(Args a, cudaStream_t stream) {
 void indexer_scores_fp8_cache_wgmma(const IndexerFp8CacheScoreParams& p, cudaStream_t stream) {
   CHECK(mma_scorer_supports(p), "indexer scores (warpgroup MMAs): unsupported call");
   if (p.num_tokens == 0 || p.num_keys == 0) return;
-  const Args a{.q = p.q,
-               .k_fp8 = p.k_fp8,
-               .k_scales = p.k_scales,
-               .k_pages = p.k_pages,
-               .head_weights = p.head_weights,
-               .q_pos = p.q_pos,
-               .scores = p.scores,
-               .num_tokens = p.num_tokens,
-               .num_keys = p.num_keys,
-               .keys_per_cta = 0};
-  switch (p.num_heads) {
-    case 16:
-      launch<16>(a, stream);
-      break;
-    case 32:
-      launch<32>(a, stream);
-      break;
-    default:
-      launch<64>(a, stream);
-      break;
-  }
+  const Args a = tensor_score_args(p);
+  dispatch_index_heads(p.num_heads, [&]<int kHeads>() { launch<kHeads>(a, stream); });
 }
 
 }  // namespace hyserve::cuda::indexer
