@@ -69,6 +69,9 @@ class TimingBackend final : public Backend {
   size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
     return inner_->dsa_decode_scratch_bytes(p);
   }
+  size_t mla_attention_scratch_bytes(const MlaAttentionParams& p) override {
+    return inner_->mla_attention_scratch_bytes(p);
+  }
   void reserve_scratch(size_t n) override { inner_->reserve_scratch(n); }
 
   // The op table (backend/ops.h), each op recorded under its table name.

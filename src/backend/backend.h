@@ -68,6 +68,11 @@ class Backend : public Device {
   virtual size_t dsa_decode_scratch_bytes(const DsaDecodeParams& /*p*/) {
     return 0;
   }
+  // Op scratch memory an mla_attention call of these sizes takes (the same way: 0 on the
+  // CPU).
+  virtual size_t mla_attention_scratch_bytes(const MlaAttentionParams& /*p*/) {
+    return 0;
+  }
   // Grows the op scratch memory to at least num_bytes now (before freeze(), so that a
   // later op of that size neither allocates nor fails).
   virtual void reserve_scratch(size_t /*num_bytes*/) {}

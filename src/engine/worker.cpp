@@ -126,7 +126,8 @@ void Worker::wait_for_group_load() {
 // step of max_num_batched_tokens tokens sizes the activations, the workspaces and the
 // per-weight device tables; the runner's workspace will be reserved to that step's plus the
 // indexer's score chunk grown to a max_model_len context (workspace_bytes), the op scratch
-// is grown to a DSA decode step of max_num_seqs sequences (FP8 latent), and the pool gets
+// is grown to a decode step of max_num_seqs sequences (the DSA step over the FP8 latent, the
+// MLA kernels' otherwise; with LoRA, a step through kv_b's adapters too), and the pool gets
 // what gpu_memory_utilization of the device leaves after those and the runner's buffers.
 // On the CPU: what max_num_seqs requests of max_model_len tokens need, at most 4 GiB.
 size_t step_workspace_bytes(const Model& model, const SchedulerConfig& sc) {
@@ -156,7 +157,7 @@ void Worker::plan_kv_pool() {
   // with speculative decoding every verified token is a query row of it.
   const ModelRunnerConfig rc = runner_config(ec);
   model.reserve_decode_scratch(std::max(sc.max_num_seqs, ModelRunner::max_verify_tokens(rc)),
-                               sc.max_model_len);
+                               sc.max_model_len, sc.max_num_batched_tokens);
   measure_device_memory(model, ec, budget);
   const MemoryPlan mp = plan_memory(plan, budget);
   CHECK(mp.fits && mp.cache_bytes > 0, "--gpu-memory-utilization ", config_.gpu_memory_utilization,

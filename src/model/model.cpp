@@ -124,9 +124,42 @@ int64_t Model::context_transient_bytes(int64_t max_context) const {
   return scores + gathered_context_bytes(max_context);
 }
 
-void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context) const {
-  if (!use_dsa_decode() || max_batch < 1 || max_context < 1) return;
+void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context,
+                                   int64_t max_step_tokens) const {
+  if (max_batch < 1 || max_context < 1) return;
   const ModelConfig& c = config_;
+  if (!attention_.fp8_latent() && c.kv_lora_rank > 0) {
+    // The MLA calls no warm-up prefill makes: a decode batch (every row its own table) and,
+    // with LoRA, a step's tokens through the kv_b adapters' path; the group's heads under DCP.
+    MlaAttentionParams p;
+    p.num_heads = c.num_attention_heads * options_.parallel.dcp.size;
+    p.dn = c.qk_nope_head_dim;
+    p.dr = c.qk_rope_head_dim;
+    p.dv = c.v_head_dim;
+    p.kv_lora = c.kv_lora_rank;
+    static const int32_t kAnyTopk = 0;
+    if (attention_.sparse()) {
+      p.topk = &kAnyTopk;
+      p.topk_width = c.index_topk;
+    }
+    p.num_keys = max_context;
+    p.num_tokens = max_batch;
+    p.table_stride = 1;
+    size_t need = backend_->mla_attention_scratch_bytes(p);
+    if (lora_ != nullptr && max_step_tokens > 0) {
+      // Token-sharded prefill attends with every rank's heads (context_mla).
+      if (options_.token_sharded_prefill > 0) {
+        p.num_heads = std::max(p.num_heads, c.num_attention_heads * options_.parallel.tp.size);
+      }
+      static const int32_t kAnySlot = -1;
+      p.num_tokens = max_step_tokens;
+      p.table_stride = 0;
+      p.lora_slots = &kAnySlot;
+      need = std::max(need, backend_->mla_attention_scratch_bytes(p));
+    }
+    backend_->reserve_scratch(need);
+  }
+  if (!use_dsa_decode()) return;
   // The MLA splits do not grow monotonically with B: take the largest over every B.
   size_t need = 0;
   const CachePlan plan = cache_plan();

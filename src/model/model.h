@@ -230,8 +230,12 @@ class Model {
   // Grows the backend's op scratch memory to what a DSA decode step of up to max_batch
   // sequences of up to max_context tokens takes (FP8 latent and keys: the indexer scores
   // [B, max_context], the top-k workspace and the sparse MLA splits), so that no decode
-  // step allocates (or, after freeze, fails). No-op on other caches and on the CPU.
-  void reserve_decode_scratch(int64_t max_batch, int64_t max_context) const;
+  // step allocates (or, after freeze, fails). MLA over an fp32 / bf16 latent: what a decode
+  // batch of max_batch rows takes and, with LoRA enabled, an MLA call of max_step_tokens
+  // tokens with kv_b adapters (the backends size each MLA call's scratch by the call, and a
+  // warm-up prefill takes neither shape). No-op on the CPU.
+  void reserve_decode_scratch(int64_t max_batch, int64_t max_context,
+                              int64_t max_step_tokens = 0) const;
 
   // A standalone sequence with room for `capacity` tokens (grown on demand).
   SequenceState new_sequence(int64_t capacity = 0) const;

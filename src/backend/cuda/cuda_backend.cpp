@@ -175,6 +175,7 @@ class CudaBackend final : public Backend {
   size_t dsa_decode_scratch_bytes(const DsaDecodeParams& p) override {
     return cuda::dsa_decode_workspace_bytes(p);
   }
+  size_t mla_attention_scratch_bytes(const MlaAttentionParams& p) override;
   void reserve_scratch(size_t num_bytes) override {
     scratch(num_bytes);
   }
@@ -277,10 +278,16 @@ bool mla_gemm_prefill() {
   return on;
 }
 
+size_t CudaBackend::mla_attention_scratch_bytes(const MlaAttentionParams& p) {
+  return cuda::mla_attention_call_workspace_bytes(p, mla_gemm_prefill(), batch_invariant_);
+}
+
 void CudaBackend::mla_attention(const MlaAttentionOpParams& p) {
-  // The GPU runs the absorbed form for prefill and decode alike.
+  // The GPU runs the absorbed form for prefill and decode alike. The scratch is this call's
+  // (the warm-up step sizes prefill, Model::reserve_decode_scratch decode batches and kv_b
+  // adapters).
   const bool gemm = mla_gemm_prefill();
-  const size_t need = cuda::mla_attention_workspace_bytes(p.attn, gemm);
+  const size_t need = mla_attention_scratch_bytes(p.attn);
   cuda::mla_attention_absorbed(p.attn, scratch(need), need, stream_, batch_invariant_,
                                gemm ? blas_.get() : nullptr);
 }

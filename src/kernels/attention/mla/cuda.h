@@ -80,6 +80,15 @@ bool mla_sparse_wgmma_supports(const MlaAttentionParams& p);
 // at most T tokens. gemm_prefill: with the dense-prefill GEMMs' buffers (a fixed chunk).
 size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_prefill = false);
 
+// Bytes of workspace this one call of mla_attention_absorbed uses (with a cuBLAS handle when
+// gemm_prefill): the flash plan alone for the calls the flash path takes, else the absorbed
+// kernels' plan (and the GEMM path's buffers when it runs). Smaller than the any-call bound
+// above for dense prefill (the flash path needs no q_abs or partials: ~1.1 GB less at 8K
+// tokens x 32 heads); a caller sizing its workspace by it must reserve the other call shapes
+// it will make (Model::reserve_decode_scratch does: decode batches, kv_b adapters).
+size_t mla_attention_call_workspace_bytes(const MlaAttentionParams& p, bool gemm_prefill,
+                                          bool batch_invariant);
+
 // Per head: q_lat = q_nope W_UK; logit = (q_lat.c + q_pe.k_pe) * scale;
 // o_lat = softmax(logit) @ c; o = W_UV o_lat. workspace: 256-byte aligned, at least
 // mla_attention_workspace_bytes(p) bytes.

@@ -571,6 +571,13 @@ size_t mla_attention_workspace_bytes(const MlaAttentionParams& p, bool gemm_pref
   return base + std::max(make_gemm_plan(p).total_bytes(), mla_flash_prefill_workspace_bytes(p));
 }
 
+size_t mla_attention_call_workspace_bytes(const MlaAttentionParams& p, bool gemm_prefill,
+                                          bool batch_invariant) {
+  const bool gemm = uses_gemm(p, batch_invariant, gemm_prefill);
+  if (gemm && mla_flash_prefill_supports(p)) return mla_flash_prefill_workspace_bytes(p);
+  return make_plan(p, batch_invariant).total_bytes() + (gemm ? make_gemm_plan(p).total_bytes() : 0);
+}
+
 void mla_attention_absorbed(const MlaAttentionParams& p, void* workspace, size_t workspace_bytes,
                             cudaStream_t stream, bool batch_invariant, const Blas* blas,
                             MlaSparseKernel sparse) {
