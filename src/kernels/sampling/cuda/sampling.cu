@@ -147,6 +147,28 @@ __device__ __forceinline__ int bin_of(uint32_t w) {
   return (31 - top) * 128 + (127 - static_cast<int>(step));
 }
 
+// A block's walk of the ids [begin, end) of its chunk, kUnroll loads in flight per thread:
+// load(i) for kUnroll ids (the thread's next ones, kThreads apart) first, then use(i, value)
+// in id order. The passes are loops of one dependent load each otherwise, bound by latency;
+// every use here is order-free (a max, integer sums and atomics), so the result is the same.
+constexpr int kUnroll = 4;
+template <class Load, class Use>
+__device__ __forceinline__ void walk_chunk(int64_t begin, int64_t end, Load load, Use use) {
+  for (int64_t i0 = begin + threadIdx.x; i0 < end; i0 += int64_t{kUnroll} * kThreads) {
+    decltype(load(i0)) v[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + int64_t{u} * kThreads;
+      if (i < end) v[u] = load(i);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + int64_t{u} * kThreads;
+      if (i < end) use(i, v[u]);
+    }
+  }
+}
+
 // ---- 1. stats -----------------------------------------------------------------------------
 
 __global__ void __launch_bounds__(kThreads) stats_kernel(Args a) {
@@ -155,12 +177,13 @@ __global__ void __launch_bounds__(kThreads) stats_kernel(Args a) {
   const int64_t begin = blockIdx.x * a.chunk;
   const int64_t end = begin + a.chunk < a.vocab ? begin + a.chunk : a.vocab;
   u64 best = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float l = r.logits[i];
-    if (isnan(l)) continue;
-    const u64 key = sampling::rank_key(l, i);
-    best = key > best ? key : best;
-  }
+  walk_chunk(
+      begin, end, [&](int64_t i) { return r.logits[i]; },
+      [&](int64_t i, float l) {
+        if (isnan(l)) return;
+        const u64 key = sampling::rank_key(l, i);
+        best = key > best ? key : best;
+      });
   using Reduce = cub::BlockReduce<u64, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   const u64 block_best = Reduce(tmp).Reduce(best, [](u64 x, u64 y) { return x > y ? x : y; });
@@ -266,18 +289,19 @@ __global__ void __launch_bounds__(kThreads) weights_kernel(Args a) {
   __syncthreads();
   const int64_t begin = blockIdx.x * a.chunk;
   const int64_t end = begin + a.chunk < a.vocab ? begin + a.chunk : a.vocab;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    const float l = r.logits[i];
-    const uint32_t w =
-        isnan(l) ? 0u
-                 : static_cast<uint32_t>(sampling::token_weight(l, max_logit, inv_temperature));
-    r.weights[i] = w;
-    if (w != 0) {
-      const int b = bin_of(w);
-      atomicAdd(&s.counts[b], 1u);
-      atomicAdd(&s.weights[b], static_cast<u64>(w));
-    }
-  }
+  walk_chunk(
+      begin, end, [&](int64_t i) { return r.logits[i]; },
+      [&](int64_t i, float l) {
+        const uint32_t w =
+            isnan(l) ? 0u
+                     : static_cast<uint32_t>(sampling::token_weight(l, max_logit, inv_temperature));
+        r.weights[i] = w;
+        if (w != 0) {
+          const int b = bin_of(w);
+          atomicAdd(&s.counts[b], 1u);
+          atomicAdd(&s.weights[b], static_cast<u64>(w));
+        }
+      });
   __syncthreads();
   for (int b = threadIdx.x; b < kBins; b += kThreads) {
     if (s.counts[b] != 0) {
@@ -543,11 +567,15 @@ __global__ void __launch_bounds__(kResolveThreads) resolve_kernel(Args a) {
 
 // ---- 7. sums, 8. draw ---------------------------------------------------------------------
 
-__device__ __forceinline__ u64 kept_weight(const Row& r, int64_t i, u64 lower, u64 min_weight) {
-  const uint32_t w = r.weights[i];
+// Id i's weight w if the filters keep it, else 0.
+__device__ __forceinline__ u64 kept(const Row& r, int64_t i, uint32_t w, u64 lower,
+                                    u64 min_weight) {
   if (w == 0 || w < min_weight) return 0;
   if (lower != 0 && sampling::rank_key(r.logits[i], i) < lower) return 0;
   return w;
+}
+__device__ __forceinline__ u64 kept_weight(const Row& r, int64_t i, u64 lower, u64 min_weight) {
+  return kept(r, i, r.weights[i], lower, min_weight);
 }
 
 __global__ void __launch_bounds__(kThreads) sums_kernel(Args a) {
@@ -560,9 +588,9 @@ __global__ void __launch_bounds__(kThreads) sums_kernel(Args a) {
   const int64_t begin = blockIdx.x * a.chunk;
   const int64_t end = begin + a.chunk < a.vocab ? begin + a.chunk : a.vocab;
   u64 part = 0;
-  for (int64_t i = begin + threadIdx.x; i < end; i += kThreads) {
-    part += kept_weight(r, i, lower, min_weight);
-  }
+  walk_chunk(
+      begin, end, [&](int64_t i) { return r.weights[i]; },
+      [&](int64_t i, uint32_t w) { part += kept(r, i, w, lower, min_weight); });
   using Reduce = cub::BlockReduce<u64, kThreads>;
   __shared__ typename Reduce::TempStorage tmp;
   const u64 sum = Reduce(tmp).Sum(part);
