@@ -107,8 +107,7 @@ constexpr int64_t sample_workspace_bytes(int64_t num_rows, int64_t vocab) {
 inline constexpr int64_t kSampleTargetBlocks = 8 * 132;
 constexpr int32_t sample_chunks(int64_t num_rows, int64_t vocab) {
   const int64_t by_vocab = (vocab + 2047) / 2048;
-  const int64_t by_batch =
-      (kSampleTargetBlocks + num_rows - 1) / (num_rows > 0 ? num_rows : 1);
+  const int64_t by_batch = (kSampleTargetBlocks + num_rows - 1) / (num_rows > 0 ? num_rows : 1);
   int64_t c = by_vocab < by_batch ? by_vocab : by_batch;
   c = c < kMaxSampleChunks ? c : kMaxSampleChunks;
   return static_cast<int32_t>(c > 0 ? c : 1);
