@@ -51,6 +51,28 @@ struct KvB {
   }
 };
 
+// The call's parameters at the models' head sizes over a bf16 latent; the caller adds its
+// positions hint or top-k lists.
+MlaAttentionParams bench_params(const cuda::DeviceBuffer& q, const cuda::DeviceBuffer& latent,
+                                const KvB& kv_b, const cuda::DeviceBuffer& pos,
+                                cuda::DeviceBuffer& out, cuda::DeviceBuffer& lse, int64_t tokens,
+                                int64_t keys, int64_t heads) {
+  return {.q = q.as<float>(),
+          .latent_bf16 = latent.as<uint16_t>(),
+          .kv_b = &kv_b.w,
+          .q_pos = pos.as<int64_t>(),
+          .out = out.as<float>(),
+          .lse = lse.as<float>(),
+          .num_tokens = tokens,
+          .num_keys = keys,
+          .num_heads = heads,
+          .dn = kDn,
+          .dr = kDr,
+          .dv = kDv,
+          .kv_lora = kKvLora,
+          .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDn + kDr))};
+}
+
 struct Point {
   int64_t heads, tokens, prefix;
 };
@@ -64,21 +86,8 @@ void run_point(const Point& pt, int iters, double bf16_rate, double absorbed_max
   for (int64_t i = 0; i < t; ++i) pos[i] = pt.prefix + i;
   cuda::DeviceBuffer d_pos = cuda::to_device(pos);
   cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
-  MlaAttentionParams p{.q = q.as<float>(),
-                       .latent_bf16 = latent.as<uint16_t>(),
-                       .kv_b = &kv_b.w,
-                       .q_pos = d_pos.as<int64_t>(),
-                       .q_pos_first = pt.prefix,
-                       .out = out.as<float>(),
-                       .lse = lse.as<float>(),
-                       .num_tokens = t,
-                       .num_keys = s,
-                       .num_heads = h,
-                       .dn = kDn,
-                       .dr = kDr,
-                       .dv = kDv,
-                       .kv_lora = kKvLora,
-                       .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDn + kDr))};
+  MlaAttentionParams p = bench_params(q, latent, kv_b, d_pos, out, lse, t, s, h);
+  p.q_pos_first = pt.prefix;
   const double pairs = static_cast<double>(t) * pt.prefix + t * (t + 1) / 2.0;
   const double flop = 2.0 * h * (kDn + kDr + kDv) * pairs + 2.0 * s * h * (kDn + kDv) * kKvLora;
   cuda::Blas blas(nullptr);
@@ -152,22 +161,9 @@ void run_sparse_point(int64_t h, int64_t t, int64_t context, int64_t topk, int i
   }
   cuda::DeviceBuffer d_pos = cuda::to_device(pos), d_lists = cuda::to_device(lists);
   cuda::DeviceBuffer out(sizeof(float) * t * h * kDv), lse(sizeof(float) * t * h);
-  const MlaAttentionParams p{.q = q.as<float>(),
-                             .latent_bf16 = latent.as<uint16_t>(),
-                             .kv_b = &kv_b.w,
-                             .q_pos = d_pos.as<int64_t>(),
-                             .topk = d_lists.as<int32_t>(),
-                             .topk_width = topk,
-                             .out = out.as<float>(),
-                             .lse = lse.as<float>(),
-                             .num_tokens = t,
-                             .num_keys = context,
-                             .num_heads = h,
-                             .dn = kDn,
-                             .dr = kDr,
-                             .dv = kDv,
-                             .kv_lora = kKvLora,
-                             .softmax_scale = 1.0f / std::sqrt(static_cast<float>(kDn + kDr))};
+  MlaAttentionParams p = bench_params(q, latent, kv_b, d_pos, out, lse, t, context, h);
+  p.topk = d_lists.as<int32_t>();
+  p.topk_width = topk;
   const double flop = 2.0 * h * (2 * kKvLora + kDr) * listed;
   const size_t bytes = cuda::mla_attention_workspace_bytes(p);
   cuda::DeviceBuffer ws(bytes);

@@ -54,7 +54,7 @@
 #include <cmath>
 
 #include "kernels/attention/dsa/cuda/dsa_common.cuh"
-#include "kernels/attention/indexer/cuda/fp8_quant.cuh"
+#include "kernels/attention/indexer/cuda/tensor_score_common.cuh"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
@@ -157,16 +157,7 @@ __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
   const int64_t end = min(a.num_keys, begin + a.keys_per_cta);
 
   // Tiles up to the CTA's largest visible key are computed, the keys after them -inf.
-  int64_t last = -1;
-  for (int i = 0; i < num_queries; ++i) last = max(last, min(a.q_pos[query0 + i], a.num_keys - 1));
-  const int64_t compute_end = min(end, last + 1);
-  const int num_tiles =
-      compute_end > begin ? static_cast<int>((compute_end - begin + kKeyTile - 1) / kKeyTile) : 0;
-  const int64_t fill_begin = min(end, begin + int64_t{num_tiles} * kKeyTile);
-  const int64_t fill_len = end - fill_begin;
-  for (int64_t i = threadIdx.x; i < num_queries * fill_len; i += kThreads) {
-    a.scores[(query0 + i / fill_len) * a.num_keys + fill_begin + i % fill_len] = -INFINITY;
-  }
+  const int num_tiles = visible_steps<kThreads>(a, query0, num_queries, begin, end, kKeyTile);
   if (num_tiles == 0) return;
 
 #pragma unroll
@@ -185,15 +176,9 @@ __global__ void __launch_bounds__(kThreads, 1) mma_score_kernel(Args a) {
   float w_lo[L::kMTiles] = {};  // w' of row mt * 16 + g
   float w_hi[L::kMTiles] = {};  // w' of row mt * 16 + 8 + g
   for (int r = 0; r < warp_rows; ++r) {
-    const int64_t q_row = warp_query0 * kHeads + r;  // row of q viewed [T * Hi, 128]
-    const float4 x = reinterpret_cast<const float4*>(a.q + q_row * kHeadDim)[lane];
-    float amax = max_like_std(0.0f, fabsf(x.x));
-    amax = max_like_std(amax, fabsf(x.y));
-    amax = max_like_std(amax, fabsf(x.z));
-    amax = max_like_std(amax, fabsf(x.w));
-    const float scale = ue8m0_scale(warp_max(amax));
-    *reinterpret_cast<uint32_t*>(q_s + r * kPitch + lane * 4) = quantize4(x, scale);
-    const float w = a.head_weights[q_row] * scale;
+    float w = 0.0f;
+    *reinterpret_cast<uint32_t*>(q_s + r * kPitch + lane * 4) =
+        quantize_q_row(a, warp_query0 * kHeads + r, lane, w);
 #pragma unroll
     for (int mt = 0; mt < L::kMTiles; ++mt) {
       if (r == mt * 16 + g) w_lo[mt] = w;

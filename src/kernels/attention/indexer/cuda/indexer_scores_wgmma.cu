@@ -33,8 +33,8 @@
 
 #include "core/cuda/wgmma.cuh"
 #include "kernels/attention/dsa/cuda/dsa_common.cuh"
-#include "kernels/attention/indexer/cuda/fp8_quant.cuh"
 #include "kernels/attention/indexer/cuda/indexer_scores_mma.h"
+#include "kernels/attention/indexer/cuda/tensor_score_common.cuh"
 #include "util/cuda_check.h"
 #include "util/error.h"
 
@@ -116,17 +116,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_score_kernel(Args a) {
   const int num_local = static_cast<int>(end - begin);
 
   // Stages up to the CTA's largest visible key are computed, the keys after them -inf.
-  int64_t last = -1;
-  for (int i = 0; i < num_queries; ++i) last = max(last, min(a.q_pos[query0 + i], a.num_keys - 1));
-  const int64_t compute_end = min(end, last + 1);
-  const int num_stages = compute_end > begin
-                             ? static_cast<int>((compute_end - begin + kStageKeys - 1) / kStageKeys)
-                             : 0;
-  const int64_t fill_begin = min(end, begin + int64_t{num_stages} * kStageKeys);
-  const int64_t fill_len = end - fill_begin;
-  for (int64_t i = threadIdx.x; i < num_queries * fill_len; i += kThreads) {
-    a.scores[(query0 + i / fill_len) * a.num_keys + fill_begin + i % fill_len] = -INFINITY;
-  }
+  const int num_stages = visible_steps<kThreads>(a, query0, num_queries, begin, end, kStageKeys);
   if (num_stages == 0) return;
 
 #pragma unroll
@@ -143,17 +133,7 @@ __global__ void __launch_bounds__(kThreads, 1) wgmma_score_kernel(Args a) {
     const int qi = r / kHeads;
     uint32_t codes = 0;
     float w = 0.0f;
-    if (qi < num_queries) {
-      const int64_t q_row = query0 * kHeads + r;  // row of q viewed [T * Hi, 128]
-      const float4 x = reinterpret_cast<const float4*>(a.q + q_row * kHeadDim)[lane];
-      float amax = max_like_std(0.0f, fabsf(x.x));
-      amax = max_like_std(amax, fabsf(x.y));
-      amax = max_like_std(amax, fabsf(x.z));
-      amax = max_like_std(amax, fabsf(x.w));
-      const float scale = ue8m0_scale(warp_max(amax));
-      codes = quantize4(x, scale);
-      w = a.head_weights[q_row] * scale;
-    }
+    if (qi < num_queries) codes = quantize_q_row(a, query0 * kHeads + r, lane, w);
     *reinterpret_cast<uint32_t*>(q_s + sw128_offset(r, 4 * lane)) = codes;
     if (lane == 0) w_s[r] = w;
   }
