@@ -143,9 +143,14 @@ void Model::reserve_decode_scratch(int64_t max_batch, int64_t max_context,
       p.topk_width = c.index_topk;
     }
     p.num_keys = max_context;
-    p.num_tokens = max_batch;
     p.table_stride = 1;
-    size_t need = backend_->mla_attention_scratch_bytes(p);
+    // The split partials do not grow monotonically with B (fewer rows, more splits each):
+    // the largest over every B.
+    size_t need = 0;
+    for (int64_t b = 1; b <= max_batch; ++b) {
+      p.num_tokens = b;
+      need = std::max(need, backend_->mla_attention_scratch_bytes(p));
+    }
     if (lora_ != nullptr && max_step_tokens > 0) {
       // Token-sharded prefill attends with every rank's heads (context_mla).
       if (options_.token_sharded_prefill > 0) {
